@@ -1,0 +1,82 @@
+"""msgq: fast inter-process publish/subscribe for robotics-style Python services.
+
+The socket API of upstream msgq/cereal: ``Context``, ``PubSocket``, ``SubSocket`` and
+``Poller`` construct sockets of the backend the environment selects (see
+:mod:`msgq.backend`), plus the helpers ``pub_sock``, ``sub_sock`` and ``drain_sock_raw``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgq.backend import BACKENDS, backend_name, select_backend
+from msgq.errors import IpcError, MultiplePublishersError
+from msgq.protocol import Context, Poller, PubSocket, SubSocket
+
+__all__ = [
+    "BACKENDS",
+    "Context",
+    "IpcError",
+    "MultiplePublishersError",
+    "NO_TRAVERSAL_LIMIT",
+    "Poller",
+    "PubSocket",
+    "SubSocket",
+    "backend_name",
+    "context",
+    "drain_sock_raw",
+    "pub_sock",
+    "select_backend",
+    "sub_sock",
+]
+
+#: Traversal limit that disables pycapnp's message traversal check (upstream constant).
+NO_TRAVERSAL_LIMIT = 2**64 - 1
+
+#: The process-wide context sockets made by pub_sock/sub_sock connect with.
+context = Context()
+
+
+def pub_sock(endpoint: str, segment_size: int = 0) -> Any:
+    """A connected publisher of ``endpoint`` (``segment_size`` 0: existing or default)."""
+    sock = PubSocket()
+    sock.connect(context, endpoint, segment_size)
+    return sock
+
+
+def sub_sock(
+    endpoint: str,
+    poller: Any = None,
+    addr: str = "127.0.0.1",
+    conflate: bool = False,
+    timeout: int | None = None,
+    segment_size: int = 0,
+) -> Any:
+    """A connected subscriber of ``endpoint``.
+
+    ``addr`` is the publisher's host (ZMQ backend), ``conflate`` keeps only the newest
+    message, ``timeout`` (ms) bounds a blocking ``receive``, and a ``poller`` gets the
+    socket registered.
+    """
+    sock = SubSocket()
+    sock.connect(context, endpoint, addr.encode("utf-8") if isinstance(addr, str) else addr, conflate, segment_size)
+    if timeout is not None:
+        sock.setTimeout(timeout)
+    if poller is not None:
+        poller.registerSocket(sock)
+    return sock
+
+
+def drain_sock_raw(sock: Any, wait_for_one: bool = False) -> list[bytes]:
+    """Every message waiting on ``sock`` (after blocking for the first one when
+    ``wait_for_one``)."""
+    messages: list[bytes] = []
+    while True:
+        if wait_for_one and not messages:
+            data = sock.receive()
+        else:
+            data = sock.receive(non_blocking=True)
+        if data is None:
+            break
+        messages.append(data)
+    return messages

@@ -1,0 +1,102 @@
+"""The socket protocol every backend implements, as abstract classes.
+
+``msgq.PubSocket()`` (and the other three) construct the class of the backend chosen by
+:func:`msgq.backend.select_backend` at that moment; the backend classes are registered as
+virtual subclasses, so ``isinstance(sock, msgq.SubSocket)`` holds for every backend while
+calls go straight to the backend's own (Cython or Python) methods with no wrapper.
+"""
+
+from __future__ import annotations
+
+from abc import ABCMeta, abstractmethod
+from types import ModuleType
+from typing import Any
+
+
+class Context(metaclass=ABCMeta):
+    """A backend's process-wide state (a zmq.Context for ZMQ; nothing for msgq)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is Context:
+            from msgq.backend import select_backend
+
+            return select_backend().Context(*args, **kwargs)
+        return super().__new__(cls)
+
+    @abstractmethod
+    def term(self) -> None: ...
+
+
+class PubSocket(metaclass=ABCMeta):
+    """The publisher of one endpoint."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is PubSocket:
+            from msgq.backend import select_backend
+
+            return select_backend().PubSocket(*args, **kwargs)
+        return super().__new__(cls)
+
+    @abstractmethod
+    def connect(self, context: Any, endpoint: str, segment_size: int = 0) -> None: ...
+
+    @abstractmethod
+    def send(self, data: Any) -> int: ...
+
+    @abstractmethod
+    def all_readers_updated(self) -> bool: ...
+
+    @abstractmethod
+    def wait_for_readers(self, timeout: float | None = None) -> bool: ...
+
+
+class SubSocket(metaclass=ABCMeta):
+    """One subscriber of an endpoint."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is SubSocket:
+            from msgq.backend import select_backend
+
+            return select_backend().SubSocket(*args, **kwargs)
+        return super().__new__(cls)
+
+    @abstractmethod
+    def connect(
+        self,
+        context: Any,
+        endpoint: str,
+        address: bytes | str = b"127.0.0.1",
+        conflate: bool = False,
+        segment_size: int = 0,
+    ) -> None: ...
+
+    @abstractmethod
+    def setTimeout(self, timeout: int) -> None: ...  # noqa: N802 (upstream name)
+
+    @abstractmethod
+    def receive(self, non_blocking: bool = False) -> bytes | None: ...
+
+
+class Poller(metaclass=ABCMeta):
+    """Waits on many SubSockets of one backend."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is Poller:
+            from msgq.backend import select_backend
+
+            return select_backend().Poller(*args, **kwargs)
+        return super().__new__(cls)
+
+    @abstractmethod
+    def registerSocket(self, sock: Any) -> None: ...  # noqa: N802 (upstream name)
+
+    @abstractmethod
+    def poll(self, timeout: int) -> list[Any]: ...
+
+
+def register_backend(module: ModuleType) -> None:
+    """Registers a backend module's classes as implementations of the protocol."""
+    Context.register(module.Context)
+    PubSocket.register(module.PubSocket)
+    SubSocket.register(module.SubSocket)
+    Poller.register(module.Poller)

@@ -1,0 +1,75 @@
+# Declarations of the msgq C core (msgq/src). Nothing but the C API lives here.
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+
+
+cdef extern from "src/msgq_errors.h" nogil:
+    enum:
+        MSGQ_EBADNAME
+        MSGQ_EBADMAGIC
+        MSGQ_EVERSION
+        MSGQ_EGEOMETRY
+        MSGQ_ENOSLOT
+        MSGQ_ENOTOWNER
+        MSGQ_ETOOLARGE
+        MSGQ_EBADSIZE
+        MSGQ_ESIZEMISMATCH
+        MSGQ_ENORESERVE
+        MSGQ_EBUFFER
+    const char *msgq_strerror(int code)
+
+
+cdef extern from "src/msgq_ring.h" nogil:
+    const uint64_t MSGQ_DEFAULT_SEGMENT_SIZE
+    const uint64_t MSGQ_MIN_SEGMENT_SIZE
+    const uint64_t MSGQ_MAX_SEGMENT_SIZE
+    const unsigned int MSGQ_READER_SLOTS
+    const unsigned int MSGQ_LAYOUT_VERSION
+
+    ctypedef struct msgq_ring:
+        uint32_t capacity
+
+    ctypedef struct msgq_publisher:
+        msgq_ring ring
+
+    ctypedef struct msgq_subscriber:
+        msgq_ring ring
+        int slot
+        bint conflate
+        uint64_t resets
+        uint64_t corrupt_resets
+
+    uint32_t msgq_ring_max_message_size(uint32_t capacity)
+    int msgq_ring_live_readers(const msgq_ring *ring)
+
+    void msgq_publisher_init(msgq_publisher *pub, const msgq_ring *ring)
+    void msgq_publisher_release(msgq_publisher *pub)
+    int msgq_publisher_send(msgq_publisher *pub, const void *data, uint32_t size)
+    int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload)
+    int msgq_publisher_commit(msgq_publisher *pub)
+    void msgq_publisher_abort(msgq_publisher *pub)
+    int msgq_publisher_all_readers_updated(const msgq_publisher *pub)
+
+    int msgq_subscriber_init(msgq_subscriber *sub, const msgq_ring *ring, bint conflate)
+    void msgq_subscriber_release(msgq_subscriber *sub)
+    int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t *size)
+    int msgq_subscriber_consume(msgq_subscriber *sub)
+    int msgq_subscriber_has_data(msgq_subscriber *sub)
+    int msgq_subscriber_wait(msgq_subscriber *sub, int64_t timeout_ns)
+    int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready)
+
+
+cdef extern from "src/queue_file.h" nogil:
+    enum msgq_role:
+        MSGQ_ROLE_SUBSCRIBER
+        MSGQ_ROLE_PUBLISHER
+    enum:
+        MSGQ_MAX_PATH_LEN
+    int msgq_validate_name(const char *name)
+    int msgq_queue_path(const char *endpoint, char *out, size_t out_len)
+    int msgq_queue_open(const char *endpoint, uint64_t segment_size, msgq_role role,
+                        msgq_ring *ring)
+    void msgq_queue_unmap(msgq_ring *ring)
+
+
+cdef extern from "src/os_wait.h" nogil:
+    int64_t os_monotonic_ns()

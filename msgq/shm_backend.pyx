@@ -1,0 +1,538 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The shared-memory (msgq) backend: Context, PubSocket, SubSocket and Poller over the C
+ring in ``msgq/src``. Thin by design: the protocol lives in C, the API shape in Python
+(``msgq/__init__.py``); this module only converts arguments, errors and the GIL."""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.exc cimport PyErr_CheckSignals
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.errno cimport EINTR
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+from msgq.ring cimport *
+
+from msgq.errors import IpcError, MultiplePublishersError
+
+cdef extern from "Python.h":
+    object PyMemoryView_FromMemory(char *mem, Py_ssize_t size, int flags)
+    int PyBUF_WRITE
+
+#: Size of a queue's data ring when none is asked for (bytes).
+DEFAULT_SEGMENT_SIZE = MSGQ_DEFAULT_SEGMENT_SIZE
+MIN_SEGMENT_SIZE = MSGQ_MIN_SEGMENT_SIZE
+MAX_SEGMENT_SIZE = MSGQ_MAX_SEGMENT_SIZE
+READER_SLOTS = MSGQ_READER_SLOTS
+LAYOUT_VERSION = MSGQ_LAYOUT_VERSION
+
+# Longest time a blocking call stays in C without checking for Python signals, so that
+# Ctrl-C is answered promptly however long the timeout.
+cdef int64_t SIGNAL_CHECK_NS = 50 * 1000 * 1000
+# Copies at least this large run without the GIL.
+cdef Py_ssize_t NOGIL_COPY_BYTES = 64 * 1024
+
+
+cdef bytes _name_bytes(object name, str what):
+    if isinstance(name, str):
+        return (<str>name).encode("utf-8")
+    if isinstance(name, bytes):
+        return <bytes>name
+    raise TypeError(f"{what} must be str or bytes, not {type(name).__name__}")
+
+
+cdef int _raise(int code, object endpoint) except -1:
+    """Turns a negative C return code into the exception the contract promises."""
+    msg = msgq_strerror(code).decode("utf-8", "replace")
+    where = f"endpoint {endpoint!r}"
+    if code == MSGQ_ENOTOWNER:
+        raise MultiplePublishersError(f"{where}: {msg}")
+    if code == MSGQ_EBADNAME:
+        raise ValueError(f"{where}: {msg}; check the endpoint and MSGQ_PREFIX/OPENPILOT_PREFIX")
+    if code == MSGQ_EBADSIZE:
+        raise ValueError(
+            f"{where}: {msg}: segment_size must be between {MSGQ_MIN_SEGMENT_SIZE} and "
+            f"{MSGQ_MAX_SEGMENT_SIZE} bytes")
+    if code == MSGQ_ESIZEMISMATCH:
+        raise ValueError(
+            f"{where}: {msg}; connect with segment_size=0 to adopt the existing size, "
+            "or use the same size on every end")
+    if code in (MSGQ_EBADMAGIC, MSGQ_EVERSION, MSGQ_EGEOMETRY):
+        raise IpcError(f"{where}: {msg}; remove the queue file if no process uses it")
+    raise IpcError(f"{where}: {msg}")
+
+
+def validate_endpoint(endpoint) -> None:
+    """Raises ValueError unless ``endpoint`` is an allowed endpoint name."""
+    cdef bytes name = _name_bytes(endpoint, "endpoint")
+    if b"\0" in name or msgq_validate_name(name) < 0:
+        _raise(MSGQ_EBADNAME, endpoint)
+
+
+def queue_path(endpoint) -> str:
+    """The file that holds ``endpoint``'s queue, under the current prefix."""
+    cdef bytes name = _name_bytes(endpoint, "endpoint")
+    cdef char out[MSGQ_MAX_PATH_LEN]
+    if b"\0" in name:
+        _raise(MSGQ_EBADNAME, endpoint)
+    cdef int r = msgq_queue_path(name, out, MSGQ_MAX_PATH_LEN)
+    if r < 0:
+        _raise(r, endpoint)
+    return out.decode("utf-8")
+
+
+cdef int _open_queue(object endpoint, object segment_size, msgq_role role,
+                     msgq_ring *ring) except -1:
+    cdef bytes name = _name_bytes(endpoint, "endpoint")
+    if b"\0" in name:
+        _raise(MSGQ_EBADNAME, endpoint)
+    if not isinstance(segment_size, int):
+        raise TypeError(f"segment_size must be int, not {type(segment_size).__name__}")
+    if segment_size < 0 or segment_size > MSGQ_MAX_SEGMENT_SIZE:
+        _raise(MSGQ_EBADSIZE, endpoint)
+    cdef uint64_t size = segment_size
+    cdef const char *c_name = name
+    cdef int r
+    with nogil:
+        r = msgq_queue_open(c_name, size, role, ring)
+    if r < 0:
+        _raise(r, endpoint)
+    return 0
+
+
+cdef class Context:
+    """Process-wide handle kept for API compatibility; the shm backend needs no state."""
+
+    def term(self) -> None:
+        pass
+
+
+cdef class Reservation:
+    """Room for one message inside the ring, written in place and then committed.
+
+    Use as ``with pub.reserve(n) as buf: buf[:] = ...``: leaving the block commits the
+    message; an exception inside it abandons the message (nothing is published). Do not
+    keep ``buf`` (or slices of it) past the block.
+    """
+    cdef PubSocket pub
+    cdef object view
+    cdef bint done
+
+    def __enter__(self):
+        return self.view
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+        return False
+
+    def commit(self) -> None:
+        """Publishes the message written into the reserved buffer."""
+        if self.done:
+            raise RuntimeError("reservation already committed or aborted")
+        self.done = True
+        self.view.release()
+        cdef int r = msgq_publisher_commit(&self.pub.pub)
+        self.pub.reserving = False
+        if r < 0:
+            _raise(r, self.pub.endpoint)
+
+    def abort(self) -> None:
+        """Drops the reservation; subscribers never see it."""
+        if self.done:
+            return
+        self.done = True
+        self.view.release()
+        msgq_publisher_abort(&self.pub.pub)
+        self.pub.reserving = False
+
+
+cdef class PubSocket:
+    """The single publisher of an endpoint."""
+    cdef msgq_publisher pub
+    cdef bint connected
+    cdef bint reserving
+    cdef readonly object endpoint
+
+    def __cinit__(self):
+        self.connected = False
+        self.reserving = False
+        self.endpoint = None
+
+    def __dealloc__(self):
+        self._disconnect()
+
+    cdef void _disconnect(self) noexcept:
+        if self.connected:
+            msgq_publisher_release(&self.pub)
+            msgq_queue_unmap(&self.pub.ring)
+            self.connected = False
+
+    def connect(self, context, endpoint, segment_size=0) -> None:
+        """Opens (or creates) the queue of ``endpoint`` and becomes its publisher.
+
+        A previous publisher of the endpoint loses it: its next ``send`` raises
+        ``MultiplePublishersError``. Subscribers already connected stay connected.
+        ``segment_size`` 0 means the existing size, or the default for a new queue.
+        """
+        cdef msgq_ring ring
+        _open_queue(endpoint, segment_size, MSGQ_ROLE_PUBLISHER, &ring)
+        self._disconnect()
+        msgq_publisher_init(&self.pub, &ring)
+        self.connected = True
+        self.endpoint = endpoint
+
+    cdef int _check_connected(self) except -1:
+        if not self.connected:
+            raise IpcError("socket is not connected; call connect() first")
+        return 0
+
+    def send(self, data) -> int:
+        """Publishes ``data`` (bytes or any contiguous bytes-like object) without an
+        intermediate copy. Returns the number of bytes sent."""
+        cdef Py_buffer view
+        cdef const char *ptr
+        cdef Py_ssize_t n
+        cdef int r
+        cdef bint release = False
+        self._check_connected()
+        if self.reserving:
+            raise RuntimeError("a reservation is open on this socket; commit it first")
+        if type(data) is bytes:
+            ptr = PyBytes_AS_STRING(data)
+            n = len(<bytes>data)
+        else:
+            if isinstance(data, str):
+                raise TypeError("send() takes bytes-like data, not str; encode it first")
+            try:
+                PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+            except BufferError as e:
+                raise TypeError(f"send() needs a contiguous bytes-like object: {e}") from None
+            except TypeError:
+                raise TypeError(
+                    f"send() takes a bytes-like object, not {type(data).__name__}") from None
+            ptr = <const char *>view.buf
+            n = view.len
+            release = True
+        try:
+            if n > 0xFFFFFFFF:
+                _raise(MSGQ_ETOOLARGE, self.endpoint)
+            if n >= NOGIL_COPY_BYTES:
+                with nogil:
+                    r = msgq_publisher_send(&self.pub, ptr, <uint32_t>n)
+            else:
+                r = msgq_publisher_send(&self.pub, ptr, <uint32_t>n)
+            if r < 0:
+                if r == MSGQ_ETOOLARGE:
+                    raise ValueError(
+                        f"endpoint {self.endpoint!r}: message of {n} bytes exceeds the "
+                        f"largest this queue takes ({self.max_message_size} bytes, a "
+                        f"third of segment size {self.segment_size}); use a larger "
+                        "segment_size")
+                _raise(r, self.endpoint)
+        finally:
+            if release:
+                PyBuffer_Release(&view)
+        return n
+
+    def reserve(self, Py_ssize_t size) -> Reservation:
+        """Reserves ``size`` bytes in the ring for a message written in place (zero
+        copies): ``with pub.reserve(n) as buf: buf[:n] = ...``."""
+        cdef void *dst
+        self._check_connected()
+        if self.reserving:
+            raise RuntimeError("a reservation is already open on this socket")
+        if size < 0:
+            raise ValueError("size must be >= 0")
+        if size > self.max_message_size:
+            raise ValueError(
+                f"endpoint {self.endpoint!r}: message of {size} bytes exceeds the largest "
+                f"this queue takes ({self.max_message_size} bytes)")
+        cdef int r = msgq_publisher_reserve(&self.pub, <uint32_t>size, &dst)
+        if r < 0:
+            _raise(r, self.endpoint)
+        cdef Reservation res = Reservation.__new__(Reservation)
+        res.pub = self
+        res.view = PyMemoryView_FromMemory(<char *>dst, size, PyBUF_WRITE)
+        res.done = False
+        self.reserving = True
+        return res
+
+    def all_readers_updated(self) -> bool:
+        """True when every live subscriber has read everything sent so far."""
+        self._check_connected()
+        return msgq_publisher_all_readers_updated(&self.pub) == 1
+
+    def wait_for_readers(self, timeout=None, double poll_interval=0.001) -> bool:
+        """Blocks until ``all_readers_updated()`` (True) or ``timeout`` seconds (False)."""
+        import time
+        self._check_connected()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not msgq_publisher_all_readers_updated(&self.pub):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_interval)
+        return True
+
+    @property
+    def num_readers(self) -> int:
+        """Subscribers currently connected (live processes only)."""
+        self._check_connected()
+        return msgq_ring_live_readers(&self.pub.ring)
+
+    @property
+    def segment_size(self) -> int:
+        self._check_connected()
+        return self.pub.ring.capacity
+
+    @property
+    def max_message_size(self) -> int:
+        self._check_connected()
+        return msgq_ring_max_message_size(self.pub.ring.capacity)
+
+    def close(self) -> None:
+        """Releases the queue; the socket can connect again."""
+        if self.reserving:
+            msgq_publisher_abort(&self.pub)
+            self.reserving = False
+        self._disconnect()
+
+
+cdef class SubSocket:
+    """One subscriber of an endpoint: receives every message sent after it connected
+    (or only the newest, with ``conflate``)."""
+    cdef msgq_subscriber sub
+    cdef bint connected
+    cdef int64_t timeout_ns
+    cdef readonly object endpoint
+
+    def __cinit__(self):
+        self.connected = False
+        self.timeout_ns = -1
+        self.endpoint = None
+
+    def __dealloc__(self):
+        self._disconnect()
+
+    cdef void _disconnect(self) noexcept:
+        if self.connected:
+            msgq_subscriber_release(&self.sub)
+            msgq_queue_unmap(&self.sub.ring)
+            self.connected = False
+
+    def connect(self, context, endpoint, address=b"127.0.0.1", bint conflate=False,
+                segment_size=0) -> None:
+        """Opens (or creates) the queue of ``endpoint`` and takes a reader slot.
+
+        ``address`` is accepted for compatibility (it matters to the ZMQ backend only).
+        Raises ``IpcError`` when every reader slot is held by a live subscriber.
+        """
+        cdef msgq_ring ring
+        cdef int r
+        if not isinstance(address, (str, bytes)):
+            raise TypeError(f"address must be str or bytes, not {type(address).__name__}")
+        _open_queue(endpoint, segment_size, MSGQ_ROLE_SUBSCRIBER, &ring)
+        self._disconnect()
+        r = msgq_subscriber_init(&self.sub, &ring, conflate)
+        if r < 0:
+            msgq_queue_unmap(&ring)
+            if r == MSGQ_ENOSLOT:
+                raise IpcError(
+                    f"endpoint {endpoint!r}: all {MSGQ_READER_SLOTS} reader slots are held "
+                    "by live subscribers; close a subscriber first")
+            _raise(r, endpoint)
+        self.connected = True
+        self.endpoint = endpoint
+
+    def setTimeout(self, timeout) -> None:
+        """Timeout of a blocking ``receive`` in milliseconds; negative: wait forever."""
+        if timeout is None or timeout < 0:
+            self.timeout_ns = -1
+        else:
+            self.timeout_ns = <int64_t>(timeout * 1000000)
+
+    cdef int _check_connected(self) except -1:
+        if not self.connected:
+            raise IpcError("socket is not connected; call connect() first")
+        return 0
+
+    cdef int _wait(self) except -1:
+        """Waits for data within the socket timeout. 1: data, 0: timed out."""
+        cdef int64_t deadline = -1
+        cdef int64_t now, slice_ns
+        cdef int r
+        if self.timeout_ns >= 0:
+            deadline = os_monotonic_ns() + self.timeout_ns
+        while True:
+            slice_ns = SIGNAL_CHECK_NS
+            if deadline >= 0:
+                now = os_monotonic_ns()
+                if now >= deadline:
+                    return 0
+                if deadline - now < slice_ns:
+                    slice_ns = deadline - now
+            with nogil:
+                r = msgq_subscriber_wait(&self.sub, slice_ns)
+            if r == 1:
+                return 1
+            PyErr_CheckSignals()
+
+    def receive(self, bint non_blocking=False):
+        """Returns the next message as ``bytes`` (one copy), or None when there is none
+        (non-blocking) or the timeout passed."""
+        cdef const uint8_t *payload
+        cdef uint32_t size
+        cdef bytes msg
+        cdef char *dst
+        self._check_connected()
+        while True:
+            if msgq_subscriber_peek(&self.sub, &payload, &size):
+                msg = PyBytes_FromStringAndSize(NULL, size)
+                dst = PyBytes_AS_STRING(msg)
+                if size >= NOGIL_COPY_BYTES:
+                    with nogil:
+                        memcpy(dst, payload, size)
+                else:
+                    memcpy(dst, payload, size)
+                if msgq_subscriber_consume(&self.sub):
+                    return msg
+                continue  # overwritten while copying: the reader was reset
+            if non_blocking or self.timeout_ns == 0 or not self._wait():
+                return None
+
+    def receive_into(self, buffer, bint non_blocking=False):
+        """Copies the next message into ``buffer`` (any writable bytes-like object) and
+        returns its size, or None as ``receive``. A buffer too small raises ValueError
+        and leaves the message in the queue."""
+        cdef Py_buffer view
+        cdef const uint8_t *payload
+        cdef uint32_t size
+        self._check_connected()
+        try:
+            PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        except BufferError as e:
+            raise TypeError(f"receive_into() needs a writable contiguous buffer: {e}") from None
+        try:
+            while True:
+                if msgq_subscriber_peek(&self.sub, &payload, &size):
+                    if size > view.len:
+                        raise ValueError(
+                            f"message of {size} bytes does not fit a buffer of {view.len} "
+                            "bytes; the message stays queued")
+                    if size >= NOGIL_COPY_BYTES:
+                        with nogil:
+                            memcpy(view.buf, payload, size)
+                    else:
+                        memcpy(view.buf, payload, size)
+                    if msgq_subscriber_consume(&self.sub):
+                        return size
+                    continue
+                if non_blocking or self.timeout_ns == 0 or not self._wait():
+                    return None
+        finally:
+            PyBuffer_Release(&view)
+
+    def has_data(self) -> bool:
+        """True when ``receive(non_blocking=True)`` would return a message."""
+        self._check_connected()
+        return msgq_subscriber_has_data(&self.sub) == 1
+
+    @property
+    def conflate(self) -> bool:
+        return self.sub.conflate
+
+    @property
+    def resets(self) -> int:
+        """Times this subscriber fell a whole ring behind and skipped ahead (lost
+        messages), including resets caused by corrupt values in the queue."""
+        return self.sub.resets
+
+    @property
+    def corrupt_resets(self) -> int:
+        """Resets caused by out-of-range values found in the shared segment."""
+        return self.sub.corrupt_resets
+
+    @property
+    def segment_size(self) -> int:
+        self._check_connected()
+        return self.sub.ring.capacity
+
+    def close(self) -> None:
+        """Gives the reader slot back; the socket can connect again."""
+        self._disconnect()
+
+
+cdef class Poller:
+    """Waits on many SubSockets at once (futex_waitv on Linux)."""
+    cdef list sockets
+    cdef msgq_subscriber **subs
+    cdef uint8_t *ready
+    cdef int capacity
+
+    def __cinit__(self):
+        self.sockets = []
+        self.subs = NULL
+        self.ready = NULL
+        self.capacity = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self.subs)
+        PyMem_Free(self.ready)
+
+    def registerSocket(self, SubSocket sock) -> None:
+        """Adds ``sock``; registering a socket twice has no further effect."""
+        if not sock.connected:
+            raise IpcError("register a connected SubSocket")
+        for s in self.sockets:
+            if s is sock:
+                return
+        cdef int n = len(self.sockets) + 1
+        if n > self.capacity:
+            new_cap = max(8, self.capacity * 2)
+            subs = <msgq_subscriber **>PyMem_Malloc(new_cap * sizeof(msgq_subscriber *))
+            ready = <uint8_t *>PyMem_Malloc(new_cap * sizeof(uint8_t))
+            if subs == NULL or ready == NULL:
+                PyMem_Free(subs)
+                PyMem_Free(ready)
+                raise MemoryError()
+            PyMem_Free(self.subs)
+            PyMem_Free(self.ready)
+            self.subs = subs
+            self.ready = ready
+            self.capacity = new_cap
+        self.sockets.append(sock)
+        for i, s in enumerate(self.sockets):
+            self.subs[i] = &(<SubSocket>s).sub
+
+    def poll(self, timeout) -> list:
+        """Sockets with a message waiting, after at most ``timeout`` ms (negative: no
+        limit). Empty list on timeout."""
+        cdef int n = len(self.sockets)
+        cdef int64_t deadline = -1
+        cdef int64_t now, slice_ns
+        cdef int r
+        if n == 0:
+            return []
+        for s in self.sockets:
+            if not (<SubSocket>s).connected:
+                raise IpcError("a socket registered with this Poller was closed")
+        if timeout is not None and timeout >= 0:
+            deadline = os_monotonic_ns() + <int64_t>(timeout * 1000000)
+        while True:
+            slice_ns = SIGNAL_CHECK_NS
+            if deadline >= 0:
+                now = os_monotonic_ns()
+                slice_ns = deadline - now
+                if slice_ns < 0:
+                    slice_ns = 0
+                if slice_ns > SIGNAL_CHECK_NS:
+                    slice_ns = SIGNAL_CHECK_NS
+            with nogil:
+                r = msgq_poll(self.subs, n, slice_ns, self.ready)
+            if r > 0:
+                return [self.sockets[i] for i in range(n) if self.ready[i]]
+            PyErr_CheckSignals()
+            if deadline >= 0 and os_monotonic_ns() >= deadline:
+                return []

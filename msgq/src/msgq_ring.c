@@ -1,0 +1,525 @@
+#define _GNU_SOURCE
+#include "msgq_ring.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "msgq_errors.h"
+#include "os_wait.h"
+
+_Static_assert(sizeof(msgq_reader_slot) == MSGQ_CACHE_LINE, "reader slot is one line");
+_Static_assert(sizeof(msgq_header) == MSGQ_CACHE_LINE * (3 + MSGQ_READER_SLOTS),
+               "header layout");
+_Static_assert(MSGQ_READER_SLOTS <= 64, "active_readers is a 64-bit mask");
+
+/* Spin iterations a subscriber tries before it sleeps on the futex. Short: on a loaded
+ * machine a spinning reader steals the CPU its publisher needs. */
+#define MSGQ_SPIN_ITERATIONS 64
+
+static inline uint32_t position_cycle(uint64_t p) { return (uint32_t)(p >> 32); }
+static inline uint32_t position_offset(uint64_t p) { return (uint32_t)p; }
+static inline uint64_t make_position(uint32_t cycle, uint32_t offset) {
+  return ((uint64_t)cycle << 32) | offset;
+}
+static inline uint64_t align8(uint64_t n) { return (n + 7u) & ~(uint64_t)7u; }
+
+/* Sizes travel as 8-byte little-endian fields; the ring is only shared on one machine,
+ * so host order is used, read and written with memcpy (offsets are 8-aligned anyway). */
+static inline int64_t load_size_field(const uint8_t *at) {
+  int64_t v;
+  memcpy(&v, at, sizeof v);
+  return v;
+}
+static inline void store_size_field(uint8_t *at, int64_t v) { memcpy(at, &v, sizeof v); }
+
+/* --- Segment ---------------------------------------------------------------------- */
+
+int64_t msgq_ring_capacity_for(uint64_t segment_size) {
+  if (segment_size < MSGQ_MIN_SEGMENT_SIZE || segment_size > MSGQ_MAX_SEGMENT_SIZE)
+    return MSGQ_EBADSIZE;
+  return (int64_t)align8(segment_size);
+}
+
+uint32_t msgq_ring_max_message_size(uint32_t capacity) {
+  /* A message with its prefix may take a third of the ring less the 8 reserved bytes. */
+  uint64_t per_message = ((uint64_t)capacity - 8u) / 3u;
+  per_message &= ~(uint64_t)7u;
+  return per_message >= 8u ? (uint32_t)(per_message - 8u) : 0u;
+}
+
+/* A publisher identity that differs between publishers, also within one process. */
+static uint64_t random_token(void) {
+  static _Atomic uint64_t counter = 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t t = (uint64_t)os_monotonic_ns() ^ ((uint64_t)getpid() << 40) ^
+               ((uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ULL) ^
+               ((atomic_fetch_add(&counter, 1) + 1) * 0xBF58476D1CE4E5B9ULL);
+  return t == 0 ? 1 : t;
+}
+
+int msgq_ring_format(void *mem, size_t size) {
+  if (size < (size_t)MSGQ_HEADER_SIZE + MSGQ_MIN_SEGMENT_SIZE) return MSGQ_EBADSIZE;
+  uint64_t capacity = size - MSGQ_HEADER_SIZE;
+  if (capacity > MSGQ_MAX_SEGMENT_SIZE || capacity % 8u != 0) return MSGQ_EBADSIZE;
+  msgq_header *h = mem;
+  memset(h, 0, sizeof *h);
+  h->layout_version = MSGQ_LAYOUT_VERSION;
+  h->header_size = MSGQ_HEADER_SIZE;
+  h->total_size = size;
+  h->capacity = (uint32_t)capacity;
+  h->num_reader_slots = MSGQ_READER_SLOTS;
+  h->created_ns = (uint64_t)os_monotonic_ns();
+  h->creator_pid = (int32_t)getpid();
+  /* release: an opener that sees the magic sees the whole header above. */
+  atomic_store_explicit(&h->magic, MSGQ_MAGIC, memory_order_release);
+  return 0;
+}
+
+int msgq_ring_attach(msgq_ring *ring, void *mem, size_t size) {
+  memset(ring, 0, sizeof *ring);
+  if (size < sizeof(uint64_t)) return MSGQ_EBADMAGIC;
+  msgq_header *h = mem;
+  if (atomic_load_explicit(&h->magic, memory_order_acquire) != MSGQ_MAGIC)
+    return MSGQ_EBADMAGIC;
+  if (size < offsetof(msgq_header, layout_version) + sizeof(uint32_t))
+    return MSGQ_EGEOMETRY;
+  if (h->layout_version != MSGQ_LAYOUT_VERSION) return MSGQ_EVERSION;
+  if (size < MSGQ_HEADER_SIZE) return MSGQ_EGEOMETRY;
+  if (h->header_size != MSGQ_HEADER_SIZE || h->num_reader_slots != MSGQ_READER_SLOTS)
+    return MSGQ_EGEOMETRY;
+  if (h->total_size != size || (uint64_t)h->header_size + h->capacity != size)
+    return MSGQ_EGEOMETRY;
+  if (h->capacity < MSGQ_MIN_SEGMENT_SIZE || h->capacity % 8u != 0) return MSGQ_EGEOMETRY;
+  ring->header = h;
+  ring->data = (uint8_t *)mem + h->header_size;
+  ring->capacity = h->capacity;
+  ring->map_size = size;
+  return 0;
+}
+
+int msgq_ring_live_readers(const msgq_ring *ring) {
+  const msgq_header *h = ring->header;
+  uint64_t mask = atomic_load_explicit(&h->active_readers, memory_order_acquire);
+  int live = 0;
+  for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++) {
+    if (!(mask & (1ULL << i))) continue;
+    int32_t pid = atomic_load_explicit(&h->readers[i].owner_pid, memory_order_relaxed);
+    if (pid > 0 && os_process_alive(pid)) live++;
+  }
+  return live;
+}
+
+/* --- Publisher -------------------------------------------------------------------- */
+
+void msgq_publisher_init(msgq_publisher *pub, const msgq_ring *ring) {
+  memset(pub, 0, sizeof *pub);
+  pub->ring = *ring;
+  pub->token = random_token();
+  msgq_header *h = ring->header;
+  atomic_store_explicit(&h->publisher_pid, (int32_t)getpid(), memory_order_relaxed);
+  atomic_store_explicit(&h->publisher_token, pub->token, memory_order_seq_cst);
+  uint64_t wp = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
+  /* A value left by a dead or hostile writer: restart at the beginning of the next
+   * cycle, which invalidates every reader still behind (they reset, never misread). */
+  if (position_offset(wp) > ring->capacity - 8u || position_offset(wp) % 8u != 0) {
+    wp = make_position(position_cycle(wp) + 2u, 0);
+    atomic_store_explicit(&h->write_pointer, wp, memory_order_release);
+  }
+  pub->write_pointer = wp;
+  /* Unknown positions: force a reload on first use by pretending they are two cycles
+   * behind (never "safe" under the cycle test below). */
+  for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++)
+    pub->known_read_pointer[i] = make_position(position_cycle(wp) - 2u, 0);
+}
+
+void msgq_publisher_release(msgq_publisher *pub) {
+  msgq_header *h = pub->ring.header;
+  if (atomic_load_explicit(&h->publisher_token, memory_order_acquire) == pub->token)
+    atomic_store_explicit(&h->publisher_pid, 0, memory_order_relaxed);
+}
+
+/* Clears the valid bit of every reader whose unread bytes lie in [start, start + len)
+ * of the writer's current cycle (I3). Readers in the current cycle are behind the writer
+ * and cannot be there; readers in the previous cycle at or past start + len are not
+ * reached yet. Cached positions avoid touching the readers' cache lines on most sends. */
+static void invalidate_overtaken_readers(msgq_publisher *pub, uint32_t cycle,
+                                         uint32_t start, uint32_t len) {
+  msgq_header *h = pub->ring.header;
+  uint64_t mask = atomic_load_explicit(&h->active_readers, memory_order_acquire);
+  const uint64_t end = (uint64_t)start + len;
+  bool cleared_any = false;
+  while (mask) {
+    unsigned i = (unsigned)__builtin_ctzll(mask);
+    mask &= mask - 1;
+    uint64_t known = pub->known_read_pointer[i];
+    if (position_cycle(known) == cycle) continue;
+    if (position_cycle(known) == cycle - 1u && position_offset(known) >= end) continue;
+
+    msgq_reader_slot *slot = &h->readers[i];
+    /* acquire: pairs with the release store of valid_word in reader_reset, so the
+     * read_pointer loaded next is at least the one stored before that epoch began. */
+    uint32_t word = atomic_load_explicit(&slot->valid_word, memory_order_acquire);
+    uint64_t rp = atomic_load_explicit(&slot->read_pointer, memory_order_acquire);
+    if (!(word & 1u)) {
+      /* Already invalid: it will reset to a position in this cycle or later (I2). */
+      pub->known_read_pointer[i] = make_position(cycle, start);
+      continue;
+    }
+    uint32_t rc = position_cycle(rp), ro = position_offset(rp);
+    if (rc == cycle || (rc == cycle - 1u && ro >= end)) {
+      pub->known_read_pointer[i] = rp;
+      continue;
+    }
+    /* Overtaken (or nonsense): invalidate, but only the epoch we looked at (I4). */
+    atomic_compare_exchange_strong_explicit(&slot->valid_word, &word, word & ~1u,
+                                            memory_order_acq_rel, memory_order_relaxed);
+    pub->known_read_pointer[i] = make_position(cycle, start);
+    cleared_any = true;
+  }
+  if (cleared_any) {
+    /* The clears must be visible before the payload bytes that overwrite the reader's
+     * data (seqlock writer side; pairs with the acquire fence in consume). */
+    atomic_thread_fence(memory_order_release);
+  }
+}
+
+int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
+  msgq_ring *ring = &pub->ring;
+  msgq_header *h = ring->header;
+  if (atomic_load_explicit(&h->publisher_token, memory_order_relaxed) != pub->token)
+    return MSGQ_ENOTOWNER;
+  if (size > msgq_ring_max_message_size(ring->capacity)) return MSGQ_ETOOLARGE;
+
+  const uint32_t total = 8u + (uint32_t)align8(size);
+  uint32_t cycle = position_cycle(pub->write_pointer);
+  uint32_t offset = position_offset(pub->write_pointer);
+
+  if ((uint64_t)offset + total + 8u > ring->capacity) {
+    /* Not enough room before the end (keeping 8 bytes for a marker): the rest of this
+     * cycle is skipped. Readers of the previous cycle still beyond offset would be two
+     * cycles behind after the wrap, so they are invalidated now. */
+    invalidate_overtaken_readers(pub, cycle, offset, ring->capacity - offset);
+    store_size_field(ring->data + offset, MSGQ_WRAP_MARKER);
+    cycle += 1u;
+    offset = 0;
+    uint64_t wrapped = make_position(cycle, 0);
+    uint64_t expected = pub->write_pointer;
+    /* release: the marker is visible to a reader that sees the new cycle. */
+    if (!atomic_compare_exchange_strong_explicit(&h->write_pointer, &expected, wrapped,
+                                                 memory_order_acq_rel,
+                                                 memory_order_relaxed))
+      return MSGQ_ENOTOWNER;
+    pub->write_pointer = wrapped;
+  }
+  invalidate_overtaken_readers(pub, cycle, offset, total);
+  pub->reserved = true;
+  pub->reserved_size = size;
+  *payload = ring->data + offset + 8u;
+  return 0;
+}
+
+int msgq_publisher_commit(msgq_publisher *pub) {
+  if (!pub->reserved) return MSGQ_ENORESERVE;
+  msgq_ring *ring = &pub->ring;
+  msgq_header *h = ring->header;
+  pub->reserved = false;
+  const uint32_t size = pub->reserved_size;
+  const uint32_t cycle = position_cycle(pub->write_pointer);
+  const uint32_t offset = position_offset(pub->write_pointer);
+  store_size_field(ring->data + offset, (int64_t)size);
+
+  uint64_t expected = pub->write_pointer;
+  uint64_t next = make_position(cycle, offset + 8u + (uint32_t)align8(size));
+  /* seq_cst: publishes the payload and size (release, I1) and orders this store before
+   * the num_waiters load below (pairs with the seq_cst increment in subscriber_wait:
+   * either we see the waiter, or the waiter sees this write_pointer). The exchange
+   * fails only when another publisher moved the pointer: we no longer own the queue. */
+  if (!atomic_compare_exchange_strong_explicit(&h->write_pointer, &expected, next,
+                                               memory_order_seq_cst,
+                                               memory_order_relaxed))
+    return MSGQ_ENOTOWNER;
+  pub->write_pointer = next;
+
+  if (atomic_load_explicit(&h->num_waiters, memory_order_seq_cst) != 0) {
+    atomic_fetch_add_explicit(&h->notify_seq, 1u, memory_order_release);
+    os_wake_all(&h->notify_seq);
+  }
+  return 0;
+}
+
+void msgq_publisher_abort(msgq_publisher *pub) { pub->reserved = false; }
+
+int msgq_publisher_send(msgq_publisher *pub, const void *data, uint32_t size) {
+  void *dst;
+  int r = msgq_publisher_reserve(pub, size, &dst);
+  if (r < 0) return r;
+  if (size) memcpy(dst, data, size);
+  return msgq_publisher_commit(pub);
+}
+
+int msgq_publisher_all_readers_updated(const msgq_publisher *pub) {
+  const msgq_header *h = pub->ring.header;
+  uint64_t wp = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
+  uint64_t mask = atomic_load_explicit(&h->active_readers, memory_order_acquire);
+  for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++) {
+    if (!(mask & (1ULL << i))) continue;
+    const msgq_reader_slot *slot = &h->readers[i];
+    int32_t pid = atomic_load_explicit(&slot->owner_pid, memory_order_relaxed);
+    if (pid <= 0 || !os_process_alive(pid)) continue;
+    uint32_t word = atomic_load_explicit(&slot->valid_word, memory_order_acquire);
+    uint64_t rp = atomic_load_explicit(&slot->read_pointer, memory_order_acquire);
+    if (!(word & 1u) || rp != wp) return 0;
+  }
+  return 1;
+}
+
+/* --- Subscriber ------------------------------------------------------------------- */
+
+/* Jumps to the current write position with a fresh epoch (seed protocol "reset reader";
+ * I2, I4). Messages between the old position and here are lost to this reader. */
+static void reader_reset(msgq_subscriber *sub) {
+  msgq_header *h = sub->ring.header;
+  msgq_reader_slot *slot = &h->readers[sub->slot];
+  uint64_t wp = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
+  sub->read_pointer = wp;
+  sub->seen_write_pointer = wp;
+  atomic_store_explicit(&slot->read_pointer, wp, memory_order_relaxed);
+  uint32_t epoch = (sub->valid_word >> 1) + 1u;
+  sub->valid_word = (epoch << 1) | 1u;
+  /* release: a publisher that sees this epoch sees the read_pointer stored above. */
+  atomic_store_explicit(&slot->valid_word, sub->valid_word, memory_order_release);
+}
+
+static bool claim_slot(msgq_header *h, unsigned i, int32_t expected_pid, int32_t me) {
+  msgq_reader_slot *slot = &h->readers[i];
+  if (!atomic_compare_exchange_strong_explicit(&slot->owner_pid, &expected_pid, me,
+                                               memory_order_acq_rel,
+                                               memory_order_relaxed))
+    return false;
+  /* A dead owner may have died asleep: take its share of num_waiters back. */
+  if (atomic_exchange_explicit(&slot->waiting, 0u, memory_order_acq_rel))
+    atomic_fetch_sub_explicit(&h->num_waiters, 1u, memory_order_acq_rel);
+  return true;
+}
+
+int msgq_subscriber_init(msgq_subscriber *sub, const msgq_ring *ring, bool conflate) {
+  memset(sub, 0, sizeof *sub);
+  sub->ring = *ring;
+  sub->conflate = conflate;
+  sub->slot = -1;
+  msgq_header *h = ring->header;
+  const int32_t me = (int32_t)getpid();
+
+  /* Free slots first; only when none is left, reclaim one whose owner died. A slot
+   * held by a live process is never taken. */
+  for (unsigned i = 0; i < MSGQ_READER_SLOTS && sub->slot < 0; i++)
+    if (claim_slot(h, i, 0, me)) sub->slot = (int)i;
+  for (unsigned i = 0; i < MSGQ_READER_SLOTS && sub->slot < 0; i++) {
+    int32_t pid = atomic_load_explicit(&h->readers[i].owner_pid, memory_order_relaxed);
+    if (pid > 0 && pid != me && !os_process_alive(pid) && claim_slot(h, i, pid, me))
+      sub->slot = (int)i;
+  }
+  if (sub->slot < 0) return MSGQ_ENOSLOT;
+
+  msgq_reader_slot *slot = &h->readers[sub->slot];
+  sub->valid_word = atomic_load_explicit(&slot->valid_word, memory_order_relaxed) & ~1u;
+  reader_reset(sub);
+  sub->resets = 0;
+  /* release: the publisher that sees the bit sees our position and epoch. */
+  atomic_fetch_or_explicit(&h->active_readers, 1ULL << sub->slot, memory_order_seq_cst);
+  return 0;
+}
+
+void msgq_subscriber_release(msgq_subscriber *sub) {
+  if (sub->slot < 0) return;
+  msgq_header *h = sub->ring.header;
+  msgq_reader_slot *slot = &h->readers[sub->slot];
+  atomic_fetch_and_explicit(&h->active_readers, ~(1ULL << sub->slot), memory_order_acq_rel);
+  if (atomic_exchange_explicit(&slot->waiting, 0u, memory_order_acq_rel))
+    atomic_fetch_sub_explicit(&h->num_waiters, 1u, memory_order_acq_rel);
+  atomic_store_explicit(&slot->owner_pid, 0, memory_order_release);
+  sub->slot = -1;
+}
+
+static inline void store_read_pointer(msgq_subscriber *sub, uint64_t rp) {
+  sub->read_pointer = rp;
+  /* release: the publisher may reuse bytes behind rp only after our copy is done. */
+  atomic_store_explicit(&sub->ring.header->readers[sub->slot].read_pointer, rp,
+                        memory_order_release);
+}
+
+int msgq_subscriber_has_data(msgq_subscriber *sub) {
+  if (sub->read_pointer != sub->seen_write_pointer) return 1;
+  sub->seen_write_pointer =
+      atomic_load_explicit(&sub->ring.header->write_pointer, memory_order_acquire);
+  return sub->read_pointer != sub->seen_write_pointer;
+}
+
+static void reset_for_corruption(msgq_subscriber *sub) {
+  sub->corrupt_resets++;
+  sub->resets++;
+  reader_reset(sub);
+}
+
+int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t *size) {
+  msgq_ring *ring = &sub->ring;
+  msgq_reader_slot *slot = &ring->header->readers[sub->slot];
+  const uint32_t capacity = ring->capacity;
+
+  for (;;) {
+    if (!msgq_subscriber_has_data(sub)) return 0;
+
+    /* Seed protocol step 2 before step 1's value is trusted: the valid bit is checked
+     * after loading the size so a size from an overwritten region is never used. */
+    const uint32_t rc = position_cycle(sub->read_pointer);
+    const uint32_t ro = position_offset(sub->read_pointer);
+    if (ro > capacity - 8u || ro % 8u != 0) {
+      reset_for_corruption(sub);
+      continue;
+    }
+    const int64_t msg_size = load_size_field(ring->data + ro);
+    /* acquire: the size load above happens before the valid check below. */
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&slot->valid_word, memory_order_relaxed) != sub->valid_word) {
+      sub->resets++;
+      reader_reset(sub);
+      continue;
+    }
+
+    /* A valid reader is in the writer's cycle or the one before (I3). */
+    const uint32_t wc = position_cycle(sub->seen_write_pointer);
+    if (rc != wc && rc != wc - 1u) {
+      reset_for_corruption(sub);
+      continue;
+    }
+    if (msg_size == MSGQ_WRAP_MARKER) {
+      store_read_pointer(sub, make_position(rc + 1u, 0));
+      continue;
+    }
+    /* The message and the 8 reserved bytes must fit before the end of the ring, and
+     * it must end at or before what the publisher has published in this cycle. */
+    if (msg_size < 0 || (uint64_t)msg_size + 16u > (uint64_t)capacity - ro) {
+      reset_for_corruption(sub);
+      continue;
+    }
+    const uint64_t next =
+        make_position(rc, ro + 8u + (uint32_t)align8((uint64_t)msg_size));
+    const uint64_t wp = sub->seen_write_pointer;
+    if (position_cycle(wp) == rc && position_offset(next) > position_offset(wp)) {
+      reset_for_corruption(sub);
+      continue;
+    }
+
+    if (sub->conflate) {
+      /* Skip without copying to the newest published message. */
+      if (next != sub->seen_write_pointer) {
+        store_read_pointer(sub, next);
+        continue;
+      }
+      sub->seen_write_pointer =
+          atomic_load_explicit(&ring->header->write_pointer, memory_order_acquire);
+      if (next != sub->seen_write_pointer) {
+        store_read_pointer(sub, next);
+        continue;
+      }
+    }
+    sub->next_read_pointer = next;
+    *payload = ring->data + ro + 8u;
+    *size = (uint32_t)msg_size;
+    return 1;
+  }
+}
+
+int msgq_subscriber_consume(msgq_subscriber *sub) {
+  msgq_reader_slot *slot = &sub->ring.header->readers[sub->slot];
+  /* acquire: the caller's copy (plain loads) happens before this re-check of the valid
+   * bit (seed protocol step 5; seqlock reader side). */
+  atomic_thread_fence(memory_order_acquire);
+  if (atomic_load_explicit(&slot->valid_word, memory_order_relaxed) != sub->valid_word) {
+    sub->resets++;
+    reader_reset(sub);
+    return 0;
+  }
+  store_read_pointer(sub, sub->next_read_pointer);
+  return 1;
+}
+
+/* Marks this reader asleep on the queue and returns the notify_seq to sleep on. */
+static uint32_t begin_wait(msgq_subscriber *sub) {
+  msgq_header *h = sub->ring.header;
+  uint32_t seq = atomic_load_explicit(&h->notify_seq, memory_order_acquire);
+  atomic_store_explicit(&h->readers[sub->slot].waiting, 1u, memory_order_relaxed);
+  /* seq_cst: pairs with the seq_cst write_pointer exchange in commit (Dekker): after
+   * this increment, has_data() below sees the new write_pointer or the publisher sees
+   * num_waiters > 0 and bumps notify_seq after the value read above. */
+  atomic_fetch_add_explicit(&h->num_waiters, 1u, memory_order_seq_cst);
+  return seq;
+}
+
+static void end_wait(msgq_subscriber *sub) {
+  msgq_header *h = sub->ring.header;
+  if (atomic_exchange_explicit(&h->readers[sub->slot].waiting, 0u, memory_order_acq_rel))
+    atomic_fetch_sub_explicit(&h->num_waiters, 1u, memory_order_release);
+}
+
+static int spin_for_data(msgq_subscriber *const *subs, int n, uint8_t *ready) {
+  for (int spin = 0; spin < MSGQ_SPIN_ITERATIONS; spin++) {
+    int count = 0;
+    for (int i = 0; i < n; i++) {
+      ready[i] = (uint8_t)msgq_subscriber_has_data(subs[i]);
+      count += ready[i];
+    }
+    if (count) return count;
+    os_cpu_relax();
+  }
+  return 0;
+}
+
+int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready) {
+  if (n <= 0) return -EINVAL;
+  int count = spin_for_data(subs, n, ready);
+  if (count || timeout_ns == 0) return count;
+
+  /* The kernel waits on at most OS_WAIT_MAX_WORDS words; with more subscribers, sleep on
+   * the first ones in slices of at most 1 ms and check all of them after each. */
+  int wait_n = n;
+  if (n > OS_WAIT_MAX_WORDS) {
+    wait_n = OS_WAIT_MAX_WORDS;
+    if (timeout_ns < 0 || timeout_ns > 1000000) timeout_ns = 1000000;
+  }
+
+  _Atomic uint32_t *words[OS_WAIT_MAX_WORDS] = {0};
+  uint32_t expected[OS_WAIT_MAX_WORDS] = {0};
+  for (int i = 0; i < wait_n; i++) {
+    words[i] = &subs[i]->ring.header->notify_seq;
+    expected[i] = begin_wait(subs[i]);
+  }
+  /* seq_cst: the waiter registrations above come before the write_pointer loads below. */
+  atomic_thread_fence(memory_order_seq_cst);
+  int r = 0;
+  for (int i = 0; i < n; i++) {
+    ready[i] = (uint8_t)msgq_subscriber_has_data(subs[i]);
+    count += ready[i];
+  }
+  if (!count) {
+    r = os_wait_any(words, expected, wait_n, timeout_ns);
+    for (int i = 0; i < n; i++) {
+      ready[i] = (uint8_t)msgq_subscriber_has_data(subs[i]);
+      count += ready[i];
+    }
+  }
+  for (int i = 0; i < wait_n; i++) end_wait(subs[i]);
+  if (count) return count;
+  return r == -EINTR ? -EINTR : 0;
+}
+
+int msgq_subscriber_wait(msgq_subscriber *sub, int64_t timeout_ns) {
+  uint8_t ready;
+  msgq_subscriber *const subs[1] = {sub};
+  int r = msgq_poll(subs, 1, timeout_ns, &ready);
+  return r > 0 ? 1 : r;
+}

@@ -1,0 +1,182 @@
+#define _GNU_SOURCE
+#include "queue_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "msgq_errors.h"
+#include "os_wait.h"
+
+#define QUEUE_FILE_PREFIX "msgq_"
+
+int msgq_validate_name(const char *name) {
+  if (name == NULL) return MSGQ_EBADNAME;
+  size_t len = strnlen(name, MSGQ_MAX_NAME_LEN + 1);
+  if (len == 0 || len > MSGQ_MAX_NAME_LEN) return MSGQ_EBADNAME;
+  if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0) return MSGQ_EBADNAME;
+  for (size_t i = 0; i < len; i++) {
+    char c = name[i];
+    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+             c == '_' || c == '-' || c == '.';
+    if (!ok) return MSGQ_EBADNAME;
+  }
+  return 0;
+}
+
+static const char *shm_base_dir(void) {
+  const char *dir = getenv("MSGQ_SHM_DIR");
+  return (dir && dir[0]) ? dir : "/dev/shm";
+}
+
+static const char *namespace_prefix(void) {
+  const char *p = getenv("MSGQ_PREFIX");
+  if (p && p[0]) return p;
+  p = getenv("OPENPILOT_PREFIX");
+  return (p && p[0]) ? p : NULL;
+}
+
+static mode_t file_mode(void) {
+  const char *m = getenv("MSGQ_SHM_MODE");
+  if (!m || !m[0]) return 0600;
+  char *end = NULL;
+  long v = strtol(m, &end, 8);
+  if (*end != '\0' || v < 0 || v > 0777) return 0600;
+  return (mode_t)v;
+}
+
+int msgq_queue_dir(char *out, size_t out_len) {
+  const char *prefix = namespace_prefix();
+  int n;
+  if (prefix) {
+    if (msgq_validate_name(prefix) < 0) return MSGQ_EBADNAME;
+    n = snprintf(out, out_len, "%s/%s", shm_base_dir(), prefix);
+  } else {
+    n = snprintf(out, out_len, "%s", shm_base_dir());
+  }
+  if (n < 0 || (size_t)n >= out_len) return -ENAMETOOLONG;
+  return 0;
+}
+
+int msgq_queue_path(const char *endpoint, char *out, size_t out_len) {
+  if (msgq_validate_name(endpoint) < 0) return MSGQ_EBADNAME;
+  char dir[MSGQ_MAX_PATH_LEN];
+  int r = msgq_queue_dir(dir, sizeof dir);
+  if (r < 0) return r;
+  int n = snprintf(out, out_len, "%s/" QUEUE_FILE_PREFIX "%s", dir, endpoint);
+  if (n < 0 || (size_t)n >= out_len) return -ENAMETOOLONG;
+  return 0;
+}
+
+static int ensure_prefix_dir(void) {
+  if (!namespace_prefix()) return 0;
+  char dir[MSGQ_MAX_PATH_LEN];
+  int r = msgq_queue_dir(dir, sizeof dir);
+  if (r < 0) return r;
+  mode_t mode = file_mode();
+  /* Search permission for whoever may read or write the files. */
+  mode_t dir_mode = 0700 | ((mode & 0060) ? 0070 & (mode | 0010) : 0) |
+                    ((mode & 0006) ? 0007 & (mode | 0001) : 0);
+  if (mkdir(dir, dir_mode) != 0 && errno != EEXIST) return -errno;
+  return 0;
+}
+
+/* Sizes the file and formats an empty queue in it. fd is locked by the caller. */
+static int create_queue(int fd, uint64_t capacity, msgq_ring *ring) {
+  size_t size = (size_t)MSGQ_HEADER_SIZE + capacity;
+  if (ftruncate(fd, 0) != 0 || ftruncate(fd, (off_t)size) != 0) return -errno;
+  void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mem == MAP_FAILED) return -errno;
+  int r = msgq_ring_format(mem, size);
+  if (r == 0) r = msgq_ring_attach(ring, mem, size);
+  if (r < 0) munmap(mem, size);
+  return r;
+}
+
+static int queue_in_use(const msgq_ring *ring) {
+  int32_t pub = atomic_load_explicit(&ring->header->publisher_pid, memory_order_relaxed);
+  if (pub > 0 && os_process_alive(pub)) return 1;
+  return msgq_ring_live_readers(ring) > 0;
+}
+
+static int open_locked(int fd, uint64_t requested, enum msgq_role role, msgq_ring *ring) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return -errno;
+  if (!S_ISREG(st.st_mode)) return MSGQ_EBADMAGIC;
+  uint64_t new_capacity = requested ? requested : MSGQ_DEFAULT_SEGMENT_SIZE;
+
+  if (st.st_size == 0) return create_queue(fd, new_capacity, ring);
+
+  size_t size = (size_t)st.st_size;
+  uint64_t magic = 0;
+  ssize_t got = pread(fd, &magic, sizeof magic, 0);
+  if (got < 0) return -errno;
+  /* We hold the lock, so nobody is initializing: a zero magic is a creator that died
+   * before finishing. Re-make it. */
+  if (got < (ssize_t)sizeof magic || magic == 0) return create_queue(fd, new_capacity, ring);
+
+  void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mem == MAP_FAILED) return -errno;
+  int r = msgq_ring_attach(ring, mem, size);
+  if (r < 0) {
+    munmap(mem, size);
+    return r;
+  }
+  if (requested == 0 || requested == ring->capacity || role == MSGQ_ROLE_SUBSCRIBER)
+    return 0;
+  /* A publisher wants another size. */
+  int busy = queue_in_use(ring);
+  msgq_queue_unmap(ring);
+  if (busy) return MSGQ_ESIZEMISMATCH;
+  return create_queue(fd, new_capacity, ring);
+}
+
+int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role role,
+                    msgq_ring *ring) {
+  memset(ring, 0, sizeof *ring);
+  uint64_t requested = 0;
+  if (segment_size) {
+    int64_t cap = msgq_ring_capacity_for(segment_size);
+    if (cap < 0) return (int)cap;
+    requested = (uint64_t)cap;
+  }
+  char path[MSGQ_MAX_PATH_LEN];
+  int r = msgq_queue_path(endpoint, path, sizeof path);
+  if (r < 0) return r;
+  r = ensure_prefix_dir();
+  if (r < 0) return r;
+
+  mode_t mode = file_mode();
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+  if (fd >= 0) {
+    (void)fchmod(fd, mode); /* exactly the requested mode, whatever the umask */
+  } else if (errno == EEXIST) {
+    fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  }
+  if (fd < 0) return -errno;
+
+  int lr;
+  do {
+    lr = flock(fd, LOCK_EX);
+  } while (lr != 0 && errno == EINTR);
+  if (lr != 0) {
+    r = -errno;
+    close(fd);
+    return r;
+  }
+  r = open_locked(fd, requested, role, ring);
+  flock(fd, LOCK_UN);
+  close(fd);
+  return r;
+}
+
+void msgq_queue_unmap(msgq_ring *ring) {
+  if (ring->header) munmap(ring->header, ring->map_size);
+  memset(ring, 0, sizeof *ring);
+}

@@ -1,0 +1,52 @@
+/* Queue files: endpoint naming, the prefix folder, and creating/opening/mapping the
+ * shared-memory segment of a queue.
+ *
+ * A queue for endpoint E lives at $MSGQ_SHM_DIR (default /dev/shm), then the prefix
+ * folder when MSGQ_PREFIX or OPENPILOT_PREFIX is set, then the file "msgq_E". Names
+ * (endpoint and prefix) are 1..MSGQ_MAX_NAME_LEN characters from [A-Za-z0-9_.-], and
+ * not "." or "..": nothing is ever created outside the shm folder.
+ *
+ * Files are created with mode $MSGQ_SHM_MODE (octal, default 0600).
+ *
+ * Segment size rule (the size of the data ring is fixed when the file is created):
+ *  - a new queue gets the requested size, or MSGQ_DEFAULT_SEGMENT_SIZE for 0;
+ *  - opening an existing queue with 0 or the same size adopts it;
+ *  - a subscriber asking for another size adopts the existing size (the publisher's
+ *    size wins);
+ *  - a publisher asking for another size re-creates the queue at its size when no live
+ *    process uses it (no live publisher, no live subscriber), else MSGQ_ESIZEMISMATCH.
+ *
+ * Creation and validation happen under flock(LOCK_EX) on the file, so an opener never
+ * sees a half-made header, and a file whose creator died before finishing (magic still
+ * zero) is re-made by the next opener. */
+#ifndef MSGQ_QUEUE_FILE_H
+#define MSGQ_QUEUE_FILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "msgq_ring.h"
+
+#define MSGQ_MAX_NAME_LEN 100
+#define MSGQ_MAX_PATH_LEN 512
+
+enum msgq_role { MSGQ_ROLE_SUBSCRIBER = 0, MSGQ_ROLE_PUBLISHER = 1 };
+
+/* 0 when name is an allowed endpoint or prefix name, else MSGQ_EBADNAME. */
+int msgq_validate_name(const char *name);
+
+/* Writes the queue file path for endpoint into out (honouring the environment).
+ * Returns 0, MSGQ_EBADNAME (endpoint or prefix) or -ENAMETOOLONG. */
+int msgq_queue_path(const char *endpoint, char *out, size_t out_len);
+
+/* The folder queue files go to (shm folder plus prefix folder). */
+int msgq_queue_dir(char *out, size_t out_len);
+
+/* Opens (creating when needed) and maps the queue of endpoint under the segment size
+ * rule above. On success fills ring; release with msgq_queue_unmap(). */
+int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role role,
+                    msgq_ring *ring);
+
+void msgq_queue_unmap(msgq_ring *ring);
+
+#endif

@@ -1,0 +1,38 @@
+"""Builds the Cython extensions of msgq from the C core in msgq/src."""
+
+import os
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+C_CORE = [
+    "msgq/src/msgq_ring.c",
+    "msgq/src/queue_file.c",
+    "msgq/src/os_wait.c",
+    "msgq/src/msgq_errors.c",
+]
+
+extra_compile_args = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-function"]
+if os.environ.get("MSGQ_WERROR"):
+    extra_compile_args.append("-Werror")
+
+extensions = [
+    Extension(
+        "msgq.shm_backend",
+        sources=["msgq/shm_backend.pyx", *C_CORE],
+        include_dirs=["msgq"],
+        extra_compile_args=extra_compile_args,
+        depends=[p.replace(".c", ".h") for p in C_CORE] + ["msgq/ring.pxd"],
+    ),
+]
+
+setup(
+    ext_modules=cythonize(extensions, language_level=3),
+    package_dir={
+        "msgq": "msgq",
+        "msgq.visionipc": "visionipc",
+        "msgq.schemas": "schemas",
+    },
+    packages=["msgq", "msgq.visionipc", "msgq.schemas"],
+    package_data={"msgq": ["py.typed", "*.pyi", "*.pxd", "src/*.h"]},
+)
