@@ -208,7 +208,7 @@ cdef class PubSocket:
                 raise TypeError("send() takes bytes-like data, not str; encode it first")
             try:
                 PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
-            except BufferError as e:
+            except (BufferError, ValueError) as e:
                 raise TypeError(f"send() needs a contiguous bytes-like object: {e}") from None
             except TypeError:
                 raise TypeError(
@@ -412,7 +412,7 @@ cdef class SubSocket:
         self._check_connected()
         try:
             PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE | PyBUF_WRITABLE)
-        except BufferError as e:
+        except (BufferError, ValueError) as e:
             raise TypeError(f"receive_into() needs a writable contiguous buffer: {e}") from None
         try:
             while True:

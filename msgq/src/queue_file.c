@@ -117,9 +117,10 @@ static int open_locked(int fd, uint64_t requested, enum msgq_role role, msgq_rin
   uint64_t magic = 0;
   ssize_t got = pread(fd, &magic, sizeof magic, 0);
   if (got < 0) return -errno;
+  if (got < (ssize_t)sizeof magic) return MSGQ_EBADMAGIC;
   /* We hold the lock, so nobody is initializing: a zero magic is a creator that died
-   * before finishing. Re-make it. */
-  if (got < (ssize_t)sizeof magic || magic == 0) return create_queue(fd, new_capacity, ring);
+   * after sizing the file and before finishing the header. Re-make it. */
+  if (magic == 0) return create_queue(fd, new_capacity, ring);
 
   void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (mem == MAP_FAILED) return -errno;

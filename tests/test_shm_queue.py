@@ -1,0 +1,344 @@
+"""Behaviour specific to the shared-memory backend: queue files, sizes, reader slots,
+publishers taking over, and the ring under wrap-around, overtaking and corruption."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import stat
+import struct
+
+import pytest
+
+import msgq
+from msgq import shm_backend
+
+pytestmark = pytest.mark.usefixtures("shm")
+
+
+@pytest.fixture
+def shm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSGQ_BACKEND", "msgq")
+    monkeypatch.delenv("ZMQ", raising=False)
+
+
+HEADER_SIZE = 64 * (3 + shm_backend.READER_SLOTS)
+
+
+# --- sizes ------------------------------------------------------------------------------
+
+def test_oversized_message_is_value_error(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=4096)
+    sub = msgq.sub_sock(endpoint, timeout=100)
+    biggest = pub.max_message_size
+    assert biggest >= 4096 // 3 - 16
+    pub.send(b"x" * biggest)
+    assert sub.receive() == b"x" * biggest
+    with pytest.raises(ValueError, match="larger segment_size"):
+        pub.send(b"x" * (biggest + 1))
+    assert sub.receive(non_blocking=True) is None  # nothing half-sent
+
+
+@pytest.mark.parametrize("size", [1, 63, 2**32, -1])
+def test_segment_size_out_of_range(endpoint: str, size: int) -> None:
+    with pytest.raises(ValueError, match="segment"):
+        msgq.pub_sock(endpoint, segment_size=size)
+    assert not os.path.exists(shm_backend.queue_path(endpoint))
+
+
+def test_default_segment_size(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint)
+    assert pub.segment_size == shm_backend.DEFAULT_SEGMENT_SIZE
+    assert os.path.getsize(shm_backend.queue_path(endpoint)) == HEADER_SIZE + pub.segment_size
+
+
+def test_subscriber_adopts_existing_segment_size(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=8192)
+    sub = msgq.sub_sock(endpoint, segment_size=65536)
+    assert sub.segment_size == 8192
+    pub.send(b"hi")
+    assert sub.receive(non_blocking=True) == b"hi"
+
+
+def test_publisher_with_other_size_while_in_use_is_refused(endpoint: str) -> None:
+    sub = msgq.sub_sock(endpoint, segment_size=8192)
+    with pytest.raises(ValueError, match="segment size"):
+        msgq.pub_sock(endpoint, segment_size=65536)
+    assert msgq.pub_sock(endpoint).segment_size == 8192  # 0 adopts
+    sub.close()
+
+
+def test_publisher_with_other_size_recreates_unused_queue(endpoint: str) -> None:
+    old = msgq.pub_sock(endpoint, segment_size=8192)
+    old.close()
+    pub = msgq.pub_sock(endpoint, segment_size=65536)
+    assert pub.segment_size == 65536
+    sub = msgq.sub_sock(endpoint)
+    pub.send(b"after resize")
+    assert sub.receive(non_blocking=True) == b"after resize"
+
+
+# --- files and names ------------------------------------------------------------------------
+
+def test_queue_file_mode_is_private_by_default(endpoint: str) -> None:
+    msgq.pub_sock(endpoint)
+    assert stat.S_IMODE(os.stat(shm_backend.queue_path(endpoint)).st_mode) == 0o600
+
+
+def test_queue_file_mode_from_environment(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSGQ_SHM_MODE", "0640")
+    msgq.pub_sock(endpoint)
+    assert stat.S_IMODE(os.stat(shm_backend.queue_path(endpoint)).st_mode) == 0o640
+
+
+def test_prefixes_isolate_queues(endpoint: str, monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+    monkeypatch.setenv("MSGQ_PREFIX", prefix + "_a")
+    pub_a = msgq.pub_sock(endpoint)
+    sub_a = msgq.sub_sock(endpoint)
+    path_a = shm_backend.queue_path(endpoint)
+    monkeypatch.delenv("MSGQ_PREFIX")
+    monkeypatch.setenv("OPENPILOT_PREFIX", prefix + "_b")  # the upstream name works too
+    sub_b = msgq.sub_sock(endpoint)
+    path_b = shm_backend.queue_path(endpoint)
+    assert path_a != path_b and prefix + "_b" in path_b
+    pub_a.send(b"only a")
+    assert sub_a.receive(non_blocking=True) == b"only a"
+    assert sub_b.receive(non_blocking=True) is None
+    import shutil
+
+    for p in (path_a, path_b):
+        shutil.rmtree(os.path.dirname(p), ignore_errors=True)
+
+
+def test_bad_prefix_is_value_error(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSGQ_PREFIX", "../escape")
+    with pytest.raises(ValueError, match="PREFIX"):
+        msgq.pub_sock(endpoint)
+
+
+def test_bad_name_creates_nothing(prefix: str) -> None:
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(ValueError):
+        msgq.pub_sock("../../tmp/evil")
+    assert set(os.listdir("/dev/shm")) - before <= {prefix}
+
+
+# --- corrupt queue files ----------------------------------------------------------------------
+
+def _write_file(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"garbage!" * 1000, "not a msgq queue"),
+        (b"\x01", "not a msgq queue"),
+    ],
+    ids=["garbage", "one-byte"],
+)
+def test_garbage_file_is_a_clear_error_and_left_alone(endpoint: str, content: bytes, match: str) -> None:
+    path = shm_backend.queue_path(endpoint)
+    _write_file(path, content)
+    for connect in (msgq.sub_sock, msgq.pub_sock):
+        with pytest.raises(msgq.IpcError, match=match):
+            connect(endpoint)
+    with open(path, "rb") as f:
+        assert f.read() == content
+
+
+def _valid_queue_bytes(endpoint: str) -> bytes:
+    pub = msgq.pub_sock(endpoint, segment_size=4096)
+    pub.close()
+    with open(shm_backend.queue_path(endpoint), "rb") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize(
+    "offset, value, match",
+    [
+        (8, struct.pack("<I", 99), "layout version"),
+        (12, struct.pack("<I", 128), "inconsistent"),   # header_size
+        (16, struct.pack("<Q", 1 << 40), "inconsistent"),  # total_size
+        (24, struct.pack("<I", 1 << 30), "inconsistent"),  # capacity
+        (28, struct.pack("<I", 3), "inconsistent"),     # reader slots
+    ],
+    ids=["version", "header_size", "total_size", "capacity", "reader_slots"],
+)
+def test_disagreeing_header_is_a_clear_error(endpoint: str, offset: int, value: bytes, match: str) -> None:
+    data = bytearray(_valid_queue_bytes(endpoint))
+    data[offset:offset + len(value)] = value
+    path = shm_backend.queue_path(endpoint)
+    _write_file(path, bytes(data))
+    with pytest.raises(msgq.IpcError, match=match):
+        msgq.sub_sock(endpoint)
+    with open(path, "rb") as f:
+        assert f.read() == bytes(data)
+
+
+def test_truncated_queue_file_is_a_clear_error(endpoint: str) -> None:
+    data = _valid_queue_bytes(endpoint)
+    path = shm_backend.queue_path(endpoint)
+    _write_file(path, data[: len(data) // 2])
+    with pytest.raises(msgq.IpcError, match="inconsistent"):
+        msgq.sub_sock(endpoint)
+
+
+def test_half_created_queue_is_remade(endpoint: str) -> None:
+    """A creator that died before writing the magic left zeros: the next opener re-makes it."""
+    path = shm_backend.queue_path(endpoint)
+    _write_file(path, bytes(HEADER_SIZE + 4096))
+    pub = msgq.pub_sock(endpoint)
+    sub = msgq.sub_sock(endpoint)
+    pub.send(b"ok")
+    assert sub.receive(non_blocking=True) == b"ok"
+
+
+def _ring_map(endpoint: str) -> mmap.mmap:
+    fd = os.open(shm_backend.queue_path(endpoint), os.O_RDWR)
+    try:
+        return mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("garbage", [2**62, -7, 2**31, 5, 3, 2**32 - 1], ids=str)
+def test_garbage_size_prefix_resets_reader(endpoint: str, garbage: int) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=4096)
+    sub = msgq.sub_sock(endpoint)
+    pub.send(b"A" * 40)
+    pub.send(b"B" * 40)
+    m = _ring_map(endpoint)
+    m[HEADER_SIZE:HEADER_SIZE + 8] = struct.pack("<q", garbage)  # first message's size
+    got = msgq.drain_sock_raw(sub)
+    for msg in got:  # whatever it returns is a real message or a prefix-consistent slice
+        assert len(msg) <= pub.max_message_size
+    pub.send(b"C" * 40)
+    assert msgq.drain_sock_raw(sub)[-1:] == [b"C" * 40]
+    m.close()
+
+
+def test_random_garbage_in_ring_never_crashes(endpoint: str) -> None:
+    rng = random.Random(7)
+    pub = msgq.pub_sock(endpoint, segment_size=4096)
+    sub = msgq.sub_sock(endpoint)
+    m = _ring_map(endpoint)
+    for _ in range(300):
+        for _ in range(rng.randint(0, 5)):
+            pub.send(rng.randbytes(rng.randint(0, 300)))
+        start = HEADER_SIZE + rng.randrange(0, 4096 - 16)
+        m[start:start + 8] = rng.randbytes(8)
+        for msg in msgq.drain_sock_raw(sub):
+            assert len(msg) <= pub.max_message_size
+    # the reader slot itself may be scribbled on too (its position and valid word)
+    slot0 = 64 * 3
+    m[slot0:slot0 + 12] = rng.randbytes(12)
+    pub.send(b"may be lost: the reader notices the damage here and resets")
+    msgq.drain_sock_raw(sub)
+    pub.send(b"still works")
+    assert msgq.drain_sock_raw(sub)[-1:] == [b"still works"]
+    m.close()
+
+
+# --- ring behaviour ---------------------------------------------------------------------------
+
+def test_wrap_around_keeps_every_message(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=1024)
+    sub = msgq.sub_sock(endpoint)
+    rng = random.Random(3)
+    for i in range(5000):  # many cycles of a tiny ring, read as we go
+        msg = i.to_bytes(4, "little") + rng.randbytes(rng.randint(0, 200))
+        pub.send(msg)
+        assert sub.receive(non_blocking=True) == msg
+    assert sub.resets == 0
+
+
+def test_overtaken_reader_resets_and_goes_on(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=1024)
+    slow = msgq.sub_sock(endpoint)
+    for i in range(100):  # far more than the ring holds
+        pub.send(i.to_bytes(4, "little") * 10)
+    got = msgq.drain_sock_raw(slow)
+    assert slow.resets >= 1  # it knows it lost messages
+    assert len(got) < 100
+    assert all(m == m[:4] * 10 for m in got)  # never a torn message
+    for i in range(100, 110):  # after the reset it follows the publisher again
+        pub.send(i.to_bytes(4, "little") * 10)
+    assert msgq.drain_sock_raw(slow)[-10:] == [i.to_bytes(4, "little") * 10 for i in range(100, 110)]
+
+
+def test_conflate_skips_to_newest_across_wraps(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=4096)
+    sub = msgq.sub_sock(endpoint, conflate=True)
+    for i in range(30):
+        pub.send(b"%04d" % i * 10)
+    assert sub.receive(non_blocking=True) == b"0029" * 10
+    assert sub.receive(non_blocking=True) is None
+
+
+def test_reserve_writes_in_place(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint)
+    sub = msgq.sub_sock(endpoint)
+    with pub.reserve(5) as buf:
+        buf[:] = b"hello"
+    assert sub.receive(non_blocking=True) == b"hello"
+    with pytest.raises(RuntimeError):
+        with pub.reserve(3) as buf:
+            buf[:] = b"bye"
+            raise RuntimeError("changed my mind")
+    assert sub.receive(non_blocking=True) is None
+    pub.send(b"next")
+    assert sub.receive(non_blocking=True) == b"next"
+
+
+def test_reserve_too_large(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=4096)
+    with pytest.raises(ValueError):
+        pub.reserve(pub.max_message_size + 1)
+
+
+def test_second_publisher_takes_over(endpoint: str) -> None:
+    sub = msgq.sub_sock(endpoint)
+    first = msgq.pub_sock(endpoint)
+    first.send(b"1")
+    second = msgq.pub_sock(endpoint)
+    with pytest.raises(msgq.MultiplePublishersError):
+        first.send(b"lost")
+    second.send(b"2")
+    assert msgq.drain_sock_raw(sub) == [b"1", b"2"]
+
+
+def test_publisher_restart_keeps_subscribers(endpoint: str) -> None:
+    sub = msgq.sub_sock(endpoint)
+    for generation in range(3):
+        pub = msgq.pub_sock(endpoint)
+        for i in range(10):
+            pub.send(b"%d-%d" % (generation, i))
+        pub.close()
+    assert msgq.drain_sock_raw(sub) == [b"%d-%d" % (g, i) for g in range(3) for i in range(10)]
+
+
+def test_readers_updated(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint)
+    assert pub.all_readers_updated() and pub.num_readers == 0
+    sub = msgq.sub_sock(endpoint)
+    assert pub.num_readers == 1
+    pub.send(b"x")
+    assert not pub.all_readers_updated()
+    assert not pub.wait_for_readers(timeout=0.01)
+    sub.receive()
+    assert pub.all_readers_updated() and pub.wait_for_readers(timeout=0.01)
+
+
+def test_reader_slots_are_bounded_and_reused(endpoint: str) -> None:
+    subs = [msgq.sub_sock(endpoint) for _ in range(shm_backend.READER_SLOTS)]
+    with pytest.raises(msgq.IpcError, match="reader slots"):
+        msgq.sub_sock(endpoint)
+    subs.pop().close()
+    again = msgq.sub_sock(endpoint)
+    pub = msgq.pub_sock(endpoint)
+    pub.send(b"all")
+    assert all(s.receive(non_blocking=True) == b"all" for s in [*subs, again])
