@@ -1,0 +1,452 @@
+/* C unit tests of the msgq ring: protocol behaviour on memory this test owns, header
+ * validation, hostile values in every part of the segment, and a threaded stress run.
+ * Prints "N passed, N failed" and exits non-zero on any failure. Run under the
+ * sanitizer variants of SConstruct to catch out-of-bounds reads. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "msgq_errors.h"
+#include "msgq_ring.h"
+#include "queue_file.h"
+
+static int passed, failed;
+static const char *current_test;
+
+#define CHECK(cond)                                                              \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      fprintf(stderr, "%s:%d: %s: check failed: %s\n", __FILE__, __LINE__,      \
+              current_test, #cond);                                              \
+      failed_here = 1;                                                           \
+    }                                                                            \
+  } while (0)
+
+static int failed_here;
+#define RUN(fn)                                  \
+  do {                                           \
+    current_test = #fn;                          \
+    failed_here = 0;                             \
+    fn();                                        \
+    if (failed_here) {                           \
+      failed++;                                  \
+      fprintf(stderr, "FAIL %s\n", #fn);         \
+    } else {                                     \
+      passed++;                                  \
+      printf("ok   %s\n", #fn);                  \
+    }                                            \
+  } while (0)
+
+/* A queue in ordinary memory, formatted like a fresh queue file. */
+typedef struct {
+  void *mem;
+  size_t size;
+  msgq_ring ring;
+} test_queue;
+
+static test_queue make_queue(uint32_t capacity) {
+  test_queue q;
+  q.size = MSGQ_HEADER_SIZE + capacity;
+  q.mem = aligned_alloc(64, q.size);
+  memset(q.mem, 0, q.size);
+  if (msgq_ring_format(q.mem, q.size) != 0 || msgq_ring_attach(&q.ring, q.mem, q.size) != 0) {
+    fprintf(stderr, "cannot format test queue\n");
+    exit(2);
+  }
+  return q;
+}
+
+static void free_queue(test_queue *q) { free(q->mem); }
+
+/* Receives one message into buf; returns its size, -1 when there is none. Retries when
+ * the copy was overwritten, like the Python binding does. */
+static long receive(msgq_subscriber *sub, uint8_t *buf, size_t cap) {
+  for (;;) {
+    const uint8_t *payload;
+    uint32_t size;
+    if (!msgq_subscriber_peek(sub, &payload, &size)) return -1;
+    if (size > cap) return -2;
+    memcpy(buf, payload, size);
+    if (msgq_subscriber_consume(sub)) return (long)size;
+  }
+}
+
+static void test_header_round_trip(void) {
+  test_queue q = make_queue(4096);
+  msgq_ring r;
+  CHECK(msgq_ring_attach(&r, q.mem, q.size) == 0);
+  CHECK(r.capacity == 4096);
+  CHECK(msgq_ring_attach(&r, q.mem, q.size - 8) == MSGQ_EGEOMETRY);
+  CHECK(msgq_ring_attach(&r, q.mem, 4) == MSGQ_EBADMAGIC);
+  CHECK(msgq_ring_attach(&r, q.mem, 100) == MSGQ_EGEOMETRY);
+  CHECK(msgq_ring_format(q.mem, 10) == MSGQ_EBADSIZE);
+  CHECK(msgq_ring_format(q.mem, MSGQ_HEADER_SIZE + 100) == MSGQ_EBADSIZE); /* not 8-aligned */
+  free_queue(&q);
+}
+
+static void test_header_fields_validated(void) {
+  /* Each header field with a wrong value makes attach fail with the right code. */
+  struct {
+    size_t offset;
+    uint32_t value;
+    int code;
+  } cases[] = {
+      {offsetof(msgq_header, magic), 0x12345678u, MSGQ_EBADMAGIC},
+      {offsetof(msgq_header, layout_version), 2u, MSGQ_EVERSION},
+      {offsetof(msgq_header, header_size), 64u, MSGQ_EGEOMETRY},
+      {offsetof(msgq_header, total_size), 1u, MSGQ_EGEOMETRY},
+      {offsetof(msgq_header, capacity), 8192u, MSGQ_EGEOMETRY},
+      {offsetof(msgq_header, capacity), 0u, MSGQ_EGEOMETRY},
+      {offsetof(msgq_header, num_reader_slots), 65u, MSGQ_EGEOMETRY},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    test_queue q = make_queue(4096);
+    memcpy((uint8_t *)q.mem + cases[i].offset, &cases[i].value, sizeof(uint32_t));
+    msgq_ring r;
+    CHECK(msgq_ring_attach(&r, q.mem, q.size) == cases[i].code);
+    free_queue(&q);
+  }
+}
+
+static void test_capacity_rules(void) {
+  CHECK(msgq_ring_capacity_for(0) == MSGQ_EBADSIZE);
+  CHECK(msgq_ring_capacity_for(63) == MSGQ_EBADSIZE);
+  CHECK(msgq_ring_capacity_for(64) == 64);
+  CHECK(msgq_ring_capacity_for(65) == 72);
+  CHECK(msgq_ring_capacity_for(0x100000000ULL) == MSGQ_EBADSIZE);
+  CHECK(msgq_ring_max_message_size(4096) == 1352); /* (4096 - 8) / 3 = 1362 -> 1360, less 8 */
+  /* Three largest messages plus the reserved 8 bytes fit. */
+  uint32_t m = msgq_ring_max_message_size(4096);
+  CHECK(3u * (8u + ((m + 7u) & ~7u)) + 8u <= 4096u);
+}
+
+static void test_round_trip_and_empty_message(void) {
+  test_queue q = make_queue(4096);
+  msgq_publisher pub;
+  msgq_subscriber sub;
+  msgq_publisher_init(&pub, &q.ring);
+  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  uint8_t buf[2048];
+  CHECK(receive(&sub, buf, sizeof buf) == -1);
+  CHECK(msgq_publisher_send(&pub, "hello", 5) == 0);
+  CHECK(msgq_publisher_send(&pub, "", 0) == 0);
+  CHECK(receive(&sub, buf, sizeof buf) == 5 && memcmp(buf, "hello", 5) == 0);
+  CHECK(receive(&sub, buf, sizeof buf) == 0);
+  CHECK(receive(&sub, buf, sizeof buf) == -1);
+  CHECK(msgq_publisher_all_readers_updated(&pub) == 1);
+  msgq_subscriber_release(&sub);
+  free_queue(&q);
+}
+
+static void test_too_large_and_not_owner(void) {
+  test_queue q = make_queue(4096);
+  msgq_publisher first, second;
+  msgq_publisher_init(&first, &q.ring);
+  static uint8_t big[4096];
+  uint32_t max = msgq_ring_max_message_size(4096);
+  CHECK(msgq_publisher_send(&first, big, max) == 0);
+  CHECK(msgq_publisher_send(&first, big, max + 1) == MSGQ_ETOOLARGE);
+  msgq_publisher_init(&second, &q.ring);
+  CHECK(msgq_publisher_send(&first, big, 1) == MSGQ_ENOTOWNER);
+  CHECK(msgq_publisher_send(&second, big, 1) == 0);
+  CHECK(msgq_publisher_commit(&second) == MSGQ_ENORESERVE);
+  free_queue(&q);
+}
+
+static void test_wrap_around(void) {
+  test_queue q = make_queue(256);
+  msgq_publisher pub;
+  msgq_subscriber sub;
+  msgq_publisher_init(&pub, &q.ring);
+  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  uint8_t msg[64], buf[128];
+  for (int i = 0; i < 10000; i++) {
+    uint32_t len = (uint32_t)(i % 61);
+    for (uint32_t k = 0; k < len; k++) msg[k] = (uint8_t)(i + k);
+    CHECK(msgq_publisher_send(&pub, msg, len) == 0);
+    long got = receive(&sub, buf, sizeof buf);
+    CHECK(got == (long)len);
+    CHECK(memcmp(buf, msg, len) == 0);
+  }
+  CHECK(sub.resets == 0);
+  CHECK((q.ring.header->write_pointer >> 32) > 100); /* many cycles went by */
+  free_queue(&q);
+}
+
+static void test_overtaken_reader_is_reset(void) {
+  test_queue q = make_queue(512);
+  msgq_publisher pub;
+  msgq_subscriber slow, fast;
+  msgq_publisher_init(&pub, &q.ring);
+  CHECK(msgq_subscriber_init(&slow, &q.ring, false) == 0);
+  CHECK(msgq_subscriber_init(&fast, &q.ring, false) == 0);
+  uint8_t buf[256];
+  uint64_t payload;
+  for (uint64_t i = 0; i < 100; i++) {
+    payload = i;
+    CHECK(msgq_publisher_send(&pub, &payload, sizeof payload) == 0);
+    CHECK(receive(&fast, buf, sizeof buf) == 8);
+    CHECK(memcmp(buf, &payload, 8) == 0);
+  }
+  /* The slow reader was lapped: its valid bit is clear, and it resets to the writer. */
+  CHECK((q.ring.header->readers[slow.slot].valid_word & 1u) == 0);
+  CHECK(receive(&slow, buf, sizeof buf) == -1);
+  CHECK(slow.resets == 1);
+  CHECK(slow.read_pointer == q.ring.header->write_pointer);
+  payload = 1000;
+  CHECK(msgq_publisher_send(&pub, &payload, 8) == 0);
+  CHECK(receive(&slow, buf, sizeof buf) == 8 && memcmp(buf, &payload, 8) == 0);
+  CHECK(fast.resets == 0);
+  free_queue(&q);
+}
+
+static void test_invalidation_during_copy_is_detected(void) {
+  /* A reader peeks, the writer laps it before consume: consume reports the tear. */
+  test_queue q = make_queue(256);
+  msgq_publisher pub;
+  msgq_subscriber sub;
+  msgq_publisher_init(&pub, &q.ring);
+  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  uint8_t msg[40] = {0};
+  CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == 0);
+  const uint8_t *payload;
+  uint32_t size;
+  CHECK(msgq_subscriber_peek(&sub, &payload, &size) == 1);
+  for (int i = 0; i < 10; i++) CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == 0);
+  CHECK(msgq_subscriber_consume(&sub) == 0);
+  CHECK(sub.resets == 1);
+  free_queue(&q);
+}
+
+static void test_stale_invalidation_spares_reset_reader(void) {
+  /* The epoch in valid_word: an invalidation decided against an old epoch fails. */
+  test_queue q = make_queue(256);
+  msgq_subscriber sub;
+  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  msgq_reader_slot *slot = &q.ring.header->readers[sub.slot];
+  uint32_t old_word = atomic_load(&slot->valid_word);
+  /* The reader resets (here: a corrupt size forces one) and gets a new epoch. */
+  msgq_publisher pub;
+  msgq_publisher_init(&pub, &q.ring);
+  CHECK(msgq_publisher_send(&pub, "x", 1) == 0);
+  int64_t bad = 1 << 20;
+  memcpy(q.ring.data, &bad, 8);
+  uint8_t buf[64];
+  CHECK(receive(&sub, buf, sizeof buf) == -1);
+  CHECK(sub.corrupt_resets == 1);
+  uint32_t expected = old_word;
+  CHECK(!atomic_compare_exchange_strong(&slot->valid_word, &expected, old_word & ~1u));
+  CHECK(atomic_load(&slot->valid_word) & 1u);
+  free_queue(&q);
+}
+
+static void test_conflate(void) {
+  test_queue q = make_queue(1024);
+  msgq_publisher pub;
+  msgq_subscriber sub;
+  msgq_publisher_init(&pub, &q.ring);
+  CHECK(msgq_subscriber_init(&sub, &q.ring, true) == 0);
+  uint8_t buf[64];
+  for (uint32_t i = 0; i < 50; i++) CHECK(msgq_publisher_send(&pub, &i, sizeof i) == 0);
+  uint32_t got;
+  CHECK(receive(&sub, buf, sizeof buf) == 4);
+  memcpy(&got, buf, 4);
+  CHECK(got == 49);
+  CHECK(receive(&sub, buf, sizeof buf) == -1);
+  free_queue(&q);
+}
+
+static void test_garbage_size_prefixes(void) {
+  const int64_t values[] = {-2, -1000, INT64_MIN, INT64_MAX, 1 << 30, 4096, 4096 - 8, 4096 - 16,
+                            255, 3};
+  for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+    test_queue q = make_queue(4096);
+    msgq_publisher pub;
+    msgq_subscriber sub;
+    msgq_publisher_init(&pub, &q.ring);
+    CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+    uint8_t msg[100] = {1}, buf[4096];
+    CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == 0);
+    memcpy(q.ring.data, &values[i], 8);
+    /* In-range garbage reads as (garbage) messages inside the published bytes; out-of-
+     * range garbage resets the reader. Either way it ends where the writer is. */
+    int drained = 0;
+    while (receive(&sub, buf, sizeof buf) >= 0 && drained < 1000) drained++;
+    CHECK(drained < 1000);
+    /* The reader follows the writer again from here on. */
+    CHECK(msgq_publisher_send(&pub, "after", 5) == 0);
+    CHECK(receive(&sub, buf, sizeof buf) == 5 && memcmp(buf, "after", 5) == 0);
+    free_queue(&q);
+  }
+}
+
+static void test_random_garbage_anywhere(void) {
+  /* Scribbles random bytes over the live parts of the segment (publisher line, wake line,
+   * reader slots, ring) between operations. Under ASan any out-of-bounds access aborts. */
+  test_queue q = make_queue(2048);
+  msgq_publisher pub;
+  msgq_subscriber subs[3];
+  msgq_publisher_init(&pub, &q.ring);
+  for (int s = 0; s < 3; s++) CHECK(msgq_subscriber_init(&subs[s], &q.ring, s == 2) == 0);
+  unsigned seed = 12345;
+  uint8_t msg[700], buf[2048];
+  size_t mutable_start = offsetof(msgq_header, write_pointer);
+  for (int iter = 0; iter < 20000; iter++) {
+    uint32_t len = (uint32_t)(rand_r(&seed) % sizeof msg);
+    int r = msgq_publisher_send(&pub, msg, len);
+    if (r == MSGQ_ENOTOWNER) msgq_publisher_init(&pub, &q.ring); /* token was scribbled */
+    if (iter % 7 == 0) {
+      size_t at = mutable_start + (size_t)rand_r(&seed) % (q.size - mutable_start - 8);
+      uint64_t junk = ((uint64_t)rand_r(&seed) << 33) ^ (uint64_t)rand_r(&seed);
+      memcpy((uint8_t *)q.mem + at, &junk, 8);
+    }
+    for (int s = 0; s < 3; s++) {
+      long got = receive(&subs[s], buf, sizeof buf);
+      CHECK(got <= (long)msgq_ring_max_message_size(q.ring.capacity));
+    }
+  }
+  free_queue(&q);
+}
+
+static void test_reader_slots_exhaust_and_free(void) {
+  test_queue q = make_queue(256);
+  static msgq_subscriber subs[MSGQ_READER_SLOTS + 2];
+  for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++)
+    CHECK(msgq_subscriber_init(&subs[i], &q.ring, false) == 0);
+  CHECK(msgq_subscriber_init(&subs[MSGQ_READER_SLOTS], &q.ring, false) == MSGQ_ENOSLOT);
+  msgq_subscriber_release(&subs[5]);
+  CHECK(msgq_subscriber_init(&subs[MSGQ_READER_SLOTS], &q.ring, false) == 0);
+  CHECK(subs[MSGQ_READER_SLOTS].slot == 5);
+  /* A slot owned by a pid that does not exist is reclaimed when none is free. */
+  atomic_store(&q.ring.header->readers[7].owner_pid, 0x7ffffff0);
+  CHECK(msgq_ring_live_readers(&q.ring) == (int)MSGQ_READER_SLOTS - 1);
+  CHECK(msgq_subscriber_init(&subs[MSGQ_READER_SLOTS + 1], &q.ring, false) == 0);
+  CHECK(subs[MSGQ_READER_SLOTS + 1].slot == 7);
+  CHECK(msgq_ring_live_readers(&q.ring) == (int)MSGQ_READER_SLOTS);
+  free_queue(&q);
+}
+
+static void test_names(void) {
+  CHECK(msgq_validate_name("carState") == 0);
+  CHECK(msgq_validate_name("a.b-c_9") == 0);
+  CHECK(msgq_validate_name("") == MSGQ_EBADNAME);
+  CHECK(msgq_validate_name(".") == MSGQ_EBADNAME);
+  CHECK(msgq_validate_name("..") == MSGQ_EBADNAME);
+  CHECK(msgq_validate_name("a/b") == MSGQ_EBADNAME);
+  CHECK(msgq_validate_name("a b") == MSGQ_EBADNAME);
+  char long_name[MSGQ_MAX_NAME_LEN + 2];
+  memset(long_name, 'a', sizeof long_name - 1);
+  long_name[sizeof long_name - 1] = '\0';
+  CHECK(msgq_validate_name(long_name) == MSGQ_EBADNAME);
+  long_name[MSGQ_MAX_NAME_LEN] = '\0';
+  CHECK(msgq_validate_name(long_name) == 0);
+}
+
+/* --- threaded stress: one writer, several readers, checksummed payloads ------------- */
+
+#define STRESS_MESSAGES 200000
+#define STRESS_READERS 3
+
+static uint32_t checksum(const uint8_t *p, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
+  return h;
+}
+
+typedef struct {
+  msgq_ring *ring;
+  _Atomic int *done;
+  _Atomic int ready;
+  long received, torn, out_of_order;
+} stress_reader;
+
+static void *stress_reader_main(void *arg) {
+  stress_reader *r = arg;
+  msgq_subscriber sub;
+  if (msgq_subscriber_init(&sub, r->ring, false) != 0) return NULL;
+  atomic_store(&r->ready, 1);
+  uint8_t buf[1024];
+  uint64_t last = 0;
+  for (;;) {
+    long n = receive(&sub, buf, sizeof buf);
+    if (n < 0) {
+      if (atomic_load(r->done)) {
+        if (receive(&sub, buf, sizeof buf) < 0) break;
+        continue;
+      }
+      msgq_subscriber_wait(&sub, 1000000);
+      continue;
+    }
+    uint64_t seq;
+    uint32_t sum;
+    memcpy(&seq, buf, 8);
+    memcpy(&sum, buf + 8, 4);
+    if (checksum(buf + 12, (size_t)n - 12) != sum) r->torn++;
+    if (seq <= last && last != 0) r->out_of_order++;
+    last = seq;
+    r->received++;
+  }
+  msgq_subscriber_release(&sub);
+  return NULL;
+}
+
+static void test_threaded_stress(void) {
+  test_queue q = make_queue(8192);
+  _Atomic int done = 0;
+  stress_reader readers[STRESS_READERS];
+  pthread_t threads[STRESS_READERS];
+  for (int i = 0; i < STRESS_READERS; i++) {
+    memset(&readers[i], 0, sizeof readers[i]);
+    readers[i].ring = &q.ring;
+    readers[i].done = &done;
+    pthread_create(&threads[i], NULL, stress_reader_main, &readers[i]);
+    while (!atomic_load(&readers[i].ready)) {
+    }
+  }
+  msgq_publisher pub;
+  msgq_publisher_init(&pub, &q.ring);
+  unsigned seed = 99;
+  uint8_t msg[600];
+  for (uint64_t seq = 1; seq <= STRESS_MESSAGES; seq++) {
+    size_t len = 12 + (size_t)rand_r(&seed) % (sizeof msg - 12);
+    for (size_t k = 12; k < len; k++) msg[k] = (uint8_t)(seq * 31 + k);
+    uint32_t sum = checksum(msg + 12, len - 12);
+    memcpy(msg, &seq, 8);
+    memcpy(msg + 8, &sum, 4);
+    CHECK(msgq_publisher_send(&pub, msg, (uint32_t)len) == 0);
+  }
+  atomic_store(&done, 1);
+  long total = 0;
+  for (int i = 0; i < STRESS_READERS; i++) {
+    pthread_join(threads[i], NULL);
+    CHECK(readers[i].torn == 0);
+    CHECK(readers[i].out_of_order == 0);
+    CHECK(readers[i].received > 0);
+    total += readers[i].received;
+  }
+  printf("     stress: %ld messages received by %d readers, 0 torn\n", total, STRESS_READERS);
+  free_queue(&q);
+}
+
+int main(void) {
+  RUN(test_header_round_trip);
+  RUN(test_header_fields_validated);
+  RUN(test_capacity_rules);
+  RUN(test_round_trip_and_empty_message);
+  RUN(test_too_large_and_not_owner);
+  RUN(test_wrap_around);
+  RUN(test_overtaken_reader_is_reset);
+  RUN(test_invalidation_during_copy_is_detected);
+  RUN(test_stale_invalidation_spares_reset_reader);
+  RUN(test_conflate);
+  RUN(test_garbage_size_prefixes);
+  RUN(test_random_garbage_anywhere);
+  RUN(test_reader_slots_exhaust_and_free);
+  RUN(test_names);
+  RUN(test_threaded_stress);
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
