@@ -59,7 +59,13 @@ def sub_sock(
     socket registered.
     """
     sock = SubSocket()
-    sock.connect(context, endpoint, addr.encode("utf-8") if isinstance(addr, str) else addr, conflate, segment_size)
+    sock.connect(
+        context,
+        endpoint,
+        addr.encode("utf-8") if isinstance(addr, str) else addr,
+        conflate,
+        segment_size,
+    )
     if timeout is not None:
         sock.setTimeout(timeout)
     if poller is not None:

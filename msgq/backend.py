@@ -41,7 +41,9 @@ def backend_name() -> str:
         name = "zmq" if _flag("ZMQ") else DEFAULT_BACKEND
     if name not in BACKENDS:
         choices = ", ".join(sorted(BACKENDS))
-        raise ValueError(f"unknown msgq backend {name!r} (from the environment); choose one of: {choices}")
+        raise ValueError(
+            f"unknown msgq backend {name!r} (from the environment); choose one of: {choices}"
+        )
     return name
 
 

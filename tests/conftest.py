@@ -21,8 +21,9 @@ def prefix(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("MSGQ_PREFIX", name)
     monkeypatch.delenv("OPENPILOT_PREFIX", raising=False)
     yield name
-    shutil.rmtree(os.path.join(os.environ.get("MSGQ_SHM_DIR", "/dev/shm"), name),
-                  ignore_errors=True)
+    shutil.rmtree(
+        os.path.join(os.environ.get("MSGQ_SHM_DIR", "/dev/shm"), name), ignore_errors=True
+    )
 
 
 @pytest.fixture(params=sorted(msgq.BACKENDS))

@@ -42,8 +42,7 @@ def test_killed_publisher_never_tears_a_payload(endpoint: str) -> None:
     torn = 0
     for round_no in range(8):
         started = FORK.Event()
-        child = FORK.Process(target=publish_checksummed_forever,
-                             args=(endpoint, round_no, started))
+        child = FORK.Process(target=publish_checksummed_forever, args=(endpoint, round_no, started))
         child.start()
         assert started.wait(10)
         received, last_seq = 0, -1
@@ -51,7 +50,7 @@ def test_killed_publisher_never_tears_a_payload(endpoint: str) -> None:
             msg = sub.receive()
             assert msg is not None, "publisher stopped sending"
             r, seq, crc = HEADER.unpack_from(msg)
-            if zlib.crc32(msg[HEADER.size:]) != crc:
+            if zlib.crc32(msg[HEADER.size :]) != crc:
                 torn += 1
             if r == round_no:
                 assert seq > last_seq  # in order (gaps are allowed: we are the slow one)
@@ -61,7 +60,7 @@ def test_killed_publisher_never_tears_a_payload(endpoint: str) -> None:
         child.join()
         for msg in msgq.drain_sock_raw(sub):
             r, seq, crc = HEADER.unpack_from(msg)
-            torn += zlib.crc32(msg[HEADER.size:]) != crc
+            torn += zlib.crc32(msg[HEADER.size :]) != crc
     assert torn == 0
     # the subscriber survived every crash and still takes a fresh publisher's messages
     pub = msgq.pub_sock(endpoint)
@@ -83,8 +82,10 @@ def test_killed_subscribers_free_their_slots(endpoint: str) -> None:
     kills = 0
     for round_no in range(4):
         ready = FORK.Semaphore(0)
-        children = [FORK.Process(target=hold_reader_slot, args=(endpoint, ready, i % 2 == 0))
-                    for i in range(shm_backend.READER_SLOTS)]
+        children = [
+            FORK.Process(target=hold_reader_slot, args=(endpoint, ready, i % 2 == 0))
+            for i in range(shm_backend.READER_SLOTS)
+        ]
         for c in children:
             c.start()
         for _ in children:

@@ -25,8 +25,10 @@ SPAWN = mp.get_context("spawn")
 
 def payloads(seed: int, n: int) -> list[bytes]:
     rng = random.Random(seed)
-    return [i.to_bytes(4, "little") + rng.randbytes(rng.choice([0, 3, 100, 5000, 70000]))
-            for i in range(n)]
+    return [
+        i.to_bytes(4, "little") + rng.randbytes(rng.choice([0, 3, 100, 5000, 70000]))
+        for i in range(n)
+    ]
 
 
 def publish_after_handshake(endpoint: str, ready, seed: int, n: int) -> None:
@@ -76,12 +78,14 @@ def test_poller_with_publishers_in_other_processes(backend: str, endpoint: str) 
     names = [f"{endpoint}_{i}" for i in range(3)]
     subs = {name: msgq.sub_sock(name, poller=poller, timeout=10000) for name in names}
     readies = [SPAWN.Event() for _ in names]
-    children = [SPAWN.Process(target=publish_after_handshake, args=(name, ev, i, 200))
-                for i, (name, ev) in enumerate(zip(names, readies))]
+    children = [
+        SPAWN.Process(target=publish_after_handshake, args=(name, ev, i, 200))
+        for i, (name, ev) in enumerate(zip(names, readies, strict=True))
+    ]
     for c in children:
         c.start()
     try:
-        for name, ev in zip(names, readies):
+        for name, ev in zip(names, readies, strict=True):
             wait_for_probe(subs[name], ev)
         got: dict[str, list[bytes]] = {name: [] for name in names}
         deadline = time.monotonic() + 30
@@ -113,8 +117,10 @@ def test_many_subscriber_processes(backend: str, endpoint: str) -> None:
     n, subscribers = 300, 6
     seen_probe = SPAWN.Semaphore(0)
     results = SPAWN.Queue()
-    children = [SPAWN.Process(target=subscribe_and_hash, args=(endpoint, n, seen_probe, results))
-                for _ in range(subscribers)]
+    children = [
+        SPAWN.Process(target=subscribe_and_hash, args=(endpoint, n, seen_probe, results))
+        for _ in range(subscribers)
+    ]
     for c in children:
         c.start()
     pub = msgq.pub_sock(endpoint)
@@ -154,8 +160,12 @@ BLOCKED_CHILD = textwrap.dedent("""
 
 @pytest.mark.parametrize("call", ["receive", "poll"])
 def test_ctrl_c_interrupts_blocking_call(backend: str, endpoint: str, call: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", BLOCKED_CHILD, endpoint, call],
-                            stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BLOCKED_CHILD, endpoint, call],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(0.2)  # be sure it is asleep inside the call

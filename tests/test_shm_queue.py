@@ -28,6 +28,7 @@ HEADER_SIZE = 64 * (3 + shm_backend.READER_SLOTS)
 
 # --- sizes ------------------------------------------------------------------------------
 
+
 def test_oversized_message_is_value_error(endpoint: str) -> None:
     pub = msgq.pub_sock(endpoint, segment_size=4096)
     sub = msgq.sub_sock(endpoint, timeout=100)
@@ -81,6 +82,7 @@ def test_publisher_with_other_size_recreates_unused_queue(endpoint: str) -> None
 
 # --- files and names ------------------------------------------------------------------------
 
+
 def test_queue_file_mode_is_private_by_default(endpoint: str) -> None:
     msgq.pub_sock(endpoint)
     assert stat.S_IMODE(os.stat(shm_backend.queue_path(endpoint)).st_mode) == 0o600
@@ -92,7 +94,9 @@ def test_queue_file_mode_from_environment(endpoint: str, monkeypatch: pytest.Mon
     assert stat.S_IMODE(os.stat(shm_backend.queue_path(endpoint)).st_mode) == 0o640
 
 
-def test_prefixes_isolate_queues(endpoint: str, monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+def test_prefixes_isolate_queues(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch, prefix: str
+) -> None:
     monkeypatch.setenv("MSGQ_PREFIX", prefix + "_a")
     pub_a = msgq.pub_sock(endpoint)
     sub_a = msgq.sub_sock(endpoint)
@@ -126,6 +130,7 @@ def test_bad_name_creates_nothing(prefix: str) -> None:
 
 # --- corrupt queue files ----------------------------------------------------------------------
 
+
 def _write_file(path: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
@@ -140,7 +145,9 @@ def _write_file(path: str, data: bytes) -> None:
     ],
     ids=["garbage", "one-byte"],
 )
-def test_garbage_file_is_a_clear_error_and_left_alone(endpoint: str, content: bytes, match: str) -> None:
+def test_garbage_file_is_a_clear_error_and_left_alone(
+    endpoint: str, content: bytes, match: str
+) -> None:
     path = shm_backend.queue_path(endpoint)
     _write_file(path, content)
     for connect in (msgq.sub_sock, msgq.pub_sock):
@@ -161,16 +168,18 @@ def _valid_queue_bytes(endpoint: str) -> bytes:
     "offset, value, match",
     [
         (8, struct.pack("<I", 99), "layout version"),
-        (12, struct.pack("<I", 128), "inconsistent"),   # header_size
+        (12, struct.pack("<I", 128), "inconsistent"),  # header_size
         (16, struct.pack("<Q", 1 << 40), "inconsistent"),  # total_size
         (24, struct.pack("<I", 1 << 30), "inconsistent"),  # capacity
-        (28, struct.pack("<I", 3), "inconsistent"),     # reader slots
+        (28, struct.pack("<I", 3), "inconsistent"),  # reader slots
     ],
     ids=["version", "header_size", "total_size", "capacity", "reader_slots"],
 )
-def test_disagreeing_header_is_a_clear_error(endpoint: str, offset: int, value: bytes, match: str) -> None:
+def test_disagreeing_header_is_a_clear_error(
+    endpoint: str, offset: int, value: bytes, match: str
+) -> None:
     data = bytearray(_valid_queue_bytes(endpoint))
-    data[offset:offset + len(value)] = value
+    data[offset : offset + len(value)] = value
     path = shm_backend.queue_path(endpoint)
     _write_file(path, bytes(data))
     with pytest.raises(msgq.IpcError, match=match):
@@ -212,7 +221,7 @@ def test_garbage_size_prefix_resets_reader(endpoint: str, garbage: int) -> None:
     pub.send(b"A" * 40)
     pub.send(b"B" * 40)
     m = _ring_map(endpoint)
-    m[HEADER_SIZE:HEADER_SIZE + 8] = struct.pack("<q", garbage)  # first message's size
+    m[HEADER_SIZE : HEADER_SIZE + 8] = struct.pack("<q", garbage)  # first message's size
     got = msgq.drain_sock_raw(sub)
     for msg in got:  # whatever it returns is a real message or a prefix-consistent slice
         assert len(msg) <= pub.max_message_size
@@ -230,12 +239,12 @@ def test_random_garbage_in_ring_never_crashes(endpoint: str) -> None:
         for _ in range(rng.randint(0, 5)):
             pub.send(rng.randbytes(rng.randint(0, 300)))
         start = HEADER_SIZE + rng.randrange(0, 4096 - 16)
-        m[start:start + 8] = rng.randbytes(8)
+        m[start : start + 8] = rng.randbytes(8)
         for msg in msgq.drain_sock_raw(sub):
             assert len(msg) <= pub.max_message_size
     # the reader slot itself may be scribbled on too (its position and valid word)
     slot0 = 64 * 3
-    m[slot0:slot0 + 12] = rng.randbytes(12)
+    m[slot0 : slot0 + 12] = rng.randbytes(12)
     pub.send(b"may be lost: the reader notices the damage here and resets")
     msgq.drain_sock_raw(sub)
     pub.send(b"still works")
@@ -244,6 +253,7 @@ def test_random_garbage_in_ring_never_crashes(endpoint: str) -> None:
 
 
 # --- ring behaviour ---------------------------------------------------------------------------
+
 
 def test_wrap_around_keeps_every_message(endpoint: str) -> None:
     pub = msgq.pub_sock(endpoint, segment_size=1024)
@@ -267,7 +277,9 @@ def test_overtaken_reader_resets_and_goes_on(endpoint: str) -> None:
     assert all(m == m[:4] * 10 for m in got)  # never a torn message
     for i in range(100, 110):  # after the reset it follows the publisher again
         pub.send(i.to_bytes(4, "little") * 10)
-    assert msgq.drain_sock_raw(slow)[-10:] == [i.to_bytes(4, "little") * 10 for i in range(100, 110)]
+    assert msgq.drain_sock_raw(slow)[-10:] == [
+        i.to_bytes(4, "little") * 10 for i in range(100, 110)
+    ]
 
 
 def test_conflate_skips_to_newest_across_wraps(endpoint: str) -> None:

@@ -16,8 +16,9 @@ import msgq
 def test_round_trip_random_payloads(backend: str, endpoint: str) -> None:
     pub, sub = connect_pair(endpoint)
     rng = random.Random(1)
-    payloads = [rng.randbytes(rng.choice([0, 1, 7, 8, 9, 63, 64, 1000, 4096, 65536]))
-                for _ in range(300)]
+    payloads = [
+        rng.randbytes(rng.choice([0, 1, 7, 8, 9, 63, 64, 1000, 4096, 65536])) for _ in range(300)
+    ]
     for p in payloads:
         pub.send(p)
     assert receive_all(sub, len(payloads)) == payloads
@@ -172,7 +173,8 @@ def test_sockets_are_instances_of_the_protocol(backend: str, endpoint: str) -> N
 
 
 @pytest.mark.parametrize(
-    "name", ["", "a/b", "..", ".", "x" * 101, "bad name", "caf\u00e9", "a\0b", "../etc"],
+    "name",
+    ["", "a/b", "..", ".", "x" * 101, "bad name", "caf\u00e9", "a\0b", "../etc"],
     ids=repr,
 )
 def test_bad_endpoint_names_raise_value_error(backend: str, name: str) -> None:

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Makes sure this checkout has what it needs to build and run: system packages (a C
+# compiler, Python headers and venv), a virtual environment in .venv, and msgq installed
+# in it (editable, with the test extra). Sourced by run.sh and test.sh; safe to re-run:
+# it rebuilds only when a build input changed.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+need_apt=()
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
+python3 - <<'PY' >/dev/null 2>&1 || need_apt+=(python3-dev)
+import os, sysconfig
+raise SystemExit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
+PY
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing system packages: ${need_apt[*]}" >&2
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing ${need_apt[*]}; run as root or install them with apt-get" >&2
+    exit 1
+  fi
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+fi
+
+# Rebuild when any build input changed since the last install.
+inputs_hash="$(cat pyproject.toml setup.py msgq/*.pyx msgq/*.pxd msgq/src/*.[ch] 2>/dev/null \
+  | sha256sum | cut -d' ' -f1)"
+stamp=.venv/.msgq-build-inputs
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs_hash" ]; then
+  echo "building msgq (pip install -e '.[test]') ..." >&2
+  .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -vE "^WARNING: Location|^$" >&2 || true
+  .venv/bin/python -c "import msgq.shm_backend" || { echo "build failed" >&2; exit 1; }
+  echo "$inputs_hash" > "$stamp"
+fi
