@@ -10,6 +10,8 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.errno cimport EINTR
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
+from posix.unistd cimport getpid
+from posix.types cimport pid_t
 
 from msgq.ring cimport *
 
@@ -154,6 +156,7 @@ cdef class PubSocket:
     cdef msgq_publisher pub
     cdef bint connected
     cdef bint reserving
+    cdef pid_t owner_pid
     cdef readonly object endpoint
 
     def __cinit__(self):
@@ -166,7 +169,9 @@ cdef class PubSocket:
 
     cdef void _disconnect(self) noexcept:
         if self.connected:
-            msgq_publisher_release(&self.pub)
+            # A copy inherited through fork() must not give up its parent's ownership.
+            if getpid() == self.owner_pid:
+                msgq_publisher_release(&self.pub)
             msgq_queue_unmap(&self.pub.ring)
             self.connected = False
 
@@ -181,6 +186,7 @@ cdef class PubSocket:
         _open_queue(endpoint, segment_size, MSGQ_ROLE_PUBLISHER, &ring)
         self._disconnect()
         msgq_publisher_init(&self.pub, &ring)
+        self.owner_pid = getpid()
         self.connected = True
         self.endpoint = endpoint
 
@@ -305,6 +311,7 @@ cdef class SubSocket:
     (or only the newest, with ``conflate``)."""
     cdef msgq_subscriber sub
     cdef bint connected
+    cdef pid_t owner_pid
     cdef int64_t timeout_ns
     cdef readonly object endpoint
 
@@ -318,7 +325,9 @@ cdef class SubSocket:
 
     cdef void _disconnect(self) noexcept:
         if self.connected:
-            msgq_subscriber_release(&self.sub)
+            # A copy inherited through fork() must not free its parent's reader slot.
+            if getpid() == self.owner_pid:
+                msgq_subscriber_release(&self.sub)
             msgq_queue_unmap(&self.sub.ring)
             self.connected = False
 
@@ -343,6 +352,7 @@ cdef class SubSocket:
                     f"endpoint {endpoint!r}: all {MSGQ_READER_SLOTS} reader slots are held "
                     "by live subscribers; close a subscriber first")
             _raise(r, endpoint)
+        self.owner_pid = getpid()
         self.connected = True
         self.endpoint = endpoint
 

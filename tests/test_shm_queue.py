@@ -354,3 +354,21 @@ def test_reader_slots_are_bounded_and_reused(endpoint: str) -> None:
     pub = msgq.pub_sock(endpoint)
     pub.send(b"all")
     assert all(s.receive(non_blocking=True) == b"all" for s in [*subs, again])
+
+
+def test_forked_child_exit_keeps_parent_subscriber(endpoint: str) -> None:
+    """A child that inherits sockets through fork() and exits normally (finalizers run)
+    must not free the parent's reader slot or publisher ownership."""
+    pub = msgq.pub_sock(endpoint)
+    sub = msgq.sub_sock(endpoint)
+    pid = os.fork()
+    if pid == 0:  # child: drop the inherited copies the way interpreter shutdown does
+        sub.close()
+        pub.close()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert pub.num_readers == 1
+    other = msgq.sub_sock(endpoint)  # must not be handed the parent's slot
+    pub.send(b"both")
+    assert sub.receive(non_blocking=True) == b"both"
+    assert other.receive(non_blocking=True) == b"both"
