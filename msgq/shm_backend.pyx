@@ -57,8 +57,8 @@ cdef int _raise(int code, object endpoint) except -1:
             f"{MSGQ_MAX_SEGMENT_SIZE} bytes")
     if code == MSGQ_ESIZEMISMATCH:
         raise ValueError(
-            f"{where}: {msg}; connect with segment_size=0 to adopt the existing size, "
-            "or use the same size on every end")
+            f"{where}: {msg}; give its subscribers the same segment_size, or connect "
+            "with segment_size=0 to adopt the existing size")
     if code in (MSGQ_EBADMAGIC, MSGQ_EVERSION, MSGQ_EGEOMETRY):
         raise IpcError(f"{where}: {msg}; remove the queue file if no process uses it")
     raise IpcError(f"{where}: {msg}")

@@ -62,12 +62,20 @@ def test_subscriber_adopts_existing_segment_size(endpoint: str) -> None:
     assert sub.receive(non_blocking=True) == b"hi"
 
 
-def test_publisher_with_other_size_while_in_use_is_refused(endpoint: str) -> None:
+def test_publisher_needing_larger_ring_than_live_queue_is_refused(endpoint: str) -> None:
     sub = msgq.sub_sock(endpoint, segment_size=8192)
-    with pytest.raises(ValueError, match="segment size"):
+    with pytest.raises(ValueError, match="smaller segment size"):
         msgq.pub_sock(endpoint, segment_size=65536)
     assert msgq.pub_sock(endpoint).segment_size == 8192  # 0 adopts
     sub.close()
+
+
+def test_publisher_adopts_larger_live_queue(endpoint: str) -> None:
+    sub = msgq.sub_sock(endpoint)  # default size, created first
+    pub = msgq.pub_sock(endpoint, segment_size=8192)
+    assert pub.segment_size == shm_backend.DEFAULT_SEGMENT_SIZE
+    pub.send(b"fits")
+    assert sub.receive(non_blocking=True) == b"fits"
 
 
 def test_publisher_with_other_size_recreates_unused_queue(endpoint: str) -> None:

@@ -21,7 +21,7 @@ const char *msgq_strerror(int code) {
     case MSGQ_EBADSIZE:
       return "segment size out of range";
     case MSGQ_ESIZEMISMATCH:
-      return "queue exists with another segment size and is in use";
+      return "queue is in use with a smaller segment size than requested";
     case MSGQ_ENORESERVE:
       return "commit without a matching reserve";
     case MSGQ_EBUFFER:

@@ -131,11 +131,15 @@ static int open_locked(int fd, uint64_t requested, enum msgq_role role, msgq_rin
   }
   if (requested == 0 || requested == ring->capacity || role == MSGQ_ROLE_SUBSCRIBER)
     return 0;
-  /* A publisher wants another size. */
-  int busy = queue_in_use(ring);
+  /* A publisher wants another size: re-make an unused queue; adopt a live one that is at
+   * least as large (every message it meant to send fits); refuse a smaller live one. */
+  if (!queue_in_use(ring)) {
+    msgq_queue_unmap(ring);
+    return create_queue(fd, new_capacity, ring);
+  }
+  if (ring->capacity >= requested) return 0;
   msgq_queue_unmap(ring);
-  if (busy) return MSGQ_ESIZEMISMATCH;
-  return create_queue(fd, new_capacity, ring);
+  return MSGQ_ESIZEMISMATCH;
 }
 
 int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role role,

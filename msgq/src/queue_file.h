@@ -14,7 +14,8 @@
  *  - a subscriber asking for another size adopts the existing size (the publisher's
  *    size wins);
  *  - a publisher asking for another size re-creates the queue at its size when no live
- *    process uses it (no live publisher, no live subscriber), else MSGQ_ESIZEMISMATCH.
+ *    process uses it (no live publisher, no live subscriber); when one does, it adopts
+ *    the existing size if that is at least as large, else MSGQ_ESIZEMISMATCH.
  *
  * Creation and validation happen under flock(LOCK_EX) on the file, so an opener never
  * sees a half-made header, and a file whose creator died before finishing (magic still
