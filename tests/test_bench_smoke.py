@@ -1,0 +1,56 @@
+"""The benchmark program runs end to end: a short msgq-only run prints its table with a
+throughput row and no drops, writes the JSON, and leaves no queue folder behind. Not a
+timed test: it checks that the program works, not how fast msgq is."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_quick_msgq_run_prints_a_row_without_drops(tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "msgq.bench",
+        "--quick",
+        "--backends",
+        "msgq",
+        "--sizes",
+        "8",
+        "--subs",
+        "1",
+        "--repeat",
+        "1",
+        "--duration",
+        "0.1",
+        "--json",
+        str(out_json),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    rows = [re.split(r"\s{2,}", line.strip()) for line in proc.stdout.splitlines()]
+    throughput = [r for r in rows if r[:4] == ["throughput", "8 B", "1 sub", "msgq"]]
+    assert len(throughput) == 1, proc.stdout
+    # msgs/s, MB/s, then drops (the ratio column is empty without pyzmq).
+    msgs_per_s, _mb_per_s, drops = throughput[0][4:7]
+    assert float(msgs_per_s.replace(",", "")) > 0
+    assert drops == "0"
+    assert any(r[:4] == ["round trip", "8 B", "1 cpu", "msgq"] for r in rows), proc.stdout
+
+    document = json.loads(out_json.read_text())
+    medians = [r["median"] for r in document["results"]]
+    assert {(m["kind"], m["backend"]) for m in medians} >= {("throughput", "msgq"), ("rtt", "msgq")}
+    assert all(m["error"] is None and m["drops"] == 0 and m["bad"] == 0 for m in medians)
+    shm_base = os.environ.get("MSGQ_SHM_DIR", "/dev/shm")
+    assert not os.path.exists(os.path.join(shm_base, document["meta"]["prefix"]))
