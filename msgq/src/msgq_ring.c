@@ -15,9 +15,16 @@ _Static_assert(sizeof(msgq_header) == MSGQ_CACHE_LINE * (3 + MSGQ_READER_SLOTS),
                "header layout");
 _Static_assert(MSGQ_READER_SLOTS <= 64, "active_readers is a 64-bit mask");
 
-/* Spin iterations a subscriber tries before it sleeps on the futex. Short: on a loaded
- * machine a spinning reader steals the CPU its publisher needs. */
-#define MSGQ_SPIN_ITERATIONS 64
+/* Before a subscriber sleeps on the futex it looks for data a little longer, because a
+ * futex sleep and wake costs tens of microseconds on a virtual machine:
+ *  - busy-polling with a pause hint, for MSGQ_SPIN_NS, only when this process may run on
+ *    more than one CPU (on one CPU the publisher cannot run while we spin);
+ *  - then yielding the CPU (sched_yield) until MSGQ_YIELD_NS have passed: a runnable
+ *    publisher gets the CPU at once, and with nothing else to run the wait stays cheap.
+ * Past that the subscriber sleeps. The budget bounds the CPU an idle subscriber burns per
+ * wait; MSGQ_WAIT_SPIN_US in the environment overrides the total (0: sleep at once). */
+#define MSGQ_SPIN_NS 2000
+#define MSGQ_YIELD_NS 10000
 
 static inline uint32_t position_cycle(uint64_t p) { return (uint32_t)(p >> 32); }
 static inline uint32_t position_offset(uint64_t p) { return (uint32_t)p; }
@@ -466,22 +473,53 @@ static void end_wait(msgq_subscriber *sub) {
     atomic_fetch_sub_explicit(&h->num_waiters, 1u, memory_order_release);
 }
 
-static int spin_for_data(msgq_subscriber *const *subs, int n, uint8_t *ready) {
-  for (int spin = 0; spin < MSGQ_SPIN_ITERATIONS; spin++) {
-    int count = 0;
-    for (int i = 0; i < n; i++) {
-      ready[i] = (uint8_t)msgq_subscriber_has_data(subs[i]);
-      count += ready[i];
+static int check_all(msgq_subscriber *const *subs, int n, uint8_t *ready) {
+  int count = 0;
+  for (int i = 0; i < n; i++) {
+    ready[i] = (uint8_t)msgq_subscriber_has_data(subs[i]);
+    count += ready[i];
+  }
+  return count;
+}
+
+static int64_t wait_spin_budget_ns(void) {
+  static _Atomic int64_t budget = -1;
+  int64_t b = atomic_load_explicit(&budget, memory_order_relaxed);
+  if (b < 0) {
+    const char *env = getenv("MSGQ_WAIT_SPIN_US");
+    b = env && env[0] ? (int64_t)strtoll(env, NULL, 10) * 1000 : MSGQ_YIELD_NS;
+    if (b < 0) b = 0;
+    atomic_store_explicit(&budget, b, memory_order_relaxed);
+  }
+  return b;
+}
+
+static int spin_for_data(msgq_subscriber *const *subs, int n, uint8_t *ready,
+                         int64_t timeout_ns) {
+  int count = check_all(subs, n, ready);
+  if (count || timeout_ns == 0) return count;
+  int64_t budget = wait_spin_budget_ns();
+  if (timeout_ns > 0 && timeout_ns < budget) budget = timeout_ns;
+  if (budget == 0) return 0;
+  const int64_t start = os_monotonic_ns();
+  int64_t spin_until = os_cpus_available() > 1 ? start + MSGQ_SPIN_NS : start;
+  if (spin_until > start + budget) spin_until = start + budget;
+  for (int64_t now = start; now < spin_until; now = os_monotonic_ns()) {
+    for (int k = 0; k < 16; k++) {
+      if ((count = check_all(subs, n, ready))) return count;
+      os_cpu_relax();
     }
-    if (count) return count;
-    os_cpu_relax();
+  }
+  for (int64_t now = os_monotonic_ns(); now - start < budget; now = os_monotonic_ns()) {
+    os_yield();
+    if ((count = check_all(subs, n, ready))) return count;
   }
   return 0;
 }
 
 int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready) {
   if (n <= 0) return -EINVAL;
-  int count = spin_for_data(subs, n, ready);
+  int count = spin_for_data(subs, n, ready, timeout_ns);
   if (count || timeout_ns == 0) return count;
 
   /* The kernel waits on at most OS_WAIT_MAX_WORDS words; with more subscribers, sleep on

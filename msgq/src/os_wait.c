@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <time.h>
@@ -142,4 +143,26 @@ void os_cpu_relax(void) {
 #elif defined(__aarch64__)
   __asm__ __volatile__("yield");
 #endif
+}
+
+void os_yield(void) { sched_yield(); }
+
+int os_cpus_available(void) {
+  static _Atomic int cached = 0;
+  static _Atomic int64_t cached_at = 0;
+  int64_t now = os_monotonic_ns();
+  int n = atomic_load_explicit(&cached, memory_order_relaxed);
+  if (n > 0 && now - atomic_load_explicit(&cached_at, memory_order_relaxed) < 10000000)
+    return n;
+#if defined(__linux__)
+  cpu_set_t set;
+  n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+#else
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  n = online > 0 ? (int)online : 1;
+#endif
+  if (n < 1) n = 1;
+  atomic_store_explicit(&cached, n, memory_order_relaxed);
+  atomic_store_explicit(&cached_at, now, memory_order_relaxed);
+  return n;
 }

@@ -41,4 +41,11 @@ int os_process_alive(pid_t pid);
 /* One pause instruction where the CPU has it: a spin-wait hint. */
 void os_cpu_relax(void);
 
+/* Gives the CPU to another runnable thread, if any (sched_yield). */
+void os_yield(void);
+
+/* How many CPUs this process may run on (its affinity mask; at least 1). Cached for a
+ * few milliseconds: it is asked on every wait. */
+int os_cpus_available(void);
+
 #endif
