@@ -7,7 +7,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyOb
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from libc.errno cimport EINTR
+from libc.errno cimport EINTR, ENOSPC
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 from posix.unistd cimport getpid
@@ -59,6 +59,10 @@ cdef int _raise(int code, object endpoint) except -1:
         raise ValueError(
             f"{where}: {msg}; give its subscribers the same segment_size, or connect "
             "with segment_size=0 to adopt the existing size")
+    if code == -ENOSPC:
+        raise IpcError(
+            f"{where}: {msg}: the shared-memory folder is full; free space there or use "
+            "a smaller segment_size")
     if code in (MSGQ_EBADMAGIC, MSGQ_EVERSION, MSGQ_EGEOMETRY):
         raise IpcError(f"{where}: {msg}; remove the queue file if no process uses it")
     raise IpcError(f"{where}: {msg}")

@@ -380,3 +380,32 @@ def test_forked_child_exit_keeps_parent_subscriber(endpoint: str) -> None:
     pub.send(b"both")
     assert sub.receive(non_blocking=True) == b"both"
     assert other.receive(non_blocking=True) == b"both"
+
+
+@pytest.fixture
+def tiny_shm_dir(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """A 1 MiB tmpfs as the shm folder (needs mount rights; skipped without them)."""
+    import subprocess
+
+    mount_point = tmp_path / "tinyshm"
+    mount_point.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mount_point)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    monkeypatch.setenv("MSGQ_SHM_DIR", str(mount_point))
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_full_shm_folder_is_an_error_at_connect_not_a_crash_later(
+    endpoint: str, tiny_shm_dir
+) -> None:
+    with pytest.raises(msgq.IpcError, match="full"):
+        msgq.pub_sock(endpoint)  # 10 MiB default does not fit in 1 MiB
+    pub = msgq.pub_sock(endpoint, segment_size=256 * 1024)  # the space was given back
+    sub = msgq.sub_sock(endpoint)
+    for _ in range(50):  # several passes over every page: no SIGBUS
+        pub.send(b"x" * 60_000)
+        assert sub.receive(non_blocking=True) == b"x" * 60_000

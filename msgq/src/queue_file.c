@@ -87,11 +87,31 @@ static int ensure_prefix_dir(void) {
   return 0;
 }
 
+/* Maps a queue file shared, read-write. Page tables are filled at once (MAP_POPULATE):
+ * a fresh ring otherwise takes a page fault per 4 KiB on its first pass, in every
+ * process, which made the first pass over a large ring about 10x slower. */
+static void *map_queue(int fd, size_t size) {
+  int flags = MAP_SHARED;
+#if defined(MAP_POPULATE)
+  flags |= MAP_POPULATE;
+#endif
+  return mmap(NULL, size, PROT_READ | PROT_WRITE, flags, fd, 0);
+}
+
 /* Sizes the file and formats an empty queue in it. fd is locked by the caller. */
 static int create_queue(int fd, uint64_t capacity, msgq_ring *ring) {
   size_t size = (size_t)MSGQ_HEADER_SIZE + capacity;
   if (ftruncate(fd, 0) != 0 || ftruncate(fd, (off_t)size) != 0) return -errno;
-  void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+#if defined(__linux__)
+  /* Reserve every page now: a full /dev/shm is then ENOSPC here, not SIGBUS in the
+   * middle of a send. */
+  int fr = posix_fallocate(fd, 0, (off_t)size);
+  if (fr != 0 && fr != EOPNOTSUPP && fr != EINVAL) {
+    (void)ftruncate(fd, 0); /* give the pages back; the next opener starts afresh */
+    return -fr;
+  }
+#endif
+  void *mem = map_queue(fd, size);
   if (mem == MAP_FAILED) return -errno;
   int r = msgq_ring_format(mem, size);
   if (r == 0) r = msgq_ring_attach(ring, mem, size);
@@ -122,7 +142,7 @@ static int open_locked(int fd, uint64_t requested, enum msgq_role role, msgq_rin
    * after sizing the file and before finishing the header. Re-make it. */
   if (magic == 0) return create_queue(fd, new_capacity, ring);
 
-  void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void *mem = map_queue(fd, size);
   if (mem == MAP_FAILED) return -errno;
   int r = msgq_ring_attach(ring, mem, size);
   if (r < 0) {
