@@ -200,3 +200,28 @@ def test_unknown_backend_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("MSGQ_BACKEND", "carrier-pigeon")
     with pytest.raises(ValueError, match="choose one of: .*msgq"):
         msgq.PubSocket()
+
+
+def test_blocking_calls_sleep_instead_of_spinning(backend: str, endpoint: str) -> None:
+    sub = msgq.sub_sock(endpoint, timeout=500)
+    poller = msgq.Poller()
+    poller.registerSocket(sub)
+    cpu_before, wall_before = time.process_time(), time.monotonic()
+    assert sub.receive() is None
+    assert poller.poll(500) == []
+    cpu = time.process_time() - cpu_before
+    assert time.monotonic() - wall_before >= 0.95
+    assert cpu < 0.1  # asleep in the kernel, not polling
+
+
+def test_poller_over_more_sockets_than_one_kernel_wait(backend: str, endpoint: str) -> None:
+    poller = msgq.Poller()
+    subs = [msgq.sub_sock(f"{endpoint}_{i}", poller=poller) for i in range(140)]
+    pub = msgq.pub_sock(f"{endpoint}_139")
+    while not poller.poll(0):  # ZMQ: until the subscription is live
+        pub.send(b"probe")
+        time.sleep(0.01)
+    msgq.drain_sock_raw(subs[-1])
+    assert poller.poll(0) == []
+    pub.send(b"last one")
+    assert poller.poll(2000) == [subs[-1]]
