@@ -11,23 +11,41 @@ from typing import Any
 
 from msgq.backend import BACKENDS, backend_name, select_backend
 from msgq.errors import IpcError, MultiplePublishersError
+from msgq.fake_events import (
+    Event,
+    SocketEventHandle,
+    delete_fake_prefix,
+    fake_event_handle,
+    get_fake_prefix,
+    set_fake_prefix,
+    toggle_fake_events,
+    wait_for_one_event,
+)
 from msgq.protocol import Context, Poller, PubSocket, SubSocket
 
 __all__ = [
     "BACKENDS",
     "Context",
+    "Event",
     "IpcError",
     "MultiplePublishersError",
     "NO_TRAVERSAL_LIMIT",
     "Poller",
     "PubSocket",
+    "SocketEventHandle",
     "SubSocket",
     "backend_name",
     "context",
+    "delete_fake_prefix",
     "drain_sock_raw",
+    "fake_event_handle",
+    "get_fake_prefix",
     "pub_sock",
     "select_backend",
+    "set_fake_prefix",
     "sub_sock",
+    "toggle_fake_events",
+    "wait_for_one_event",
 ]
 
 #: Traversal limit that disables pycapnp's message traversal check (upstream constant).

@@ -11,6 +11,9 @@ Environment (first match wins):
 * ``MSGQ_BACKEND`` — a backend name from :data:`BACKENDS`.
 * ``ZMQ`` — set to a non-empty value other than ``0``: the ``zmq`` backend (upstream name).
 * otherwise ``msgq`` (shared memory).
+
+``CEREAL_FAKE`` (non-empty, not ``0``) additionally wraps every new SubSocket and Poller
+in fake events (:func:`with_fake_events`, :mod:`msgq.fake_sockets`).
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from __future__ import annotations
 import importlib
 import os
 from types import ModuleType
+from typing import Any
 
 #: Backend name -> module implementing the socket protocol.
 BACKENDS: dict[str, str] = {
     "msgq": "msgq.shm_backend",
+    "zmq": "msgq.zmq_backend",
 }
 
 DEFAULT_BACKEND = "msgq"
@@ -62,3 +67,13 @@ def select_backend(name: str | None = None) -> ModuleType:
         protocol.register_backend(module)
         _loaded[name] = module
     return module
+
+
+def with_fake_events(obj: Any) -> Any:
+    """A new SubSocket or Poller, wrapped in fake events when ``CEREAL_FAKE`` is set
+    (read now, so ``toggle_fake_events`` affects sockets created after it)."""
+    if not _flag("CEREAL_FAKE"):
+        return obj
+    from msgq import fake_sockets
+
+    return fake_sockets.wrap(obj)

@@ -55,9 +55,9 @@ class SubSocket(metaclass=ABCMeta):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is SubSocket:
-            from msgq.backend import select_backend
+            from msgq.backend import select_backend, with_fake_events
 
-            return select_backend().SubSocket(*args, **kwargs)
+            return with_fake_events(select_backend().SubSocket(*args, **kwargs))
         return super().__new__(cls)
 
     @abstractmethod
@@ -82,9 +82,9 @@ class Poller(metaclass=ABCMeta):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is Poller:
-            from msgq.backend import select_backend
+            from msgq.backend import select_backend, with_fake_events
 
-            return select_backend().Poller(*args, **kwargs)
+            return with_fake_events(select_backend().Poller(*args, **kwargs))
         return super().__new__(cls)
 
     @abstractmethod

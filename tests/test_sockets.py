@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import connect_pair, receive_all
+from conftest import connect_pair, receive_all, sync_subscriber
 
 import msgq
 
@@ -91,20 +91,19 @@ def test_conflate_returns_only_newest(backend: str, endpoint: str) -> None:
 
 
 def test_every_subscriber_gets_every_message(backend: str, endpoint: str) -> None:
-    pub, first = connect_pair(endpoint)
-    others = [msgq.sub_sock(endpoint) for _ in range(7)]
-    for s in others:  # ZMQ: wait until each new subscription is live
-        while True:
-            pub.send(b"__probe__")
-            time.sleep(0.005)
-            if s.receive(non_blocking=True) is not None:
-                break
-    for s in [first, *others]:
-        msgq.drain_sock_raw(s)
+    subs = [msgq.sub_sock(endpoint) for _ in range(8)]
+    pub = msgq.pub_sock(endpoint)
+    for s in subs:  # ZMQ: until each subscription is live
+        sync_subscriber(pub, s)
+    pub.send(b"__mark__")  # then skip what the later syncs sent to the earlier ones
+    for s in subs:
+        s.setTimeout(10_000)
+        while (msg := s.receive()) != b"__mark__":
+            assert msg is not None
     msgs = [b"%d" % i for i in range(500)]
     for m in msgs:
         pub.send(m)
-    for s in [first, *others]:
+    for s in subs:
         assert receive_all(s, len(msgs)) == msgs
 
 
@@ -218,10 +217,7 @@ def test_poller_over_more_sockets_than_one_kernel_wait(backend: str, endpoint: s
     poller = msgq.Poller()
     subs = [msgq.sub_sock(f"{endpoint}_{i}", poller=poller) for i in range(140)]
     pub = msgq.pub_sock(f"{endpoint}_139")
-    while not poller.poll(0):  # ZMQ: until the subscription is live
-        pub.send(b"probe")
-        time.sleep(0.01)
-    msgq.drain_sock_raw(subs[-1])
+    sync_subscriber(pub, subs[-1])
     assert poller.poll(0) == []
     pub.send(b"last one")
     assert poller.poll(2000) == [subs[-1]]

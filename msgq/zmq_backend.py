@@ -1,0 +1,811 @@
+"""The ZMQ backend: the msgq socket protocol over pyzmq TCP sockets.
+
+This is the portable backend (no Linux-only calls) and the one that reaches other
+machines. Each endpoint maps to one TCP port (:func:`endpoint_port`); its publisher binds
+that port on ``bind_address`` (default every interface) and subscribers connect to
+``tcp://<addr>:<port>``.
+
+Behaviour that differs from the shared-memory backend, by nature of ZMQ:
+
+* A second publisher of an endpoint fails in ``connect`` with
+  :class:`~msgq.errors.MultiplePublishersError` (the port is taken); the first one keeps
+  the endpoint. The shared-memory backend lets the newcomer take over instead.
+* Delivery starts once a subscriber's connection is up. ``SubSocket.connect`` waits
+  (at most ``connect_wait_ms``) until the publisher answered, and ``PubSocket.send``
+  waits (at most ``join_wait_ms``) for the subscription of a connection it has accepted
+  but not yet heard from, so a message sent after ``sub_sock()`` returned reaches that
+  subscriber. A subscriber that connects after a send does not get that message.
+* ``all_readers_updated()`` cannot know what subscribers have *read* (ZMQ has no read
+  acknowledgements). Here it means: every connection the publisher has accepted has
+  subscribed, so a message sent now goes to every connected subscriber.
+  ``wait_for_readers`` waits for that; ``num_readers`` counts subscribed connections.
+* Queues are bounded by message count, not bytes: ``sndhwm`` messages per subscriber on
+  the publisher side and ``rcvhwm`` on the subscriber side; past them messages to that
+  subscriber are dropped, so a stalled or dead subscriber never grows the publisher's
+  memory without bound. Heartbeats drop connections to peers that vanished.
+* ``segment_size`` is checked like the shared-memory backend does and otherwise ignored.
+
+Environment, read when a socket is created (keyword arguments of the socket win):
+
+``MSGQ_ZMQ_BASE_PORT`` / ``MSGQ_ZMQ_PORT_SPAN``
+    The port range (default 8023, 24745 ports: 8023..32767, below Linux's ephemeral range).
+``MSGQ_PREFIX`` / ``OPENPILOT_PREFIX``
+    Part of the port hash, so runs with different prefixes use different ports.
+``MSGQ_ZMQ_BIND``
+    Address publishers bind (default ``*``: every interface).
+``MSGQ_ZMQ_SNDHWM`` / ``MSGQ_ZMQ_RCVHWM``
+    High-water marks in messages (default 1000 each).
+``MSGQ_ZMQ_LINGER``
+    Milliseconds ``close`` (and process exit) may spend flushing unsent messages
+    (default 1000).
+``MSGQ_ZMQ_CONNECT_WAIT_MS`` / ``MSGQ_ZMQ_JOIN_WAIT_MS``
+    The two waits above (defaults 500 and 200; 0 turns a wait off).
+
+Messages that did not come from a publisher of this endpoint are dropped and counted in
+``SubSocket.dropped_messages``, with one logged warning per socket: multi-part messages
+(msgq messages are one frame), messages from a msgq publisher of another endpoint (two
+names hashed to one port) and messages from peers without ZMTP 3 metadata (legacy ZMQ,
+or a non-ZMQ program on the port whose bytes libzmq parsed as ZMTP 1.0). Single-frame
+messages from other ZMQ 4 publishers carry no endpoint tag and are delivered as they are.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import logging
+import os
+import socket as _socket
+import time
+import weakref
+from typing import Any
+
+try:
+    import zmq
+    from zmq.utils.monitor import parse_monitor_message
+except ImportError as e:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        "the zmq backend needs pyzmq: pip install pyzmq (or choose MSGQ_BACKEND=msgq)"
+    ) from e
+
+from msgq.errors import IpcError, MultiplePublishersError
+from msgq.names import fnv1a_64, namespace_prefix
+from msgq.shm_backend import MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, validate_endpoint
+
+__all__ = [
+    "DEFAULT_BASE_PORT",
+    "DEFAULT_PORT_SPAN",
+    "Context",
+    "Poller",
+    "PubSocket",
+    "SubSocket",
+    "endpoint_port",
+]
+
+log = logging.getLogger("msgq.zmq")
+
+#: First port of the endpoint port range (the port upstream msgq's mapping starts at).
+DEFAULT_BASE_PORT = 8023
+#: Number of ports in the range: 8023..32767, which stays below Linux's ephemeral ports.
+DEFAULT_PORT_SPAN = 32768 - DEFAULT_BASE_PORT
+DEFAULT_SNDHWM = 1000
+DEFAULT_RCVHWM = 1000
+DEFAULT_LINGER_MS = 1000
+DEFAULT_CONNECT_WAIT_MS = 500
+DEFAULT_JOIN_WAIT_MS = 200
+DEFAULT_BIND_ADDRESS = "*"
+
+#: Connection-level metadata a publisher attaches to every message it sends.
+ENDPOINT_PROPERTY = "X-Msgq-Endpoint"
+
+#: Shortest time between two reads of a publisher's peer events (seconds).
+PEER_CHECK_INTERVAL_S = 0.001
+
+# Longest single wait inside a blocking call, so Ctrl-C is answered promptly.
+_SLICE_MS = 50
+_HEARTBEAT_IVL_MS = 1000
+_HEARTBEAT_TIMEOUT_MS = 5000
+_RECONNECT_IVL_MS = 50
+_RECONNECT_IVL_MAX_MS = 500
+# How long connect() waits for the listener of a publisher closed by this process to go
+# away (plus that publisher's linger).
+_RELEASE_WAIT_S = 1.0
+# How long the port-conflict diagnosis waits for a ZMTP greeting.
+_PROBE_TIMEOUT_S = 0.25
+
+# This process's id, kept current across fork() without a getpid() call per message.
+_process_id = os.getpid()
+
+
+def _forked_child() -> None:
+    global _process_id
+    _process_id = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked_child)
+
+
+def _env_int(name: str, default: int, minimum: int, maximum: int = 2**31 - 1) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer; unset it or give a number") from None
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name}={value} is out of range; use {minimum}..{maximum}")
+    return value
+
+
+def _option(value: int | None, env: str, default: int, minimum: int = 0) -> int:
+    if value is None:
+        return _env_int(env, default, minimum)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{env.removeprefix('MSGQ_ZMQ_').lower()} must be int, not "
+                        f"{type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{env.removeprefix('MSGQ_ZMQ_').lower()} must be >= {minimum}")
+    return value
+
+
+def _endpoint_str(endpoint: Any) -> str:
+    validate_endpoint(endpoint)  # TypeError / ValueError, same rules as every backend
+    return endpoint.decode("utf-8") if isinstance(endpoint, bytes) else str(endpoint)
+
+
+def _check_segment_size(endpoint: str, segment_size: Any) -> None:
+    if not isinstance(segment_size, int) or isinstance(segment_size, bool):
+        raise TypeError(f"segment_size must be int, not {type(segment_size).__name__}")
+    if segment_size != 0 and not MIN_SEGMENT_SIZE <= segment_size <= MAX_SEGMENT_SIZE:
+        raise ValueError(
+            f"endpoint {endpoint!r}: segment_size must be 0 or between {MIN_SEGMENT_SIZE} "
+            f"and {MAX_SEGMENT_SIZE} bytes")
+
+
+def endpoint_port(endpoint: str | bytes, prefix: str | None = None) -> int:
+    """The TCP port of ``endpoint``: ``base + fnv1a_64(key) % span``.
+
+    ``key`` is the endpoint name, or ``"<prefix>/<endpoint>"`` when a namespace prefix is
+    set (``prefix``, default :func:`namespace_prefix`), so parallel runs with different
+    prefixes get different ports. ``base`` and ``span`` come from ``MSGQ_ZMQ_BASE_PORT``
+    (default 8023) and ``MSGQ_ZMQ_PORT_SPAN`` (default 24745, clamped to end at 65535).
+    Different names can share a port; the second publisher then fails with a clear error
+    and subscribers drop messages tagged with another endpoint.
+    """
+    name = _endpoint_str(endpoint)
+    if prefix is None:
+        prefix = namespace_prefix()
+    base = _env_int("MSGQ_ZMQ_BASE_PORT", DEFAULT_BASE_PORT, 1, 65535)
+    span = _env_int("MSGQ_ZMQ_PORT_SPAN", min(DEFAULT_PORT_SPAN, 65536 - base), 1, 65535)
+    if base + span - 1 > 65535:
+        raise ValueError(
+            f"MSGQ_ZMQ_BASE_PORT={base} with MSGQ_ZMQ_PORT_SPAN={span} goes past port 65535; "
+            "lower one of them")
+    key = f"{prefix}/{name}" if prefix else name
+    return base + fnv1a_64(key.encode("utf-8")) % span
+
+
+def _endpoint_tag(endpoint: str) -> str:
+    prefix = namespace_prefix()
+    return f"{prefix}/{endpoint}" if prefix else endpoint
+
+
+def _tcp_host(address: str) -> str:
+    """``address`` as the host part of a tcp:// URL (IPv6 literals in brackets)."""
+    if ":" in address and not address.startswith("["):
+        return f"[{address}]"
+    return address
+
+
+class Context:
+    """A zmq.Context, made on first use and made again in a forked child (a ZMQ context
+    must not cross a fork).
+
+    At normal exit (and at the end of a multiprocessing child) every context is ended, so
+    messages sent just before exit still go out, waiting at most each socket's linger.
+    """
+
+    def __init__(self) -> None:
+        self._ctx: zmq.Context | None = None
+        self._pid = 0
+
+    @property
+    def zmq_context(self) -> zmq.Context:
+        """The zmq.Context of this process."""
+        if self._ctx is None or self._pid != os.getpid() or self._ctx.closed:
+            self._ctx = zmq.Context(io_threads=1)
+            self._pid = os.getpid()
+            _live_contexts.add(self)
+            _register_exit_flush()
+        return self._ctx
+
+    def term(self) -> None:
+        """Closes every socket made with this context and ends it; unsent messages get at
+        most each socket's linger to go out."""
+        if self._ctx is not None and self._pid == os.getpid() and not self._ctx.closed:
+            self._ctx.destroy()
+        self._ctx = None
+
+
+_live_contexts: weakref.WeakSet[Context] = weakref.WeakSet()
+_exit_flush_pid = 0
+
+
+def _flush_at_exit() -> None:
+    for context in list(_live_contexts):
+        if context._pid == os.getpid():
+            try:
+                context.term()
+            except Exception:
+                pass
+
+
+def _register_exit_flush() -> None:
+    # pyzmq does not end contexts at exit, and a process exiting with a live context
+    # loses what its I/O thread had not sent yet. atexit covers ordinary exits; the
+    # multiprocessing finalizer covers fork/forkserver children (they leave via os._exit).
+    global _exit_flush_pid
+    if _exit_flush_pid == os.getpid():
+        return
+    _exit_flush_pid = os.getpid()
+    atexit.register(_flush_at_exit)
+    import multiprocessing.util  # only where needed: it is slow to import
+
+    multiprocessing.util.Finalize(None, _flush_at_exit, exitpriority=10)
+
+
+_default_context = Context()
+
+
+def _zmq_context(context: Any) -> zmq.Context:
+    # msgq.context may belong to another backend (it is made at import); any non-ZMQ
+    # context means "this process's default ZMQ context".
+    if isinstance(context, Context):
+        return context.zmq_context
+    return _default_context.zmq_context
+
+
+def _wait_monitor(monitor: zmq.Socket, wanted: int, deadline: float) -> int:
+    """Waits on a monitor socket for an event in ``wanted``; returns it, or 0 at the
+    deadline."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return 0
+        if monitor.poll(min(_SLICE_MS, max(1, int(remaining * 1000)))):
+            event = parse_monitor_message(monitor.recv_multipart())["event"]
+            if event & wanted:
+                return int(event)
+
+
+# Ports of publishers this process closed -> until when a bind may wait for them.
+_released_ports: dict[int, float] = {}
+
+
+def _bind(sock: zmq.Socket, url: str, port: int) -> None:
+    """Binds, waiting while a publisher this process just closed still holds the port."""
+    while True:
+        try:
+            sock.bind(url)
+        except zmq.ZMQError as e:
+            if e.errno != errno.EADDRINUSE or time.monotonic() >= _released_ports.get(port, 0):
+                _released_ports.pop(port, None)
+                raise
+            time.sleep(0.002)
+            continue
+        _released_ports.pop(port, None)
+        return
+
+
+def _port_holder(host: str, port: int) -> str:
+    """Says what holds a TCP port that a bind was refused: ``"zmq"`` (a ZMQ publisher
+    answered, or something listens on another address, as a publisher bound to one
+    address does) or ``"other"``."""
+    probe_host = "127.0.0.1" if host in ("*", "0.0.0.0") else host.strip("[]")
+    try:
+        with _socket.create_connection((probe_host, port), timeout=_PROBE_TIMEOUT_S) as s:
+            greeting = s.recv(10)
+    except ConnectionRefusedError:
+        if host not in ("*", "0.0.0.0"):
+            return "other"
+        # Nothing listens on the loopback address. If we may bind it, the holder is bound
+        # to another address only: a publisher bound with bind_address/MSGQ_ZMQ_BIND.
+        try:
+            with _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM) as s:
+                s.bind((probe_host, port))
+        except OSError:
+            return "other"
+        return "zmq"
+    except OSError:
+        return "other"
+    # A ZMTP greeting: 0xFF, 8 bytes of padding, then 0x7F.
+    if len(greeting) >= 10 and greeting[0] == 0xFF and greeting[9] & 1:
+        return "zmq"
+    return "other"
+
+
+class PubSocket:
+    """The publisher of one endpoint: an XPUB socket bound on the endpoint's port.
+
+    Options (keyword arguments, else the environment, else the default): ``sndhwm``
+    (messages queued per subscriber), ``linger`` (ms), ``bind_address``, ``join_wait_ms``.
+    """
+
+    def __init__(
+        self,
+        *,
+        sndhwm: int | None = None,
+        linger: int | None = None,
+        bind_address: str | None = None,
+        join_wait_ms: int | None = None,
+    ) -> None:
+        self.sndhwm = _option(sndhwm, "MSGQ_ZMQ_SNDHWM", DEFAULT_SNDHWM)
+        self.linger = _option(linger, "MSGQ_ZMQ_LINGER", DEFAULT_LINGER_MS)
+        self.join_wait_ms = _option(join_wait_ms, "MSGQ_ZMQ_JOIN_WAIT_MS", DEFAULT_JOIN_WAIT_MS)
+        self.bind_address = bind_address or os.environ.get("MSGQ_ZMQ_BIND") or DEFAULT_BIND_ADDRESS
+        self.endpoint: str | None = None
+        self.port: int | None = None
+        self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._pid = 0
+        self._connections = 0
+        self._subscriptions = 0
+        self._readers = 0
+        self._last_accept = float("-inf")
+        self._next_peer_check = 0.0
+
+    def connect(self, context: Any, endpoint: str, segment_size: int = 0) -> None:
+        """Binds the endpoint's port and becomes its publisher.
+
+        Raises MultiplePublishersError when the port is taken (another publisher of this
+        endpoint, or of an endpoint hashed to the same port), IpcError when an unrelated
+        program holds it or the bind address is not usable.
+        """
+        name = _endpoint_str(endpoint)
+        _check_segment_size(name, segment_size)
+        port = endpoint_port(name)
+        self.close()
+        sock = _zmq_context(context).socket(zmq.XPUB)
+        monitor = None
+        try:
+            sock.setsockopt(zmq.SNDHWM, self.sndhwm)
+            sock.setsockopt(zmq.RCVHWM, self.sndhwm)
+            sock.setsockopt(zmq.LINGER, self.linger)
+            sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscription, for counting
+            sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+            sock.setsockopt(zmq.METADATA, f"{ENDPOINT_PROPERTY}:{_endpoint_tag(name)}".encode())
+            if ":" in self.bind_address or self.bind_address == "*":
+                # "*" then means both IPv4 and IPv6 (libzmq falls back to IPv4 alone where
+                # the machine has no IPv6).
+                sock.setsockopt(zmq.IPV6, 1)
+            monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+            host = _tcp_host(self.bind_address)
+            try:
+                _bind(sock, f"tcp://{host}:{port}", port)
+            except zmq.ZMQError as e:
+                raise self._bind_error(e, name, host, port) from None
+        except BaseException:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(0)
+            sock.close(0)
+            raise
+        self._sock, self._monitor = sock, monitor
+        self._pid = os.getpid()
+        self.endpoint, self.port = name, port
+        self._connections = self._subscriptions = self._readers = 0
+        self._last_accept = float("-inf")
+
+    def _bind_error(self, e: zmq.ZMQError, name: str, host: str, port: int) -> Exception:
+        where = f"endpoint {name!r} (TCP port {port} on {host})"
+        if e.errno == errno.EADDRINUSE:
+            hint = ("move this run's ports with MSGQ_PREFIX, MSGQ_ZMQ_BASE_PORT or "
+                    "MSGQ_ZMQ_PORT_SPAN")
+            if _port_holder(host, port) == "zmq":
+                return MultiplePublishersError(
+                    f"{where}: the port is in use by another ZMQ publisher: another "
+                    "publisher of this endpoint, or of an endpoint whose name maps to the "
+                    f"same port; close the other publisher, or {hint}")
+            return IpcError(
+                f"{where}: the port is in use by a program that is not a ZMQ publisher; "
+                f"stop that program, or {hint}")
+        if e.errno in (errno.EADDRNOTAVAIL, errno.ENODEV, errno.EINVAL):
+            return IpcError(f"{where}: cannot bind: {e.strerror}; check bind_address / "
+                            "MSGQ_ZMQ_BIND (an address of this machine, or *)")
+        return IpcError(f"{where}: cannot bind: {e.strerror}")
+
+    def _check_connected(self) -> zmq.Socket:
+        if self._sock is None:
+            raise IpcError("socket is not connected; call connect() first")
+        if self._pid != _process_id:
+            raise IpcError(f"endpoint {self.endpoint!r}: a ZMQ socket cannot be used after "
+                           "fork; create the publisher in the process that uses it")
+        return self._sock
+
+    def _update_peers(self) -> None:
+        """Reads accepted/closed connections and (un)subscriptions that have arrived."""
+        sock, monitor = self._sock, self._monitor
+        assert sock is not None and monitor is not None
+        while monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            event = parse_monitor_message(monitor.recv_multipart())["event"]
+            if event == zmq.EVENT_ACCEPTED:
+                self._connections += 1
+                self._last_accept = time.monotonic()
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._connections = max(0, self._connections - 1)
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            parts = sock.recv_multipart(zmq.NOBLOCK)
+            if len(parts) != 1 or not parts[0] or parts[0][0] > 1:
+                continue  # anything but a (un)subscription: a foreign client's noise
+            delta = 1 if parts[0][0] == 1 else -1
+            self._subscriptions = max(0, self._subscriptions + delta)
+            if len(parts[0]) == 1:
+                self._readers = max(0, self._readers + delta)
+
+    def _joining(self) -> bool:
+        return self._connections > self._subscriptions
+
+    def _wait_for_joins(self, deadline: float | None) -> bool:
+        """Waits until every accepted connection subscribed, or the deadline."""
+        sock, monitor = self._sock, self._monitor
+        assert sock is not None and monitor is not None
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        while True:
+            self._update_peers()
+            if not self._joining():
+                return True
+            slice_ms = _SLICE_MS
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                slice_ms = min(slice_ms, max(1, int(remaining * 1000)))
+            poller.poll(slice_ms)
+
+    def send(self, data: Any) -> int:
+        """Publishes ``data`` (bytes or any contiguous bytes-like object). Returns the
+        number of bytes sent. Never blocks on slow subscribers (past ``sndhwm`` their
+        copy is dropped); may wait up to ``join_wait_ms`` for a just-accepted subscriber's
+        subscription."""
+        sock = self._check_connected()
+        if isinstance(data, str):
+            raise TypeError("send() takes bytes-like data, not str; encode it first")
+        if type(data) is bytes:
+            n = len(data)
+        else:
+            try:
+                view = memoryview(data)
+            except TypeError:
+                raise TypeError(
+                    f"send() takes a bytes-like object, not {type(data).__name__}") from None
+            if not view.contiguous:
+                raise TypeError("send() needs a contiguous bytes-like object")
+            n = view.nbytes
+        # Reading peer events costs ~2 us per getsockopt(EVENTS), 5x a small send: do it
+        # at most once per PEER_CHECK_INTERVAL_S. libzmq itself only processes incoming
+        # subscriptions about once a millisecond while sending, so a subscriber joining a
+        # publisher that is streaming may miss up to that much, as with plain pyzmq; a
+        # publisher that was idle always checks, and waits for just-accepted joiners.
+        now = time.monotonic()
+        if now >= self._next_peer_check:
+            self._next_peer_check = now + PEER_CHECK_INTERVAL_S
+            self._update_peers()
+            if self._joining() and self.join_wait_ms > 0:
+                deadline = self._last_accept + self.join_wait_ms / 1000
+                if now < deadline:
+                    self._wait_for_joins(deadline)
+        try:
+            sock.send(data, zmq.NOBLOCK, copy=True)
+        except zmq.Again:
+            pass  # XPUB drops at the high-water mark instead of blocking; so do we
+        except zmq.ZMQError as e:
+            raise IpcError(f"endpoint {self.endpoint!r}: send failed: {e.strerror}") from None
+        return n
+
+    def all_readers_updated(self) -> bool:
+        """True when every connection this publisher accepted has subscribed (a message
+        sent now reaches every connected subscriber). ZMQ cannot report what subscribers
+        have read."""
+        self._check_connected()
+        self._update_peers()
+        return not self._joining()
+
+    def wait_for_readers(self, timeout: float | None = None) -> bool:
+        """Blocks until ``all_readers_updated()`` (True) or ``timeout`` seconds (False)."""
+        self._check_connected()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._wait_for_joins(deadline)
+
+    @property
+    def num_readers(self) -> int:
+        """Connected subscribers (connections subscribed to every message)."""
+        self._check_connected()
+        self._update_peers()
+        return self._readers
+
+    def close(self) -> None:
+        """Closes the publisher. Messages already sent still go out (for at most
+        ``linger`` ms); a new publisher of the endpoint in this process can bind at once
+        (it waits for ZMQ to release the port)."""
+        sock, monitor = self._sock, self._monitor
+        self._sock = self._monitor = None
+        if sock is None or self._pid != os.getpid():
+            return  # a forked child must not touch the parent's ZMQ state
+        # No unbind(): it drops messages still queued for subscribers. The listener goes
+        # away in ZMQ's I/O thread shortly after close(); connect() of a new publisher
+        # retries for that long (see _released_ports).
+        if monitor is not None:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            monitor.close(0)
+        sock.close()
+        if self.port is not None:
+            _released_ports[self.port] = time.monotonic() + _RELEASE_WAIT_S + self.linger / 1000
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class SubSocket:
+    """One subscriber of an endpoint: a SUB socket connected to the publisher's port.
+
+    Options: ``rcvhwm`` (messages queued before newer ones are dropped), ``linger`` (ms),
+    ``connect_wait_ms`` (how long ``connect`` waits for a running publisher to answer).
+    """
+
+    def __init__(
+        self,
+        *,
+        rcvhwm: int | None = None,
+        linger: int | None = None,
+        connect_wait_ms: int | None = None,
+    ) -> None:
+        self.rcvhwm = _option(rcvhwm, "MSGQ_ZMQ_RCVHWM", DEFAULT_RCVHWM)
+        self.linger = _option(linger, "MSGQ_ZMQ_LINGER", DEFAULT_LINGER_MS)
+        self.connect_wait_ms = _option(
+            connect_wait_ms, "MSGQ_ZMQ_CONNECT_WAIT_MS", DEFAULT_CONNECT_WAIT_MS)
+        self.endpoint: str | None = None
+        self.address: str | None = None
+        self.port: int | None = None
+        #: Messages dropped because they did not come from a publisher of this endpoint.
+        self.dropped_messages = 0
+        self._conflate = False
+        self._sock: zmq.Socket | None = None
+        self._tag = ""
+        self._timeout_ms = -1
+        self._stash: bytes | None = None
+        self._pid = 0
+        self._warned = False
+
+    def connect(
+        self,
+        context: Any,
+        endpoint: str,
+        address: bytes | str = b"127.0.0.1",
+        conflate: bool = False,
+        segment_size: int = 0,
+    ) -> None:
+        """Connects to the publisher of ``endpoint`` at ``address`` (a host name or IP of
+        the publisher's machine). Returns once a running publisher answered, or at once
+        when none listens yet (ZMQ keeps retrying in the background)."""
+        if isinstance(address, bytes):
+            address = address.decode("utf-8")
+        if not isinstance(address, str):
+            raise TypeError(f"address must be str or bytes, not {type(address).__name__}")
+        if not address or any(c.isspace() for c in address) or "/" in address:
+            raise ValueError(f"address {address!r} is not a host name or IP address")
+        name = _endpoint_str(endpoint)
+        _check_segment_size(name, segment_size)
+        port = endpoint_port(name)
+        self.close()
+        sock = _zmq_context(context).socket(zmq.SUB)
+        monitor = None
+        try:
+            sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
+            sock.setsockopt(zmq.LINGER, self.linger)
+            sock.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_IVL_MS)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_IVL_MAX_MS)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+            if conflate:
+                sock.setsockopt(zmq.CONFLATE, 1)
+            if ":" in address:
+                sock.setsockopt(zmq.IPV6, 1)
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            if self.connect_wait_ms > 0:
+                monitor = sock.get_monitor_socket(
+                    zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED)
+            try:
+                sock.connect(f"tcp://{_tcp_host(address)}:{port}")
+            except zmq.ZMQError as e:
+                raise ValueError(f"endpoint {name!r}: cannot connect to {address!r} port "
+                                 f"{port}: {e.strerror}; check the address") from None
+            if monitor is not None:
+                deadline = time.monotonic() + self.connect_wait_ms / 1000
+                _wait_monitor(monitor, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED,
+                              deadline)
+                sock.getsockopt(zmq.EVENTS)  # let the socket attach the new connection
+        except BaseException:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(0)
+            sock.close(0)
+            raise
+        if monitor is not None:
+            sock.disable_monitor()
+            monitor.close(0)
+        self._sock = sock
+        self._pid = os.getpid()
+        self._conflate = bool(conflate)
+        self._tag = _endpoint_tag(name)
+        self.endpoint, self.address, self.port = name, address, port
+
+    @property
+    def conflate(self) -> bool:
+        """True when only the newest message is kept."""
+        return self._conflate
+
+    def setTimeout(self, timeout: int | None) -> None:  # noqa: N802 (upstream name)
+        """Timeout of a blocking ``receive`` in milliseconds; negative or None: forever."""
+        self._timeout_ms = -1 if timeout is None or timeout < 0 else int(timeout)
+
+    def _check_connected(self) -> zmq.Socket:
+        if self._sock is None:
+            raise IpcError("socket is not connected; call connect() first")
+        if self._pid != _process_id:
+            raise IpcError(f"endpoint {self.endpoint!r}: a ZMQ socket cannot be used after "
+                           "fork; create the subscriber in the process that uses it")
+        return self._sock
+
+    def _drop(self, why: str) -> None:
+        self.dropped_messages += 1
+        if not self._warned:
+            self._warned = True
+            log.warning("endpoint %r: dropped a message from %s:%s: %s (counted in "
+                        "dropped_messages; further drops are not logged)",
+                        self.endpoint, self.address, self.port, why)
+
+    def _recv_one(self, sock: zmq.Socket) -> bytes | None:
+        """One valid message if one is queued, else None."""
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            if frame.more:
+                while sock.getsockopt(zmq.RCVMORE):
+                    sock.recv(zmq.NOBLOCK, copy=False)
+                self._drop("a multi-part message (msgq messages are one frame)")
+                continue
+            try:
+                frame.get("Socket-Type")
+            except zmq.ZMQError:
+                # No ZMTP 3 metadata: a legacy ZMTP 1.0 peer, or a byte stream that libzmq
+                # parsed as one (anything listening on the port that is not ZMQ).
+                self._drop("a peer that is not a ZMQ 4 publisher")
+                continue
+            try:
+                origin = frame.get(ENDPOINT_PROPERTY)
+            except zmq.ZMQError:
+                origin = None  # a foreign ZMQ publisher: no tag, delivered as is
+            if origin is not None and origin != self._tag:
+                self._drop(f"a publisher of endpoint {origin!r} (names hashed to one port)")
+                continue
+            return frame.bytes
+
+    def _wait(self, sock: zmq.Socket) -> bool:
+        """Waits for input within the socket timeout; False when it passed."""
+        deadline = None if self._timeout_ms < 0 else time.monotonic() + self._timeout_ms / 1000
+        while True:
+            slice_ms = _SLICE_MS
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                slice_ms = min(slice_ms, max(1, int(remaining * 1000)))
+            if sock.poll(slice_ms, zmq.POLLIN):
+                return True
+
+    def receive(self, non_blocking: bool = False) -> bytes | None:
+        """Returns the next message as ``bytes``, or None when there is none
+        (non-blocking) or the timeout passed."""
+        sock = self._check_connected()
+        if self._stash is not None:
+            msg, self._stash = self._stash, None
+            return msg
+        while True:
+            msg = self._recv_one(sock)
+            if msg is not None:
+                return msg
+            if non_blocking or self._timeout_ms == 0 or not self._wait(sock):
+                return None
+
+    def receive_into(self, buffer: Any, non_blocking: bool = False) -> int | None:
+        """Copies the next message into ``buffer`` (a writable bytes-like object) and
+        returns its size, or None as ``receive``. A buffer too small raises ValueError and
+        keeps the message for the next receive."""
+        try:
+            view = memoryview(buffer)
+        except TypeError:
+            raise TypeError("receive_into() needs a writable contiguous buffer") from None
+        if view.readonly or not view.contiguous:
+            raise TypeError("receive_into() needs a writable contiguous buffer")
+        msg = self.receive(non_blocking)
+        if msg is None:
+            return None
+        view = view.cast("B")
+        if len(msg) > len(view):
+            self._stash = msg
+            raise ValueError(f"message of {len(msg)} bytes does not fit a buffer of "
+                             f"{len(view)} bytes; the message stays queued")
+        view[: len(msg)] = msg
+        return len(msg)
+
+    def has_data(self) -> bool:
+        """True when a message is waiting (it may still be dropped as invalid)."""
+        sock = self._check_connected()
+        return self._stash is not None or bool(sock.poll(0, zmq.POLLIN))
+
+    def close(self) -> None:
+        """Closes the socket; it can connect again."""
+        sock, self._sock = self._sock, None
+        self._stash = None
+        if sock is not None and self._pid == os.getpid():
+            sock.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Poller:
+    """Waits on many SubSockets of the ZMQ backend at once."""
+
+    def __init__(self) -> None:
+        self._sockets: list[SubSocket] = []
+        self._poller = zmq.Poller()
+
+    def registerSocket(self, sock: SubSocket) -> None:  # noqa: N802 (upstream name)
+        """Adds ``sock``; registering a socket twice has no further effect."""
+        if not isinstance(sock, SubSocket):
+            raise TypeError(f"a ZMQ Poller takes ZMQ SubSockets, not {type(sock).__name__}")
+        if sock._sock is None:
+            raise IpcError("register a connected SubSocket")
+        if any(s is sock for s in self._sockets):
+            return
+        self._sockets.append(sock)
+        self._poller.register(sock._sock, zmq.POLLIN)
+
+    def poll(self, timeout: int | None) -> list[SubSocket]:
+        """Sockets with a message waiting, after at most ``timeout`` ms (negative or None:
+        no limit). Empty list on timeout."""
+        if not self._sockets:
+            return []
+        for s in self._sockets:
+            if s._sock is None:
+                raise IpcError("a socket registered with this Poller was closed")
+        stashed = [s for s in self._sockets if s._stash is not None]
+        if stashed:
+            timeout = 0
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout / 1000
+        while True:
+            slice_ms = _SLICE_MS
+            if deadline is not None:
+                slice_ms = min(slice_ms, max(0, int((deadline - time.monotonic()) * 1000)))
+            ready = {id(sk) for sk, _ in self._poller.poll(slice_ms)}
+            if ready or stashed:
+                return [s for s in self._sockets
+                        if s._stash is not None or id(s._sock) in ready]
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
