@@ -209,7 +209,10 @@ class MsgqBackend(Backend):
 
     name = "msgq"
     module_name = "msgq"
-    wait_note = "receive() blocks on a futex in the shared ring (setTimeout)"
+    wait_note = (
+        "receive() looks for data for up to 10 µs (spin, then sched_yield), then sleeps on "
+        "a futex in the shared ring (setTimeout)"
+    )
     io_note = "send(bytearray) copies once into the ring; receive() copies once into bytes"
 
     def __init__(self, run_dir: str, prefix: str) -> None:
