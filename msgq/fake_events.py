@@ -54,7 +54,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from msgq.names import fnv1a_64
-from msgq.shm_backend import queue_path, validate_endpoint
+from msgq.shm_backend import queue_dir, queue_file_mode, queue_path, validate_endpoint
 
 __all__ = [
     "Event",
@@ -219,31 +219,6 @@ def wait_for_one_event(events: Sequence[Event], timeout: float | None = -1) -> i
 
 # --- state files ---------------------------------------------------------------------
 
-def _file_mode() -> int:
-    raw = os.environ.get("MSGQ_SHM_MODE", "")
-    try:
-        mode = int(raw, 8) if raw else 0o600
-    except ValueError:
-        mode = 0o600
-    return mode if 0 <= mode <= 0o777 else 0o600
-
-
-def _make_queue_dir(path: str, mode: int) -> None:
-    """Makes the prefix folder when no queue made it yet, with the permissions
-    msgq/src/queue_file.c gives it (search permission for whoever may use the files)."""
-    if os.path.isdir(path):
-        return
-    dir_mode = 0o700
-    if mode & 0o060:
-        dir_mode |= 0o070 & (mode | 0o010)
-    if mode & 0o006:
-        dir_mode |= 0o007 & (mode | 0o001)
-    try:
-        os.mkdir(path, dir_mode)
-    except FileExistsError:
-        pass
-
-
 def _pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
@@ -397,8 +372,8 @@ class _State:
     def create(cls, names: _Names) -> _State:
         """Makes the state and two new FIFOs owned by this process, taking over an
         existing state of the same name."""
-        mode = _file_mode()
-        _make_queue_dir(names.dir, mode)
+        mode = queue_file_mode()
+        queue_dir(create=True)  # the prefix folder, as the shared-memory core makes it
         pid = os.getpid()
         stem = os.path.join(names.dir, f"{names.base}.{pid}-{next(_fifo_counter)}")
         paths = [stem + ".called", stem + ".ready"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 __all__ = ["fnv1a_64", "namespace_prefix"]
 
 _FNV_OFFSET = 0xCBF29CE484222325
@@ -19,13 +17,14 @@ def fnv1a_64(data: bytes) -> int:
 
 
 def namespace_prefix() -> str:
-    """The namespace prefix of this process: ``MSGQ_PREFIX``, else ``OPENPILOT_PREFIX``
-    (the variables the shared-memory core reads), else ``""``. ValueError when it is not
-    a valid name."""
-    prefix = os.environ.get("MSGQ_PREFIX") or os.environ.get("OPENPILOT_PREFIX") or ""
-    if prefix:
-        from msgq.shm_backend import validate_endpoint
+    """The namespace prefix of this process as the shared-memory core reads it
+    (``MSGQ_PREFIX``, else ``OPENPILOT_PREFIX``, else ``""``). ValueError when it is not a
+    valid name."""
+    from msgq.shm_backend import namespace_prefix as core_prefix
+    from msgq.shm_backend import validate_endpoint
 
+    prefix = core_prefix()
+    if prefix:
         try:
             validate_endpoint(prefix)
         except ValueError:

@@ -65,6 +65,10 @@ cdef extern from "src/queue_file.h" nogil:
     enum:
         MSGQ_MAX_PATH_LEN
     int msgq_validate_name(const char *name)
+    int msgq_ensure_queue_dir(char *out, size_t out_len)
+    int msgq_queue_dir(char *out, size_t out_len)
+    const char *msgq_namespace_prefix()
+    unsigned int msgq_queue_file_mode()
     int msgq_queue_path(const char *endpoint, char *out, size_t out_len)
     int msgq_queue_open(const char *endpoint, uint64_t segment_size, msgq_role role,
                         msgq_ring *ring)

@@ -87,6 +87,31 @@ def queue_path(endpoint) -> str:
     return out.decode("utf-8")
 
 
+def queue_dir(bint create=False) -> str:
+    """The folder queue files go to: the shm folder, plus the prefix folder when
+    MSGQ_PREFIX/OPENPILOT_PREFIX is set (made, with the right permissions, if ``create``)."""
+    cdef char out[MSGQ_MAX_PATH_LEN]
+    cdef int r = (msgq_ensure_queue_dir(out, MSGQ_MAX_PATH_LEN) if create
+                  else msgq_queue_dir(out, MSGQ_MAX_PATH_LEN))
+    if r < 0:
+        if r == MSGQ_EBADNAME:
+            raise ValueError(f"prefix {namespace_prefix()!r} (MSGQ_PREFIX/OPENPILOT_PREFIX): "
+                             f"{msgq_strerror(r).decode()}")
+        raise IpcError(f"queue folder: {msgq_strerror(r).decode()}")
+    return out.decode("utf-8")
+
+
+def namespace_prefix() -> str:
+    """The namespace prefix (MSGQ_PREFIX, else OPENPILOT_PREFIX), or "" when unset."""
+    cdef const char *p = msgq_namespace_prefix()
+    return p.decode("utf-8", "replace") if p != NULL else ""
+
+
+def queue_file_mode() -> int:
+    """The mode new queue (and fake event) files get: MSGQ_SHM_MODE, default 0o600."""
+    return msgq_queue_file_mode()
+
+
 cdef int _open_queue(object endpoint, object segment_size, msgq_role role,
                      msgq_ring *ring) except -1:
     cdef bytes name = _name_bytes(endpoint, "endpoint")

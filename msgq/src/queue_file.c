@@ -35,14 +35,14 @@ static const char *shm_base_dir(void) {
   return (dir && dir[0]) ? dir : "/dev/shm";
 }
 
-static const char *namespace_prefix(void) {
+const char *msgq_namespace_prefix(void) {
   const char *p = getenv("MSGQ_PREFIX");
   if (p && p[0]) return p;
   p = getenv("OPENPILOT_PREFIX");
   return (p && p[0]) ? p : NULL;
 }
 
-static mode_t file_mode(void) {
+mode_t msgq_queue_file_mode(void) {
   const char *m = getenv("MSGQ_SHM_MODE");
   if (!m || !m[0]) return 0600;
   char *end = NULL;
@@ -52,7 +52,7 @@ static mode_t file_mode(void) {
 }
 
 int msgq_queue_dir(char *out, size_t out_len) {
-  const char *prefix = namespace_prefix();
+  const char *prefix = msgq_namespace_prefix();
   int n;
   if (prefix) {
     if (msgq_validate_name(prefix) < 0) return MSGQ_EBADNAME;
@@ -74,12 +74,10 @@ int msgq_queue_path(const char *endpoint, char *out, size_t out_len) {
   return 0;
 }
 
-static int ensure_prefix_dir(void) {
-  if (!namespace_prefix()) return 0;
-  char dir[MSGQ_MAX_PATH_LEN];
-  int r = msgq_queue_dir(dir, sizeof dir);
-  if (r < 0) return r;
-  mode_t mode = file_mode();
+int msgq_ensure_queue_dir(char *dir, size_t dir_len) {
+  int r = msgq_queue_dir(dir, dir_len);
+  if (r < 0 || !msgq_namespace_prefix()) return r;
+  mode_t mode = msgq_queue_file_mode();
   /* Search permission for whoever may read or write the files. */
   mode_t dir_mode = 0700 | ((mode & 0060) ? 0070 & (mode | 0010) : 0) |
                     ((mode & 0006) ? 0007 & (mode | 0001) : 0);
@@ -174,10 +172,11 @@ int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role 
   char path[MSGQ_MAX_PATH_LEN];
   int r = msgq_queue_path(endpoint, path, sizeof path);
   if (r < 0) return r;
-  r = ensure_prefix_dir();
+  char dir[MSGQ_MAX_PATH_LEN];
+  r = msgq_ensure_queue_dir(dir, sizeof dir);
   if (r < 0) return r;
 
-  mode_t mode = file_mode();
+  mode_t mode = msgq_queue_file_mode();
   int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
   if (fd >= 0) {
     (void)fchmod(fd, mode); /* exactly the requested mode, whatever the umask */

@@ -25,6 +25,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "msgq_ring.h"
 
@@ -42,6 +43,16 @@ int msgq_queue_path(const char *endpoint, char *out, size_t out_len);
 
 /* The folder queue files go to (shm folder plus prefix folder). */
 int msgq_queue_dir(char *out, size_t out_len);
+
+/* The same, creating the prefix folder when missing (with search permission for whoever
+ * MSGQ_SHM_MODE lets use the files). Other shared files of msgq (fake events) use it too. */
+int msgq_ensure_queue_dir(char *out, size_t out_len);
+
+/* The namespace prefix: MSGQ_PREFIX, else OPENPILOT_PREFIX, else NULL (unvalidated). */
+const char *msgq_namespace_prefix(void);
+
+/* Mode of new queue files: MSGQ_SHM_MODE (octal) or 0600. */
+mode_t msgq_queue_file_mode(void);
 
 /* Opens (creating when needed) and maps the queue of endpoint under the segment size
  * rule above. On success fills ring; release with msgq_queue_unmap(). */
