@@ -34,5 +34,5 @@ setup(
         "msgq.schemas": "schemas",
     },
     packages=["msgq", "msgq.visionipc", "msgq.schemas"],
-    package_data={"msgq": ["py.typed", "*.pyi", "*.pxd", "src/*.h"]},
+    package_data={"msgq": ["py.typed", "*.pyi"]},
 )

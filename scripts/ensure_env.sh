@@ -36,8 +36,12 @@ inputs_hash="$(cat pyproject.toml setup.py msgq/*.pyx msgq/*.pxd msgq/src/*.[ch]
   | sha256sum | cut -d' ' -f1)"
 stamp=.venv/.msgq-build-inputs
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs_hash" ]; then
-  echo "building msgq (pip install -e '.[test]') ..." >&2
-  .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -vE "^WARNING: Location|^$" >&2 || true
-  .venv/bin/python -c "import msgq.shm_backend" || { echo "build failed" >&2; exit 1; }
+  echo "building msgq (pip install -e '.[test]'; log in .venv/build.log) ..." >&2
+  if ! .venv/bin/python -m pip install -e '.[test]' > .venv/build.log 2>&1 ||
+     ! .venv/bin/python -c "import msgq.shm_backend" 2>> .venv/build.log; then
+    tail -n 40 .venv/build.log >&2
+    echo "build failed: see .venv/build.log" >&2
+    exit 1
+  fi
   echo "$inputs_hash" > "$stamp"
 fi
