@@ -71,7 +71,8 @@ cdef extern from "src/queue_file.h" nogil:
     unsigned int msgq_queue_file_mode()
     int msgq_queue_path(const char *endpoint, char *out, size_t out_len)
     int msgq_queue_open(const char *endpoint, uint64_t segment_size, msgq_role role,
-                        msgq_ring *ring)
+                        msgq_ring *ring, int *locked_fd)
+    void msgq_queue_unlock(int locked_fd)
     void msgq_queue_unmap(msgq_ring *ring)
 
 

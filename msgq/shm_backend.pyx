@@ -113,7 +113,9 @@ def queue_file_mode() -> int:
 
 
 cdef int _open_queue(object endpoint, object segment_size, msgq_role role,
-                     msgq_ring *ring) except -1:
+                     msgq_ring *ring, int *locked_fd) except -1:
+    """Opens the queue; its file stays locked (``*locked_fd``) until the caller has
+    registered in it and calls msgq_queue_unlock."""
     cdef bytes name = _name_bytes(endpoint, "endpoint")
     if b"\0" in name:
         _raise(MSGQ_EBADNAME, endpoint)
@@ -125,7 +127,7 @@ cdef int _open_queue(object endpoint, object segment_size, msgq_role role,
     cdef const char *c_name = name
     cdef int r
     with nogil:
-        r = msgq_queue_open(c_name, size, role, ring)
+        r = msgq_queue_open(c_name, size, role, ring, locked_fd)
     if r < 0:
         _raise(r, endpoint)
     return 0
@@ -162,11 +164,12 @@ cdef class Reservation:
     def commit(self) -> None:
         """Publishes the message written into the reserved buffer."""
         if self.done:
-            raise RuntimeError("reservation already committed or aborted")
+            raise RuntimeError("reservation already committed or aborted (was the socket "
+                               "closed or reconnected?)")
         self.done = True
         self.view.release()
         cdef int r = msgq_publisher_commit(&self.pub.pub)
-        self.pub.reserving = False
+        self.pub.reservation = None
         if r < 0:
             _raise(r, self.pub.endpoint)
 
@@ -177,20 +180,22 @@ cdef class Reservation:
         self.done = True
         self.view.release()
         msgq_publisher_abort(&self.pub.pub)
-        self.pub.reserving = False
+        self.pub.reservation = None
 
 
 cdef class PubSocket:
     """The single publisher of an endpoint."""
     cdef msgq_publisher pub
     cdef bint connected
-    cdef bint reserving
+    cdef object reservation  # the open Reservation, if any
+    cdef int busy  # calls in progress without the GIL (other threads may run)
     cdef pid_t owner_pid
     cdef readonly object endpoint
 
     def __cinit__(self):
         self.connected = False
-        self.reserving = False
+        self.reservation = None
+        self.busy = 0
         self.endpoint = None
 
     def __dealloc__(self):
@@ -204,6 +209,16 @@ cdef class PubSocket:
             msgq_queue_unmap(&self.pub.ring)
             self.connected = False
 
+    cdef int _check_idle(self) except -1:
+        """Before the mapping goes away: no other thread may be inside a call, and an open
+        reservation is abandoned (its buffer would point into unmapped memory)."""
+        if self.busy:
+            raise IpcError(f"endpoint {self.endpoint!r}: another thread is sending on this "
+                           "socket; close or reconnect it when that call has returned")
+        if self.reservation is not None:
+            self.reservation.abort()
+        return 0
+
     def connect(self, context, endpoint, segment_size=0) -> None:
         """Opens (or creates) the queue of ``endpoint`` and becomes its publisher.
 
@@ -212,9 +227,12 @@ cdef class PubSocket:
         ``segment_size`` 0 means the existing size, or the default for a new queue.
         """
         cdef msgq_ring ring
-        _open_queue(endpoint, segment_size, MSGQ_ROLE_PUBLISHER, &ring)
+        cdef int locked_fd
+        self._check_idle()
+        _open_queue(endpoint, segment_size, MSGQ_ROLE_PUBLISHER, &ring, &locked_fd)
         self._disconnect()
         msgq_publisher_init(&self.pub, &ring)
+        msgq_queue_unlock(locked_fd)
         self.owner_pid = getpid()
         self.connected = True
         self.endpoint = endpoint
@@ -233,7 +251,7 @@ cdef class PubSocket:
         cdef int r
         cdef bint release = False
         self._check_connected()
-        if self.reserving:
+        if self.reservation is not None:
             raise RuntimeError("a reservation is open on this socket; commit it first")
         if type(data) is bytes:
             ptr = PyBytes_AS_STRING(data)
@@ -255,8 +273,10 @@ cdef class PubSocket:
             if n > 0xFFFFFFFF:
                 _raise(MSGQ_ETOOLARGE, self.endpoint)
             if n >= NOGIL_COPY_BYTES:
+                self.busy += 1
                 with nogil:
                     r = msgq_publisher_send(&self.pub, ptr, <uint32_t>n)
+                self.busy -= 1
             else:
                 r = msgq_publisher_send(&self.pub, ptr, <uint32_t>n)
             if r < 0:
@@ -277,7 +297,7 @@ cdef class PubSocket:
         copies): ``with pub.reserve(n) as buf: buf[:n] = ...``."""
         cdef void *dst
         self._check_connected()
-        if self.reserving:
+        if self.reservation is not None:
             raise RuntimeError("a reservation is already open on this socket")
         if size < 0:
             raise ValueError("size must be >= 0")
@@ -292,7 +312,7 @@ cdef class PubSocket:
         res.pub = self
         res.view = PyMemoryView_FromMemory(<char *>dst, size, PyBUF_WRITE)
         res.done = False
-        self.reserving = True
+        self.reservation = res
         return res
 
     def all_readers_updated(self) -> bool:
@@ -328,10 +348,9 @@ cdef class PubSocket:
         return msgq_ring_max_message_size(self.pub.ring.capacity)
 
     def close(self) -> None:
-        """Releases the queue; the socket can connect again."""
-        if self.reserving:
-            msgq_publisher_abort(&self.pub)
-            self.reserving = False
+        """Releases the queue (abandoning an open reservation); the socket can connect
+        again. Raises IpcError while another thread is inside a call on it."""
+        self._check_idle()
         self._disconnect()
 
 
@@ -340,12 +359,14 @@ cdef class SubSocket:
     (or only the newest, with ``conflate``)."""
     cdef msgq_subscriber sub
     cdef bint connected
+    cdef int busy  # calls in progress without the GIL (other threads may run)
     cdef pid_t owner_pid
     cdef int64_t timeout_ns
     cdef readonly object endpoint
 
     def __cinit__(self):
         self.connected = False
+        self.busy = 0
         self.timeout_ns = -1
         self.endpoint = None
 
@@ -360,6 +381,13 @@ cdef class SubSocket:
             msgq_queue_unmap(&self.sub.ring)
             self.connected = False
 
+    cdef int _check_idle(self) except -1:
+        if self.busy:
+            raise IpcError(f"endpoint {self.endpoint!r}: another thread is receiving or "
+                           "polling on this socket; close or reconnect it when that call "
+                           "has returned")
+        return 0
+
     def connect(self, context, endpoint, address=b"127.0.0.1", bint conflate=False,
                 segment_size=0) -> None:
         """Opens (or creates) the queue of ``endpoint`` and takes a reader slot.
@@ -369,11 +397,14 @@ cdef class SubSocket:
         """
         cdef msgq_ring ring
         cdef int r
+        cdef int locked_fd
         if not isinstance(address, (str, bytes)):
             raise TypeError(f"address must be str or bytes, not {type(address).__name__}")
-        _open_queue(endpoint, segment_size, MSGQ_ROLE_SUBSCRIBER, &ring)
+        self._check_idle()
+        _open_queue(endpoint, segment_size, MSGQ_ROLE_SUBSCRIBER, &ring, &locked_fd)
         self._disconnect()
         r = msgq_subscriber_init(&self.sub, &ring, conflate)
+        msgq_queue_unlock(locked_fd)
         if r < 0:
             msgq_queue_unmap(&ring)
             if r == MSGQ_ENOSLOT:
@@ -412,8 +443,10 @@ cdef class SubSocket:
                     return 0
                 if deadline - now < slice_ns:
                     slice_ns = deadline - now
+            self.busy += 1
             with nogil:
                 r = msgq_subscriber_wait(&self.sub, slice_ns)
+            self.busy -= 1
             if r == 1:
                 return 1
             PyErr_CheckSignals()
@@ -431,8 +464,10 @@ cdef class SubSocket:
                 msg = PyBytes_FromStringAndSize(NULL, size)
                 dst = PyBytes_AS_STRING(msg)
                 if size >= NOGIL_COPY_BYTES:
+                    self.busy += 1
                     with nogil:
                         memcpy(dst, payload, size)
+                    self.busy -= 1
                 else:
                     memcpy(dst, payload, size)
                 if msgq_subscriber_consume(&self.sub):
@@ -461,8 +496,10 @@ cdef class SubSocket:
                             f"message of {size} bytes does not fit a buffer of {view.len} "
                             "bytes; the message stays queued")
                     if size >= NOGIL_COPY_BYTES:
+                        self.busy += 1
                         with nogil:
                             memcpy(view.buf, payload, size)
+                        self.busy -= 1
                     else:
                         memcpy(view.buf, payload, size)
                     if msgq_subscriber_consume(&self.sub):
@@ -499,7 +536,9 @@ cdef class SubSocket:
         return self.sub.ring.capacity
 
     def close(self) -> None:
-        """Gives the reader slot back; the socket can connect again."""
+        """Gives the reader slot back; the socket can connect again. Raises IpcError while
+        another thread is inside a call on it."""
+        self._check_idle()
         self._disconnect()
 
 
@@ -568,8 +607,12 @@ cdef class Poller:
                     slice_ns = 0
                 if slice_ns > SIGNAL_CHECK_NS:
                     slice_ns = SIGNAL_CHECK_NS
+            for s in self.sockets:
+                (<SubSocket>s).busy += 1
             with nogil:
                 r = msgq_poll(self.subs, n, slice_ns, self.ready)
+            for s in self.sockets:
+                (<SubSocket>s).busy -= 1
             if r > 0:
                 return [self.sockets[i] for i in range(n) if self.ready[i]]
             PyErr_CheckSignals()

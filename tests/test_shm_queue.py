@@ -8,6 +8,7 @@ import os
 import random
 import stat
 import struct
+import time
 
 import pytest
 
@@ -409,3 +410,44 @@ def test_full_shm_folder_is_an_error_at_connect_not_a_crash_later(
     for _ in range(50):  # several passes over every page: no SIGBUS
         pub.send(b"x" * 60_000)
         assert sub.receive(non_blocking=True) == b"x" * 60_000
+
+
+def test_close_while_another_thread_receives_is_refused(endpoint: str) -> None:
+    """Unmapping under a thread asleep in receive() crashed the process; now close()
+    says the socket is busy, and works once the call has returned."""
+    import threading
+
+    sub = msgq.sub_sock(endpoint, timeout=2000)
+    pub = msgq.pub_sock(endpoint)
+    got: list[bytes | None] = []
+    reader = threading.Thread(target=lambda: got.append(sub.receive()))
+    reader.start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # wait until it is inside the blocking call
+        try:
+            sub.close()
+        except msgq.IpcError as e:
+            assert "another thread" in str(e)
+            break
+        time.sleep(0.001)
+    else:
+        raise AssertionError("close() never found the receiving thread")
+    pub.send(b"still mapped")
+    reader.join(5)
+    assert got == [b"still mapped"]
+    sub.close()  # idle now
+
+
+def test_close_abandons_open_reservation(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint)
+    sub = msgq.sub_sock(endpoint)
+    res = pub.reserve(4)
+    buf = res.__enter__()
+    pub.close()
+    with pytest.raises(ValueError):  # released: writing cannot reach unmapped memory
+        buf[:] = b"late"
+    with pytest.raises(RuntimeError, match="closed or reconnected"):
+        res.commit()
+    pub.connect(msgq.context, endpoint)
+    pub.send(b"fresh")  # not blocked by the abandoned reservation
+    assert sub.receive(non_blocking=True) == b"fresh"

@@ -167,25 +167,30 @@ static void invalidate_overtaken_readers(msgq_publisher *pub, uint32_t cycle,
     if (position_cycle(known) == cycle - 1u && position_offset(known) >= end) continue;
 
     msgq_reader_slot *slot = &h->readers[i];
-    /* acquire: pairs with the release store of valid_word in reader_reset, so the
-     * read_pointer loaded next is at least the one stored before that epoch began. */
-    uint32_t word = atomic_load_explicit(&slot->valid_word, memory_order_acquire);
-    uint64_t rp = atomic_load_explicit(&slot->read_pointer, memory_order_acquire);
-    if (!(word & 1u)) {
-      /* Already invalid: it will reset to a position in this cycle or later (I2). */
-      pub->known_read_pointer[i] = make_position(cycle, start);
-      continue;
+    /* Bounded: a reader resets only when it is behind, so two tries are the normal
+     * most; the bound only matters against a process scribbling on the slot. */
+    for (int attempt = 0; attempt < 64; attempt++) {
+      /* seq_cst: pairs with the seq_cst store of valid_word in reader_reset (I6): if we
+       * still see the old word, the reader's reset will see our last commit. */
+      uint32_t word = atomic_load_explicit(&slot->valid_word, memory_order_seq_cst);
+      uint64_t rp = atomic_load_explicit(&slot->read_pointer, memory_order_acquire);
+      /* Invalid: it resets to a write_pointer at or past this send's start (I6). The
+       * cached lower bound stays as it is: still a lower bound, so nothing is assumed. */
+      if (!(word & 1u)) break;
+      uint32_t rc = position_cycle(rp), ro = position_offset(rp);
+      if (rc == cycle || (rc == cycle - 1u && ro >= end)) {
+        pub->known_read_pointer[i] = rp;
+        break;
+      }
+      /* Overtaken (or nonsense): invalidate, but only the epoch we looked at (I4). */
+      if (atomic_compare_exchange_strong_explicit(&slot->valid_word, &word, word & ~1u,
+                                                  memory_order_seq_cst,
+                                                  memory_order_seq_cst)) {
+        cleared_any = true;
+        break;
+      }
+      /* The reader changed epoch meanwhile (it reset): look at it again. */
     }
-    uint32_t rc = position_cycle(rp), ro = position_offset(rp);
-    if (rc == cycle || (rc == cycle - 1u && ro >= end)) {
-      pub->known_read_pointer[i] = rp;
-      continue;
-    }
-    /* Overtaken (or nonsense): invalidate, but only the epoch we looked at (I4). */
-    atomic_compare_exchange_strong_explicit(&slot->valid_word, &word, word & ~1u,
-                                            memory_order_acq_rel, memory_order_relaxed);
-    pub->known_read_pointer[i] = make_position(cycle, start);
-    cleared_any = true;
   }
   if (cleared_any) {
     /* The clears must be visible before the payload bytes that overwrite the reader's
@@ -286,19 +291,36 @@ int msgq_publisher_all_readers_updated(const msgq_publisher *pub) {
 
 /* --- Subscriber ------------------------------------------------------------------- */
 
+#ifdef MSGQ_TESTING
+void (*msgq_test_reset_hook)(void);
+#endif
+
 /* Jumps to the current write position with a fresh epoch (seed protocol "reset reader";
  * I2, I4). Messages between the old position and here are lost to this reader. */
 static void reader_reset(msgq_subscriber *sub) {
   msgq_header *h = sub->ring.header;
   msgq_reader_slot *slot = &h->readers[sub->slot];
+  /* acquire: whatever made us reset (a cleared bit) is ordered before the loads below. */
+  atomic_thread_fence(memory_order_acquire);
   uint64_t wp = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
-  sub->read_pointer = wp;
-  sub->seen_write_pointer = wp;
+#ifdef MSGQ_TESTING
+  if (msgq_test_reset_hook) msgq_test_reset_hook(); /* a preemption right here */
+#endif
   atomic_store_explicit(&slot->read_pointer, wp, memory_order_relaxed);
   uint32_t epoch = (sub->valid_word >> 1) + 1u;
   sub->valid_word = (epoch << 1) | 1u;
-  /* release: a publisher that sees this epoch sees the read_pointer stored above. */
-  atomic_store_explicit(&slot->valid_word, sub->valid_word, memory_order_release);
+  /* seq_cst store, then seq_cst reload of write_pointer (I6): a publisher send that still
+   * saw the old word started after a commit this reload sees, so we start at or past the
+   * beginning of what that send overwrites, never inside it. The publisher that sees the
+   * new word also sees a read_pointer at least as far as the one stored above. */
+  atomic_store_explicit(&slot->valid_word, sub->valid_word, memory_order_seq_cst);
+  uint64_t wp_now = atomic_load_explicit(&h->write_pointer, memory_order_seq_cst);
+  if (wp_now != wp) {
+    wp = wp_now;
+    atomic_store_explicit(&slot->read_pointer, wp, memory_order_release);
+  }
+  sub->read_pointer = wp;
+  sub->seen_write_pointer = wp;
 }
 
 static bool claim_slot(msgq_header *h, unsigned i, int32_t expected_pid, int32_t me) {
@@ -334,10 +356,11 @@ int msgq_subscriber_init(msgq_subscriber *sub, const msgq_ring *ring, bool confl
 
   msgq_reader_slot *slot = &h->readers[sub->slot];
   sub->valid_word = atomic_load_explicit(&slot->valid_word, memory_order_relaxed) & ~1u;
+  /* The bit first, then the reset: every send that does not look at this slot started
+   * before the reset's reload of write_pointer, so we start past what it writes (I6). */
+  atomic_fetch_or_explicit(&h->active_readers, 1ULL << sub->slot, memory_order_seq_cst);
   reader_reset(sub);
   sub->resets = 0;
-  /* release: the publisher that sees the bit sees our position and epoch. */
-  atomic_fetch_or_explicit(&h->active_readers, 1ULL << sub->slot, memory_order_seq_cst);
   return 0;
 }
 
@@ -459,11 +482,13 @@ int msgq_subscriber_consume(msgq_subscriber *sub) {
 static uint32_t begin_wait(msgq_subscriber *sub) {
   msgq_header *h = sub->ring.header;
   uint32_t seq = atomic_load_explicit(&h->notify_seq, memory_order_acquire);
-  atomic_store_explicit(&h->readers[sub->slot].waiting, 1u, memory_order_relaxed);
   /* seq_cst: pairs with the seq_cst write_pointer exchange in commit (Dekker): after
    * this increment, has_data() below sees the new write_pointer or the publisher sees
-   * num_waiters > 0 and bumps notify_seq after the value read above. */
+   * num_waiters > 0 and bumps notify_seq after the value read above. The count goes up
+   * before the slot's flag: dying in between leaks one count (a wasted wake syscall),
+   * never a missing one (a lost wake-up for another sleeper). */
   atomic_fetch_add_explicit(&h->num_waiters, 1u, memory_order_seq_cst);
+  atomic_store_explicit(&h->readers[sub->slot].waiting, 1u, memory_order_release);
   return seq;
 }
 

@@ -195,4 +195,10 @@ int msgq_subscriber_wait(msgq_subscriber *sub, int64_t timeout_ns);
  * early (after at most 1 ms): callers loop until their own deadline. */
 int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready);
 
+#ifdef MSGQ_TESTING
+/* Test builds only: called inside a reader reset, between its load of write_pointer and
+ * its stores, to replay a reader preempted there. */
+extern void (*msgq_test_reset_hook)(void);
+#endif
+
 #endif

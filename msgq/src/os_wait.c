@@ -108,7 +108,8 @@ int os_wait_any(_Atomic uint32_t *const *words, const uint32_t *expected, int n,
     if (errno == EAGAIN) return 0;
     if (errno == ETIMEDOUT) return -ETIMEDOUT;
     if (errno == EINTR) return -EINTR;
-    if (errno != ENOSYS) return -errno;
+    /* ENOSYS, or refused (a seccomp filter's EPERM, …): never try again, fall back.
+     * Returning the error instead would make every poll fail at once: a busy loop. */
     atomic_store_explicit(&futex_waitv_support, -1, memory_order_relaxed);
   }
   return fallback_wait_any(words, expected, n, timeout_ns);

@@ -140,13 +140,17 @@ static int open_locked(int fd, uint64_t requested, enum msgq_role role, msgq_rin
    * after sizing the file and before finishing the header. Re-make it. */
   if (magic == 0) return create_queue(fd, new_capacity, ring);
 
-  void *mem = map_queue(fd, size);
+  /* Not pre-faulted yet: the size comes from a file that may be hostile. */
+  void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (mem == MAP_FAILED) return -errno;
   int r = msgq_ring_attach(ring, mem, size);
   if (r < 0) {
     munmap(mem, size);
     return r;
   }
+#if defined(MADV_POPULATE_WRITE)
+  (void)madvise(mem, size, MADV_POPULATE_WRITE); /* a valid queue: fault it in now */
+#endif
   if (requested == 0 || requested == ring->capacity || role == MSGQ_ROLE_SUBSCRIBER)
     return 0;
   /* A publisher wants another size: re-make an unused queue; adopt a live one that is at
@@ -161,8 +165,9 @@ static int open_locked(int fd, uint64_t requested, enum msgq_role role, msgq_rin
 }
 
 int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role role,
-                    msgq_ring *ring) {
+                    msgq_ring *ring, int *locked_fd) {
   memset(ring, 0, sizeof *ring);
+  if (locked_fd) *locked_fd = -1;
   uint64_t requested = 0;
   if (segment_size) {
     int64_t cap = msgq_ring_capacity_for(segment_size);
@@ -195,9 +200,18 @@ int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role 
     return r;
   }
   r = open_locked(fd, requested, role, ring);
-  flock(fd, LOCK_UN);
-  close(fd);
+  if (r < 0 || locked_fd == NULL) {
+    msgq_queue_unlock(fd);
+    return r;
+  }
+  *locked_fd = fd;
   return r;
+}
+
+void msgq_queue_unlock(int locked_fd) {
+  if (locked_fd < 0) return;
+  flock(locked_fd, LOCK_UN);
+  close(locked_fd);
 }
 
 void msgq_queue_unmap(msgq_ring *ring) {

@@ -55,9 +55,13 @@ const char *msgq_namespace_prefix(void);
 mode_t msgq_queue_file_mode(void);
 
 /* Opens (creating when needed) and maps the queue of endpoint under the segment size
- * rule above. On success fills ring; release with msgq_queue_unmap(). */
+ * rule above. On success fills ring; release with msgq_queue_unmap(). With locked_fd,
+ * the queue file stays locked (its fd in *locked_fd) until msgq_queue_unlock(): the
+ * caller registers (claims a reader slot, takes ownership) under the same lock, so a
+ * publisher re-creating an unused queue can never miss a process that just opened it. */
 int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role role,
-                    msgq_ring *ring);
+                    msgq_ring *ring, int *locked_fd);
+void msgq_queue_unlock(int locked_fd);
 
 void msgq_queue_unmap(msgq_ring *ring);
 

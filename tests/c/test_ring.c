@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "msgq_errors.h"
 #include "msgq_ring.h"
@@ -245,6 +247,59 @@ static void test_stale_invalidation_spares_reset_reader(void) {
   free_queue(&q);
 }
 
+/* The reviewer's interleaving: a reader preempted inside its reset (after loading the
+ * write position, before publishing it) while the writer sends. Before the fix the writer
+ * cached "resets to where I am now", later overwrote the bytes the reader restarted on
+ * without clearing its bit, and a torn message was delivered as valid. */
+static msgq_publisher *hook_pub;
+static unsigned hook_seq;
+static int hook_sends;
+static void send_during_reset(void) {
+  uint8_t m[56];
+  for (int i = 0; i < hook_sends; i++) {
+    memset(m, (uint8_t)++hook_seq, sizeof m);
+    msgq_publisher_send(hook_pub, m, sizeof m);
+  }
+}
+
+static void test_reset_preempted_by_writer_never_tears(void) {
+  test_queue q = make_queue(1024);
+  msgq_publisher pub;
+  msgq_subscriber sub;
+  msgq_publisher_init(&pub, &q.ring);
+  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  hook_pub = &pub;
+  hook_seq = 0;
+  uint8_t m[56];
+  for (int i = 0; i < 27; i++) { /* laps the reader: its bit is cleared */
+    memset(m, (uint8_t)++hook_seq, sizeof m);
+    CHECK(msgq_publisher_send(&pub, m, sizeof m) == 0);
+  }
+  hook_sends = 4; /* the writer runs (and wraps) while the reader is inside its reset */
+  msgq_test_reset_hook = send_during_reset;
+  const uint8_t *p;
+  uint32_t n;
+  int got = msgq_subscriber_peek(&sub, &p, &n); /* notices the clear, resets */
+  msgq_test_reset_hook = NULL;
+  CHECK(got == 0); /* restarted at the writer's position, not where it loaded it */
+  CHECK(sub.read_pointer == atomic_load(&q.ring.header->write_pointer));
+  for (int round = 0; round < 40; round++) {
+    memset(m, (uint8_t)++hook_seq, sizeof m);
+    CHECK(msgq_publisher_send(&pub, m, sizeof m) == 0);
+    if (round % 3 == 0) continue; /* stay a little behind */
+    for (int k = 0; k < 3 && msgq_subscriber_peek(&sub, &p, &n); k++) {
+      uint8_t copy[56];
+      memcpy(copy, p, 28);
+      /* the writer goes on in the middle of the copy */
+      memset(m, (uint8_t)++hook_seq, sizeof m);
+      CHECK(msgq_publisher_send(&pub, m, sizeof m) == 0);
+      memcpy(copy + 28, p + 28, 28);
+      if (msgq_subscriber_consume(&sub)) CHECK(copy[0] == copy[55]); /* never torn */
+    }
+  }
+  free_queue(&q);
+}
+
 static void test_conflate(void) {
   test_queue q = make_queue(1024);
   msgq_publisher pub;
@@ -329,6 +384,49 @@ static void test_reader_slots_exhaust_and_free(void) {
   CHECK(subs[MSGQ_READER_SLOTS + 1].slot == 7);
   CHECK(msgq_ring_live_readers(&q.ring) == (int)MSGQ_READER_SLOTS);
   free_queue(&q);
+}
+
+/* A subscriber that opened a queue but has not taken its slot yet must count as a user:
+ * a publisher asking for another size may not re-create (truncate) the file under it. */
+static _Atomic int opened;
+static void *open_and_register_slowly(void *arg) {
+  msgq_subscriber *sub = arg;
+  msgq_ring ring;
+  int fd;
+  if (msgq_queue_open("recreate_race", 0, MSGQ_ROLE_SUBSCRIBER, &ring, &fd) != 0) return NULL;
+  atomic_store(&opened, 1);
+  struct timespec pause = {0, 50 * 1000 * 1000}; /* preempted before registering */
+  nanosleep(&pause, NULL);
+  msgq_subscriber_init(sub, &ring, false);
+  msgq_queue_unlock(fd);
+  return NULL;
+}
+
+static void test_queue_not_recreated_under_a_new_subscriber(void) {
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "ctest_%d", (int)getpid());
+  setenv("MSGQ_PREFIX", prefix, 1);
+  msgq_ring ring;
+  CHECK(msgq_queue_open("recreate_race", 4096, MSGQ_ROLE_PUBLISHER, &ring, NULL) == 0);
+  msgq_queue_unmap(&ring); /* a stale, unused 4 KiB queue */
+  msgq_subscriber sub;
+  pthread_t t;
+  atomic_store(&opened, 0);
+  pthread_create(&t, NULL, open_and_register_slowly, &sub);
+  while (!atomic_load(&opened)) sched_yield();
+  /* Blocks until the subscriber registered, then finds the queue in use and too small. */
+  CHECK(msgq_queue_open("recreate_race", 65536, MSGQ_ROLE_PUBLISHER, &ring, NULL) ==
+        MSGQ_ESIZEMISMATCH);
+  pthread_join(t, NULL);
+  CHECK(sub.ring.capacity == 4096 && sub.ring.header->capacity == 4096);
+  char path[MSGQ_MAX_PATH_LEN], dir[MSGQ_MAX_PATH_LEN];
+  msgq_queue_path("recreate_race", path, sizeof path);
+  msgq_queue_dir(dir, sizeof dir);
+  msgq_subscriber_release(&sub);
+  msgq_queue_unmap(&sub.ring);
+  unlink(path);
+  rmdir(dir);
+  unsetenv("MSGQ_PREFIX");
 }
 
 static void test_names(void) {
@@ -453,11 +551,13 @@ int main(void) {
   RUN(test_overtaken_reader_is_reset);
   RUN(test_invalidation_during_copy_is_detected);
   RUN(test_stale_invalidation_spares_reset_reader);
+  RUN(test_reset_preempted_by_writer_never_tears);
   RUN(test_conflate);
   RUN(test_garbage_size_prefixes);
   RUN(test_random_garbage_anywhere);
   RUN(test_reader_slots_exhaust_and_free);
   RUN(test_names);
+  RUN(test_queue_not_recreated_under_a_new_subscriber);
   RUN(test_threaded_stress);
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
