@@ -7,7 +7,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyOb
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from libc.errno cimport EINTR, ENOSPC
+from libc.errno cimport EAGAIN, EINTR, ENOSPC, EPERM
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 from posix.unistd cimport getpid
@@ -59,6 +59,10 @@ cdef int _raise(int code, object endpoint) except -1:
         raise ValueError(
             f"{where}: {msg}; give its subscribers the same segment_size, or connect "
             "with segment_size=0 to adopt the existing size")
+    if code == -EPERM:
+        raise IpcError(
+            f"{where}: the queue file or prefix folder belongs to another user; remove it, "
+            "or set MSGQ_SHM_MODE (e.g. 0660) in every process to share queues across users")
     if code == -ENOSPC:
         raise IpcError(
             f"{where}: {msg}: the shared-memory folder is full; free space there or use "
@@ -126,8 +130,12 @@ cdef int _open_queue(object endpoint, object segment_size, msgq_role role,
     cdef uint64_t size = segment_size
     cdef const char *c_name = name
     cdef int r
-    with nogil:
-        r = msgq_queue_open(c_name, size, role, ring, locked_fd)
+    while True:
+        with nogil:
+            r = msgq_queue_open(c_name, size, role, ring, locked_fd)
+        if r != -EAGAIN:  # EWOULDBLOCK on Linux
+            break
+        PyErr_CheckSignals()  # another opener holds the file lock: let Ctrl-C through
     if r < 0:
         _raise(r, endpoint)
     return 0

@@ -451,3 +451,53 @@ def test_close_abandons_open_reservation(endpoint: str) -> None:
     pub.connect(msgq.context, endpoint)
     pub.send(b"fresh")  # not blocked by the abandoned reservation
     assert sub.receive(non_blocking=True) == b"fresh"
+
+
+def test_prefix_folder_symlink_is_refused(endpoint: str, prefix: str, tmp_path) -> None:
+    """A prefix "folder" that is a symlink would put queues outside the shm folder."""
+    os.symlink(tmp_path, os.path.join("/dev/shm", prefix))
+    try:
+        with pytest.raises(msgq.IpcError):
+            msgq.pub_sock(endpoint)
+        assert os.listdir(tmp_path) == []
+    finally:
+        os.unlink(os.path.join("/dev/shm", prefix))
+
+
+def test_queue_file_of_another_user_is_refused(endpoint: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a file owned by another user")
+    path = shm_backend.queue_path(endpoint)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o666)
+    os.close(fd)
+    os.chown(path, 65534, 65534)  # nobody, who could then forge our messages
+    with pytest.raises(msgq.IpcError, match="another user"):
+        msgq.sub_sock(endpoint)
+
+
+def test_connect_blocked_on_a_stuck_lock_holder_answers_ctrl_c(endpoint: str) -> None:
+    import fcntl
+    import signal
+    import subprocess
+    import sys
+
+    msgq.pub_sock(endpoint, segment_size=4096).close()
+    fd = os.open(shm_backend.queue_path(endpoint), os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # like an opener stopped in a debugger
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c",
+             "import sys, time, msgq\nprint('go', flush=True)\n"
+             "try:\n    msgq.sub_sock(sys.argv[1])\n"
+             "except KeyboardInterrupt:\n    print(time.monotonic(), flush=True)\n",
+             endpoint], stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+        assert child.stdout.readline().strip() == "go"
+        time.sleep(0.3)
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        caught = float(child.stdout.readline())
+        child.wait(10)
+        assert caught - sent < 0.2
+    finally:
+        os.close(fd)

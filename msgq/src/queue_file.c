@@ -9,12 +9,15 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "msgq_errors.h"
 #include "os_wait.h"
 
 #define QUEUE_FILE_PREFIX "msgq_"
+/* Longest one call waits for another opener's lock before returning -EAGAIN. */
+#define LOCK_WAIT_NS 50000000LL
 
 int msgq_validate_name(const char *name) {
   if (name == NULL) return MSGQ_EBADNAME;
@@ -74,6 +77,20 @@ int msgq_queue_path(const char *endpoint, char *out, size_t out_len) {
   return 0;
 }
 
+/* Files and folders made by another user are accepted only when MSGQ_SHM_MODE shares
+ * queues beyond their owner; otherwise another local user could pre-create a queue (or
+ * point the prefix folder elsewhere) and read or forge our messages. */
+static int foreign_owner_refused(uid_t owner) {
+  return owner != geteuid() && (msgq_queue_file_mode() & 0066) == 0;
+}
+
+static int check_owner(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return -errno;
+  if (!S_ISREG(st.st_mode)) return MSGQ_EBADMAGIC;
+  return foreign_owner_refused(st.st_uid) ? -EPERM : 0;
+}
+
 int msgq_ensure_queue_dir(char *dir, size_t dir_len) {
   int r = msgq_queue_dir(dir, dir_len);
   if (r < 0 || !msgq_namespace_prefix()) return r;
@@ -82,6 +99,12 @@ int msgq_ensure_queue_dir(char *dir, size_t dir_len) {
   mode_t dir_mode = 0700 | ((mode & 0060) ? 0070 & (mode | 0010) : 0) |
                     ((mode & 0006) ? 0007 & (mode | 0001) : 0);
   if (mkdir(dir, dir_mode) != 0 && errno != EEXIST) return -errno;
+  /* An existing prefix "folder" must be a real folder (not a symlink out of the shm
+   * folder) owned by us, unless queues are shared across users. */
+  struct stat st;
+  if (lstat(dir, &st) != 0) return -errno;
+  if (!S_ISDIR(st.st_mode)) return -ENOTDIR;
+  if (foreign_owner_refused(st.st_uid)) return -EPERM;
   return 0;
 }
 
@@ -190,14 +213,26 @@ int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role 
   }
   if (fd < 0) return -errno;
 
-  int lr;
-  do {
-    lr = flock(fd, LOCK_EX);
-  } while (lr != 0 && errno == EINTR);
-  if (lr != 0) {
-    r = -errno;
+  r = check_owner(fd);
+  if (r < 0) {
     close(fd);
     return r;
+  }
+  /* Non-blocking tries for up to LOCK_WAIT_NS, so a caller blocked behind a stuck lock
+   * holder gets control back (-EAGAIN) to check for signals and try again. */
+  int64_t give_up = os_monotonic_ns() + LOCK_WAIT_NS;
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    r = -errno;
+    if (r != -EWOULDBLOCK && r != -EAGAIN && r != -EINTR) {
+      close(fd);
+      return r;
+    }
+    if (os_monotonic_ns() >= give_up) {
+      close(fd);
+      return -EAGAIN;
+    }
+    struct timespec pause = {0, 200000};
+    nanosleep(&pause, NULL);
   }
   r = open_locked(fd, requested, role, ring);
   if (r < 0 || locked_fd == NULL) {

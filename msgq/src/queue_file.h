@@ -61,6 +61,9 @@ mode_t msgq_queue_file_mode(void);
  * publisher re-creating an unused queue can never miss a process that just opened it. */
 int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role role,
                     msgq_ring *ring, int *locked_fd);
+/* Besides the codes above it returns -EAGAIN when another opener held the file lock for
+ * 50 ms (call again after checking for signals), and -EPERM when the file or the prefix
+ * folder belongs to another user while MSGQ_SHM_MODE does not share queues. */
 void msgq_queue_unlock(int locked_fd);
 
 void msgq_queue_unmap(msgq_ring *ring);
