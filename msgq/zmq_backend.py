@@ -258,6 +258,25 @@ def _register_exit_flush() -> None:
 _default_context = Context()
 
 
+def _new_socket(
+    context: Any, endpoint: Any, segment_size: Any, kind: int, linger: int
+) -> tuple[str, int, zmq.Socket]:
+    """Checks the arguments every socket takes and makes a ZMQ socket with the options
+    both ends share (linger, heartbeats): the endpoint name, its port and the socket."""
+    name = _endpoint_str(endpoint)
+    _check_segment_size(name, segment_size)
+    port = endpoint_port(name)
+    sock = _zmq_context(context).socket(kind)
+    try:
+        sock.setsockopt(zmq.LINGER, linger)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return name, port, sock
+
+
 def _zmq_context(context: Any) -> zmq.Context:
     # msgq.context may belong to another backend (it is made at import); any non-ZMQ
     # context means "this process's default ZMQ context".
@@ -362,19 +381,13 @@ class PubSocket:
         endpoint, or of an endpoint hashed to the same port), IpcError when an unrelated
         program holds it or the bind address is not usable.
         """
-        name = _endpoint_str(endpoint)
-        _check_segment_size(name, segment_size)
-        port = endpoint_port(name)
+        name, port, sock = _new_socket(context, endpoint, segment_size, zmq.XPUB, self.linger)
         self.close()
-        sock = _zmq_context(context).socket(zmq.XPUB)
         monitor = None
         try:
             sock.setsockopt(zmq.SNDHWM, self.sndhwm)
             sock.setsockopt(zmq.RCVHWM, self.sndhwm)
-            sock.setsockopt(zmq.LINGER, self.linger)
             sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscription, for counting
-            sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
             sock.setsockopt(zmq.METADATA, f"{ENDPOINT_PROPERTY}:{_endpoint_tag(name)}".encode())
             if ":" in self.bind_address or self.bind_address == "*":
                 # "*" then means both IPv4 and IPv6 (libzmq falls back to IPv4 alone where
@@ -603,19 +616,13 @@ class SubSocket:
             raise TypeError(f"address must be str or bytes, not {type(address).__name__}")
         if not address or any(c.isspace() for c in address) or "/" in address:
             raise ValueError(f"address {address!r} is not a host name or IP address")
-        name = _endpoint_str(endpoint)
-        _check_segment_size(name, segment_size)
-        port = endpoint_port(name)
+        name, port, sock = _new_socket(context, endpoint, segment_size, zmq.SUB, self.linger)
         self.close()
-        sock = _zmq_context(context).socket(zmq.SUB)
         monitor = None
         try:
             sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
-            sock.setsockopt(zmq.LINGER, self.linger)
             sock.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_IVL_MS)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_IVL_MAX_MS)
-            sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
             if conflate:
                 sock.setsockopt(zmq.CONFLATE, 1)
             if ":" in address:
