@@ -277,6 +277,16 @@ def _new_socket(
     return name, port, sock
 
 
+def _usable(sock: zmq.Socket | None, pid: int, endpoint: Any, role: str) -> zmq.Socket:
+    """``sock`` if it is connected and was made in this process, else IpcError."""
+    if sock is None:
+        raise IpcError("socket is not connected; call connect() first")
+    if pid != _process_id:
+        raise IpcError(f"endpoint {endpoint!r}: a ZMQ socket cannot be used after fork; "
+                       f"create the {role} in the process that uses it")
+    return sock
+
+
 def _zmq_context(context: Any) -> zmq.Context:
     # msgq.context may belong to another backend (it is made at import); any non-ZMQ
     # context means "this process's default ZMQ context".
@@ -430,12 +440,7 @@ class PubSocket:
         return IpcError(f"{where}: cannot bind: {e.strerror}")
 
     def _check_connected(self) -> zmq.Socket:
-        if self._sock is None:
-            raise IpcError("socket is not connected; call connect() first")
-        if self._pid != _process_id:
-            raise IpcError(f"endpoint {self.endpoint!r}: a ZMQ socket cannot be used after "
-                           "fork; create the publisher in the process that uses it")
-        return self._sock
+        return _usable(self._sock, self._pid, self.endpoint, "publisher")
 
     def _update_peers(self) -> None:
         """Reads accepted/closed connections and (un)subscriptions that have arrived."""
@@ -666,12 +671,7 @@ class SubSocket:
         self._timeout_ms = -1 if timeout is None or timeout < 0 else int(timeout)
 
     def _check_connected(self) -> zmq.Socket:
-        if self._sock is None:
-            raise IpcError("socket is not connected; call connect() first")
-        if self._pid != _process_id:
-            raise IpcError(f"endpoint {self.endpoint!r}: a ZMQ socket cannot be used after "
-                           "fork; create the subscriber in the process that uses it")
-        return self._sock
+        return _usable(self._sock, self._pid, self.endpoint, "subscriber")
 
     def _drop(self, why: str) -> None:
         self.dropped_messages += 1
