@@ -1536,8 +1536,8 @@ class Progress:
             sys.stderr.flush()
 
 
-def _cleanup(shm_base: str, prefix: str) -> None:
-    shutil.rmtree(os.path.join(shm_base, prefix), ignore_errors=True)
+def _cleanup(run_dir: str, prefix: str) -> None:
+    shutil.rmtree(run_dir, ignore_errors=True)
     for path in glob.glob(os.path.join("/dev/shm", f"{prefix}_*")):  # kickmsg regions
         try:
             os.unlink(path)
@@ -1580,10 +1580,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     prefix = f"bench_{os.getpid()}"
-    shm_base = os.environ.get("MSGQ_SHM_DIR") or "/dev/shm"
-    run_dir = os.path.join(shm_base, prefix)
-    os.makedirs(run_dir, exist_ok=True)
     os.environ["MSGQ_PREFIX"] = prefix
+    from msgq.shm_backend import queue_dir
+
+    run_dir = queue_dir(create=True)  # the prefix folder msgq's queues go to
 
     plan: list[tuple[str, int, int]] = []
     if "throughput" in tests:
@@ -1620,7 +1620,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted; partial results follow", file=sys.stderr)
     finally:
         progress.finish()
-        _cleanup(shm_base, prefix)
+        _cleanup(run_dir, prefix)
 
     cells = {
         key: {name: _median_of(ms) for name, ms in by.items() if ms} for key, by in runs.items()

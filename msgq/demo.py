@@ -26,6 +26,7 @@ import zlib
 from dataclasses import asdict, dataclass
 
 import msgq
+from msgq import shm_backend
 
 HEADER = struct.Struct("<QI")  # sequence number, crc32 of the body
 END = b"__end__"
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.subscribers < 1:
         parser.error("--subscribers must be at least 1")
 
-    prefix = os.environ.setdefault("MSGQ_PREFIX", f"demo_{uuid.uuid4().hex[:8]}")
+    # A namespace of its own: the demo never meets (or removes) anyone else's queues.
+    os.environ["MSGQ_PREFIX"] = f"demo_{uuid.uuid4().hex[:8]}"
     endpoint = "demo"
     ctx = mp.get_context("spawn")
     ready, go, results = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
@@ -171,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in [pub, *subs]:
             if p.is_alive():
                 p.kill()
-        shutil.rmtree(
-            os.path.join(os.environ.get("MSGQ_SHM_DIR", "/dev/shm"), prefix), ignore_errors=True
-        )
+        shutil.rmtree(shm_backend.queue_dir(), ignore_errors=True)
 
     reports.sort(key=lambda r: r.name)
     sent = published[1] if published else 0

@@ -54,7 +54,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from msgq.names import fnv1a_64
-from msgq.shm_backend import queue_dir, queue_file_mode, queue_path, validate_endpoint
+from msgq.shm_backend import queue_dir, queue_file_mode, validate_endpoint
 
 __all__ = [
     "Event",
@@ -239,7 +239,7 @@ class _Names:
         if not isinstance(identifier, str):
             raise TypeError(f"identifier must be str, not {type(identifier).__name__}")
         name = endpoint.decode("utf-8") if isinstance(endpoint, bytes) else endpoint
-        self.dir = os.path.dirname(queue_path(name))  # honours MSGQ_SHM_DIR and the prefix
+        self.dir = queue_dir()  # honours MSGQ_SHM_DIR and the prefix
         self.base = f"{_FILE_PREFIX}{fnv1a_64(identifier.encode('utf-8')):016x}.{name}"
         self.state = os.path.join(self.dir, self.base + ".state")
 
@@ -674,7 +674,7 @@ def remove_stale_files(directory: str | None = None) -> list[str]:
     current queue folder) and returns their paths: state files whose owner is gone and
     FIFOs whose creating process is gone."""
     if directory is None:
-        directory = os.path.dirname(queue_path("x"))
+        directory = queue_dir()
     removed = []
     try:
         entries = os.listdir(directory)
