@@ -84,13 +84,6 @@ static int foreign_owner_refused(uid_t owner) {
   return owner != geteuid() && (msgq_queue_file_mode() & 0066) == 0;
 }
 
-static int check_owner(int fd) {
-  struct stat st;
-  if (fstat(fd, &st) != 0) return -errno;
-  if (!S_ISREG(st.st_mode)) return MSGQ_EBADMAGIC;
-  return foreign_owner_refused(st.st_uid) ? -EPERM : 0;
-}
-
 int msgq_ensure_queue_dir(char *dir, size_t dir_len) {
   int r = msgq_queue_dir(dir, dir_len);
   if (r < 0 || !msgq_namespace_prefix()) return r;
@@ -150,6 +143,7 @@ static int open_locked(int fd, uint64_t requested, enum msgq_role role, msgq_rin
   struct stat st;
   if (fstat(fd, &st) != 0) return -errno;
   if (!S_ISREG(st.st_mode)) return MSGQ_EBADMAGIC;
+  if (foreign_owner_refused(st.st_uid)) return -EPERM;
   uint64_t new_capacity = requested ? requested : MSGQ_DEFAULT_SEGMENT_SIZE;
 
   if (st.st_size == 0) return create_queue(fd, new_capacity, ring);
@@ -213,11 +207,6 @@ int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role 
   }
   if (fd < 0) return -errno;
 
-  r = check_owner(fd);
-  if (r < 0) {
-    close(fd);
-    return r;
-  }
   /* Non-blocking tries for up to LOCK_WAIT_NS, so a caller blocked behind a stuck lock
    * holder gets control back (-EAGAIN) to check for signals and try again. */
   int64_t give_up = os_monotonic_ns() + LOCK_WAIT_NS;
