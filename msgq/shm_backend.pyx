@@ -459,30 +459,39 @@ cdef class SubSocket:
                 return 1
             PyErr_CheckSignals()
 
+    cdef int _next_message(self, const uint8_t **payload, uint32_t *size,
+                           bint non_blocking) except -1:
+        """Finds the next message, waiting within the timeout unless ``non_blocking``:
+        1 with ``payload``/``size`` pointing into the ring, 0 when there is none."""
+        while not msgq_subscriber_peek(&self.sub, payload, size):
+            if non_blocking or self.timeout_ns == 0 or not self._wait():
+                return 0
+        return 1
+
+    cdef void _copy_out(self, void *dst, const uint8_t *payload, uint32_t size) noexcept:
+        """The one copy out of the ring; large ones let other threads run."""
+        if size >= NOGIL_COPY_BYTES:
+            self.busy += 1
+            with nogil:
+                memcpy(dst, payload, size)
+            self.busy -= 1
+        else:
+            memcpy(dst, payload, size)
+
     def receive(self, bint non_blocking=False):
         """Returns the next message as ``bytes`` (one copy), or None when there is none
         (non-blocking) or the timeout passed."""
         cdef const uint8_t *payload
         cdef uint32_t size
         cdef bytes msg
-        cdef char *dst
         self._check_connected()
-        while True:
-            if msgq_subscriber_peek(&self.sub, &payload, &size):
-                msg = PyBytes_FromStringAndSize(NULL, size)
-                dst = PyBytes_AS_STRING(msg)
-                if size >= NOGIL_COPY_BYTES:
-                    self.busy += 1
-                    with nogil:
-                        memcpy(dst, payload, size)
-                    self.busy -= 1
-                else:
-                    memcpy(dst, payload, size)
-                if msgq_subscriber_consume(&self.sub):
-                    return msg
-                continue  # overwritten while copying: the reader was reset
-            if non_blocking or self.timeout_ns == 0 or not self._wait():
-                return None
+        while self._next_message(&payload, &size, non_blocking):
+            msg = PyBytes_FromStringAndSize(NULL, size)
+            self._copy_out(PyBytes_AS_STRING(msg), payload, size)
+            if msgq_subscriber_consume(&self.sub):
+                return msg
+            # overwritten while copying: the reader was reset; look again
+        return None
 
     def receive_into(self, buffer, bint non_blocking=False):
         """Copies the next message into ``buffer`` (any writable bytes-like object) and
@@ -497,24 +506,15 @@ cdef class SubSocket:
         except (BufferError, ValueError) as e:
             raise TypeError(f"receive_into() needs a writable contiguous buffer: {e}") from None
         try:
-            while True:
-                if msgq_subscriber_peek(&self.sub, &payload, &size):
-                    if size > view.len:
-                        raise ValueError(
-                            f"message of {size} bytes does not fit a buffer of {view.len} "
-                            "bytes; the message stays queued")
-                    if size >= NOGIL_COPY_BYTES:
-                        self.busy += 1
-                        with nogil:
-                            memcpy(view.buf, payload, size)
-                        self.busy -= 1
-                    else:
-                        memcpy(view.buf, payload, size)
-                    if msgq_subscriber_consume(&self.sub):
-                        return size
-                    continue
-                if non_blocking or self.timeout_ns == 0 or not self._wait():
-                    return None
+            while self._next_message(&payload, &size, non_blocking):
+                if size > view.len:
+                    raise ValueError(
+                        f"message of {size} bytes does not fit a buffer of {view.len} "
+                        "bytes; the message stays queued")
+                self._copy_out(view.buf, payload, size)
+                if msgq_subscriber_consume(&self.sub):
+                    return size
+            return None
         finally:
             PyBuffer_Release(&view)
 
