@@ -33,6 +33,6 @@ setup(
         "msgq.visionipc": "visionipc",
         "msgq.schemas": "schemas",
     },
-    packages=["msgq", "msgq.visionipc", "msgq.schemas"],
-    package_data={"msgq": ["py.typed", "*.pyi"]},
+    packages=["msgq", "msgq.messaging", "msgq.visionipc", "msgq.schemas"],
+    package_data={"msgq": ["py.typed", "*.pyi"], "msgq.schemas": ["*.capnp"]},
 )

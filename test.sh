@@ -9,6 +9,6 @@ echo "== C unit tests (plain)"
 echo "== C unit tests (ASan + UBSan)"
 .venv/bin/scons -Q test --sanitize=address
 echo "== ruff"
-.venv/bin/ruff check msgq tests
+.venv/bin/ruff check msgq visionipc schemas tests
 echo "== pytest"
 .venv/bin/python -m pytest "$@"

@@ -55,10 +55,25 @@ NO_TRAVERSAL_LIMIT = 2**64 - 1
 context = Context()
 
 
+def _registry_segment_size(endpoint: str | bytes, segment_size: int) -> int:
+    """``segment_size``, or the registry's queue size of ``endpoint`` when it is 0."""
+    if segment_size == 0:
+        from msgq.schemas.services import find_service
+
+        service = find_service(endpoint) if isinstance(endpoint, (str, bytes)) else None
+        if service is not None:
+            return service.queue_size
+    return segment_size
+
+
 def pub_sock(endpoint: str, segment_size: int = 0) -> Any:
-    """A connected publisher of ``endpoint`` (``segment_size`` 0: existing or default)."""
+    """A connected publisher of ``endpoint``.
+
+    ``segment_size`` 0 means: the service registry's queue size for a registry service,
+    else the size of an existing queue, else the default.
+    """
     sock = PubSocket()
-    sock.connect(context, endpoint, segment_size)
+    sock.connect(context, endpoint, _registry_segment_size(endpoint, segment_size))
     return sock
 
 
@@ -74,7 +89,7 @@ def sub_sock(
 
     ``addr`` is the publisher's host (ZMQ backend), ``conflate`` keeps only the newest
     message, ``timeout`` (ms) bounds a blocking ``receive``, and a ``poller`` gets the
-    socket registered.
+    socket registered. ``segment_size`` 0: as for :func:`pub_sock`.
     """
     sock = SubSocket()
     sock.connect(
@@ -82,7 +97,7 @@ def sub_sock(
         endpoint,
         addr.encode("utf-8") if isinstance(addr, str) else addr,
         conflate,
-        segment_size,
+        _registry_segment_size(endpoint, segment_size),
     )
     if timeout is not None:
         sock.setTimeout(timeout)

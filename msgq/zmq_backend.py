@@ -164,7 +164,9 @@ def _check_segment_size(endpoint: str, segment_size: Any) -> None:
 
 
 def endpoint_port(endpoint: str | bytes, prefix: str | None = None) -> int:
-    """The TCP port of ``endpoint``: ``base + fnv1a_64(key) % span``.
+    """The TCP port of ``endpoint``: ``base + fnv1a_64(key) % span``, or, without a
+    namespace prefix, the service registry's port of a registry service (``base`` + its
+    position in the registry: stable, collision-free ports for the well-known services).
 
     ``key`` is the endpoint name, or ``"<prefix>/<endpoint>"`` when a namespace prefix is
     set (``prefix``, default :func:`namespace_prefix`), so parallel runs with different
@@ -182,6 +184,14 @@ def endpoint_port(endpoint: str | bytes, prefix: str | None = None) -> int:
         raise ValueError(
             f"MSGQ_ZMQ_BASE_PORT={base} with MSGQ_ZMQ_PORT_SPAN={span} goes past port 65535; "
             "lower one of them")
+    if not prefix:
+        from msgq.schemas import services
+
+        service = services.find_service(name)
+        if service is not None and service.port is not None:
+            offset = service.port - services.BASE_PORT
+            if 0 <= offset < span:
+                return base + offset
     key = f"{prefix}/{name}" if prefix else name
     return base + fnv1a_64(key.encode("utf-8")) % span
 

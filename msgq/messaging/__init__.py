@@ -1,0 +1,89 @@
+"""The cereal-style messaging API: typed Event messages over msgq sockets.
+
+``new_message``, ``log_from_bytes``, the socket helpers (``pub_sock``, ``sub_sock``,
+``drain_sock``, ``drain_sock_raw``, ``recv_sock``, ``recv_one``, ``recv_one_or_none``,
+``recv_one_retry``), :class:`PubMaster`, :class:`SubMaster` and the schema module ``log``.
+Written once against the socket protocol, so it runs on every backend.
+
+Sockets made by ``pub_sock``/``sub_sock`` for a registry service get the registry's queue
+size. Messages received by the ``recv_*``/``drain_sock`` helpers are decoded with a
+traversal limit proportional to their size (see :mod:`msgq.messaging.events`); bytes
+that are not an Event raise :class:`MessageDecodeError` there (SubMaster counts and skips
+them instead).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgq import NO_TRAVERSAL_LIMIT, drain_sock_raw, pub_sock, sub_sock
+from msgq.messaging.events import MessageDecodeError, decode_event, log_from_bytes, new_message
+from msgq.messaging.frequency import FrequencyTracker
+from msgq.messaging.pub_master import PubMaster
+from msgq.messaging.sub_master import SubMaster
+from msgq.schemas import SERVICE_LIST, default_schema
+
+__all__ = [
+    "NO_TRAVERSAL_LIMIT",
+    "SERVICE_LIST",
+    "FrequencyTracker",
+    "MessageDecodeError",
+    "PubMaster",
+    "SubMaster",
+    "decode_event",
+    "drain_sock",
+    "drain_sock_raw",
+    "log",
+    "log_from_bytes",
+    "new_message",
+    "pub_sock",
+    "recv_one",
+    "recv_one_or_none",
+    "recv_one_retry",
+    "recv_sock",
+    "sub_sock",
+]
+
+#: The compiled schema module (``log.Event`` is the root struct).
+log = default_schema().module
+
+
+def drain_sock(sock: Any, wait_for_one: bool = False) -> list[Any]:
+    """Every message waiting on ``sock``, decoded (after blocking for the first one when
+    ``wait_for_one``)."""
+    return [decode_event(data) for data in drain_sock_raw(sock, wait_for_one=wait_for_one)]
+
+
+def recv_sock(sock: Any, wait: bool = False) -> Any:
+    """The newest message on ``sock`` (older ones are read and dropped), decoded; None when
+    there is none (after waiting for one when ``wait``)."""
+    data = None
+    while True:
+        if wait and data is None:
+            received = sock.receive()
+        else:
+            received = sock.receive(non_blocking=True)
+        if received is None:
+            break
+        data = received
+    return None if data is None else decode_event(data)
+
+
+def recv_one(sock: Any) -> Any:
+    """One message, waiting for it (up to the socket's timeout: then None)."""
+    data = sock.receive()
+    return None if data is None else decode_event(data)
+
+
+def recv_one_or_none(sock: Any) -> Any:
+    """One message if one is waiting, else None."""
+    data = sock.receive(non_blocking=True)
+    return None if data is None else decode_event(data)
+
+
+def recv_one_retry(sock: Any) -> Any:
+    """One message, waiting as long as it takes (across socket timeouts)."""
+    while True:
+        data = sock.receive()
+        if data is not None:
+            return decode_event(data)

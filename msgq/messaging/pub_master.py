@@ -1,0 +1,79 @@
+"""PubMaster: one publisher per service, sending Event builders or their bytes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import msgq
+from msgq.schemas import Schema, default_schema
+
+__all__ = ["PubMaster"]
+
+
+class PubMaster:
+    """Publishes the services named in ``services`` (of ``schema``, default msgq's).
+
+    Each service gets a publisher socket sized from the registry. Unknown service names
+    raise KeyError with close matches.
+    """
+
+    def __init__(self, services: Iterable[str], schema: Schema | None = None) -> None:
+        self.schema = schema or default_schema()
+        self.sock: dict[str, Any] = {}
+        for service in services:
+            self.schema.services[service]  # KeyError naming close matches
+            if service not in self.sock:
+                self.sock[service] = msgq.pub_sock(
+                    service, segment_size=self.schema.services[service].queue_size)
+
+    def _socket(self, service: str) -> Any:
+        try:
+            return self.sock[service]
+        except KeyError:
+            self.schema.services[service]  # unknown everywhere: KeyError with suggestions
+            raise KeyError(f"service {service!r} is not published by this PubMaster "
+                           f"(it has {sorted(self.sock)})") from None
+
+    def send(self, service: str, dat: Any) -> None:
+        """Sends ``dat`` on ``service``: an Event builder (its union must be ``service``,
+        else ValueError) or the bytes of one (sent as they are)."""
+        sock = self._socket(service)
+        if isinstance(dat, (bytes, bytearray, memoryview)):
+            sock.send(dat)
+            return
+        which = getattr(dat, "which", None)
+        if which is None or not hasattr(dat, "to_bytes"):
+            raise TypeError(f"send({service!r}, ...) takes an Event builder or bytes, not "
+                            f"{type(dat).__name__}")
+        carried = which()
+        if carried != service:
+            raise ValueError(f"the message carries {carried!r} but was sent to {service!r}; "
+                             f"use new_message({service!r})")
+        sock.send(dat.to_bytes())
+
+    def all_readers_updated(self, service: str) -> bool:
+        """Whether every subscriber of ``service`` has read everything sent on it."""
+        return bool(self._socket(service).all_readers_updated())
+
+    def wait_for_readers_to_update(self, service: str, timeout: float,
+                                   dt: float = 0.05) -> bool:
+        """Waits up to ``timeout`` seconds (checking every ``dt``) until every subscriber
+        of ``service`` is up to date; returns whether they are."""
+        sock = self._socket(service)
+        deadline = time.monotonic() + timeout
+        while not sock.all_readers_updated():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(dt, remaining))
+        return True
+
+    def close(self) -> None:
+        """Closes every publisher socket."""
+        for sock in self.sock.values():
+            close = getattr(sock, "close", None)
+            if close is not None:
+                close()
+        self.sock.clear()

@@ -1,0 +1,251 @@
+"""SubMaster: the latest message of each of several services, and whether every one of
+them is alive, valid and arriving at its expected rate.
+
+Rules (upstream-compatible; the rate band is in :mod:`msgq.messaging.frequency`):
+
+* ``alive[s]``: a message of ``s`` arrived within the last 10 expected periods (the period
+  of the rate this subscriber can see: the slower of the service and the updates). With
+  ``SIMULATION=1`` alive means "seen at least once", as simulated time has no periods.
+* ``freq_ok[s]``: the average receive rate over the last 10 s, or over the last 1 s, is
+  within the service's band.
+* Event-driven services (frequency 0) are always alive (once seen, under SIMULATION) and
+  always freq_ok.
+* ``valid[s]``: the ``valid`` flag of the last message (False before the first one).
+* Bytes that are not an Event of the socket's service are counted in ``bad_messages[s]``
+  and skipped; ``update`` never raises because of what arrives.
+
+Sockets conflate: each update sees the newest message of each service.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgq
+from msgq.messaging.events import MessageDecodeError, decode_event
+from msgq.messaging.frequency import FrequencyTracker
+from msgq.schemas import Schema, default_schema
+from msgq.tables import format_table
+
+__all__ = ["ALIVE_PERIODS", "SubMaster"]
+
+#: A service is alive while its last message is younger than this many expected periods.
+ALIVE_PERIODS = 10.0
+
+
+def _default_payload(schema: Schema, service: str) -> Any:
+    """An all-default (zero) reader of ``service``'s payload type."""
+    msg = schema.event.new_message()
+    schema.init_payload(msg, service)
+    return getattr(msg.as_reader(), service)
+
+
+class SubMaster:
+    """Subscribes to ``services`` and keeps their latest messages and health.
+
+    ``poll``: the service ``update`` waits for (the others are read without waiting);
+    None waits for any. ``frequency``: the rate at which the caller runs ``update`` when
+    no ``poll`` service gives it (default: the fastest service's). ``ignore_*``: services
+    left out of ``all_alive`` / ``all_freq_ok`` / ``all_valid``. ``addr``: the publishers'
+    host (ZMQ backend). ``schema``: an application's own (:func:`msgq.schemas.load_schema`).
+    """
+
+    def __init__(
+        self,
+        services: Iterable[str],
+        poll: str | None = None,
+        ignore_alive: Iterable[str] | None = None,
+        ignore_avg_freq: Iterable[str] | None = None,
+        ignore_valid: Iterable[str] | None = None,
+        addr: str = "127.0.0.1",
+        frequency: float | None = None,
+        schema: Schema | None = None,
+    ) -> None:
+        self.schema = schema or default_schema()
+        registry = self.schema.services
+        self.services: list[str] = list(dict.fromkeys(services))
+        for s in self.services:
+            registry[s]  # KeyError naming close matches
+        if poll is not None and poll not in self.services:
+            raise ValueError(f"poll service {poll!r} is not one of the services {self.services}")
+        if poll is not None and frequency is not None:
+            raise ValueError("give poll or frequency, not both: updates follow the polled "
+                             "service's rate")
+        self.poll = poll
+        self.non_polled_services = [s for s in self.services if poll is not None and s != poll]
+        self.ignore_alive = list(ignore_alive or [])
+        self.ignore_average_freq = list(ignore_avg_freq or [])
+        self.ignore_valid = list(ignore_valid or [])
+        self.simulation = os.environ.get("SIMULATION", "0") not in ("", "0")
+
+        if poll is not None:
+            self.update_freq = registry[poll].frequency
+        elif frequency is not None:
+            self.update_freq = float(frequency)
+        else:
+            self.update_freq = max((registry[s].frequency for s in self.services), default=0.0)
+
+        self.frame = -1
+        self.data: dict[str, Any] = {}
+        self.updated: dict[str, bool] = {}
+        self.seen: dict[str, bool] = {}
+        self.alive: dict[str, bool] = {}
+        self.freq_ok: dict[str, bool] = {}
+        self.valid: dict[str, bool] = {}
+        self.recv_time: dict[str, float] = {}
+        self.recv_frame: dict[str, int] = {}
+        self.logMonoTime: dict[str, int] = {}  # noqa: N815 (upstream name)
+        self.bad_messages: dict[str, int] = {}
+        self.freq_tracker: dict[str, FrequencyTracker] = {}
+        self.sock: dict[str, Any] = {}
+        self.poller = msgq.Poller()
+        self._service_of_sock: dict[int, str] = {}
+
+        for s in self.services:
+            service = registry[s]
+            polled = poll is None or s == poll
+            sock = msgq.sub_sock(s, poller=self.poller if polled else None, addr=addr,
+                                 conflate=True, segment_size=service.queue_size)
+            self.sock[s] = sock
+            self._service_of_sock[id(sock)] = s
+            self.data[s] = _default_payload(self.schema, s)
+            self.updated[s] = False
+            self.seen[s] = False
+            self.alive[s] = False
+            self.freq_ok[s] = False
+            self.valid[s] = False
+            self.recv_time[s] = 0.0
+            self.recv_frame[s] = 0
+            self.logMonoTime[s] = 0
+            self.bad_messages[s] = 0
+            if service.frequency > 0:
+                self.freq_tracker[s] = FrequencyTracker(service.frequency, self.update_freq,
+                                                        polled=s == poll)
+
+    def __getitem__(self, service: str) -> Any:
+        try:
+            return self.data[service]
+        except KeyError:
+            raise KeyError(f"service {service!r} is not subscribed by this SubMaster "
+                           f"(it has {self.services})") from None
+
+    def _decode(self, service: str, data: bytes) -> Any:
+        try:
+            msg = decode_event(data, self.schema)
+            if msg.which() != service:
+                raise MessageDecodeError(f"message of {msg.which()!r} on {service!r}")
+        except MessageDecodeError:
+            self.bad_messages[service] += 1
+            return None
+        return msg
+
+    def update(self, timeout: int = 100) -> None:
+        """Waits up to ``timeout`` ms for the polled service (any service when none is
+        polled), reads the newest message of every service, and updates the health."""
+        msgs = []
+        for sock in self.poller.poll(timeout):
+            service = self._service_of_sock[id(sock)]
+            data = sock.receive(non_blocking=True)
+            if data is not None:
+                msgs.append(self._decode(service, data))
+        for service in self.non_polled_services:
+            data = self.sock[service].receive(non_blocking=True)
+            if data is not None:
+                msgs.append(self._decode(service, data))
+        self.update_msgs(time.monotonic(), msgs)
+
+    def update_msgs(self, cur_time: float, msgs: Sequence[Any]) -> None:
+        """Takes ``msgs`` (Event readers, or None entries, which are skipped) as received
+        at ``cur_time`` (monotonic seconds) and updates the health of every service. The
+        lockstep harness and tests drive SubMaster with this and a simulated clock."""
+        self.frame += 1
+        for s in self.services:
+            self.updated[s] = False
+        for msg in msgs:
+            if msg is None:
+                continue
+            try:
+                s = msg.which()
+            except Exception:  # a reader over garbage: nothing to attribute it to
+                continue
+            if s not in self.data:
+                continue
+            self.seen[s] = True
+            self.updated[s] = True
+            tracker = self.freq_tracker.get(s)
+            if tracker is not None:
+                tracker.record(cur_time)
+            self.recv_time[s] = cur_time
+            self.recv_frame[s] = self.frame
+            self.data[s] = getattr(msg, s)
+            self.logMonoTime[s] = msg.logMonoTime
+            self.valid[s] = msg.valid
+
+        for s in self.services:
+            tracker = self.freq_tracker.get(s)
+            if tracker is None or self.simulation:
+                self.freq_ok[s] = True
+                self.alive[s] = self.seen[s] if self.simulation else True
+                continue
+            tracker.expire(cur_time)
+            self.alive[s] = (self.seen[s] and
+                             cur_time - self.recv_time[s] < ALIVE_PERIODS / tracker.expected_hz)
+            self.freq_ok[s] = tracker.ok
+
+    @property
+    def freq(self) -> dict[str, float]:
+        """Measured average receive rate per service over the last 10 s (Hz; 0.0 for
+        event-driven services and before two messages)."""
+        return {s: (t.rate if (t := self.freq_tracker.get(s)) else 0.0) for s in self.services}
+
+    def _all(self, flags: dict[str, bool], ignore: list[str],
+             service_list: Iterable[str] | None) -> bool:
+        names = self.services if service_list is None else service_list
+        return all(flags[s] for s in names if s not in ignore)
+
+    def all_alive(self, service_list: Iterable[str] | None = None) -> bool:
+        """Whether every service (or those of ``service_list``) not in ignore_alive is alive."""
+        return self._all(self.alive, self.ignore_alive, service_list)
+
+    def all_freq_ok(self, service_list: Iterable[str] | None = None) -> bool:
+        """Whether every service not in ignore_avg_freq arrives at its expected rate."""
+        return self._all(self.freq_ok, self.ignore_average_freq, service_list)
+
+    def all_valid(self, service_list: Iterable[str] | None = None) -> bool:
+        """Whether every service not in ignore_valid sent valid=True last."""
+        return self._all(self.valid, self.ignore_valid, service_list)
+
+    def all_checks(self, service_list: Iterable[str] | None = None) -> bool:
+        """all_alive() and all_freq_ok() and all_valid()."""
+        return (self.all_alive(service_list) and self.all_freq_ok(service_list)
+                and self.all_valid(service_list))
+
+    def summary(self) -> str:
+        """One line per service: expected Hz, measured Hz, alive, valid, freq ok."""
+        rows = [("service", "expected Hz", "measured Hz", "alive", "valid", "freq ok", "bad")]
+        registry = self.schema.services
+        measured = self.freq
+        for s in self.services:
+            tracker = self.freq_tracker.get(s)
+            expected = f"{tracker.expected_hz:g}" if tracker else f"{registry[s].frequency:g}"
+            rows.append((s, expected, f"{measured[s]:.1f}" if tracker else "-",
+                         _yes_no(self.alive[s]), _yes_no(self.valid[s]),
+                         _yes_no(self.freq_ok[s]), str(self.bad_messages[s])))
+        return format_table(rows)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def close(self) -> None:
+        """Closes every subscriber socket."""
+        for sock in self.sock.values():
+            close = getattr(sock, "close", None)
+            if close is not None:
+                close()
+
+
+def _yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"

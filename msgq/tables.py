@@ -1,0 +1,21 @@
+"""Plain-text tables for people: the one table formatter of the library and its commands."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["format_table"]
+
+
+def format_table(rows: Sequence[Sequence[object]]) -> str:
+    """``rows`` (the first is the header) as aligned columns: the first column left-aligned,
+    the others right-aligned (they hold numbers), two spaces between columns."""
+    cells = [[str(c) for c in row] for row in rows]
+    if not cells:
+        return ""
+    widths = [max(len(row[i]) for row in cells if i < len(row))
+              for i in range(max(len(row) for row in cells))]
+    return "\n".join(
+        "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
+                  for i, c in enumerate(row)).rstrip()
+        for row in cells)
