@@ -1,0 +1,205 @@
+"""LogReader: events from log segments, streamed in time order.
+
+A source is a segment file, a recording folder (its segments in order), a glob, or a list
+of any of those. Reading streams: memory stays bounded whatever the size of the logs.
+
+Damage (see :mod:`msgq.logs.segment`):
+
+* a truncated last message: every complete event is returned, a
+  :class:`TruncatedLogWarning` is issued and the problem is listed in ``reader.truncated``;
+* corruption in the middle: :class:`LogCorruptionError` naming file and byte offset, after
+  every event before it; with ``skip_corrupt=True`` a warning instead, the problem listed in
+  ``reader.corrupt``, and reading goes on at the next readable event.
+"""
+
+from __future__ import annotations
+
+import glob as globbing
+import heapq
+import os
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from msgq.logs.framing import EventLayout
+from msgq.logs.index import read_index
+from msgq.logs.segment import LogProblem, read_messages
+from msgq.schemas import Schema, default_schema
+
+__all__ = ["LogCorruptionError", "LogEvent", "LogReader", "TruncatedLogWarning",
+           "segment_paths"]
+
+_SEGMENT_SUFFIXES = (".log.zst", ".log.bz2", ".log", ".zst", ".bz2")
+
+
+class LogCorruptionError(ValueError):
+    """Damaged data in the middle of a log (``problem`` says where)."""
+
+    def __init__(self, problem: LogProblem) -> None:
+        super().__init__(f"{problem} (pass skip_corrupt=True to skip to the next readable "
+                         "event)")
+        self.problem = problem
+
+
+class TruncatedLogWarning(UserWarning):
+    """A log ends inside a message (the complete events before it were read)."""
+
+
+class CorruptLogWarning(UserWarning):
+    """Damaged data was skipped (``skip_corrupt=True``)."""
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """One event's bytes with the fields every tool needs, read without decoding."""
+
+    data: bytes
+    mono_ns: int
+    valid: bool
+    service: str
+    path: str
+    offset: int  # in the segment's uncompressed stream
+
+
+def segment_paths(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[str]:
+    """The segment files a source names, in reading order: a file as is, a folder's
+    segment files sorted by name, a glob's matches sorted; lists concatenated."""
+    if isinstance(source, (str, os.PathLike)):
+        sources = [os.fspath(source)]
+    else:
+        sources = [os.fspath(s) for s in source]
+    paths: list[str] = []
+    for item in sources:
+        if os.path.isdir(item):
+            names = sorted(n for n in os.listdir(item)
+                           if n.endswith(_SEGMENT_SUFFIXES) and not n.startswith("."))
+            paths += [os.path.join(item, n) for n in names]
+        elif os.path.exists(item):
+            paths.append(item)
+        else:
+            matches = sorted(globbing.glob(item))
+            if not matches:
+                raise FileNotFoundError(f"no log file or folder matches {item!r}")
+            paths += segment_paths(matches)
+    return paths
+
+
+class LogReader:
+    """Iterates the events of ``source`` (Event readers; ``raw()`` gives :class:`LogEvent`).
+
+    ``services``: only these services (others are skipped without decoding).
+    ``sort``: merge segments by logMonoTime (each segment is read in file order, which the
+    recorder writes in arrival order); otherwise segments follow one another.
+    ``start_mono_ns``: skip events before this time (whole segments, via the recording
+    index, without reading them). ``skip_corrupt``: see the module docstring.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+        services: Iterable[str] | None = None,
+        sort: bool = False,
+        skip_corrupt: bool = False,
+        start_mono_ns: int | None = None,
+        schema: Schema | None = None,
+    ) -> None:
+        self.schema = schema or default_schema()
+        self.paths = segment_paths(source)
+        self.services = None if services is None else frozenset(services)
+        for service in self.services or ():
+            self._check_member(service)
+        self.sort = sort
+        self.skip_corrupt = skip_corrupt
+        self.start_mono_ns = start_mono_ns
+        self.truncated: list[LogProblem] = []
+        self.corrupt: list[LogProblem] = []
+        self._layout = EventLayout.of(self.schema)
+
+    def _check_member(self, service: str) -> None:
+        if service not in self.schema.union_fields:
+            from msgq.schemas.services import unknown_service_error
+
+            raise unknown_service_error(service, self.schema.union_fields)
+
+    # -- problems -------------------------------------------------------------------
+
+    def _on_problem(self, problem: LogProblem) -> None:
+        if problem.kind == "truncated":
+            self.truncated.append(problem)
+            warnings.warn(str(problem), TruncatedLogWarning, stacklevel=4)
+            return
+        self.corrupt.append(problem)
+        if not self.skip_corrupt:
+            raise LogCorruptionError(problem)
+        warnings.warn(f"{problem}; skipped to the next readable event", CorruptLogWarning,
+                      stacklevel=4)
+
+    def _is_message(self, data: bytes) -> bool:
+        if self._layout.peek(data) is not None:
+            return True
+        return self._decode(data) is not None
+
+    def _decode(self, data: bytes) -> Any:
+        from msgq.messaging.events import MessageDecodeError, decode_event
+
+        try:
+            return decode_event(data, self.schema)
+        except MessageDecodeError:
+            return None
+
+    # -- iteration ------------------------------------------------------------------
+
+    def _segment_events(self, path: str) -> Iterator[LogEvent]:
+        wanted = self.services
+        start = self.start_mono_ns
+        for raw in read_messages(path, self._on_problem, self.skip_corrupt, self._is_message):
+            peeked = self._layout.peek(raw.data)
+            if peeked is None:
+                msg = self._decode(raw.data)
+                if msg is None:
+                    continue
+                peeked = (msg.logMonoTime, msg.valid, msg.which())
+            mono, valid, service = peeked
+            if wanted is not None and service not in wanted:
+                continue
+            if start is not None and mono < start:
+                continue
+            yield LogEvent(raw.data, mono, valid, service, path, raw.offset)
+
+    def _paths_to_read(self) -> list[str]:
+        if self.start_mono_ns is None and self.services is None:
+            return self.paths
+        keep = []
+        indexes: dict[str, dict[str, Any]] = {}
+        for path in self.paths:
+            folder = os.path.dirname(path)
+            if folder not in indexes:
+                indexes[folder] = {s.file: s for s in read_index(folder) or []}
+            entry = indexes[folder].get(os.path.basename(path))
+            if entry is not None:
+                if self.start_mono_ns is not None and entry.last_mono_ns < self.start_mono_ns:
+                    continue
+                if self.services is not None and not self.services & set(entry.counts):
+                    continue
+            keep.append(path)
+        return keep
+
+    def raw(self) -> Iterator[LogEvent]:
+        """The events as :class:`LogEvent` (bytes plus time, validity, service)."""
+        paths = self._paths_to_read()
+        if self.sort and len(paths) > 1:
+            yield from heapq.merge(*(self._segment_events(p) for p in paths),
+                                   key=lambda e: e.mono_ns)
+        else:
+            for path in paths:
+                yield from self._segment_events(path)
+
+    def __iter__(self) -> Iterator[Any]:
+        for event in self.raw():
+            msg = self._decode(event.data)
+            if msg is None:
+                self._on_problem(LogProblem(event.path, "corrupt", event.offset, event.offset,
+                                            "an event that does not decode"))
+                continue
+            yield msg
