@@ -33,6 +33,13 @@ setup(
         "msgq.visionipc": "visionipc",
         "msgq.schemas": "schemas",
     },
-    packages=["msgq", "msgq.messaging", "msgq.visionipc", "msgq.schemas"],
+    packages=[
+        "msgq",
+        "msgq.cli",
+        "msgq.logs",
+        "msgq.messaging",
+        "msgq.visionipc",
+        "msgq.schemas",
+    ],
     package_data={"msgq": ["py.typed", "*.pyi"], "msgq.schemas": ["*.capnp"]},
 )

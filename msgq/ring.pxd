@@ -1,5 +1,5 @@
 # Declarations of the msgq C core (msgq/src). Nothing but the C API lives here.
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 
 cdef extern from "src/msgq_errors.h" nogil:
@@ -38,7 +38,27 @@ cdef extern from "src/msgq_ring.h" nogil:
         uint64_t resets
         uint64_t corrupt_resets
 
+    ctypedef struct msgq_queue_info:
+        int status
+        uint64_t file_size
+        uint64_t magic
+        uint32_t layout_version
+        int unfinished
+        uint32_t capacity
+        uint64_t created_ns
+        int32_t creator_pid
+        int32_t publisher_pid
+        int publisher_alive
+        uint64_t write_pointer
+        uint32_t num_waiters
+        uint64_t active_readers
+        uint32_t readers_claimed
+        uint32_t readers_live
+        int32_t reader_pids[64]
+        uint8_t reader_alive[64]
+
     uint32_t msgq_ring_max_message_size(uint32_t capacity)
+    int msgq_ring_inspect(const void *mem, size_t size, msgq_queue_info *out)
     int msgq_ring_live_readers(const msgq_ring *ring)
 
     void msgq_publisher_init(msgq_publisher *pub, const msgq_ring *ring)
@@ -74,6 +94,8 @@ cdef extern from "src/queue_file.h" nogil:
                         msgq_ring *ring, int *locked_fd)
     void msgq_queue_unlock(int locked_fd)
     void msgq_queue_unmap(msgq_ring *ring)
+    int msgq_queue_inspect(const char *path, msgq_queue_info *out)
+    int msgq_queue_remove_unused(const char *path, int remove_damaged, msgq_queue_info *out)
 
 
 cdef extern from "src/os_wait.h" nogil:

@@ -7,13 +7,15 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyOb
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from libc.errno cimport EAGAIN, EINTR, ENOSPC, EPERM
+from libc.errno cimport EAGAIN, EBUSY, EINTR, ENOSPC, EPERM
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 from posix.unistd cimport getpid
 from posix.types cimport pid_t
 
 from msgq.ring cimport *
+
+import os
 
 from msgq.errors import IpcError, MultiplePublishersError
 
@@ -114,6 +116,124 @@ def namespace_prefix() -> str:
 def queue_file_mode() -> int:
     """The mode new queue (and fake event) files get: MSGQ_SHM_MODE, default 0o600."""
     return msgq_queue_file_mode()
+
+
+cdef dict _queue_info_dict(object path, int code, const msgq_queue_info *info):
+    """The Python view of a msgq_queue_info (see inspect_queue)."""
+    cdef int64_t now = os_monotonic_ns()
+    cdef bint valid = code == 0
+    cdef uint32_t cycle = <uint32_t>(info.write_pointer >> 32)
+    cdef uint32_t offset = <uint32_t>info.write_pointer
+    readers = [
+        {"slot": i, "pid": info.reader_pids[i], "alive": bool(info.reader_alive[i])}
+        for i in range(MSGQ_READER_SLOTS) if info.reader_pids[i] > 0
+    ]
+    return {
+        "path": os.fsdecode(path),
+        "valid": valid,
+        "error": None if valid else msgq_strerror(code).decode("utf-8", "replace"),
+        "unfinished": bool(info.unfinished),
+        "file_size": info.file_size,
+        "layout_version": info.layout_version or None,
+        "segment_size": info.capacity if valid else None,
+        "created_ns": info.created_ns if valid else None,
+        "age_s": (now - <int64_t>info.created_ns) / 1e9
+                 if valid and 0 < info.created_ns <= <uint64_t>now else None,
+        "creator_pid": info.creator_pid if valid else None,
+        "publisher_pid": info.publisher_pid if valid and info.publisher_pid > 0 else None,
+        "publisher_alive": bool(info.publisher_alive),
+        "write_pointer": info.write_pointer if valid else None,
+        "write_cycle": cycle if valid else None,
+        "write_offset": offset if valid else None,
+        "bytes_written": <uint64_t>cycle * info.capacity + offset if valid else None,
+        "waiters": info.num_waiters if valid else None,
+        "readers": readers,
+        "readers_claimed": info.readers_claimed,
+        "readers_live": info.readers_live,
+    }
+
+
+cdef bytes _path_bytes(object path):
+    cdef bytes raw = os.fsencode(path)
+    if b"\0" in raw:
+        raise ValueError(f"path {path!r} contains a NUL byte")
+    return raw
+
+
+cdef int _raise_os(int code, object path) except -1:
+    if code == -EAGAIN:
+        raise BlockingIOError(
+            EAGAIN, "another process is creating or opening this queue right now; try again",
+            os.fsdecode(path))
+    raise OSError(-code, msgq_strerror(code).decode("utf-8", "replace"), os.fsdecode(path))
+
+
+def inspect_queue(path) -> dict:
+    """Reads the header of the queue file at ``path`` without connecting to it: opened
+    read-only under a shared lock (waiting at most 50 ms for an opener that is creating
+    or registering), never registering as publisher or subscriber, never writing.
+
+    Returns a dict. ``valid`` is False for a file whose header this build cannot use;
+    ``error`` then says why (not a queue, another layout version, inconsistent sizes) and
+    ``unfinished`` tells a file whose creator never finished it (empty or magic 0). For a
+    valid queue: ``segment_size``, ``publisher_pid`` (None: no publisher) and
+    ``publisher_alive``, ``readers`` (slot, pid, alive of every claimed reader slot),
+    ``readers_live``/``readers_claimed``, ``write_pointer`` (``write_cycle`` and
+    ``write_offset``), ``bytes_written`` (how far the write pointer has moved through the
+    ring: payloads plus size prefixes, padding and skipped tails at wraps), ``waiters``,
+    ``created_ns`` (the creator's CLOCK_MONOTONIC), ``age_s`` and ``creator_pid``.
+
+    Raises ``OSError`` when the file cannot be opened (``FileNotFoundError`` when it is
+    gone), and ``BlockingIOError`` while another process holds its lock.
+    """
+    cdef bytes raw = _path_bytes(path)
+    cdef const char *c_path = raw
+    cdef msgq_queue_info info
+    cdef int r
+    with nogil:
+        r = msgq_queue_inspect(c_path, &info)
+    if r < 0 and r not in (MSGQ_EBADMAGIC, MSGQ_EVERSION, MSGQ_EGEOMETRY):
+        _raise_os(r, path)
+    return _queue_info_dict(path, r, &info)
+
+
+def remove_unused_queue(path, bint remove_damaged=False) -> dict:
+    """Removes the queue file at ``path`` if no live process uses it, deciding under the
+    same exclusive lock that every publisher and subscriber takes to connect, so none can
+    connect in between (one that opened the file just before waits, then finds it removed
+    and makes a fresh queue).
+
+    Removed: a valid queue whose publisher and reader pids are all dead or unset, and an
+    unfinished file (its creator died). A damaged header is removed only with
+    ``remove_damaged`` (check first that no process has the file open). A file that is
+    not a regular file is never removed.
+
+    Returns the :func:`inspect_queue` dict of the file, with ``removed`` (bool) and
+    ``kept_because`` (None when removed); when another process held the file's lock for
+    50 ms, only ``path``, ``removed`` (False) and ``kept_because``. Raises ``OSError``
+    when the file cannot be opened or unlinked (``FileNotFoundError`` when it is gone).
+    """
+    cdef bytes raw = _path_bytes(path)
+    cdef const char *c_path = raw
+    cdef msgq_queue_info info
+    cdef int r
+    with nogil:
+        r = msgq_queue_remove_unused(c_path, remove_damaged, &info)
+    if r == -EBUSY:
+        result = _queue_info_dict(path, 0, &info)
+        result.update(removed=False, kept_because="in use by a live process")
+    elif r == -EAGAIN:
+        result = {"path": path, "removed": False,
+                  "kept_because": "being created or opened by another process right now"}
+    elif r in (MSGQ_EBADMAGIC, MSGQ_EVERSION, MSGQ_EGEOMETRY):
+        result = _queue_info_dict(path, r, &info)
+        result.update(removed=False, kept_because="damaged header (" + result["error"] + ")")
+    elif r < 0:
+        _raise_os(r, path)
+    else:
+        result = _queue_info_dict(path, info.status, &info)
+        result.update(removed=True, kept_because=None)
+    return result
 
 
 cdef int _open_queue(object endpoint, object segment_size, msgq_role role,

@@ -86,10 +86,13 @@ int msgq_ring_format(void *mem, size_t size) {
   return 0;
 }
 
-int msgq_ring_attach(msgq_ring *ring, void *mem, size_t size) {
-  memset(ring, 0, sizeof *ring);
+/* Checks the immutable header of a mapping of `size` bytes against this build and the
+ * size, reading nothing past `size`. Shared by attach and inspect, so both judge a file
+ * the same way. */
+static int validate_header(const msgq_header *h, size_t size) {
   if (size < sizeof(uint64_t)) return MSGQ_EBADMAGIC;
-  msgq_header *h = mem;
+  /* acquire: pairs with the release store of magic in format; the fields below were
+   * written before it. */
   if (atomic_load_explicit(&h->magic, memory_order_acquire) != MSGQ_MAGIC)
     return MSGQ_EBADMAGIC;
   if (size < offsetof(msgq_header, layout_version) + sizeof(uint32_t))
@@ -101,6 +104,14 @@ int msgq_ring_attach(msgq_ring *ring, void *mem, size_t size) {
   if (h->total_size != size || (uint64_t)h->header_size + h->capacity != size)
     return MSGQ_EGEOMETRY;
   if (h->capacity < MSGQ_MIN_SEGMENT_SIZE || h->capacity % 8u != 0) return MSGQ_EGEOMETRY;
+  return 0;
+}
+
+int msgq_ring_attach(msgq_ring *ring, void *mem, size_t size) {
+  memset(ring, 0, sizeof *ring);
+  msgq_header *h = mem;
+  int r = validate_header(h, size);
+  if (r < 0) return r;
   ring->header = h;
   ring->data = (uint8_t *)mem + h->header_size;
   ring->capacity = h->capacity;
@@ -118,6 +129,42 @@ int msgq_ring_live_readers(const msgq_ring *ring) {
     if (pid > 0 && os_process_alive(pid)) live++;
   }
   return live;
+}
+
+int msgq_ring_inspect(const void *mem, size_t size, msgq_queue_info *out) {
+  memset(out, 0, sizeof *out);
+  out->file_size = size;
+  const msgq_header *h = mem;
+  if (size >= sizeof(uint64_t))
+    out->magic = atomic_load_explicit(&h->magic, memory_order_acquire);
+  if (out->magic == MSGQ_MAGIC &&
+      size >= offsetof(msgq_header, layout_version) + sizeof(uint32_t))
+    out->layout_version = h->layout_version;
+  out->status = validate_header(h, size);
+  out->unfinished = out->status == MSGQ_EBADMAGIC &&
+                    (size == 0 || (size >= sizeof(uint64_t) && out->magic == 0));
+  if (out->status < 0) return out->status;
+  out->capacity = h->capacity;
+  out->created_ns = h->created_ns;
+  out->creator_pid = h->creator_pid;
+  /* The mutable fields are a snapshot: each load is atomic, together they are not (the
+   * queue keeps running). Relaxed loads suffice for a report; nothing is dereferenced. */
+  out->write_pointer = atomic_load_explicit(&h->write_pointer, memory_order_relaxed);
+  out->publisher_pid = atomic_load_explicit(&h->publisher_pid, memory_order_relaxed);
+  out->publisher_alive = out->publisher_pid > 0 && os_process_alive(out->publisher_pid);
+  out->num_waiters = atomic_load_explicit(&h->num_waiters, memory_order_relaxed);
+  out->active_readers = atomic_load_explicit(&h->active_readers, memory_order_relaxed);
+  for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++) {
+    int32_t pid = atomic_load_explicit(&h->readers[i].owner_pid, memory_order_relaxed);
+    /* Any owned slot counts, active bit or not: a subscriber dies between clearing its
+     * bit and its pid in release, and a live one sets its bit only after claiming. */
+    if (pid <= 0) continue;
+    out->reader_pids[i] = pid;
+    out->readers_claimed++;
+    out->reader_alive[i] = (uint8_t)os_process_alive(pid);
+    out->readers_live += out->reader_alive[i];
+  }
+  return 0;
 }
 
 /* --- Publisher -------------------------------------------------------------------- */

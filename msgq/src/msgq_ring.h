@@ -121,6 +121,41 @@ int64_t msgq_ring_capacity_for(uint64_t segment_size);
  * requires, less the size prefix). */
 uint32_t msgq_ring_max_message_size(uint32_t capacity);
 
+/* --- Inspection (tools) ----------------------------------------------------------- */
+
+/* What a tool (`msgq queues`) learns from a queue's header without registering in it.
+ * Filled by msgq_ring_inspect; every field is a copy, nothing points into the segment. */
+typedef struct {
+  int status;               /* what msgq_ring_inspect returned: 0 or the damage */
+  uint64_t file_size;       /* bytes of the mapping that was inspected */
+  uint64_t magic;           /* as found (0: never finished, or not 8 bytes long) */
+  uint32_t layout_version;  /* as found, when the magic is msgq's (else 0) */
+  /* Empty, or sized with the magic still 0: a creator that died before finishing (or,
+   * seen without the file lock, one still at work). Never a queue anyone attached. */
+  int unfinished;
+  /* The rest is filled only for a header this build accepts (return value 0). */
+  uint32_t capacity;        /* segment size of the data ring */
+  uint64_t created_ns;      /* creator's CLOCK_MONOTONIC when the queue was formatted */
+  int32_t creator_pid;
+  int32_t publisher_pid;    /* 0: no publisher (none yet, or it closed cleanly) */
+  int publisher_alive;      /* publisher_pid names a process that exists */
+  uint64_t write_pointer;   /* cycle << 32 | byte offset */
+  uint32_t num_waiters;
+  uint64_t active_readers;  /* mask of slots in use */
+  uint32_t readers_claimed; /* slots holding a pid (live or dead) */
+  uint32_t readers_live;    /* of those, pids of processes that exist */
+  int32_t reader_pids[MSGQ_READER_SLOTS];  /* owner of each slot; 0 = free */
+  uint8_t reader_alive[MSGQ_READER_SLOTS]; /* 1 where that owner exists */
+} msgq_queue_info;
+
+/* Reads a snapshot of the queue in the `size` bytes at mem (which may be mapped
+ * read-only): validates the immutable header exactly as msgq_ring_attach does, then copies
+ * the publisher, wake and reader-slot fields, and checks which pids are alive
+ * (os_process_alive: kill(pid, 0)). Never writes to mem and never reads past size.
+ * Returns 0, MSGQ_EBADMAGIC, MSGQ_EVERSION or MSGQ_EGEOMETRY (also in out->status); on
+ * an error only status, file_size, magic, layout_version and unfinished are set. */
+int msgq_ring_inspect(const void *mem, size_t size, msgq_queue_info *out);
+
 /* --- Publisher -------------------------------------------------------------------- */
 
 typedef struct {

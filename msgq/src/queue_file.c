@@ -18,6 +18,10 @@
 #define QUEUE_FILE_PREFIX "msgq_"
 /* Longest one call waits for another opener's lock before returning -EAGAIN. */
 #define LOCK_WAIT_NS 50000000LL
+/* Internal: the file was removed (by `msgq queues --clean`) between our open and our
+ * lock; open the path again. Never returned to callers (outside the errno and MSGQ_E*
+ * ranges). */
+#define QUEUE_FILE_REMOVED (-3001)
 
 int msgq_validate_name(const char *name) {
   if (name == NULL) return MSGQ_EBADNAME;
@@ -101,6 +105,21 @@ int msgq_ensure_queue_dir(char *dir, size_t dir_len) {
   return 0;
 }
 
+/* flock(operation) in non-blocking tries until the monotonic deadline: 0, -EAGAIN once
+ * the deadline passed with the lock still held elsewhere, or -errno. Lock holders keep
+ * the lock for microseconds (open, validate, register), so a short nap between tries
+ * costs little; never blocking keeps callers interruptible behind a stuck holder. */
+static int lock_until(int fd, int operation, int64_t deadline_ns) {
+  while (flock(fd, operation | LOCK_NB) != 0) {
+    int r = -errno;
+    if (r != -EWOULDBLOCK && r != -EAGAIN && r != -EINTR) return r;
+    if (os_monotonic_ns() >= deadline_ns) return -EAGAIN;
+    struct timespec pause = {0, 200000};
+    nanosleep(&pause, NULL);
+  }
+  return 0;
+}
+
 /* Maps a queue file shared, read-write. Page tables are filled at once (MAP_POPULATE):
  * a fresh ring otherwise takes a page fault per 4 KiB on its first pass, in every
  * process, which made the first pass over a large ring about 10x slower. */
@@ -143,6 +162,9 @@ static int open_locked(int fd, uint64_t requested, enum msgq_role role, msgq_rin
   struct stat st;
   if (fstat(fd, &st) != 0) return -errno;
   if (!S_ISREG(st.st_mode)) return MSGQ_EBADMAGIC;
+  /* Removed while we waited for the lock: registering in it would leave us on a file
+   * that later openers of the endpoint never see. */
+  if (st.st_nlink == 0) return QUEUE_FILE_REMOVED;
   if (foreign_owner_refused(st.st_uid)) return -EPERM;
   uint64_t new_capacity = requested ? requested : MSGQ_DEFAULT_SEGMENT_SIZE;
 
@@ -199,37 +221,38 @@ int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role 
   if (r < 0) return r;
 
   mode_t mode = msgq_queue_file_mode();
-  int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
-  if (fd >= 0) {
-    (void)fchmod(fd, mode); /* exactly the requested mode, whatever the umask */
-  } else if (errno == EEXIST) {
-    fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-  }
-  if (fd < 0) return -errno;
-
-  /* Non-blocking tries for up to LOCK_WAIT_NS, so a caller blocked behind a stuck lock
-   * holder gets control back (-EAGAIN) to check for signals and try again. */
   int64_t give_up = os_monotonic_ns() + LOCK_WAIT_NS;
-  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    r = -errno;
-    if (r != -EWOULDBLOCK && r != -EAGAIN && r != -EINTR) {
+  for (;;) {
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+    if (fd >= 0) {
+      (void)fchmod(fd, mode); /* exactly the requested mode, whatever the umask */
+    } else if (errno == EEXIST) {
+      fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    }
+    if (fd < 0) return -errno;
+
+    /* A caller blocked behind a stuck lock holder gets control back (-EAGAIN) to check
+     * for signals and try again. */
+    r = lock_until(fd, LOCK_EX, give_up);
+    if (r < 0) {
       close(fd);
       return r;
     }
-    if (os_monotonic_ns() >= give_up) {
-      close(fd);
-      return -EAGAIN;
+    r = open_locked(fd, requested, role, ring);
+    if (r == QUEUE_FILE_REMOVED) {
+      msgq_queue_unlock(fd);
+      /* The next open creates the endpoint's queue afresh; past the deadline the
+       * caller gets control back first (-EAGAIN), as when waiting for the lock. */
+      if (os_monotonic_ns() >= give_up) return -EAGAIN;
+      continue;
     }
-    struct timespec pause = {0, 200000};
-    nanosleep(&pause, NULL);
-  }
-  r = open_locked(fd, requested, role, ring);
-  if (r < 0 || locked_fd == NULL) {
-    msgq_queue_unlock(fd);
+    if (r < 0 || locked_fd == NULL) {
+      msgq_queue_unlock(fd);
+      return r;
+    }
+    *locked_fd = fd;
     return r;
   }
-  *locked_fd = fd;
-  return r;
 }
 
 void msgq_queue_unlock(int locked_fd) {
@@ -241,4 +264,101 @@ void msgq_queue_unlock(int locked_fd) {
 void msgq_queue_unmap(msgq_ring *ring) {
   if (ring->header) munmap(ring->header, ring->map_size);
   memset(ring, 0, sizeof *ring);
+}
+
+/* --- Inspection and removal (tools) ------------------------------------------------ */
+
+/* Opens a queue file for looking only: read-only (a tool needs no write access and can
+ * never scribble), without following a symlink, and O_NONBLOCK so that a FIFO or device
+ * that happens to carry a queue's name cannot hang the open. */
+static int open_for_inspection(const char *path, struct stat *st) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return -errno;
+  if (fstat(fd, st) != 0) {
+    int r = -errno;
+    close(fd);
+    return r;
+  }
+  return fd;
+}
+
+/* Maps the file read-only and inspects it. The caller holds a flock on fd, so no opener
+ * can be re-sizing the file (they do that under LOCK_EX only): the size from fstat stays
+ * true while mapped, and reading the mapping cannot fault past the end of the file. */
+static int inspect_locked(int fd, msgq_queue_info *out) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return -errno;
+  size_t size = (size_t)st.st_size;
+  if (size == 0) return msgq_ring_inspect(NULL, 0, out); /* nothing to map */
+  void *mem = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (mem == MAP_FAILED) return -errno;
+  int r = msgq_ring_inspect(mem, size, out);
+  munmap(mem, size);
+  return r;
+}
+
+int msgq_queue_inspect(const char *path, msgq_queue_info *out) {
+  memset(out, 0, sizeof *out);
+  struct stat st;
+  int fd = open_for_inspection(path, &st);
+  if (fd < 0) return fd;
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return out->status = MSGQ_EBADMAGIC;
+  }
+  /* A shared lock: it waits only for an opener that holds LOCK_EX right now (creating,
+   * re-making or registering), for at most LOCK_WAIT_NS, and it delays openers by at
+   * most the microseconds it is held plus one of their 200 us naps. */
+  int r = lock_until(fd, LOCK_SH, os_monotonic_ns() + LOCK_WAIT_NS);
+  if (r == 0) r = inspect_locked(fd, out);
+  close(fd); /* drops the lock */
+  return r;
+}
+
+int msgq_queue_remove_unused(const char *path, int remove_damaged, msgq_queue_info *out) {
+  memset(out, 0, sizeof *out);
+  struct stat st;
+  int fd = open_for_inspection(path, &st);
+  if (fd < 0) return fd;
+  int r;
+  if (!S_ISREG(st.st_mode)) {
+    r = out->status = MSGQ_EBADMAGIC; /* not ours to remove, whatever it is */
+    goto done;
+  }
+  /* Exclusive, like every opener: while we hold it nobody can be half-way through
+   * creating the file or registering in it, and an opener that opened the path before
+   * our unlink finds the file removed once it gets the lock (st_nlink == 0) and opens
+   * the path afresh. */
+  r = lock_until(fd, LOCK_EX, os_monotonic_ns() + LOCK_WAIT_NS);
+  if (r < 0) goto done;
+  r = inspect_locked(fd, out);
+  if (r == 0) {
+    if (out->publisher_alive || out->readers_live > 0) {
+      r = -EBUSY;
+      goto done;
+    }
+  } else if (r == MSGQ_EBADMAGIC && out->unfinished) {
+    /* Its creator died before storing the magic: only an opener holding the lock could
+     * be finishing it, and we hold it. */
+  } else if (r == MSGQ_EBADMAGIC || r == MSGQ_EVERSION || r == MSGQ_EGEOMETRY) {
+    /* A header we cannot read tells us nothing about who uses the file. */
+    if (!remove_damaged) goto done;
+  } else {
+    goto done;
+  }
+  /* Unlink only the file we locked and inspected: if the path now names another file
+   * (someone removed ours and a new queue was made), leave that one alone. */
+  struct stat now;
+  if (stat(path, &now) != 0) {
+    r = -errno;
+    goto done;
+  }
+  if (now.st_dev != st.st_dev || now.st_ino != st.st_ino) {
+    r = -ENOENT;
+    goto done;
+  }
+  r = unlink(path) == 0 ? 0 : -errno;
+done:
+  close(fd);
+  return r;
 }

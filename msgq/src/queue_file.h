@@ -19,7 +19,8 @@
  *
  * Creation and validation happen under flock(LOCK_EX) on the file, so an opener never
  * sees a half-made header, and a file whose creator died before finishing (magic still
- * zero) is re-made by the next opener. */
+ * zero) is re-made by the next opener. An opener that finds, once it holds the lock,
+ * that the file was removed meanwhile (msgq_queue_remove_unused) opens the path again. */
 #ifndef MSGQ_QUEUE_FILE_H
 #define MSGQ_QUEUE_FILE_H
 
@@ -67,5 +68,28 @@ int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role 
 void msgq_queue_unlock(int locked_fd);
 
 void msgq_queue_unmap(msgq_ring *ring);
+
+/* --- Tools: looking at and removing queue files ------------------------------------
+ * Both open the file read-only (never O_CREAT, never a symlink), never register in the
+ * queue and never write to it. They wait at most 50 ms for another opener's file lock
+ * and then return -EAGAIN (the queue is being created or opened right now). */
+
+/* Inspects the queue file at path (msgq_ring_inspect on a read-only mapping, under a
+ * shared flock so that the file cannot be re-sized while mapped). Returns 0 with out
+ * filled, MSGQ_EBADMAGIC (not a queue, not a regular file, or unfinished: out->magic
+ * 0), MSGQ_EVERSION or MSGQ_EGEOMETRY (out partly filled), -EAGAIN, or -errno. */
+int msgq_queue_inspect(const char *path, msgq_queue_info *out);
+
+/* Removes the queue file at path when no live process uses it, deciding under the
+ * same exclusive flock every opener takes, so nobody can register in between:
+ *  - a valid queue: when its publisher pid and every reader pid are dead or unset,
+ *    else -EBUSY;
+ *  - an unfinished file (empty, or magic still 0: its creator died): always;
+ *  - a damaged header (bad magic, other layout version, inconsistent sizes): only with
+ *    remove_damaged (the caller has checked that no process has the file open or
+ *    mapped), else the MSGQ_E* code of the damage.
+ * Not a regular file: MSGQ_EBADMAGIC, never removed. Returns 0 when removed, with out
+ * describing what was removed. */
+int msgq_queue_remove_unused(const char *path, int remove_damaged, msgq_queue_info *out);
 
 #endif

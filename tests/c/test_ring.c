@@ -10,6 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -450,6 +454,225 @@ static void test_names(void) {
   CHECK(msgq_validate_name(long_name) == 0);
 }
 
+/* --- inspection (msgq queues) -------------------------------------------------------- */
+
+/* A pid that cannot exist (above the kernel's largest pid_max). */
+#define DEAD_PID 0x7ffffff0
+
+static void test_inspect_reports_without_touching(void) {
+  test_queue q = make_queue(4096);
+  msgq_queue_info info;
+  CHECK(msgq_ring_inspect(q.mem, q.size, &info) == 0);
+  CHECK(info.capacity == 4096 && info.file_size == q.size);
+  CHECK(info.publisher_pid == 0 && !info.publisher_alive);
+  CHECK(info.readers_claimed == 0 && info.readers_live == 0 && info.write_pointer == 0);
+  CHECK(info.creator_pid == (int32_t)getpid() && info.created_ns > 0);
+
+  msgq_publisher pub;
+  msgq_subscriber sub;
+  msgq_publisher_init(&pub, &q.ring);
+  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  CHECK(msgq_publisher_send(&pub, "hello", 5) == 0);
+  /* A reader slot and the publisher held by dead processes count as claimed, not live. */
+  atomic_store(&q.ring.header->readers[9].owner_pid, DEAD_PID);
+  void *before = malloc(q.size);
+  memcpy(before, q.mem, q.size);
+  CHECK(msgq_ring_inspect(q.mem, q.size, &info) == 0);
+  CHECK(memcmp(before, q.mem, q.size) == 0); /* inspecting writes nothing */
+  CHECK(info.publisher_pid == (int32_t)getpid() && info.publisher_alive);
+  CHECK(info.write_pointer == 16); /* 8-byte size prefix + 5 bytes padded to 8 */
+  CHECK(info.readers_claimed == 2 && info.readers_live == 1);
+  CHECK(info.reader_pids[sub.slot] == (int32_t)getpid() && info.reader_alive[sub.slot]);
+  CHECK(info.reader_pids[9] == DEAD_PID && !info.reader_alive[9]);
+  CHECK(info.active_readers == (1ULL << sub.slot));
+  atomic_store(&q.ring.header->publisher_pid, DEAD_PID);
+  CHECK(msgq_ring_inspect(q.mem, q.size, &info) == 0);
+  CHECK(info.publisher_pid == DEAD_PID && !info.publisher_alive);
+  free(before);
+  msgq_subscriber_release(&sub);
+  free_queue(&q);
+}
+
+static void test_inspect_damaged_headers(void) {
+  test_queue q = make_queue(4096);
+  msgq_queue_info info;
+  CHECK(msgq_ring_inspect(NULL, 0, &info) == MSGQ_EBADMAGIC && info.unfinished);
+  CHECK(msgq_ring_inspect(q.mem, 4, &info) == MSGQ_EBADMAGIC && !info.unfinished);
+  CHECK(msgq_ring_inspect(q.mem, 100, &info) == MSGQ_EGEOMETRY); /* truncated */
+  CHECK(msgq_ring_inspect(q.mem, q.size - 8, &info) == MSGQ_EGEOMETRY);
+  CHECK(info.magic == MSGQ_MAGIC && info.layout_version == MSGQ_LAYOUT_VERSION);
+  CHECK(info.capacity == 0 && info.publisher_pid == 0); /* nothing past the damage */
+  q.ring.header->layout_version = 7;
+  CHECK(msgq_ring_inspect(q.mem, q.size, &info) == MSGQ_EVERSION && info.layout_version == 7);
+  atomic_store(&q.ring.header->magic, 0);
+  CHECK(msgq_ring_inspect(q.mem, q.size, &info) == MSGQ_EBADMAGIC && info.magic == 0);
+  CHECK(info.layout_version == 0); /* not read from a file that is not a queue */
+  CHECK(info.unfinished);
+  free_queue(&q);
+
+  /* Random bytes of every small length, in buffers exactly that long (ASan catches any
+   * read past the end), and valid headers with random mutable parts. */
+  unsigned seed = 777;
+  for (size_t size = 0; size < MSGQ_HEADER_SIZE + 200; size += 1 + size / 16) {
+    uint8_t *mem = malloc(size ? size : 1);
+    for (size_t i = 0; i < size; i++) mem[i] = (uint8_t)rand_r(&seed);
+    int r = msgq_ring_inspect(mem, size, &info);
+    CHECK(r == MSGQ_EBADMAGIC || r == MSGQ_EVERSION || r == MSGQ_EGEOMETRY);
+    free(mem);
+  }
+  for (int iter = 0; iter < 200; iter++) {
+    test_queue g = make_queue(1024);
+    size_t start = offsetof(msgq_header, write_pointer);
+    for (size_t i = start; i < g.size; i++) ((uint8_t *)g.mem)[i] = (uint8_t)rand_r(&seed);
+    CHECK(msgq_ring_inspect(g.mem, g.size, &info) == 0);
+    CHECK(info.readers_live <= info.readers_claimed &&
+          info.readers_claimed <= MSGQ_READER_SLOTS);
+    free_queue(&g);
+  }
+}
+
+static void write_file(const char *path, const void *data, size_t len) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd >= 0) {
+    if (write(fd, data, len) != (ssize_t)len) fprintf(stderr, "short write %s\n", path);
+    close(fd);
+  }
+}
+
+static int file_exists(const char *path) {
+  struct stat st;
+  return lstat(path, &st) == 0;
+}
+
+static void test_queue_file_inspect_and_remove(void) {
+  char prefix[64], path[MSGQ_MAX_PATH_LEN], dir[MSGQ_MAX_PATH_LEN], other[MSGQ_MAX_PATH_LEN];
+  snprintf(prefix, sizeof prefix, "ctest_inspect_%d", (int)getpid());
+  setenv("MSGQ_PREFIX", prefix, 1);
+  msgq_queue_info info;
+  msgq_ring ring;
+  CHECK(msgq_queue_open("inspected", 4096, MSGQ_ROLE_PUBLISHER, &ring, NULL) == 0);
+  msgq_publisher pub;
+  msgq_publisher_init(&pub, &ring);
+  msgq_queue_path("inspected", path, sizeof path);
+  msgq_queue_dir(dir, sizeof dir);
+  CHECK(msgq_queue_inspect(path, &info) == 0);
+  CHECK(info.capacity == 4096 && info.publisher_alive);
+  /* A live publisher keeps its queue; once it let go, the queue goes. */
+  CHECK(msgq_queue_remove_unused(path, 1, &info) == -EBUSY && file_exists(path));
+  msgq_publisher_release(&pub);
+  CHECK(msgq_queue_remove_unused(path, 0, &info) == 0 && !file_exists(path));
+  msgq_queue_unmap(&ring);
+  CHECK(msgq_queue_inspect(path, &info) == -ENOENT);
+
+  /* An opener holding the lock (creating or registering) makes inspect give up after
+   * its short wait, not block. */
+  int locked;
+  CHECK(msgq_queue_open("inspected", 4096, MSGQ_ROLE_SUBSCRIBER, &ring, &locked) == 0);
+  int64_t t0 = os_monotonic_ns();
+  CHECK(msgq_queue_inspect(path, &info) == -EAGAIN);
+  CHECK(msgq_queue_remove_unused(path, 1, &info) == -EAGAIN && file_exists(path));
+  CHECK(os_monotonic_ns() - t0 < 2000000000LL);
+  msgq_queue_unlock(locked);
+  msgq_queue_unmap(&ring);
+  CHECK(msgq_queue_inspect(path, &info) == 0 && info.readers_claimed == 0);
+  unlink(path);
+
+  /* Garbage is damaged: kept unless the caller allows removing damaged files. */
+  msgq_queue_path("garbage", other, sizeof other);
+  uint8_t junk[300];
+  for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)(i * 37 + 11);
+  write_file(other, junk, sizeof junk);
+  CHECK(msgq_queue_inspect(other, &info) == MSGQ_EBADMAGIC && info.file_size == sizeof junk);
+  CHECK(msgq_queue_remove_unused(other, 0, &info) == MSGQ_EBADMAGIC && file_exists(other));
+  CHECK(msgq_queue_remove_unused(other, 1, &info) == 0 && !file_exists(other));
+  /* A file its creator never finished (magic 0) goes without asking. */
+  memset(junk, 0, sizeof junk);
+  write_file(other, junk, sizeof junk);
+  CHECK(msgq_queue_remove_unused(other, 0, &info) == 0 && !file_exists(other));
+  /* Not a regular file: reported, never opened for long, never removed. */
+  CHECK(mkfifo(other, 0600) == 0);
+  CHECK(msgq_queue_inspect(other, &info) == MSGQ_EBADMAGIC);
+  CHECK(msgq_queue_remove_unused(other, 1, &info) == MSGQ_EBADMAGIC && file_exists(other));
+  unlink(other);
+  CHECK(symlink("/etc/passwd", other) == 0);
+  CHECK(msgq_queue_inspect(other, &info) == -ELOOP);
+  CHECK(msgq_queue_remove_unused(other, 1, &info) == -ELOOP && file_exists(other));
+  unlink(other);
+  rmdir(dir);
+  unsetenv("MSGQ_PREFIX");
+}
+
+/* How many of this process's fds refer to the file at path. */
+static int fds_open_on(const char *path) {
+  struct stat target, st;
+  if (stat(path, &target) != 0) return 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    char link[300];
+    snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+    if (stat(link, &st) == 0 && st.st_dev == target.st_dev && st.st_ino == target.st_ino)
+      n++;
+  }
+  closedir(d);
+  return n;
+}
+
+static void *subscribe_to_removed(void *arg) {
+  msgq_subscriber *sub = arg;
+  msgq_ring ring;
+  int fd, r;
+  while ((r = msgq_queue_open("removed", 0, MSGQ_ROLE_SUBSCRIBER, &ring, &fd)) == -EAGAIN) {
+  }
+  if (r == 0) {
+    msgq_subscriber_init(sub, &ring, false);
+    msgq_queue_unlock(fd);
+  }
+  return NULL;
+}
+
+static void test_opener_of_a_removed_file_opens_again(void) {
+  /* A subscriber that opened the path before `msgq queues --clean` unlinked it, and got
+   * the lock after, must not register in the removed file (where no later publisher
+   * would find it): it opens the path again and makes a fresh queue. */
+  char prefix[64], path[MSGQ_MAX_PATH_LEN], dir[MSGQ_MAX_PATH_LEN];
+  snprintf(prefix, sizeof prefix, "ctest_removed_%d", (int)getpid());
+  setenv("MSGQ_PREFIX", prefix, 1);
+  msgq_ring ring;
+  int locked;
+  CHECK(msgq_queue_open("removed", 4096, MSGQ_ROLE_PUBLISHER, &ring, &locked) == 0);
+  msgq_publisher pub;
+  msgq_publisher_init(&pub, &ring);
+  msgq_queue_path("removed", path, sizeof path);
+  msgq_queue_dir(dir, sizeof dir);
+  msgq_subscriber sub;
+  memset(&sub, 0, sizeof sub);
+  sub.slot = -1;
+  pthread_t t;
+  pthread_create(&t, NULL, subscribe_to_removed, &sub);
+  while (fds_open_on(path) < 2) sched_yield(); /* it opened the file, waits for the lock */
+  struct stat old;
+  stat(path, &old);
+  unlink(path);
+  msgq_queue_unlock(locked);
+  pthread_join(t, NULL);
+  msgq_queue_info info;
+  struct stat now;
+  CHECK(stat(path, &now) == 0 && now.st_ino != old.st_ino);
+  CHECK(msgq_queue_inspect(path, &info) == 0);
+  CHECK(info.readers_claimed == 1 && info.publisher_pid == 0);
+  CHECK(sub.slot >= 0 && sub.ring.header != ring.header);
+  if (sub.slot >= 0) msgq_subscriber_release(&sub);
+  msgq_queue_unmap(&sub.ring);
+  msgq_publisher_release(&pub);
+  msgq_queue_unmap(&ring);
+  unlink(path);
+  rmdir(dir);
+  unsetenv("MSGQ_PREFIX");
+}
+
 /* --- threaded stress: one writer, several readers, checksummed payloads ------------- */
 
 #define STRESS_MESSAGES 200000
@@ -563,6 +786,10 @@ int main(void) {
   RUN(test_reader_slots_exhaust_and_free);
   RUN(test_names);
   RUN(test_queue_not_recreated_under_a_new_subscriber);
+  RUN(test_inspect_reports_without_touching);
+  RUN(test_inspect_damaged_headers);
+  RUN(test_queue_file_inspect_and_remove);
+  RUN(test_opener_of_a_removed_file_opens_again);
   RUN(test_threaded_stress);
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;

@@ -1,0 +1,345 @@
+"""The ``msgq`` command, run as users run it (``python -m msgq``, a separate process)
+against queues of real publisher and subscriber processes in the test's namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import msgq.cli
+import msgq.cli.bench
+from msgq.cli import main
+from msgq.cli.output import human_age, human_bytes, paint, use_colour
+from msgq.shm_backend import queue_dir, queue_path
+
+pytestmark = pytest.mark.multiprocess
+
+# A publisher or subscriber in a process of its own: connects, says "ready", then waits
+# until its stdin closes (or it is killed).
+ENDPOINT_PROCESS = """
+import sys
+import msgq
+role, endpoint = sys.argv[1], sys.argv[2]
+if role == "pub":
+    sock = msgq.pub_sock(endpoint, segment_size=4096)
+    sock.send(b"x" * 100)
+else:
+    sock = msgq.sub_sock(endpoint, segment_size=4096)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def child_env() -> dict[str, str]:
+    """The test's environment (with its MSGQ_PREFIX), on the shared-memory backend."""
+    env = dict(os.environ)
+    env["MSGQ_BACKEND"] = "msgq"
+    env.pop("ZMQ", None)
+    env["NO_COLOR"] = "1"
+    return env
+
+
+def msgq_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "msgq", *args],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+class Endpoints:
+    """Starts publisher/subscriber processes and stops them at the end of the test."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, role: str, endpoint: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ENDPOINT_PROCESS, role, endpoint],
+            env=child_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until it is connected (or died)
+        assert line == "ready\n", f"{role} of {endpoint} did not start"
+        return proc
+
+    @staticmethod
+    def kill(proc: subprocess.Popen[str]) -> None:
+        """SIGKILL, then reap it: until reaped a killed child still exists (a zombie)."""
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+
+
+@pytest.fixture
+def endpoints() -> Iterator[Endpoints]:
+    procs = Endpoints()
+    yield procs
+    procs.stop_all()
+
+
+def queues_json() -> dict[str, Any]:
+    proc = msgq_cli("queues", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def by_endpoint(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {q["endpoint"]: q for q in document["queues"]}
+
+
+def one_line(text: str) -> str:
+    lines = text.strip("\n").split("\n")
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+# --- the command itself ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [None, *msgq.cli.COMMANDS])
+def test_help_has_examples_and_exits_zero(command: str | None) -> None:
+    proc = msgq_cli(*([command] if command else []), "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: msgq" in proc.stdout
+    assert "examples:\n  msgq" in proc.stdout
+    assert proc.stderr == ""
+
+
+def test_unknown_command_is_a_one_line_error() -> None:
+    proc = msgq_cli("queus")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    line = one_line(proc.stderr)
+    assert line.startswith("msgq: error: unknown command 'queus'")
+    assert "did you mean 'queues'?" in line
+
+
+def test_bad_option_is_a_one_line_error() -> None:
+    proc = msgq_cli("queues", "--no-such-option")
+    assert proc.returncode == 2
+    line = one_line(proc.stderr)
+    assert line.startswith("msgq queues: error: unrecognized arguments: --no-such-option")
+
+
+def test_no_command_shows_help_and_fails() -> None:
+    proc = msgq_cli()
+    assert proc.returncode == 2
+    assert "commands:" in proc.stderr
+
+
+def test_interrupt_exits_130_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("msgq.cli.queues.run", interrupted)
+    assert main(["queues"]) == 130
+    out, err = capsys.readouterr()
+    assert out == "" and err == ""
+
+
+def test_colour_only_on_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    assert use_colour(Terminal())  # type: ignore[arg-type]
+    assert paint("dead", "red", Terminal()) == "\x1b[31mdead\x1b[0m"  # type: ignore[arg-type]
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not use_colour(Terminal())  # type: ignore[arg-type]
+    monkeypatch.delenv("NO_COLOR")
+    assert not use_colour(open(os.devnull, "w"))  # noqa: SIM115
+
+
+def test_human_forms() -> None:
+    assert [human_bytes(n) for n in (None, 0, 1536, 10 * 2**20, 300 * 2**30)] == [
+        "-",
+        "0 B",
+        "1.5 KiB",
+        "10.0 MiB",
+        "300 GiB",
+    ]
+    assert [human_age(s) for s in (None, 5.9, 130, 7200, 3 * 86400)] == [
+        "-",
+        "5 s ago",
+        "2 min ago",
+        "2 h ago",
+        "3 d ago",
+    ]
+
+
+# --- msgq queues -------------------------------------------------------------------------
+
+
+def test_queues_in_an_empty_namespace() -> None:
+    proc = msgq_cli("queues")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("no queues in ")
+    assert queues_json()["queues"] == []
+
+
+def test_queues_lists_a_live_publisher_and_its_readers(endpoints: Endpoints) -> None:
+    pub = endpoints.start("pub", "ep_live")
+    endpoints.start("sub", "ep_live")
+    endpoints.start("sub", "ep_live")
+    q = by_endpoint(queues_json())["ep_live"]
+    assert q["state"] == "live" and q["valid"] is True
+    assert q["publisher_pid"] == pub.pid and q["publisher_alive"] is True
+    assert (q["readers_live"], q["readers_claimed"]) == (2, 2)
+    assert q["segment_size"] == 4096
+    assert q["bytes_written"] == 8 + 104  # size prefix + 100 bytes padded to 8
+    assert q["path"] == queue_path("ep_live")
+    assert 0 <= q["age_s"] < 600
+
+    proc = msgq_cli("queues")
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b[" not in proc.stdout  # no colour into a pipe
+    row = next(line.split() for line in proc.stdout.splitlines() if line.startswith("ep_live"))
+    assert row[:6] == ["ep_live", "live", "4.0", "KiB", str(pub.pid), "alive"]
+    assert row[6] == "2/2"
+
+
+def test_a_killed_publisher_shows_as_dead(endpoints: Endpoints) -> None:
+    pub = endpoints.start("pub", "ep_dead")
+    endpoints.kill(pub)
+    q = by_endpoint(queues_json())["ep_dead"]
+    assert q["state"] == "dead"
+    assert q["publisher_pid"] == pub.pid and q["publisher_alive"] is False
+    proc = msgq_cli("queues")
+    assert f"{pub.pid} dead" in proc.stdout
+
+
+def test_clean_removes_only_the_queues_nobody_alive_uses(endpoints: Endpoints) -> None:
+    endpoints.start("pub", "ep_live_pub")
+    endpoints.kill(endpoints.start("pub", "ep_live_reader"))
+    endpoints.start("sub", "ep_live_reader")  # a live reader, its publisher dead
+    endpoints.kill(endpoints.start("pub", "ep_all_dead"))
+    endpoints.kill(endpoints.start("sub", "ep_all_dead"))
+    paths = {
+        name: Path(queue_path(name)) for name in ("ep_live_pub", "ep_live_reader", "ep_all_dead")
+    }
+
+    dry = msgq_cli("queues", "--clean", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would remove ep_all_dead" in dry.stdout
+    assert all(p.exists() for p in paths.values())
+
+    proc = msgq_cli("queues", "--clean")
+    assert proc.returncode == 0, proc.stderr
+    assert "removed ep_all_dead" in proc.stdout
+    assert "kept ep_live_pub: in use by a live process" in proc.stdout
+    assert "kept ep_live_reader: in use by a live process" in proc.stdout
+    assert not paths["ep_all_dead"].exists()
+    assert paths["ep_live_pub"].exists() and paths["ep_live_reader"].exists()
+    assert set(by_endpoint(queues_json())) == {"ep_live_pub", "ep_live_reader"}
+
+    document = json.loads(msgq_cli("queues", "clean", "--json").stdout)
+    assert document["removed"] == [] and len(document["kept"]) == 2
+
+
+def test_damaged_files_are_listed_not_trusted(endpoints: Endpoints) -> None:
+    folder = Path(queue_dir(create=True))
+    (folder / "msgq_random").write_bytes(os.urandom(5000))
+    (folder / "msgq_empty").write_bytes(b"")
+    pub = endpoints.start("pub", "ep_truncated")
+    endpoints.kill(pub)
+    os.truncate(queue_path("ep_truncated"), 100)
+    (folder / "msgq_link").symlink_to(folder / "msgq_random")
+    # Not queues: other files of the namespace are not listed at all.
+    (folder / "msgq-fake.0123.ep.state").write_bytes(b"x" * 64)
+    vision = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    vision.bind(str(folder / "visionipc_camerad"))
+
+    try:
+        queues = by_endpoint(queues_json())
+        assert set(queues) == {"random", "empty", "ep_truncated", "link"}
+        assert queues["random"]["state"] == "damaged"
+        assert queues["random"]["error"] == "file is not a msgq queue (bad magic number)"
+        assert queues["ep_truncated"]["state"] == "damaged"
+        assert "inconsistent" in queues["ep_truncated"]["error"]
+        assert queues["empty"]["state"] == "unfinished"
+        assert queues["link"]["state"] == "damaged"
+        assert "symlink" in queues["link"]["error"]
+
+        proc = msgq_cli("queues")
+        assert proc.returncode == 0, proc.stderr
+        assert "random: damaged: file is not a msgq queue" in proc.stdout
+
+        proc = msgq_cli("queues", "--clean")
+        assert proc.returncode == 0, proc.stderr
+        assert "removed empty: unfinished" in proc.stdout
+        assert "kept link: a symlink, not a queue file: never removed" in proc.stdout
+        assert (folder / "msgq_link").is_symlink()
+        assert (folder / "visionipc_camerad").exists()
+    finally:
+        vision.close()
+
+
+# --- msgq bench ------------------------------------------------------------------------
+
+
+def test_bench_core_runs_and_prints_its_table() -> None:
+    proc = msgq_cli(
+        "bench", "core", "--",
+        "--quick", "--backends", "msgq", "--sizes", "8", "--subs", "1",
+        "--repeat", "1", "--duration", "0.1", "--tests", "throughput",
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert any(r[:5] == ["throughput", "8", "B", "1", "sub"] and "msgq" in r for r in rows), (
+        proc.stdout
+    )
+
+
+def test_bench_passes_exit_codes_through() -> None:
+    proc = msgq_cli("bench", "core", "--", "--sizes", "1")  # below the bench's minimum
+    assert proc.returncode == 2
+    assert "msgq-bench: error:" in proc.stderr
+
+
+def test_bench_without_a_suite_module_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(
+        msgq.cli.bench.SUITES, "visionipc", ("msgq.no_such_bench", "not written yet")
+    )
+    assert main(["bench", "visionipc"]) == 1
+    err = one_line(capsys.readouterr().err)
+    assert err == (
+        "msgq bench: error: the visionipc benchmark (msgq.no_such_bench) is not in this "
+        "installation of msgq"
+    )
+
+
+def test_bench_unknown_suite_is_a_usage_error() -> None:
+    proc = msgq_cli("bench", "gpu")
+    assert proc.returncode == 2
+    assert one_line(proc.stderr).startswith("msgq bench: error: unknown suite 'gpu'")
