@@ -12,9 +12,9 @@ read completely but not amplified.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
+from msgq.lockstep import clock
 from msgq.schemas import Schema, default_schema
 
 __all__ = ["MessageDecodeError", "decode_event", "log_from_bytes", "new_message"]
@@ -31,11 +31,12 @@ class MessageDecodeError(ValueError):
 
 def new_message(service: str | None = None, size: int | None = None,
                 schema: Schema | None = None, **kwargs: Any) -> Any:
-    """A new Event builder: ``logMonoTime`` = CLOCK_MONOTONIC now (ns), ``valid`` False,
+    """A new Event builder: ``logMonoTime`` = now (ns; CLOCK_MONOTONIC, or the replayed time
+    under the lockstep harness, see :mod:`msgq.lockstep.clock`), ``valid`` False,
     ``kwargs`` set as fields; with ``service``, that union member is initialised (``size``
     elements when it is a list). Unknown service → KeyError with close matches."""
     schema = schema or default_schema()
-    kwargs.setdefault("logMonoTime", time.monotonic_ns())
+    kwargs.setdefault("logMonoTime", clock.monotonic_ns())
     kwargs.setdefault("valid", False)
     msg = schema.event.new_message(**kwargs)
     if service is not None:

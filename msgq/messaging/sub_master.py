@@ -20,11 +20,11 @@ Sockets conflate: each update sees the newest message of each service.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgq
+from msgq.lockstep import clock
 from msgq.messaging.events import MessageDecodeError, decode_event
 from msgq.messaging.frequency import FrequencyTracker
 from msgq.schemas import Schema, default_schema
@@ -155,7 +155,7 @@ class SubMaster:
             data = self.sock[service].receive(non_blocking=True)
             if data is not None:
                 msgs.append(self._decode(service, data))
-        self.update_msgs(time.monotonic(), msgs)
+        self.update_msgs(clock.monotonic(), msgs)
 
     def update_msgs(self, cur_time: float, msgs: Sequence[Any]) -> None:
         """Takes ``msgs`` (Event readers, or None entries, which are skipped) as received
