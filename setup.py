@@ -3,7 +3,7 @@
 import os
 
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 C_CORE = [
     "msgq/src/msgq_ring.c",
@@ -33,11 +33,10 @@ setup(
         "msgq.visionipc": "visionipc",
         "msgq.schemas": "schemas",
     },
+    # msgq and its subpackages, plus the two top-level folders mapped into it.
     packages=[
         "msgq",
-        "msgq.cli",
-        "msgq.logs",
-        "msgq.messaging",
+        *(f"msgq.{name}" for name in find_packages("msgq")),
         "msgq.visionipc",
         "msgq.schemas",
     ],

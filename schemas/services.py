@@ -14,7 +14,7 @@ A queue accepts messages up to a third of its size (the ring protocol needs at l
 to fit), so the floor of four messages guarantees that a message of ``message_size``
 bytes always fits, whatever the frequency or the bound. Memory stays proportional to what
 a service carries: a 100 Hz IMU gets 64 KiB, a 20 Hz model output a few MiB, instead of
-10 MiB each. ``python -m msgq.schemas.services`` prints the table and the total.
+10 MiB each. ``python -m msgq.schemas`` prints the table and the total.
 
 This module imports no Cap'n Proto: the socket layer and the ZMQ backend read it cheaply.
 """

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.multiprocess
 def test_demo_reports_every_message_and_keeps_the_callers_queues(endpoint: str) -> None:
     mine = msgq.pub_sock(endpoint)  # a queue in the caller's namespace (MSGQ_PREFIX)
     proc = subprocess.run(
-        [sys.executable, "-m", "msgq.demo", "--seconds", "0.3", "--subscribers", "2"],
+        [sys.executable, "-m", "msgq.demo.throughput", "--seconds", "0.3", "--subscribers", "2"],
         capture_output=True, text=True, timeout=120, env=os.environ.copy(),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

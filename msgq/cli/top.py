@@ -96,7 +96,10 @@ class _Watcher:
                     self.last_seen[s] = time.monotonic()
 
     def reset(self) -> None:
-        for s in self.counts:
+        """Starts a sample: what is already queued belongs to the time before it."""
+        for s, sock in self.sockets.items():
+            while sock.receive(non_blocking=True) is not None:
+                pass
             self.counts[s] = 0
             self.bytes[s] = 0
 

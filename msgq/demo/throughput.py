@@ -1,9 +1,9 @@
-"""The main job on its embedded defaults: a publisher and subscribers in separate
-processes, and a report of what flowed and how fast.
+"""The throughput demo: a publisher and subscribers in separate processes, and a report
+of what flowed and how fast (``./run.sh throughput``).
 
-    python -m msgq.demo                       # 3 subscribers, 3 s, 1 KiB messages at full speed
-    python -m msgq.demo --subscribers 5 --size 65536 --seconds 5
-    python -m msgq.demo --rate 100            # paced like a 100 Hz sensor
+    python -m msgq.demo.throughput            # 3 subscribers, 3 s, 1 KiB messages, full speed
+    python -m msgq.demo.throughput --subscribers 5 --size 65536 --seconds 5
+    python -m msgq.demo.throughput --rate 100 # paced like a 100 Hz sensor
 
 Each message carries a sequence number and a CRC32 of its body; every subscriber checks
 both, so the table shows messages lost (sequence gaps) and messages damaged (CRC
@@ -110,10 +110,10 @@ def run_publisher(endpoint: str, size: int, seconds: float, rate: float, go, res
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m msgq.demo",
+        prog="python -m msgq.demo.throughput",
         description="Publisher and subscribers in separate processes; prints what flowed "
         "and how fast.",
-        epilog="example: python -m msgq.demo --subscribers 4 --size 65536 --seconds 5",
+        epilog="example: python -m msgq.demo.throughput --subscribers 4 --size 65536 --seconds 5",
     )
     parser.add_argument("--subscribers", type=int, default=3, help="subscriber processes (3)")
     parser.add_argument("--size", type=int, default=1024, help="message size in bytes (1024)")
