@@ -40,6 +40,8 @@ COMMANDS: tuple[str, ...] = (
     "dump",
     "top",
     "queues",
+    "record",
+    "replay",
     "bench",
 )
 

@@ -20,6 +20,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "core": ("msgq.bench", "msgq pub/sub: throughput and round trips against its peers"),
     "visionipc": ("msgq.visionipc.bench", "VisionIPC: frames through shared buffers"),
     "messaging": ("msgq.messaging.bench", "SubMaster.update and PubMaster.send per call"),
+    "logs": ("msgq.logs.bench", "log read throughput and the zero-drop record rate"),
 }
 
 DESCRIPTION = """\
@@ -30,6 +31,8 @@ Run the benchmark programs and print their tables.
   visionipc  python -m msgq.visionipc.bench: VisionIPC frame rates and latency
   messaging  python -m msgq.messaging.bench: SubMaster.update / PubMaster.send cost,
              with the Cap'n Proto share
+  logs       python -m msgq.logs.bench: LogReader events/s and MB/s, and the rate the
+             recorder keeps up with, without drops
   all        every suite, one after the other (the default)
 
 Arguments after '--' go to the suite's own program; 'msgq bench core -- --help' lists

@@ -5,6 +5,7 @@
 * :class:`LogReader` — events from a file, folder, glob or list, streamed, filtered by
   service, optionally merged in time order; truncation and corruption reported with
   file and byte offset.
+* :class:`Recorder` / :class:`Replayer` — record live services, replay logs in real time.
 
 The file format is described in docs/logs.md.
 """
@@ -18,6 +19,8 @@ from msgq.logs.reader import (
     TruncatedLogWarning,
     segment_paths,
 )
+from msgq.logs.recorder import Recorder, RecordStats
+from msgq.logs.replayer import Replayer, ReplayStats
 from msgq.logs.segment import LogProblem
 from msgq.logs.writer import COMPRESSIONS, LogWriter, close_on_termination
 
@@ -29,6 +32,10 @@ __all__ = [
     "LogProblem",
     "LogReader",
     "LogWriter",
+    "RecordStats",
+    "Recorder",
+    "ReplayStats",
+    "Replayer",
     "SegmentIndex",
     "TruncatedLogWarning",
     "close_on_termination",

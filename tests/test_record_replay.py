@@ -1,0 +1,412 @@
+"""msgq record / msgq replay: the Recorder against live publisher processes (exact counts
+by sequence number), clean stops by signal, replay timing, filters, offsets and loops, the
+two commands end to end, and a tiny run of the logs benchmark."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import msgq
+from msgq.cli import COMMANDS
+from msgq.logs import LogReader, LogWriter, read_index
+from msgq.logs.bench import sequence_number, sequenced_message
+from msgq.logs.recorder import Recorder, default_services
+from msgq.logs.replayer import Replayer
+from msgq.messaging import new_message
+
+pytestmark = pytest.mark.multiprocess
+
+# `python -m msgq record ...` once the commands are registered in msgq.cli.COMMANDS;
+# until then the same entry point with the two modules added to the list.
+if {"record", "replay"} <= set(COMMANDS):
+    MSGQ = [sys.executable, "-m", "msgq"]
+else:
+    MSGQ = [sys.executable, "-c", "import sys, msgq.cli as c; "
+            "c.COMMANDS = (*c.COMMANDS, 'record', 'replay'); sys.exit(c.main())"]
+
+PUBLISH = textwrap.dedent("""
+    import sys, time
+    import msgq
+    from msgq.logs.bench import sequenced_message
+    from msgq.messaging import new_message
+    service, count, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    pub = msgq.pub_sock(service)
+    start = time.monotonic()
+    for i in range(count):
+        if service == "roadEncodeIdx":
+            data = new_message(service).to_bytes()
+        else:
+            data = sequenced_message(service, i)
+        pub.send(data)
+        pause = start + (i + 1) / rate - time.monotonic()  # the publishing rate
+        if pause > 0:
+            time.sleep(pause)
+""")
+
+
+def _start_recorder(folder: Path, *args: str) -> subprocess.Popen[str]:
+    """``msgq record ... -o folder``, returned once it has subscribed (its first line on
+    stderr)."""
+    proc = subprocess.Popen([*MSGQ, "record", *args, "-o", str(folder)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert "recording" in line, line + proc.stderr.read()
+    return proc
+
+
+def _publish(*specs: tuple[str, int, float]) -> None:
+    """Runs one publisher process per (service, count, rate) and waits for all."""
+    procs = [subprocess.Popen([sys.executable, "-c", PUBLISH, s, str(n), str(r)])
+             for s, n, r in specs]
+    for proc in procs:
+        assert proc.wait(30) == 0
+
+
+def _stop(proc: subprocess.Popen[str], signum: int) -> tuple[str, str]:
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out + err
+    return out, err
+
+
+def _read_log(folder: Path) -> dict[str, list[bytes]]:
+    """Events by service (logStart left out); any damage or truncation fails."""
+    by_service: dict[str, list[bytes]] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for event in LogReader(folder).raw():
+            if event.service != "logStart":
+                by_service.setdefault(event.service, []).append(event.data)
+    return by_service
+
+
+def _sequences(events: list[bytes], service: str) -> list[int]:
+    return [sequence_number(data, service) for data in events]
+
+
+# --- recording ----------------------------------------------------------------------------
+
+
+def test_record_live_publishers_exact_counts(tmp_path: Path) -> None:
+    folder = tmp_path / "rec"
+    proc = _start_recorder(folder, "--json")
+    _publish(("gyroscope", 600, 300.0), ("controllerState", 400, 200.0),
+             ("roadCameraState", 40, 20.0), ("roadEncodeIdx", 40, 20.0))
+    out, _ = _stop(proc, signal.SIGINT)
+
+    log = _read_log(folder)
+    assert _sequences(log["gyroscope"], "gyroscope") == list(range(600))
+    assert _sequences(log["controllerState"], "controllerState") == list(range(400))
+    assert _sequences(log["roadCameraState"], "roadCameraState") == list(range(40))
+    assert "roadEncodeIdx" not in log  # should_log is False: not recorded by default
+    assert set(log) == {"gyroscope", "controllerState", "roadCameraState"}
+
+    stats = json.loads(out)
+    assert stats["messages"] == 1040 and stats["drops"] == 0 and stats["bad"] == 0
+    assert stats["services"]["gyroscope"]["messages"] == 600
+    assert stats["services"]["controllerState"]["bytes"] == sum(map(len, log["controllerState"]))
+    assert set(stats["services"]) == set(default_services())
+    assert "roadEncodeIdx" not in stats["services"] and "logStart" not in stats["services"]
+
+
+def test_record_named_services_only_and_sigterm_leaves_a_complete_log(tmp_path: Path) -> None:
+    folder = tmp_path / "rec"
+    proc = _start_recorder(folder, "gyroscope", "roadEncodeIdx", "--rotate-seconds", "0.5")
+    _publish(("gyroscope", 500, 250.0), ("accelerometer", 200, 200.0),
+             ("roadEncodeIdx", 30, 30.0))
+    out, _ = _stop(proc, signal.SIGTERM)
+
+    log = _read_log(folder)  # no truncation warning: the last frame was finished
+    assert set(log) == {"gyroscope", "roadEncodeIdx"}
+    assert _sequences(log["gyroscope"], "gyroscope") == list(range(500))
+    assert len(log["roadEncodeIdx"]) == 30
+    index = read_index(str(folder))
+    assert index is not None and len(index) >= 3  # 2 s of messages, 0.5 s segments
+    assert sum(s.counts.get("gyroscope", 0) for s in index) == 500
+    # the table: one row per service that sent something, and the total
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    assert rows["gyroscope"][1] == "500" and rows["roadEncodeIdx"][1] == "30"
+    assert rows["total"][1] == "530"
+
+
+def test_quiet_recording_reaches_the_disk_without_a_stop(tmp_path: Path) -> None:
+    folder = tmp_path / "rec"
+    proc = _start_recorder(folder, "gyroscope")
+    try:
+        _publish(("gyroscope", 50, 500.0))
+        deadline = time.monotonic() + 10
+        while True:  # written out about a second after the publisher went quiet
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                found = [e for e in LogReader(folder).raw() if e.service == "gyroscope"]
+            if len(found) == 50 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert len(found) == 50
+    finally:
+        proc.kill()  # no clean stop: what is on disk must already be readable
+        proc.communicate(timeout=10)
+    assert _sequences(_read_log(folder)["gyroscope"], "gyroscope") == list(range(50))
+
+
+def test_recorder_skips_bad_messages_and_counts_drops(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path / "rec", ["gyroscope"])
+    recorder.start()  # subscribed, not reading yet
+    pub = msgq.pub_sock("gyroscope")
+    pub.send(b"not capnp at all")
+    pub.send(new_message("can").to_bytes())  # an Event, of another service
+    pub.send(sequenced_message("gyroscope", 0) + b"\0" * 8)  # trailing bytes
+    pub.send(sequenced_message("gyroscope", 1))
+    recorder.stop()
+    stats = recorder.run()
+    assert stats.services["gyroscope"].bad == 3
+    assert stats.services["gyroscope"].messages == 1
+    assert _sequences(_read_log(tmp_path / "rec")["gyroscope"], "gyroscope") == [1]
+
+    # A recorder that does not read while the publisher fills its queue several times
+    # over is overtaken: the loss shows in drops, and the log has a gap, not garbage.
+    recorder = Recorder(tmp_path / "rec2", ["gyroscope"])
+    recorder.start()
+    sent = 5 * pub.segment_size // len(sequenced_message("gyroscope", 0))
+    for i in range(sent):
+        pub.send(sequenced_message("gyroscope", i))
+    recorder.stop()
+    stats = recorder.run()
+    assert stats.services["gyroscope"].drops >= 1  # type: ignore[operator]
+    logged = _sequences(_read_log(tmp_path / "rec2").get("gyroscope", []), "gyroscope")
+    assert len(logged) < sent and logged == sorted(logged)
+
+
+def test_record_errors(tmp_path: Path) -> None:
+    proc = subprocess.run([*MSGQ, "record", "gyroskope", "-o", str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "did you mean 'gyroscope'" in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+    with LogWriter(str(tmp_path / "used")) as writer:
+        writer.write(new_message("gyroscope"))
+    proc = subprocess.run([*MSGQ, "record", "-o", str(tmp_path / "used"), "--duration", "1"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and "already holds a recording" in proc.stderr
+
+    with pytest.raises(KeyError, match="gyroscope"):
+        Recorder(tmp_path / "y", ["gyroskope"])
+    with pytest.raises(ValueError, match="logStart"):
+        Recorder(tmp_path / "y", ["logStart"])
+
+
+def test_record_help_has_examples() -> None:
+    for command in ("record", "replay"):
+        proc = subprocess.run([*MSGQ, command, "--help"], capture_output=True, text=True,
+                              timeout=30)
+        assert proc.returncode == 0 and "examples:" in proc.stdout
+        assert f"msgq {command} " in proc.stdout
+
+
+# --- replay -------------------------------------------------------------------------------
+
+STEP_NS = 100_000_000  # 100 ms between logged events
+
+
+def _write_log(folder: Path, count: int, services: tuple[str, ...] = ("gyroscope",),
+               **kwargs: Any) -> list[bytes]:
+    """``count`` events, 100 ms apart, round-robin over ``services``, sequence i."""
+    events = [sequenced_message(services[i % len(services)], i, 10**9 + i * STEP_NS)
+              for i in range(count)]
+    with LogWriter(str(folder), **kwargs) as writer:
+        for data in events:
+            writer.write(data)
+    return events
+
+
+def _receive(sub: Any, count: int) -> list[tuple[float, bytes]]:
+    """``count`` messages with their arrival times (blocking receives, 5 s each at most)."""
+    out = []
+    for _ in range(count):
+        data = sub.receive()
+        assert data is not None, f"received {len(out)} of {count}"
+        out.append((time.monotonic(), data))
+    return out
+
+
+def _in_thread(replayer: Replayer) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(stats=replayer.run()))
+    thread.start()
+    return thread, result
+
+
+@pytest.mark.parametrize("speed", [1.0, 2.0])
+def test_replay_keeps_the_original_timing(tmp_path: Path, speed: float) -> None:
+    events = _write_log(tmp_path / "rec", 11)
+    sub = msgq.sub_sock("gyroscope", timeout=5000)
+    start_sub = msgq.sub_sock("logStart", timeout=0)
+    thread, result = _in_thread(Replayer(tmp_path / "rec", speed=speed))
+    got = _receive(sub, 11)
+    thread.join(10)
+    assert [data for _, data in got] == events  # the logged bytes, unchanged
+    gaps = [b - a for (a, _), (b, _) in zip(got, got[1:], strict=False)]
+    expected = STEP_NS / 1e9 / speed
+    mean = sum(gaps) / len(gaps)
+    assert abs(mean - expected) <= 0.015 / speed, gaps
+    # each gap too, but a loaded machine may delay one receive (the next then follows at
+    # once: the schedule is absolute), so the typical gap is checked, not the worst
+    assert abs(sorted(gaps)[len(gaps) // 2] - expected) <= 0.015 / speed, gaps
+    assert result["stats"].counts == {"gyroscope": 11} and result["stats"].passes == 1
+    assert start_sub.receive(non_blocking=True) is None  # logStart is never replayed
+
+
+def test_replay_fast_loops_and_filters(tmp_path: Path) -> None:
+    services = ("gyroscope", "accelerometer", "controllerState")
+    _write_log(tmp_path / "rec", 90, services)  # 9 s of log
+    subs = {s: msgq.sub_sock(s, timeout=5000) for s in services}
+
+    began = time.monotonic()
+    stats = Replayer(tmp_path / "rec", fast=True, loop=3).run()
+    assert time.monotonic() - began < 3
+    assert stats.passes == 3 and stats.counts == dict.fromkeys(services, 90)
+    for service, sub in subs.items():
+        seqs = [sequence_number(d, service) for _, d in _receive(sub, 90)]
+        assert seqs == [i for i in range(90) if services[i % 3] == service] * 3
+        assert sub.receive(non_blocking=True) is None
+
+    stats = Replayer(tmp_path / "rec", fast=True, services=["accelerometer"]).run()
+    assert stats.counts == {"accelerometer": 30}
+    stats = Replayer(tmp_path / "rec", fast=True, exclude=["accelerometer"]).run()
+    assert stats.counts == {"gyroscope": 30, "controllerState": 30}
+    with pytest.raises(KeyError, match="gyroscope"):
+        Replayer(tmp_path / "rec", services=["gyroskope"])
+
+
+def test_replay_start_offset_skips_segments(tmp_path: Path) -> None:
+    _write_log(tmp_path / "rec", 40, rotate_seconds=1.0)  # 4 s of log, 1 s segments
+    index = read_index(str(tmp_path / "rec"))
+    assert index is not None and len(index) == 4
+    replayer = Replayer(tmp_path / "rec", fast=True, start_s=2.5)
+    opened: list[str] = []
+    original = LogReader._segment_events
+
+    def spy(self: LogReader, path: str) -> Any:
+        opened.append(os.path.basename(path))
+        return original(self, path)
+
+    sub = msgq.sub_sock("gyroscope", timeout=5000)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LogReader, "_segment_events", spy)
+        stats = replayer.run()
+    assert stats.counts == {"gyroscope": 15}
+    assert [sequence_number(d, "gyroscope") for _, d in _receive(sub, 15)] == \
+        list(range(25, 40))
+    assert opened == [s.file for s in index[2:]]  # the first two were never read
+
+    # timed from the offset: the first event after 3.45 s (logged at 3.5 s) goes out
+    # 50 ms after the replay starts
+    thread, _ = _in_thread(Replayer(tmp_path / "rec", start_s=3.45, speed=1.0))
+    began = time.monotonic()
+    first = _receive(sub, 1)
+    thread.join(10)
+    assert 0.04 <= first[0][0] - began < 0.15
+    assert sequence_number(first[0][1], "gyroscope") == 35
+
+
+def test_replay_command(tmp_path: Path) -> None:
+    services = ("gyroscope", "accelerometer")
+    _write_log(tmp_path / "rec", 40, services)
+    subs = {s: msgq.sub_sock(s, timeout=5000) for s in services}
+    proc = subprocess.run([*MSGQ, "replay", str(tmp_path / "rec"), "--fast", "--loops", "2",
+                           "--exclude", "accelerometer", "--json"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["counts"] == {"gyroscope": 40} and summary["passes"] == 2
+    assert len(_receive(subs["gyroscope"], 40)) == 40
+    assert subs["accelerometer"].receive(non_blocking=True) is None
+
+    proc = subprocess.run([*MSGQ, "replay", str(tmp_path / "rec"), "--speed", "4",
+                           "--start", "2", "--services", "accelerometer"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert [sequence_number(d, "accelerometer") for _, d in
+            _receive(subs["accelerometer"], 10)] == list(range(21, 40, 2))
+    assert "done: 10 events" in proc.stdout
+
+    proc = subprocess.run([*MSGQ, "replay", str(tmp_path / "rec"), "--services", "gyroskope"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "did you mean 'gyroscope'" in proc.stderr
+    proc = subprocess.run([*MSGQ, "replay", str(tmp_path / "nothing")],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and "nothing" in proc.stderr
+
+
+def test_replay_loop_stops_on_ctrl_c(tmp_path: Path) -> None:
+    _write_log(tmp_path / "rec", 5)
+    sub = msgq.sub_sock("gyroscope", timeout=5000)
+    proc = subprocess.Popen([*MSGQ, "replay", str(tmp_path / "rec"), "--loop", "--speed", "10"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _receive(sub, 12)  # into the third pass
+    out, err = _stop(proc, signal.SIGINT)
+    assert out.startswith("SERVICE") and "stopped:" in out and "pass(es)" in out, out + err
+
+
+# --- benchmark ----------------------------------------------------------------------------
+
+
+def test_bench_tiny_run(tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "msgq.logs.bench", "--read-seconds", "1", "--repeat", "1",
+         "--compressions", "zstd,none", "--rates", "1000", "--seconds", "0.2",
+         "--json", str(out_json)],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "read LogReader.raw()" in proc.stdout and "record 1,000/s" in proc.stdout
+    assert "highest rate recorded with zero drops: 1,000" in proc.stdout
+    document = json.loads(out_json.read_text())
+    assert len(document["read"]) == 4 and all(r["events_per_s"] > 0 for r in document["read"])
+    (record,) = document["record"]
+    assert record["lost"] == 0 and record["drops"] == 0 and record["sent"] == 200
+    assert document["zero_drop_rate"] == 1000
+
+
+def test_recorder_on_zmq_records_and_cannot_see_drops(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSGQ_BACKEND", "zmq")
+    recorder = Recorder(tmp_path / "rec", ["gyroscope"])
+    ready = threading.Event()
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(stats=recorder.run(
+        on_ready=ready.set)))
+    thread.start()
+    try:
+        assert ready.wait(10)
+        pub = msgq.pub_sock("gyroscope")
+        deadline = time.monotonic() + 10
+        while pub.num_readers < 1:  # the recorder's socket reconnects to the new publisher
+            assert time.monotonic() < deadline, "the recorder never connected"
+            time.sleep(0.01)
+        for i in range(200):
+            pub.send(sequenced_message("gyroscope", i))
+        deadline = time.monotonic() + 10
+        while recorder.stats().services["gyroscope"].messages < 200:
+            assert time.monotonic() < deadline, recorder.stats()
+            time.sleep(0.01)
+    finally:
+        recorder.stop()
+        thread.join(10)
+    stats = result["stats"]
+    assert stats.backend == "zmq" and stats.drops is None and stats.messages == 200
+    assert _sequences(_read_log(tmp_path / "rec")["gyroscope"], "gyroscope") == list(range(200))
