@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["INDEX_NAME", "SegmentIndex", "read_index", "write_index"]
+__all__ = ["INDEX_NAME", "IndexCache", "SegmentIndex", "read_index", "write_index"]
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 1
@@ -59,3 +59,19 @@ def read_index(folder: str) -> list[SegmentIndex] | None:
         return [SegmentIndex(**entry) for entry in doc["segments"]]
     except (OSError, ValueError, TypeError, KeyError):
         return None
+
+
+class IndexCache:
+    """The index entries of segment files, reading each recording folder's index once."""
+
+    def __init__(self) -> None:
+        self._folders: dict[str, dict[str, SegmentIndex]] = {}
+
+    def entry(self, path: str) -> SegmentIndex | None:
+        """The index entry of the segment file at ``path``; None when its folder has no
+        usable index or the index does not list it."""
+        folder = os.path.dirname(path)
+        entries = self._folders.get(folder)
+        if entries is None:
+            entries = self._folders[folder] = {s.file: s for s in read_index(folder) or []}
+        return entries.get(os.path.basename(path))

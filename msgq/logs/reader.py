@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from msgq.logs.framing import EventLayout
-from msgq.logs.index import read_index
+from msgq.logs.index import IndexCache
 from msgq.logs.segment import LogProblem, read_messages
 from msgq.schemas import Schema, default_schema
 
@@ -171,12 +171,9 @@ class LogReader:
         if self.start_mono_ns is None and self.services is None:
             return self.paths
         keep = []
-        indexes: dict[str, dict[str, Any]] = {}
+        indexes = IndexCache()
         for path in self.paths:
-            folder = os.path.dirname(path)
-            if folder not in indexes:
-                indexes[folder] = {s.file: s for s in read_index(folder) or []}
-            entry = indexes[folder].get(os.path.basename(path))
+            entry = indexes.entry(path)
             if entry is not None:
                 if self.start_mono_ns is not None and entry.last_mono_ns < self.start_mono_ns:
                     continue

@@ -32,7 +32,7 @@ from types import FrameType
 from typing import Any
 
 import msgq
-from msgq.logs.index import read_index
+from msgq.logs.index import IndexCache, read_index
 from msgq.logs.reader import LogReader, segment_paths
 from msgq.schemas import Schema, default_schema
 
@@ -152,12 +152,9 @@ class Replayer:
         logStart) and the end stays unknown (None)."""
         first: int | None = None
         last: int | None = 0
-        entries: dict[str, dict[str, Any]] = {}
+        indexes = IndexCache()
         for path in self.paths:
-            folder = os.path.dirname(path)
-            if folder not in entries:
-                entries[folder] = {s.file: s for s in read_index(folder) or []}
-            entry = entries[folder].get(os.path.basename(path))
+            entry = indexes.entry(path)
             if entry is not None and entry.events:
                 lo: int | None = entry.first_mono_ns
                 if last is not None:
