@@ -24,6 +24,14 @@ extensions = [
         extra_compile_args=extra_compile_args,
         depends=[p.replace(".c", ".h") for p in C_CORE] + ["msgq/ring.pxd"],
     ),
+    # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
+    Extension(
+        "msgq.visionipc._frame_copy",
+        sources=["visionipc/_frame_copy.pyx", "visionipc/src/frame_copy.c"],
+        include_dirs=["visionipc"],
+        extra_compile_args=extra_compile_args,
+        depends=["visionipc/src/frame_copy.h"],
+    ),
 ]
 
 setup(

@@ -16,14 +16,45 @@ python3 - <<'PY' >/dev/null 2>&1 || need_apt+=(python3-dev)
 import os, sysconfig
 raise SystemExit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
 PY
-if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "installing system packages: ${need_apt[*]}" >&2
+# Spark (msgq.spark, `msgq logstats`, the Spark tests) needs a Java 17+ runtime: a
+# headless JRE from the distribution's own packages, nothing downloaded from elsewhere.
+java_ok() {
+  command -v java >/dev/null 2>&1 || return 1
+  local major
+  major="$(java -version 2>&1 | sed -n 's/.* version "\([0-9][0-9]*\).*/\1/p' | head -n 1)"
+  [ -n "$major" ] && [ "$major" -ge 17 ]
+}
+need_java=0
+java_ok || need_java=1
+if [ "$need_java" -eq 1 ] && [ "$(id -u)" -ne 0 ]; then
+  echo "no Java 17+ runtime: Spark (msgq logstats, the Spark tests) will not run;" \
+    "install one as root: apt-get install openjdk-17-jre-headless" >&2
+  need_java=0
+fi
+
+if [ ${#need_apt[@]} -gt 0 ] || [ "$need_java" -eq 1 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "missing ${need_apt[*]}; run as root or install them with apt-get" >&2
     exit 1
   fi
   apt-get update -q
+  if [ "$need_java" -eq 1 ]; then
+    # the first JRE of 17 or newer this distribution has (Debian 12: 17; Debian 13: 21)
+    for jre in openjdk-17-jre-headless openjdk-21-jre-headless openjdk-25-jre-headless; do
+      if apt-cache show "$jre" >/dev/null 2>&1; then
+        need_apt+=("$jre")
+        break
+      fi
+    done
+    # slim images lack the man folder the JRE's alternatives link into
+    mkdir -p /usr/share/man/man1
+  fi
+  echo "installing system packages: ${need_apt[*]}" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
+  if [ "$need_java" -eq 1 ] && ! java_ok; then
+    echo "no Java 17+ runtime could be installed from the apt sources;" \
+      "Spark (msgq logstats, the Spark tests) will not run" >&2
+  fi
 fi
 
 if [ ! -x .venv/bin/python ]; then
@@ -32,7 +63,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 # Rebuild when any build input changed since the last install.
-inputs_hash="$(cat pyproject.toml setup.py msgq/*.pyx msgq/*.pxd msgq/src/*.[ch] 2>/dev/null \
+inputs_hash="$(cat pyproject.toml setup.py msgq/*.pyx msgq/*.pxd msgq/src/*.[ch] \
+  visionipc/*.pyx visionipc/src/*.[ch] 2>/dev/null \
   | sha256sum | cut -d' ' -f1)"
 stamp=.venv/.msgq-build-inputs
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs_hash" ]; then

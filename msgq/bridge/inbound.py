@@ -1,0 +1,194 @@
+"""The laptop side of the bridge: services and VisionIPC frames from a remote
+:class:`~msgq.bridge.outbound.Outbound`, re-published locally so that unchanged local
+subscribers (``sub_sock``, SubMaster, ``VisionIpcClient``) work.
+
+Services are re-published byte for byte on local publishers (made on first message).
+Frames are re-served by a local ``VisionIpcServer`` per VisionIPC name, with buffers of
+the remote stream's geometry (made on its first frame, re-made if the geometry changes),
+frame ids and timestamps preserved. Everything received is validated; anything that is not
+a well-formed message of a registry service or a well-formed frame is counted in
+``counts`` and dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from msgq.bridge.wire import (
+    COMPRESSION_ZSTD,
+    DEFAULT_PORT,
+    FrameHeader,
+    WireError,
+    parse_service_topic,
+    parse_vision_topic,
+    service_topic,
+)
+
+__all__ = ["FRAME_BUFFERS", "Inbound"]
+
+#: Buffers per re-served stream.
+FRAME_BUFFERS = 4
+# Largest frame accepted from the wire (bytes), as VisionIPC's own limit.
+_MAX_FRAME = 1 << 30
+
+
+class Inbound:
+    """Subscribes to the bridge at ``address``:``port`` (and ``port + 1`` for frames)
+    and re-publishes locally. ``services``: only these (default: every registry service
+    that arrives); ``vision``: also re-serve VisionIPC frames. Call :meth:`run` (until
+    ``stop()``), then :meth:`close`."""
+
+    def __init__(self, address: str, port: int = DEFAULT_PORT,
+                 services: list[str] | None = None, vision: bool = True) -> None:
+        import zmq
+
+        from msgq.logs.framing import EventLayout
+        from msgq.schemas import SERVICE_LIST, default_schema
+
+        self._registry = SERVICE_LIST
+        self._layout = EventLayout.of(default_schema())
+        self.last_error = ""
+        self.counts: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._zmq = zmq.Context()
+        host = f"[{address}]" if ":" in address else address
+        self._services_sub = self._zmq.socket(zmq.SUB)
+        self._services_sub.setsockopt(zmq.LINGER, 0)
+        for s in services or [""]:
+            self._services_sub.setsockopt(zmq.SUBSCRIBE, service_topic(s) if s else b"s")
+        self._services_sub.connect(f"tcp://{host}:{port}")
+        self.wanted = None if services is None else set(services)
+        self._vision_sub = None
+        if vision:
+            self._vision_sub = self._zmq.socket(zmq.SUB)
+            self._vision_sub.setsockopt(zmq.LINGER, 0)
+            self._vision_sub.setsockopt(zmq.RCVHWM, 4)
+            self._vision_sub.setsockopt(zmq.SUBSCRIBE, b"v")
+            self._vision_sub.connect(f"tcp://{host}:{port + 1}")
+        self._poller = zmq.Poller()
+        self._poller.register(self._services_sub, zmq.POLLIN)
+        if self._vision_sub is not None:
+            self._poller.register(self._vision_sub, zmq.POLLIN)
+        self._publishers: dict[str, Any] = {}
+        self._servers: dict[str, Any] = {}
+        self._geometry: dict[tuple[str, int], tuple[int, int, int, int, int]] = {}
+        self._decompressor: Any = None
+
+    def stop(self) -> None:
+        """Makes :meth:`run` return."""
+        self._stop.set()
+
+    def run(self) -> None:
+        """Re-publishes until :meth:`stop`."""
+        import zmq
+
+        while not self._stop.is_set():
+            events = dict(self._poller.poll(100))
+            if self._services_sub in events:
+                while True:
+                    try:
+                        parts = self._services_sub.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._on_service(parts)
+            if self._vision_sub is not None and self._vision_sub in events:
+                while True:
+                    try:
+                        parts = self._vision_sub.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._on_frame(parts)
+
+    def _on_service(self, parts: list[bytes]) -> None:
+        import msgq
+
+        try:
+            if len(parts) != 2:
+                raise WireError("a service message has 2 parts")
+            service = parse_service_topic(parts[0])
+        except WireError:
+            self.counts["bad_messages"] += 1
+            return
+        if service not in self._registry or (self.wanted is not None
+                                             and service not in self.wanted):
+            self.counts["unknown_services"] += 1
+            return
+        data = parts[1]
+        peeked = self._layout.peek(data)
+        if peeked is None or peeked[2] != service:
+            from msgq.messaging import MessageDecodeError, decode_event
+
+            try:
+                if decode_event(data).which() != service:
+                    raise MessageDecodeError("message of another service")
+            except MessageDecodeError:
+                self.counts["bad_messages"] += 1
+                return
+        pub = self._publishers.get(service)
+        if pub is None:
+            pub = self._publishers[service] = msgq.pub_sock(service)
+        pub.send(data)
+        self.counts["messages"] += 1
+
+    def _on_frame(self, parts: list[bytes]) -> None:
+        try:
+            if len(parts) != 3:
+                raise WireError("a frame message has 3 parts")
+            name, stream = parse_vision_topic(parts[0])
+            header = FrameHeader.unpack(parts[1], _MAX_FRAME)
+            frame = parts[2]
+            if header.compression == COMPRESSION_ZSTD:
+                frame = self._decompress(frame, header.size)
+            if len(frame) != header.size:
+                raise WireError(f"frame of {len(frame)} bytes, header says {header.size}")
+            self._serve(name, stream, header, frame)
+        except (WireError, ValueError) as e:  # ValueError: a geometry VisionIPC refuses
+            self.counts["bad_frames"] += 1
+            self.last_error = str(e)
+            return
+        self.counts["frames"] += 1
+
+    def _decompress(self, data: bytes, size: int) -> bytes:
+        import zstandard
+
+        if self._decompressor is None:
+            self._decompressor = zstandard.ZstdDecompressor()
+        try:
+            return self._decompressor.decompress(data, max_output_size=size)
+        except zstandard.ZstdError as e:
+            raise WireError(f"frame does not decompress: {e}") from None
+
+    def _serve(self, name: str, stream: int, h: FrameHeader, frame: bytes) -> None:
+        from msgq.visionipc import VisionIpcServer
+
+        geometry = (h.width, h.height, h.stride, h.uv_offset, h.size)
+        server = self._servers.get(name)
+        if server is not None and self._geometry.get((name, stream), geometry) != geometry:
+            # buffers cannot be re-sized: a new server (clients follow the restart)
+            server.close()
+            server = None
+            self._geometry = {k: v for k, v in self._geometry.items() if k[0] != name}
+            self.counts["geometry_changes"] += 1
+        if server is None:
+            server = self._servers[name] = VisionIpcServer(name)
+            server.start_listener()
+        if (name, stream) not in self._geometry:
+            server.create_buffers_with_sizes(stream, FRAME_BUFFERS, h.width, h.height, h.size,
+                                             h.stride, h.uv_offset)
+            self._geometry[(name, stream)] = geometry
+        server.send(stream, frame, h.frame_id, h.timestamp_sof, h.timestamp_eof,
+                    valid=h.valid)
+
+    def close(self) -> None:
+        """Stops and closes every socket and server."""
+        self.stop()
+        for pub in self._publishers.values():
+            pub.close()
+        for server in self._servers.values():
+            server.close()
+        self._services_sub.close()
+        if self._vision_sub is not None:
+            self._vision_sub.close()
+        self._zmq.term()

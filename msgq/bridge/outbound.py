@@ -1,0 +1,135 @@
+"""The robot side of the bridge: local services and VisionIPC frames out to ZMQ.
+
+:class:`Outbound` subscribes to local services (one Poller, no conflation: every message
+is forwarded) and to VisionIPC streams (a thread per stream, conflating: the newest frame
+wins when the link is slower than the camera), and publishes them on two ZMQ PUB sockets
+(see :mod:`msgq.bridge.wire`). pyzmq only: no Linux-only call on the network side.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from msgq.bridge.wire import (
+    COMPRESSION_NONE,
+    COMPRESSION_ZSTD,
+    DEFAULT_PORT,
+    FrameHeader,
+    service_topic,
+    vision_topic,
+)
+
+__all__ = ["Outbound"]
+
+#: Messages queued per remote subscriber on the services socket before ZMQ drops.
+SERVICES_HWM = 10_000
+#: Frames queued per remote subscriber (a slow link drops frames, it does not lag).
+VISION_HWM = 4
+
+
+class Outbound:
+    """Forwards ``services`` and VisionIPC ``vision`` streams (``[(name, [stream, …])]``)
+    to ZMQ on ``bind``:``port`` (services) and ``port + 1`` (frames). ``compression``:
+    ``"none"`` or ``"zstd"`` for frames. Call :meth:`run` (until ``stop()``), then
+    :meth:`close`; ``counts`` tells what went out."""
+
+    def __init__(self, services: list[str], vision: list[tuple[str, list[int]]] | None = None,
+                 bind: str = "*", port: int = DEFAULT_PORT, compression: str = "none",
+                 level: int = 1) -> None:
+        import zmq
+
+        import msgq
+
+        if compression not in ("none", "zstd"):
+            raise ValueError("compression must be 'none' or 'zstd'")
+        self.compression = compression
+        self.level = level
+        self.counts: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._zmq = zmq.Context()
+        self._lock = threading.Lock()
+        self._services_pub = self._bind(bind, port, SERVICES_HWM)
+        self._vision_pub = self._bind(bind, port + 1, VISION_HWM)
+        self.poller = msgq.Poller()
+        self._sockets: dict[int, tuple[bytes, Any]] = {}
+        for s in services:
+            sock = msgq.sub_sock(s, poller=self.poller)
+            self._sockets[id(sock)] = (service_topic(s), sock)
+        self._threads = [threading.Thread(target=self._forward_stream, args=(name, stream),
+                                          name=f"bridge-{name}-{stream}", daemon=True)
+                         for name, streams in (vision or []) for stream in streams]
+
+    def _bind(self, bind: str, port: int, hwm: int) -> Any:
+        import zmq
+
+        sock = self._zmq.socket(zmq.PUB)
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        sock.setsockopt(zmq.LINGER, 0)
+        host = f"[{bind}]" if ":" in bind else bind
+        try:
+            sock.bind(f"tcp://{host}:{port}")
+        except zmq.ZMQError as e:
+            sock.close()
+            raise OSError(e.errno, f"cannot bind tcp://{host}:{port}: {e.strerror}") from None
+        return sock
+
+    def stop(self) -> None:
+        """Makes :meth:`run` return (from any thread or a signal handler)."""
+        self._stop.set()
+
+    def run(self) -> None:
+        """Forwards until :meth:`stop`."""
+        for thread in self._threads:
+            thread.start()
+        while not self._stop.is_set():
+            for sock in self.poller.poll(100):
+                topic, s = self._sockets[id(sock)]
+                while (data := s.receive(non_blocking=True)) is not None:
+                    with self._lock:
+                        self._services_pub.send_multipart([topic, data], copy=False)
+                    self.counts["messages"] += 1
+
+    def _forward_stream(self, name: str, stream: int) -> None:
+        from msgq.visionipc import VisionIpcClient
+
+        compressor = None
+        if self.compression == "zstd":
+            import zstandard
+
+            compressor = zstandard.ZstdCompressor(level=self.level)
+        topic = vision_topic(name, stream)
+        client = VisionIpcClient(name, stream, conflate=True)
+        try:
+            while not self._stop.is_set():
+                buf = client.recv(100)
+                if buf is None:
+                    continue
+                frame = bytes(buf.data)
+                if not buf.is_current():  # the server recycled it while we copied
+                    self.counts["frames_recycled"] += 1
+                    continue
+                header = FrameHeader(
+                    COMPRESSION_ZSTD if compressor else COMPRESSION_NONE, client.frame_id,
+                    buf.width, buf.height, buf.stride, buf.uv_offset, len(frame),
+                    client.timestamp_sof, client.timestamp_eof, bool(client.valid))
+                payload = compressor.compress(frame) if compressor else frame
+                with self._lock:
+                    self._vision_pub.send_multipart([topic, header.pack(), payload], copy=False)
+                self.counts["frames"] += 1
+                self.counts["frame_bytes"] += len(payload)
+        finally:
+            client.close()
+
+    def close(self) -> None:
+        """Stops, joins the frame threads and closes every socket."""
+        self.stop()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(5)
+        for _, sock in self._sockets.values():
+            sock.close()
+        self._services_pub.close()
+        self._vision_pub.close()
+        self._zmq.term()

@@ -1,0 +1,232 @@
+"""``msgq bridge`` between two "machines": processes in separate OPENPILOT_PREFIX
+namespaces, ZMQ on loopback. Services arrive byte for byte; VisionIPC frames arrive with
+their bytes, frame ids and timestamps."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
+# The robot: vehicleState with speed = i (fixed logMonoTime, so bytes are reproducible)
+# at 100 Hz, and a VisionIPC server "camerad" sending 320x240 frames whose bytes derive
+# from their frame id, at 20 fps.
+ROBOT = textwrap.dedent("""
+    import time
+    import numpy as np
+    from msgq.messaging import PubMaster, new_message
+    from msgq.visionipc import VisionIpcServer
+    pm = PubMaster(["vehicleState"])
+    server = VisionIpcServer("camerad")
+    server.create_buffers(0, 4, 320, 240)
+    server.start_listener()
+    print("ready", flush=True)
+    i = 0
+    start = time.monotonic()
+    while True:
+        msg = new_message("vehicleState", valid=True, logMonoTime=1000 + i)
+        msg.vehicleState.speed = float(i)
+        pm.send("vehicleState", msg)
+        if i % 5 == 0:
+            frame = np.random.default_rng(i).integers(0, 256, 320 * 240 * 3 // 2,
+                                                      dtype=np.uint8)
+            server.send(0, frame, frame_id=i, timestamp_sof=10 * i, timestamp_eof=10 * i + 7)
+        i += 1
+        time.sleep(max(0.0, start + i / 100 - time.monotonic()))
+""")
+
+
+def _free_port_pair() -> int:
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", 0))
+                port = a.getsockname()[1]
+                if port >= 65534:
+                    continue
+                b.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no two consecutive free ports")
+
+
+def _env(prefix: str) -> dict[str, str]:
+    env = os.environ.copy()
+    env.pop("MSGQ_PREFIX", None)
+    env["OPENPILOT_PREFIX"] = prefix
+    return env
+
+
+@pytest.fixture
+def machines(prefix: str) -> Iterator[tuple[str, str, list[subprocess.Popen[str]]]]:
+    robot, laptop = f"{prefix}_robot", f"{prefix}_laptop"
+    procs: list[subprocess.Popen[str]] = []
+    yield robot, laptop, procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    shm = os.environ.get("MSGQ_SHM_DIR", "/dev/shm")
+    for name in (robot, laptop):
+        shutil.rmtree(os.path.join(shm, name), ignore_errors=True)
+
+
+def _expected_frame(frame_id: int) -> str:
+    import numpy as np
+
+    data = np.random.default_rng(frame_id).integers(0, 256, 320 * 240 * 3 // 2, dtype=np.uint8)
+    return hashlib.sha256(data.tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("compress", ["none", "zstd"])
+def test_bridge_carries_services_and_frames(machines: tuple[str, str, list[subprocess.Popen[str]]],
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            compress: str) -> None:
+    robot, laptop, procs = machines
+    port = _free_port_pair()
+    pub = subprocess.Popen([sys.executable, "-c", ROBOT], stdout=subprocess.PIPE, text=True,
+                           env=_env(robot))
+    procs.append(pub)
+    assert pub.stdout is not None and pub.stdout.readline().strip() == "ready"
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", "msgq", "bridge", "serve", "vehicleState", "--vision",
+         "camerad:0", "--port", str(port), "--compress", compress], env=_env(robot),
+        stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", "msgq", "bridge", "connect", "127.0.0.1", "--port", str(port)],
+        env=_env(laptop), stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+
+    # This test process is on the laptop now.
+    monkeypatch.delenv("MSGQ_PREFIX")
+    monkeypatch.setenv("OPENPILOT_PREFIX", laptop)
+    import msgq
+    from msgq.messaging import log_from_bytes, new_message
+    from msgq.visionipc import VisionIpcClient
+
+    sub = msgq.sub_sock("vehicleState", timeout=200)
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 100 and time.monotonic() < deadline:
+        data = sub.receive()
+        if data is not None:
+            got.append(data)
+    assert len(got) == 100, "services did not cross the bridge"
+    speeds = [log_from_bytes(d).vehicleState.speed for d in got]
+    first = int(speeds[0])
+    assert speeds == [float(first + k) for k in range(100)]  # none lost, in order
+    for k, data in enumerate(got):  # byte for byte what the robot sent
+        expected = new_message("vehicleState", valid=True, logMonoTime=1000 + first + k)
+        expected.vehicleState.speed = float(first + k)
+        assert data == expected.to_bytes()
+
+    client = VisionIpcClient("camerad", 0, conflate=False)
+    frames = []
+    deadline = time.monotonic() + 30
+    while len(frames) < 10 and time.monotonic() < deadline:
+        buf = client.recv(200)
+        if buf is None:
+            continue
+        digest = hashlib.sha256(bytes(buf.data)).hexdigest()
+        if buf.is_current():
+            frames.append((client.frame_id, client.timestamp_sof, client.timestamp_eof, digest))
+    assert len(frames) == 10, "frames did not cross the bridge"
+    assert client.width == 320 and client.height == 240
+    ids = [f[0] for f in frames]
+    assert ids == sorted(ids) and len(set(ids)) == 10
+    for frame_id, sof, eof, digest in frames:
+        assert frame_id % 5 == 0
+        assert (sof, eof) == (10 * frame_id, 10 * frame_id + 7)
+        assert digest == _expected_frame(frame_id)
+    client.close()
+
+
+def test_bridge_drops_garbage_on_the_wire(prefix: str) -> None:
+    import zmq
+
+    from msgq.bridge import Inbound
+    from msgq.bridge.wire import FrameHeader, service_topic, vision_topic
+
+    port = _free_port_pair()
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    vis = ctx.socket(zmq.PUB)
+    vis.bind(f"tcp://127.0.0.1:{port + 1}")
+    inbound = Inbound("127.0.0.1", port)
+    import threading
+
+    thread = threading.Thread(target=inbound.run)
+    thread.start()
+    try:
+        from msgq.messaging import new_message
+
+        good = new_message("gpsLocation", valid=True).to_bytes()
+        bad = [
+            [b"sgpsLocation", b"garbage bytes!!!"],
+            [b"snotAService", good],
+            [b"x", good],
+            [b"s\xff\xfe", good],
+            [b"sgpsLocation"],
+            [b"svehicleState", good],  # right bytes, wrong service
+        ]
+        header = FrameHeader(0, 1, 4, 4, 4, 16, 24, 0, 0, True).pack()
+        bad_frames = [
+            [vision_topic("cam", 0), header, b"short"],
+            [vision_topic("cam", 0), b"\x00" * 8, b"x" * 24],
+            [b"vcam/notanumber", header, b"x" * 24],
+            [vision_topic("cam", 0), FrameHeader(1, 1, 4, 4, 4, 16, 24, 0, 0, True).pack(),
+             b"not zstd"],
+            [vision_topic("cam", 0), FrameHeader(0, 1, 9, 4, 4, 16, 24, 0, 0, True).pack(),
+             b"x" * 24],  # stride < width: VisionIPC refuses the geometry
+        ]
+        import msgq
+
+        sub = msgq.sub_sock("gpsLocation", timeout=100)
+        deadline = time.monotonic() + 20
+        received = None
+        while received is None and time.monotonic() < deadline:
+            for parts in bad:
+                pub.send_multipart(parts)
+            for parts in bad_frames:
+                vis.send_multipart(parts)
+            pub.send_multipart([service_topic("gpsLocation"), good])
+            received = sub.receive()
+        assert received == good
+        time.sleep(0.2)  # let the bad ones sent with it be counted
+        assert inbound.counts["bad_messages"] >= 4
+        assert inbound.counts["unknown_services"] >= 1
+        assert inbound.counts["bad_frames"] >= 5
+        assert inbound.counts["frames"] == 0
+    finally:
+        inbound.stop()
+        thread.join(10)
+        inbound.close()
+        pub.close()
+        vis.close()
+        ctx.term()
+
+
+def test_bridge_command_errors() -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "msgq", "bridge", *args],
+                              capture_output=True, text=True, timeout=30)
+
+    out = run("serve", "vehicleStat")
+    assert out.returncode == 2 and "did you mean 'vehicleState'" in out.stderr
+    out = run("serve")
+    assert out.returncode == 2 and "name services" in out.stderr
+    out = run("serve", "--vision", "camerad")
+    assert out.returncode == 2 and "NAME:STREAM" in out.stderr
+    out = run("--help")
+    assert out.returncode == 0 and "msgq bridge connect 192.168.1.10" in out.stdout

@@ -1,0 +1,381 @@
+"""VisionIPC against hostile or broken peers: garbage, silent and vanishing handshake
+clients, peer uid checks, and servers that answer nonsense."""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import multiprocessing as mp
+import os
+import random
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from msgq.visionipc import (
+    HandshakeError,
+    NotAllowedError,
+    PeerCredentials,
+    PeerPolicy,
+    VisionIpcClient,
+    VisionIpcServer,
+)
+from msgq.visionipc.buffer import BufferGeometry
+from msgq.visionipc.handshake import (
+    KIND_BUFFERS,
+    KIND_LIST,
+    STATUS_OK,
+    decode_reply,
+    decode_request,
+    encode_buffers_reply,
+    encode_request,
+    encode_status_reply,
+)
+from msgq.visionipc.names import socket_path
+from msgq.visionipc.packet import parse_frame_packet
+
+SPAWN = mp.get_context("spawn")
+NAME = "camerad"
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def server() -> Iterator[VisionIpcServer]:
+    with VisionIpcServer(NAME, handshake_timeout_s=0.5) as s:
+        s.create_buffers(0, 3, 64, 32)
+        s.start_listener()
+        yield s
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def test_parsers_reject_random_bytes_without_crashing() -> None:
+    rng = random.Random(4)
+    valid_request = encode_request(KIND_BUFFERS, 3)
+    valid_reply = encode_buffers_reply(9, 3, 2, BufferGeometry.nv12(16, 8))
+    for i in range(20000):
+        if i % 2:
+            data = rng.randbytes(rng.choice([0, 1, 15, 16, 17, 48, 56, 100]))
+        else:  # near misses: one byte of a valid message changed
+            data = bytearray(rng.choice([valid_request, valid_reply]))
+            data[rng.randrange(len(data))] = rng.randrange(256)
+            data = bytes(data)
+        with contextlib.suppress(HandshakeError):
+            decode_request(data)
+        with contextlib.suppress(HandshakeError):
+            decode_reply(data, [], KIND_BUFFERS, 3)
+        with contextlib.suppress(HandshakeError):
+            decode_reply(data, [], KIND_LIST, 0)
+        parse_frame_packet(data)
+
+
+# --------------------------------------------------------------------------- hostile clients
+
+
+def hostile_clients(path: str, seed: int, count: int, silent: int, done) -> None:
+    """Child: ``count`` connections doing everything but a proper handshake, while
+    ``silent`` more connections sit there saying nothing."""
+    rng = random.Random(seed)
+    quiet = []
+    for _ in range(silent):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(path)
+        quiet.append(s)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    request = encode_request(KIND_BUFFERS, 0)
+    for i in range(count):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s.connect(path)
+            kind = i % 6
+            if kind == 0:
+                s.send(rng.randbytes(rng.randrange(0, 80)))
+            elif kind == 1:  # a valid request with one byte changed
+                msg = bytearray(request)
+                msg[rng.randrange(len(msg))] ^= 1 + rng.randrange(255)
+                s.send(bytes(msg))
+            elif kind == 2:  # oversized
+                s.send(rng.randbytes(rng.randrange(17, 60000)))
+            elif kind == 3:  # leaves before speaking
+                pass
+            elif kind == 4:  # leaves in the middle: asks, never reads the answer
+                s.send(request)
+            else:  # tries to pass file descriptors
+                fds = array.array("i", [devnull] * rng.randrange(1, 8))
+                s.sendmsg([rng.randbytes(16)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        except OSError:
+            pass  # the server may close first; that is its right
+        finally:
+            s.close()
+    for s in quiet:
+        s.close()
+    done.set()
+
+
+@pytest.mark.multiprocess
+def test_hostile_clients_do_not_slow_a_good_one(server: VisionIpcServer) -> None:
+    done = SPAWN.Event()
+    fuzzer = SPAWN.Process(target=hostile_clients, args=(server.socket_path, 11, 3000, 400, done))
+    fuzzer.start()
+    worst, handshakes = 0.0, 0
+    try:
+        while not done.is_set() or handshakes < 20:
+            started = time.monotonic()
+            client = VisionIpcClient(NAME, 0, False)
+            assert client.connect(False)
+            worst = max(worst, time.monotonic() - started)
+            handshakes += 1
+            client.close()
+            assert handshakes < 100_000
+    finally:
+        fuzzer.join(60)
+    assert fuzzer.exitcode == 0
+    stats = server.listener_stats
+    assert worst < 0.5, (worst, stats)
+    assert stats["bad_requests"] >= 1000
+    assert stats["disconnects"] >= 100
+    assert stats["evicted"] + stats["timeouts"] >= 100  # the silent ones went away
+    assert stats["served"] >= handshakes
+    # Still serving, frames still flow.
+    client = VisionIpcClient(NAME, 0, False)
+    assert client.connect(False)
+    server.send(0, bytes(64 * 32 * 3 // 2), frame_id=1)
+    assert client.recv(1000) is not None and client.frame_id == 1
+
+
+def test_silent_client_times_out_without_blocking_others(server: VisionIpcServer) -> None:
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    silent.connect(server.socket_path)
+    client = VisionIpcClient(NAME, 0, False)
+    assert client.connect(False)  # served while the silent one waits
+    silent.settimeout(5)
+    started = time.monotonic()
+    assert silent.recv(100) == b""  # the server hangs up at its deadline (0.5 s)
+    assert 0.2 < time.monotonic() - started < 3
+    assert server.listener_stats["timeouts"] == 1
+    silent.close()
+
+
+def test_bad_request_gets_an_answer(server: VisionIpcServer) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(server.socket_path)
+        s.send(b"hello")
+        s.settimeout(5)
+        assert s.recv(100) == encode_status_reply(server.server_id, 1)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(server.socket_path)
+        s.send(encode_request(KIND_BUFFERS, 77))  # no such stream
+        s.settimeout(5)
+        assert s.recv(100) == encode_status_reply(server.server_id, 2)
+
+
+# --------------------------------------------------------------------------- uid checks
+
+
+def test_peer_policy() -> None:
+    me = os.geteuid()
+    assert PeerPolicy.for_server().allows(PeerCredentials(1, me, 0))
+    assert not PeerPolicy.for_server().allows(PeerCredentials(1, me + 1, 0))
+    policy = PeerPolicy.for_server([1000, 1001])
+    assert policy.allows(PeerCredentials(1, 1001, 0))
+    assert not policy.allows(PeerCredentials(1, me, 0)) or me in (1000, 1001)
+    assert PeerPolicy.for_server("any").allows(PeerCredentials(1, 4242, 0))
+    assert PeerPolicy.parse(" 5, 6 ").uids == {5, 6}
+    assert PeerPolicy.parse("*").any_uid
+    for bad in ("", "x", "1,-2", "99999999999"):
+        with pytest.raises(ValueError):
+            PeerPolicy.parse(bad)
+    with pytest.raises(ValueError):
+        PeerPolicy([-1])
+
+
+def test_environment_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    me = os.geteuid()
+    monkeypatch.setenv("MSGQ_VISIONIPC_ALLOW_UIDS", f"{me + 1}")
+    assert not PeerPolicy.for_server().allows(PeerCredentials(1, me, 0))
+    monkeypatch.setenv("MSGQ_VISIONIPC_ALLOW_UIDS", f"{me + 1},{me}")
+    assert PeerPolicy.for_server().allows(PeerCredentials(1, me, 0))
+    monkeypatch.setenv("MSGQ_VISIONIPC_ALLOW_UIDS", "*")
+    assert PeerPolicy.for_server().allows(PeerCredentials(1, me + 7, 0))
+    monkeypatch.setenv("MSGQ_VISIONIPC_ALLOW_UIDS", "nobody")
+    with pytest.raises(ValueError, match="MSGQ_VISIONIPC_ALLOW_UIDS"):
+        VisionIpcServer(NAME)
+
+
+def test_server_refuses_a_uid_it_does_not_serve() -> None:
+    other = os.geteuid() + 1
+    with VisionIpcServer(NAME, allowed_uids=[other]) as s:
+        s.create_buffers(0, 1, 16, 8)
+        s.start_listener()
+        client = VisionIpcClient(NAME, 0, False)
+        with pytest.raises(NotAllowedError, match="uid"):
+            client.connect(True)  # permanent: raises instead of waiting
+        assert isinstance(NotAllowedError("x"), PermissionError)
+        assert client.recv(50) is None  # recv reports it in last_error, never raises
+        assert isinstance(client.last_error, NotAllowedError)
+        assert s.listener_stats["refused"] >= 2 and s.listener_stats["served"] == 0
+
+
+def connect_as(uid: int) -> str:
+    """Forks a child that becomes ``uid`` and tries to connect; its verdict."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: no pytest machinery from here on
+        verdict = "error"
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            client = VisionIpcClient(NAME, 0, False)
+            verdict = f"served {client.width}" if client.connect(False) else "absent"
+        except NotAllowedError:
+            verdict = "refused"
+        except BaseException as e:  # noqa: BLE001 - report anything to the parent
+            verdict = f"error {e!r}"
+        finally:
+            os.write(w, verdict.encode()[:500])
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        verdict = f.read().decode()
+    os.waitpid(pid, 0)
+    return verdict
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+def test_other_uid_is_served_only_when_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSGQ_SHM_MODE", "0666")  # let other uids reach the namespace files
+    with VisionIpcServer(NAME, allowed_uids=[12345]) as s:
+        s.create_buffers(0, 2, 16, 8)
+        s.start_listener()
+        assert connect_as(12345) == "served 16"
+        assert connect_as(23456) == "refused"
+        with pytest.raises(NotAllowedError):
+            VisionIpcClient(NAME, 0, False).connect(False)  # root is not on the list
+        assert s.listener_stats["refused"] == 2
+
+
+# --------------------------------------------------------------------------- broken servers
+
+
+@contextlib.contextmanager
+def fake_server(reply: bytes | None, fds: list[int] | None = None) -> Iterator[None]:
+    """A thread answering every connection at NAME's socket with ``reply`` (None: never
+    answering) and ``fds``."""
+    path = socket_path(NAME, create_dir=True)
+    listen = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listen.bind(path)
+    listen.listen(8)
+    stop = threading.Event()
+    held = []
+
+    def serve() -> None:
+        listen.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                conn, _ = listen.accept()
+            except TimeoutError:
+                continue
+            held.append(conn)
+            if reply is not None:
+                conn.recv(100)
+                anc = []
+                if fds:
+                    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                conn.sendmsg([reply], anc)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listen.close()
+        os.unlink(path)
+
+
+def test_server_that_never_answers() -> None:
+    with fake_server(None):
+        client = VisionIpcClient(NAME, 0, False, handshake_timeout_s=0.2)
+        started = time.monotonic()
+        assert not client.connect(False)
+        assert time.monotonic() - started < 2
+
+
+def sealed_memfd(size: int, seal: bool = True) -> int:
+    fd = os.memfd_create("fake", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seal:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    return fd
+
+
+GEOMETRY = BufferGeometry.nv12(16, 8)
+
+
+@pytest.mark.parametrize(
+    "case", ["garbage", "short", "unsealed", "small", "not_memfd", "fd_count", "geometry"]
+)
+def test_broken_server_replies_are_errors_not_crashes(case: str) -> None:
+    good_header = encode_buffers_reply(5, 0, 1, GEOMETRY)
+    fds: list[int] = []
+    reply = good_header
+    if case == "garbage":
+        reply = random.Random(1).randbytes(56)
+    elif case == "short":
+        reply = good_header[:30]
+    elif case == "unsealed":
+        fds = [sealed_memfd(GEOMETRY.map_size, seal=False)]
+    elif case == "small":
+        fds = [sealed_memfd(GEOMETRY.map_size - 4096)]
+    elif case == "not_memfd":
+        fds = [os.open(os.devnull, os.O_RDONLY)]
+    elif case == "fd_count":
+        fds = [sealed_memfd(GEOMETRY.map_size) for _ in range(2)]
+    elif case == "geometry":  # width larger than stride
+        reply = good_header[:16] + struct.pack("<IIIIIIQQ", 0, 1, 32, 8, 16, 128, 192, 4096)
+        fds = [sealed_memfd(GEOMETRY.map_size)]
+    if case in ("garbage", "short"):
+        fds = []
+    elif not fds:
+        fds = [sealed_memfd(GEOMETRY.map_size)]
+    before = open_fds()
+    try:
+        with fake_server(reply, fds):
+            client = VisionIpcClient(NAME, 0, False)
+            with pytest.raises(HandshakeError):
+                client.connect(False)
+            assert client.recv(30) is None and isinstance(client.last_error, HandshakeError)
+            assert not client.is_connected()
+            client.close()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert open_fds() <= before  # every received fd was closed again
+
+
+def test_a_well_formed_fake_reply_is_accepted() -> None:
+    """The fake server above speaks the protocol (so the failures are the cases')."""
+    fd = sealed_memfd(GEOMETRY.map_size)
+    try:
+        with fake_server(encode_buffers_reply(5, 0, 1, GEOMETRY), [fd]):
+            client = VisionIpcClient(NAME, 0, False)
+            assert client.connect(False) and client.width == 16 and client.server_id == 5
+            client.close()
+    finally:
+        os.close(fd)
+    assert STATUS_OK == 0

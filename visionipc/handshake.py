@@ -1,0 +1,342 @@
+"""The handshake on a server's Unix socket: wire format, validation, and the client's side
+of one exchange.
+
+The socket is ``SOCK_SEQPACKET``: every request and reply is one whole message, so there is
+no framing to get wrong and no partial message to wait for. One connection carries one
+exchange: the client sends a request, the server answers and closes.
+
+Request, client to server, exactly 16 bytes (little-endian)::
+
+    0  4  magic     b"VIPQ"
+    4  2  version   1
+    6  2  kind      1: list streams, 2: buffers of a stream
+    8  4  stream    the stream id (kind 2); 0 for kind 1
+   12  4  reserved  0
+
+Reply, server to client, a 16-byte header and a body::
+
+    0  4  magic      b"VIPR"
+    4  2  version    1
+    6  2  status     0 ok, 1 bad request, 2 unknown stream, 3 not allowed (peer uid)
+    8  8  server_id  the server instance (nonzero; the frame packets carry the same)
+
+Body of an ok reply to "list streams": ``count`` (uint32, at most MAX_STREAMS) and that
+many uint32 stream ids. Body of an ok reply to "buffers" (40 bytes, so 56 in all)::
+
+   16  4  stream        (must be the one asked for)
+   20  4  num_buffers   1 .. MAX_BUFFERS
+   24  4  width
+   28  4  height
+   32  4  stride
+   36  4  uv_offset
+   40  8  size          bytes of a frame
+   48  8  map_size      bytes of each buffer's memfd (frame, trailer, padding; see buffer.py)
+
+and one file descriptor per buffer (SCM_RIGHTS, in buffer order) in the same
+message. Error replies have no body.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+
+from msgq.errors import IpcError
+
+from .buffer import MAX_BUFFER_SIZE, BufferGeometry
+
+__all__ = [
+    "KIND_BUFFERS",
+    "KIND_LIST",
+    "MAX_BUFFERS",
+    "MAX_STREAMS",
+    "REQUEST",
+    "BuffersReply",
+    "HandshakeError",
+    "NotAllowedError",
+    "Request",
+    "ServerUnavailableError",
+    "decode_reply",
+    "decode_request",
+    "encode_buffers_reply",
+    "encode_list_reply",
+    "encode_request",
+    "encode_status_reply",
+    "exchange",
+]
+
+REQUEST = struct.Struct("<4sHHII")
+REPLY_HEADER = struct.Struct("<4sHHQ")
+BUFFERS_BODY = struct.Struct("<IIIIIIQQ")
+COUNT = struct.Struct("<I")
+
+REQUEST_MAGIC = b"VIPQ"
+REPLY_MAGIC = b"VIPR"
+VERSION = 1
+
+KIND_LIST = 1
+KIND_BUFFERS = 2
+
+STATUS_OK = 0
+STATUS_BAD_REQUEST = 1
+STATUS_UNKNOWN_STREAM = 2
+STATUS_NOT_ALLOWED = 3
+STATUS_NAMES = {
+    STATUS_OK: "ok",
+    STATUS_BAD_REQUEST: "bad request",
+    STATUS_UNKNOWN_STREAM: "unknown stream",
+    STATUS_NOT_ALLOWED: "not allowed",
+}
+
+#: Limits: buffers per stream (one fd each, well below the kernel's 253 fds per message)
+#: and streams per server (bounds the list reply).
+MAX_BUFFERS = 128
+MAX_STREAMS = 1024
+MAX_REPLY_SIZE = REPLY_HEADER.size + COUNT.size + 4 * MAX_STREAMS
+#: Pause before trying again to connect to a server whose accept queue is full (s).
+CONNECT_BUSY_PAUSE_S = 0.0005
+
+
+class HandshakeError(IpcError):
+    """The other side of a handshake broke the protocol (or the exchange failed)."""
+
+
+class ServerUnavailableError(HandshakeError):
+    """No server answers on the socket (yet): missing, refused, closed or too slow."""
+
+
+class NotAllowedError(HandshakeError, PermissionError):
+    """The server refused this process (peer uid not allowed), or the server runs as a
+    uid this client does not trust."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """A decoded request."""
+
+    kind: int
+    stream: int
+
+
+@dataclass(frozen=True)
+class BuffersReply:
+    """An ok reply to a buffers request, with the fds that came with it (owned by the
+    receiver: close them)."""
+
+    server_id: int
+    stream: int
+    num_buffers: int
+    geometry: BufferGeometry
+    map_size: int
+    fds: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ListReply:
+    """An ok reply to a list request."""
+
+    server_id: int
+    streams: frozenset[int]
+
+
+def encode_request(kind: int, stream: int = 0) -> bytes:
+    """The 16-byte request message."""
+    return REQUEST.pack(REQUEST_MAGIC, VERSION, kind, stream, 0)
+
+
+def decode_request(data: bytes) -> Request:
+    """The request in ``data``; HandshakeError naming what is wrong with it."""
+    if len(data) != REQUEST.size:
+        raise HandshakeError(f"request of {len(data)} bytes, expected {REQUEST.size}")
+    magic, version, kind, stream, reserved = REQUEST.unpack(data)
+    if magic != REQUEST_MAGIC:
+        raise HandshakeError("request without the VisionIPC magic")
+    if version != VERSION:
+        raise HandshakeError(f"request of protocol version {version}, this is {VERSION}")
+    if kind not in (KIND_LIST, KIND_BUFFERS):
+        raise HandshakeError(f"unknown request kind {kind}")
+    if reserved != 0 or (kind == KIND_LIST and stream != 0):
+        raise HandshakeError("request with nonzero reserved fields")
+    return Request(kind, stream)
+
+
+def encode_status_reply(server_id: int, status: int) -> bytes:
+    """A reply without body (errors)."""
+    return REPLY_HEADER.pack(REPLY_MAGIC, VERSION, status, server_id)
+
+
+def encode_list_reply(server_id: int, streams: list[int]) -> bytes:
+    """The ok reply to a list request."""
+    streams = sorted(streams)[:MAX_STREAMS]
+    return (
+        REPLY_HEADER.pack(REPLY_MAGIC, VERSION, STATUS_OK, server_id)
+        + COUNT.pack(len(streams))
+        + struct.pack(f"<{len(streams)}I", *streams)
+    )
+
+
+def encode_buffers_reply(
+    server_id: int, stream: int, num_buffers: int, geometry: BufferGeometry
+) -> bytes:
+    """The ok reply to a buffers request (the fds travel with it)."""
+    g = geometry
+    return REPLY_HEADER.pack(REPLY_MAGIC, VERSION, STATUS_OK, server_id) + BUFFERS_BODY.pack(
+        stream, num_buffers, g.width, g.height, g.stride, g.uv_offset, g.size, g.map_size
+    )
+
+
+def decode_reply(data: bytes, fds: list[int], kind: int, stream: int) -> BuffersReply | ListReply:
+    """The reply to a request of ``kind`` (for ``stream``); HandshakeError (or a subclass)
+    when it is an error reply or malformed. Never closes ``fds``."""
+    if len(data) < REPLY_HEADER.size:
+        raise HandshakeError(f"reply of {len(data)} bytes is shorter than its header")
+    magic, version, status, server_id = REPLY_HEADER.unpack_from(data)
+    if magic != REPLY_MAGIC:
+        raise HandshakeError("reply without the VisionIPC magic (not a VisionIPC server?)")
+    if version != VERSION:
+        raise HandshakeError(f"server speaks protocol version {version}, this client {VERSION}")
+    if server_id == 0:
+        raise HandshakeError("reply with server id 0")
+    if status == STATUS_NOT_ALLOWED:
+        raise NotAllowedError(
+            "the server does not serve this process's uid; start it with allowed_uids=... "
+            "or MSGQ_VISIONIPC_ALLOW_UIDS listing this uid"
+        )
+    if status == STATUS_UNKNOWN_STREAM:
+        raise ServerUnavailableError(f"the server has no stream {stream} (yet)")
+    if status != STATUS_OK:
+        name = STATUS_NAMES.get(status, f"status {status}")
+        raise HandshakeError(f"server answered {name}")
+    body = data[REPLY_HEADER.size :]
+    if kind == KIND_LIST:
+        if fds:
+            raise HandshakeError("list reply carried file descriptors")
+        if len(body) < COUNT.size:
+            raise HandshakeError("list reply without a count")
+        (count,) = COUNT.unpack_from(body)
+        if count > MAX_STREAMS or len(body) != COUNT.size + 4 * count:
+            raise HandshakeError(f"list reply of {len(body)} bytes does not hold {count} ids")
+        return ListReply(server_id, frozenset(struct.unpack_from(f"<{count}I", body, COUNT.size)))
+    if len(body) != BUFFERS_BODY.size:
+        raise HandshakeError(f"buffers reply body of {len(body)} bytes, expected 40")
+    r_stream, n, width, height, stride, uv_offset, size, map_size = BUFFERS_BODY.unpack(body)
+    if r_stream != stream:
+        raise HandshakeError(f"asked for stream {stream}, the server answered for {r_stream}")
+    if not 1 <= n <= MAX_BUFFERS:
+        raise HandshakeError(f"server announced {n} buffers (1 .. {MAX_BUFFERS} allowed)")
+    if len(fds) != n:
+        raise HandshakeError(f"server announced {n} buffers and sent {len(fds)} descriptors")
+    if size > MAX_BUFFER_SIZE:
+        raise HandshakeError(f"server announced buffers of {size} bytes")
+    geometry = BufferGeometry(width, height, stride, uv_offset, size)
+    try:
+        geometry.validate()
+    except (TypeError, ValueError) as e:
+        raise HandshakeError(f"server announced an impossible geometry: {e}") from None
+    if map_size != geometry.map_size:
+        raise HandshakeError(
+            f"server maps {map_size} bytes per buffer, this client's layout needs "
+            f"{geometry.map_size}"
+        )
+    return BuffersReply(server_id, stream, n, geometry, map_size, tuple(fds))
+
+
+def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            items = array.array("i")
+            items.frombytes(payload[: len(payload) - len(payload) % items.itemsize])
+            fds.extend(items)
+    return fds
+
+
+def close_fds(fds: list[int] | tuple[int, ...]) -> None:
+    """Closes every fd, ignoring ones already closed."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class _DroppedError(ServerUnavailableError):
+    """The server closed the connection before answering (it may have been shedding
+    load): worth another try."""
+
+
+def exchange(path: str, kind: int, stream: int, timeout_s: float) -> BuffersReply | ListReply:
+    """A handshake with the server listening on ``path``: connect, check the server's
+    uid (see :mod:`msgq.visionipc.peers`), send the request, read the reply, all within
+    ``timeout_s``. A connection the server drops unanswered is tried again within that
+    time. ServerUnavailableError when nobody answers; HandshakeError (NotAllowedError)
+    on a broken reply or a refusal; the caller owns the fds of a BuffersReply."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return _exchange_once(path, kind, stream, deadline)
+        except _DroppedError as e:
+            if time.monotonic() >= deadline:
+                raise ServerUnavailableError(str(e)) from None
+            time.sleep(CONNECT_BUSY_PAUSE_S)
+
+
+def _exchange_once(path: str, kind: int, stream: int, deadline: float) -> BuffersReply | ListReply:
+    from .peers import peer_credentials, server_trusted
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    fds: list[int] = []
+    try:
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        while True:
+            try:
+                sock.connect(path)
+                break
+            except BlockingIOError as e:
+                # The server's accept queue is full (EAGAIN: a Unix socket does not wait
+                # in a non-blocking connect): try again until the deadline.
+                if time.monotonic() >= deadline:
+                    raise ServerUnavailableError(f"server at {path} is busy: {e}") from None
+                time.sleep(CONNECT_BUSY_PAUSE_S)
+            except (FileNotFoundError, ConnectionRefusedError, TimeoutError) as e:
+                raise ServerUnavailableError(f"no VisionIPC server at {path}: {e}") from None
+            except PermissionError as e:
+                raise NotAllowedError(
+                    f"cannot connect to {path}: {e} (the socket file's mode follows MSGQ_SHM_MODE)"
+                ) from None
+        creds = peer_credentials(sock)
+        if not server_trusted(creds):
+            raise NotAllowedError(
+                f"the VisionIPC server at {path} runs as uid {creds.uid}, which this process "
+                "does not trust; list it in MSGQ_VISIONIPC_ALLOW_UIDS to accept it"
+            )
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        try:
+            sock.sendall(encode_request(kind, stream))
+        except ConnectionError:
+            pass  # the server may have answered (a refusal) and hung up already: read on
+        try:
+            data, ancdata, flags, _ = sock.recvmsg(
+                MAX_REPLY_SIZE + 1, socket.CMSG_SPACE(4 * MAX_BUFFERS)
+            )
+        except TimeoutError as e:
+            raise ServerUnavailableError(
+                f"VisionIPC server at {path} did not answer: {e}"
+            ) from None
+        except ConnectionError as e:
+            raise _DroppedError(f"VisionIPC server at {path} hung up: {e}") from None
+        fds = _received_fds(ancdata)
+        if not data:
+            raise _DroppedError(f"VisionIPC server at {path} closed without answering")
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            raise HandshakeError(f"VisionIPC server at {path} sent an oversized reply")
+        return decode_reply(data, fds, kind, stream)
+    except BaseException:
+        close_fds(fds)
+        raise
+    finally:
+        sock.close()
