@@ -90,3 +90,23 @@ def receive_all(sub: object, count: int, timeout_s: float = 10.0) -> list[bytes]
         if msg is not None:
             out.append(msg)
     return out
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local Spark session (``local[2]``) for the whole test run, started by the first
+    test that asks for it (runs without Spark tests start no JVM) and stopped at the end.
+    Fails when pyspark or a Java 17+ runtime is missing: scripts/ensure_env.sh installs
+    both, so a missing one is a broken set-up, not a reason to skip."""
+    from msgq.spark.session import JavaMissingError, spark_session
+
+    try:
+        session = spark_session(
+            "local[2]",
+            app_name="msgq tests",
+            config={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+        )
+    except JavaMissingError as e:
+        pytest.fail(f"{e} (run ./test.sh, which installs a Java runtime)")
+    yield session
+    session.stop()

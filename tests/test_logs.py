@@ -301,3 +301,18 @@ def test_sigterm_leaves_a_complete_log(tmp_path: Path) -> None:
         statuses = [m.gyroscope.status for m in reader if m.which() == "gyroscope"]
     assert len(statuses) >= 500 and statuses == list(range(len(statuses)))
     assert read_index(str(folder)) is not None
+
+
+def test_unclosed_recording_index_does_not_hide_events(tmp_path: Path) -> None:
+    # A writer that died after its last index update: the index's last entry lacks what
+    # came later, so filtering by service must not skip that segment on its word.
+    writer = LogWriter(str(tmp_path / "rec"), rotate_seconds=None)
+    writer.write(new_message("gyroscope", logMonoTime=1))
+    writer.flush()  # index: segment 0 holds logStart + gyroscope
+    writer.write(new_message("vehicleState", logMonoTime=2))
+    writer._segment.flush()  # type: ignore[union-attr]  # on disk, index not updated
+    found = [m.logMonoTime for m in LogReader(tmp_path / "rec", services=["vehicleState"])]
+    assert found == [2]
+    writer.close()  # now the index is complete and trusted
+    index = read_index(str(tmp_path / "rec"))
+    assert index is not None and index[0].counts["vehicleState"] == 1

@@ -42,6 +42,7 @@ COMMANDS: tuple[str, ...] = (
     "queues",
     "record",
     "replay",
+    "logstats",
     "bridge",
     "bench",
 )

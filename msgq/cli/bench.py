@@ -21,6 +21,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "visionipc": ("msgq.visionipc.bench", "VisionIPC: frames through shared buffers"),
     "messaging": ("msgq.messaging.bench", "SubMaster.update and PubMaster.send per call"),
     "logs": ("msgq.logs.bench", "log read throughput and the zero-drop record rate"),
+    "spark": ("msgq.spark.bench", "the msgqlog Spark source vs a LogReader loop, 1 and 2 cores"),
 }
 
 DESCRIPTION = """\
@@ -33,6 +34,8 @@ Run the benchmark programs and print their tables.
              with the Cap'n Proto share
   logs       python -m msgq.logs.bench: LogReader events/s and MB/s, and the rate the
              recorder keeps up with, without drops
+  spark      python -m msgq.spark.bench: events/s decoded per core by the Spark data
+             source against a plain LogReader loop, and the 1 -> 2 core speed-up
   all        every suite, one after the other (the default)
 
 Arguments after '--' go to the suite's own program; 'msgq bench core -- --help' lists

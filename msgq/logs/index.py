@@ -1,7 +1,8 @@
 """The recording index: ``index.json`` in a recording folder, one entry per segment with
 its first/last logMonoTime and event counts per service, so that summaries and seeking
 never have to read the segments. Rewritten atomically (write + rename) whenever a segment
-is closed; readers never require it.
+is closed; readers never require it. ``complete`` is true once the writer closed the
+recording: until then the last entry may still grow.
 """
 
 from __future__ import annotations
@@ -48,17 +49,22 @@ def write_index(folder: str, segments: list[SegmentIndex], metadata: dict[str, A
     os.replace(tmp, os.path.join(folder, INDEX_NAME))
 
 
-def read_index(folder: str) -> list[SegmentIndex] | None:
-    """The segments listed in ``folder/index.json``; None when there is no usable index
-    (missing, unreadable or of another version: callers then read the segments)."""
+def _load(folder: str) -> tuple[list[SegmentIndex], bool] | None:
     try:
         with open(os.path.join(folder, INDEX_NAME)) as f:
             doc = json.load(f)
         if doc.get("version") != INDEX_VERSION:
             return None
-        return [SegmentIndex(**entry) for entry in doc["segments"]]
-    except (OSError, ValueError, TypeError, KeyError):
+        return [SegmentIndex(**entry) for entry in doc["segments"]], doc.get("complete") is True
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
+
+
+def read_index(folder: str) -> list[SegmentIndex] | None:
+    """The segments listed in ``folder/index.json``; None when there is no usable index
+    (missing, unreadable or of another version: callers then read the segments)."""
+    loaded = _load(folder)
+    return None if loaded is None else loaded[0]
 
 
 class IndexCache:
@@ -68,10 +74,18 @@ class IndexCache:
         self._folders: dict[str, dict[str, SegmentIndex]] = {}
 
     def entry(self, path: str) -> SegmentIndex | None:
-        """The index entry of the segment file at ``path``; None when its folder has no
-        usable index or the index does not list it."""
+        """The final index entry of the segment file at ``path``; None when its folder has
+        no usable index, the index does not list it, or the entry may still change: the
+        last entry of a recording that was not closed describes a segment that was being
+        written (or was cut short by a crash), so it is not trusted for skipping."""
         folder = os.path.dirname(path)
         entries = self._folders.get(folder)
         if entries is None:
-            entries = self._folders[folder] = {s.file: s for s in read_index(folder) or []}
+            loaded = _load(folder)
+            entries = {}
+            if loaded is not None:
+                segments, complete = loaded
+                final = segments if complete else segments[:-1]
+                entries = {s.file: s for s in final}
+            self._folders[folder] = entries
         return entries.get(os.path.basename(path))

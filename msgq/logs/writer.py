@@ -229,6 +229,7 @@ class LogWriter:
             "recording_id": self.recording_id,
             "schema_fingerprint": self.schema.fingerprint,
             "compression": self.compression,
+            "complete": self.closed,
         })
 
     def flush(self) -> None:
@@ -243,7 +244,7 @@ class LogWriter:
         if self.closed:
             return
         self.closed = True
-        self._finish_segment()
+        self._finish_segment()  # writes the index, now marked complete
         if not self.segments:
             self._write_index()
 

@@ -1,0 +1,264 @@
+"""``msgq logstats``: rates, jitter, gaps and validity of recorded logs, computed with
+Spark (a local session by default, a cluster with ``--master``)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any
+
+from msgq.cli.output import EXIT_OK, CommandError, UsageError, paint, print_json, print_table
+
+DESCRIPTION = """\
+Read msgq log segments with Spark (the msgqlog data source) and print, per service:
+message count, expected rate (the service registry's) and measured rate, inter-arrival
+times (p50, p99, max of dt), gaps, the fraction of invalid messages and the mean size;
+then the gaps with their times and any damage found in the files (with file and offset).
+
+PATH is a segment file, a recording folder or a glob (quote it), as many as you like;
+file: URIs work. A gap is an interval longer than --gap-factor expected periods. The
+measured rate is intervals / their total duration (1 / mean dt).
+
+Spark runs locally on every core (local[*]) unless --master names a cluster; on a
+cluster the executors need msgq installed and the files at the same paths (shared
+storage). Spark needs Java 17+ (scripts/ensure_env.sh installs it). See docs/spark.md."""
+
+EPILOG = """\
+examples:
+  msgq logstats ~/logs/drive1                      every segment of a recording
+  msgq logstats '/data/*/segment-*.log.zst' --segments
+  msgq logstats rec --services vehicleState,can --plot rates.png
+  msgq logstats rec --json > stats.json
+  msgq logstats rec --master spark://head:7077     on a cluster (shared storage)"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Registers ``msgq logstats``."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "logstats",
+        help="rates, jitter, gaps and validity of recorded logs (Spark)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="segment file, recording folder or glob")
+    parser.add_argument("--master", metavar="URL",
+                        help="Spark master (default local[*]: this machine, every core)")
+    parser.add_argument("--services", metavar="A,B",
+                        help="only these services (others are skipped without decoding)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--plot", metavar="OUT.png",
+                        help="write the rate of each service over time as a PNG")
+    parser.add_argument("--segments", action="store_true",
+                        help="also print the statistics of each segment file")
+    parser.add_argument("--gap-factor", type=float, default=None, metavar="K",
+                        help="a gap is an interval over K expected periods (default 2.5)")
+    parser.add_argument("--max-gaps", type=int, default=20, metavar="N",
+                        help="gaps listed in the text output (default 20; JSON lists all)")
+    parser.add_argument("--bin", type=float, default=None, metavar="SECONDS",
+                        help="time bin of the plot (default 1 s, coarser for long logs)")
+    parser.add_argument("--approx", action="store_true",
+                        help="approximate percentiles (bounded memory for huge logs)")
+    parser.add_argument("--schema", metavar="FILE.capnp",
+                        help="the schema the logs were written with (default msgq's)")
+    return parser
+
+
+def _check_paths(paths: list[str]) -> list[str]:
+    """The segment files the paths name (checked here, before Spark starts)."""
+    from msgq.logs import segment_paths
+    from msgq.spark.datasource import local_path
+
+    try:
+        files = segment_paths([local_path(p) for p in paths])
+    except (ValueError, FileNotFoundError) as e:
+        raise CommandError(str(e)) from None
+    if not files:
+        raise CommandError(f"no log segment files in {' '.join(paths)}")
+    return files
+
+
+def _check_services(services: list[str] | None, schema_file: str | None) -> None:
+    """Unknown service names are a usage error (said before Spark starts)."""
+    from msgq.schemas import ServiceRegistry, default_schema, load_schema
+    from msgq.schemas.services import unknown_service_error
+
+    if schema_file is None:
+        schema = default_schema()
+    else:
+        try:
+            schema = load_schema(schema_file, ServiceRegistry([]), register_services=False)
+        except (OSError, ValueError) as e:
+            raise CommandError(f"cannot load the schema {schema_file}: {e}") from None
+        except Exception as e:  # pycapnp's parse errors
+            raise CommandError(f"cannot load the schema {schema_file}: "
+                               f"{' '.join(str(e).split())}") from None
+    for name in services or ():
+        if name not in schema.union_fields:
+            raise UsageError(str(unknown_service_error(name, schema.union_fields)).strip('"'))
+
+
+def _auto_bin(services: list[dict[str, Any]]) -> float:
+    """1 s, or coarser so that a long log has at most about 600 bins."""
+    span = max((s["duration_s"] or 0.0 for s in services), default=0.0)
+    if span <= 600:
+        return 1.0
+    return float(math.ceil(span / 600))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Computes the statistics and prints them (and writes the plot)."""
+    if args.gap_factor is not None and not args.gap_factor > 0:
+        raise UsageError("--gap-factor must be positive")
+    if args.bin is not None and not args.bin > 0:
+        raise UsageError("--bin must be positive")
+    if args.max_gaps < 0:
+        raise UsageError("--max-gaps must be 0 or more")
+    services = None
+    if args.services:
+        services = [s.strip() for s in args.services.split(",") if s.strip()]
+    files = _check_paths(args.paths)
+    _check_services(services, args.schema)
+    try:
+        from msgq.spark import read_logs
+        from msgq.spark.analyses import GAP_FACTOR, expected_rates, log_stats
+        from msgq.spark.session import JavaMissingError, spark_session
+    except ImportError as e:
+        raise CommandError(f"{e}; install the spark extra: pip install 'msgq[spark]'") from None
+    if sys.stderr.isatty() and not args.json:
+        print(paint(f"reading {len(files)} segment files with Spark "
+                    f"({args.master or 'local[*]'}) ...", "dim", sys.stderr), file=sys.stderr)
+    try:
+        spark = spark_session(args.master, app_name="msgq logstats")
+    except JavaMissingError as e:
+        raise CommandError(str(e)) from None
+    try:
+        df = read_logs(spark, args.paths, services=services, schema_file=args.schema,
+                       data=False)
+    except Exception as e:  # bad option values surface as Spark analysis errors
+        raise CommandError(_first_line(e)) from None
+    gap_factor = GAP_FACTOR if args.gap_factor is None else args.gap_factor
+    stats = log_stats(df, expected_rates(), gap_factor=gap_factor,
+                      approx_percentiles=args.approx)
+    try:
+        result = stats.to_dict()
+        plot = None
+        if args.plot:
+            plot = _write_plot(stats, result, args.plot, args.bin)
+    finally:
+        stats.unpersist()
+    result = {"paths": list(args.paths), "files": len(files),
+              "master": args.master or "local[*]", **result}
+    if plot is not None:
+        result["plot"] = plot
+    if args.json:
+        print_json(result)
+        return EXIT_OK
+    _print_report(result, args)
+    return EXIT_OK
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    for line in text.splitlines():
+        if "Error:" in line and "Traceback" not in line:
+            return line.strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _write_plot(stats: Any, result: dict[str, Any], path: str,
+                bin_seconds: float | None) -> dict[str, Any]:
+    from msgq.spark.analyses import expected_rates
+    from msgq.spark.plot import plot_rates
+
+    bin_seconds = bin_seconds or _auto_bin(result["services"])
+    timeline = [r.asDict() for r in stats.timeline(bin_seconds).collect()]
+    try:
+        width, height = plot_rates(timeline, path, expected_rates(), result["gaps"],
+                                   bin_seconds)
+    except OSError as e:
+        raise CommandError(f"cannot write the plot to {path}: {e}") from None
+    return {"path": path, "width": width, "height": height, "bin_seconds": bin_seconds}
+
+
+def _number(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def _service_rows(rows: list[dict[str, Any]], first: list[str]) -> list[list[str]]:
+    out = []
+    for r in rows:
+        out.append([
+            *[str(r[k]) for k in first],
+            str(r["count"]),
+            _number(r["expected_hz"], 2) if r["expected_hz"] else "event",
+            _number(r["measured_hz"], 2),
+            _number(r["dt_p50_ms"], 2),
+            _number(r["dt_p99_ms"], 2),
+            _number(r["dt_max_ms"], 2),
+            "-" if r["gaps"] is None else str(r["gaps"]),
+            f"{100 * r['invalid_fraction']:.1f}%",
+            _number(r["mean_size"], 0),
+        ])
+    return out
+
+
+_HEADER = ["count", "expected Hz", "measured Hz", "dt p50 ms", "dt p99 ms", "dt max ms",
+           "gaps", "invalid", "mean B"]
+
+
+def _row_colour(r: dict[str, Any]) -> str | None:
+    if r["gaps"]:
+        return "yellow"
+    ratio = r.get("rate_ratio")
+    if ratio is not None and not 0.9 <= ratio <= 1.1:
+        return "yellow"
+    return None
+
+
+def _print_report(result: dict[str, Any], args: argparse.Namespace) -> None:
+    services = result["services"]
+    events = sum(r["count"] for r in services)
+    span = max((r["duration_s"] or 0.0 for r in services), default=0.0)
+    print(f"{result['files']} segment files, {events} events over {span:.1f} s "
+          f"(gap: dt > {result['gap_factor']:g} expected periods)")
+    print()
+    if services:
+        print_table(["service", *_HEADER], _service_rows(services, ["service"]),
+                    [_row_colour(r) for r in services])
+    else:
+        print("no events")
+    if args.segments and result["segments"]:
+        print()
+        print(paint("per segment", "bold"))
+        rows = _service_rows(result["segments"], ["segment", "service"])
+        print_table(["segment", "service", *_HEADER], rows,
+                    [_row_colour(r) for r in result["segments"]])
+    gaps = result["gaps"]
+    if gaps:
+        print()
+        shown = gaps[:args.max_gaps]
+        more = f" (first {len(shown)} of {len(gaps)}; --json lists all)" \
+            if len(shown) < len(gaps) else ""
+        print(paint(f"gaps{more}", "bold"))
+        if shown:
+            print_table(
+                ["service", "start s", "duration ms", "missed", "segment"],
+                [[g["service"], f"{g['start_s']:.3f}", f"{g['duration_ms']:.1f}",
+                  str(g["missed"]), str(g["segment"])] for g in shown])
+    problems = result["problems"]
+    if problems:
+        print()
+        print(paint(f"problems ({len(problems)})", "bold"))
+        for p in problems:
+            where = "" if p["offset"] is None else f" at byte {p['offset']}"
+            print(paint(f"  {p['file']}{where}: {p['problem']}", "yellow"))
+    if "plot" in result:
+        plot = result["plot"]
+        print()
+        print(f"plot: {plot['path']} ({plot['width']}x{plot['height']} px, bins of "
+              f"{plot['bin_seconds']:g} s)")

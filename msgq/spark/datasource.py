@@ -1,0 +1,521 @@
+"""The ``msgqlog`` Spark data source: msgq log segments as a DataFrame, one row per event.
+
+::
+
+    msgq.spark.register(spark)
+    df = (spark.read.format("msgqlog")
+          .option("services", "vehicleState,gpsLocation")   # others skipped unread
+          .option("decode", "true")                          # typed columns
+          .load("/data/drive1/*.log.zst"))
+    df.select("logMonoTime", "vehicleState.speed")
+
+Columns: ``file``, ``segment``, ``offset``, ``logMonoTime``, ``service``, ``valid``,
+``size``, ``data`` (the event's bytes), ``problem``, then one typed column per decoded
+service (see :mod:`msgq.spark.capnp_types`). Damage is reported in rows: a row whose
+``service`` is null is a *problem row* (``file``, ``segment``, ``offset`` and ``problem``
+say what and where); an event whose typed decoding failed keeps its raw columns and says
+why in ``problem``. docs/spark.md has the whole contract.
+
+Where things run: Spark calls ``schema()`` and ``reader()``/``partitions()`` in a Python
+process of the driver (paths are listed and the recording indexes read there); ``read()``
+runs in the executors' Python workers, which load pycapnp and the schema file themselves
+(cached per worker process). Only strings and numbers travel between them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import stat
+import threading
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+__all__ = [
+    "BASE_COLUMNS",
+    "SOURCE_NAME",
+    "MsgqLogDataSource",
+    "MsgqLogReader",
+    "ReadOptions",
+    "SegmentPartition",
+    "local_path",
+    "output_schema",
+    "plan_segments",
+]
+
+#: The format name: ``spark.read.format(SOURCE_NAME)``.
+SOURCE_NAME = "msgqlog"
+
+#: The columns every read has, in order (typed service columns follow them).
+BASE_COLUMNS: tuple[StructField, ...] = (
+    StructField("file", StringType(), False),
+    StructField("segment", IntegerType(), True),
+    StructField("offset", LongType(), True),
+    StructField("logMonoTime", LongType(), True),
+    StructField("service", StringType(), True),
+    StructField("valid", BooleanType(), True),
+    StructField("size", IntegerType(), True),
+    StructField("data", BinaryType(), True),
+    StructField("problem", StringType(), True),
+)
+
+_PROBLEM_MODES = ("rows", "fail")
+_BATCH_ROWS = 4096
+_BATCH_BYTES = 16 << 20
+_CHUNK_EVENTS = 512
+_MAX_LONG = (1 << 63) - 1
+_SEGMENT_NUMBER = re.compile(r"(\d+)(?:\.log)?(?:\.zst|\.bz2)?$")
+
+
+def local_path(path: str) -> str:
+    """``path`` as an absolute local path: ``file:`` URIs lose their scheme; any other
+    scheme is refused (the executors read with Python file I/O, not Hadoop's)."""
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$", path)
+    if match and len(match.group(1)) > 1:  # not a Windows drive letter
+        scheme, rest = match.group(1).lower(), match.group(2)
+        if scheme != "file":
+            raise ValueError(
+                f"{path!r}: the msgqlog source reads files with Python I/O on the executors, "
+                f"so it takes local paths and file: URIs only, not {scheme}: — mount the "
+                "storage at the same path on every executor (NFS, a FUSE mount of "
+                "S3/GCS/HDFS) or copy the logs there")
+        if rest.startswith("//"):  # file://host/path: only an empty host or localhost
+            host, _, tail = rest[2:].partition("/")
+            if host not in ("", "localhost"):
+                raise ValueError(f"{path!r}: file URIs with a host ({host}) are not local")
+            rest = "/" + tail
+        path = rest
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _split_list(value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    names = tuple(dict.fromkeys(n.strip() for n in str(value).split(",") if n.strip()))
+    return names or None
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The options of one read, parsed and checked (plain data: pickled to executors)."""
+
+    paths: tuple[str, ...]
+    services: tuple[str, ...] | None = None
+    decode: tuple[str, ...] = ()
+    schema_file: str | None = None
+    root: str = "Event"
+    problems: str = "rows"
+    with_data: bool = True
+
+    @classmethod
+    def parse(cls, options: Any) -> ReadOptions:
+        """From the data source's (case-insensitive) options."""
+        get = options.get
+        raw_paths: list[str] = []
+        if get("paths"):
+            raw_paths += list(json.loads(get("paths")))
+        if get("path"):
+            raw_paths.append(get("path"))
+        if not raw_paths:
+            raise ValueError("msgqlog needs a path: spark.read.format('msgqlog').load(PATH)")
+        paths = tuple(local_path(p) for p in raw_paths)
+        schema_file = local_path(get("schemaFile")) if get("schemaFile") else None
+        root = get("root") or "Event"
+        problems = (get("problems") or "rows").strip().lower()
+        if problems not in _PROBLEM_MODES:
+            raise ValueError(f"option problems must be one of {_PROBLEM_MODES}, not {problems!r}")
+        with_data = _flag(get("data"), True, "data")
+        services = _split_list(get("services"))
+        decode_value = (get("decode") or "").strip()
+        schema = _load_schema(schema_file, root)
+        members = schema.union_fields
+        for name in services or ():
+            _check_member(name, members)
+        if decode_value.lower() in ("", "false", "no", "none", "0"):
+            decode: tuple[str, ...] = ()
+        elif decode_value.lower() in ("true", "yes", "all", "*", "1"):
+            decode = services if services is not None else tuple(members)
+        else:
+            decode = _split_list(decode_value) or ()
+            for name in decode:
+                _check_member(name, members)
+                if services is not None and name not in services:
+                    raise ValueError(f"decode names {name!r}, which option services leaves "
+                                     "out: its column would always be null")
+        return cls(paths, services, decode, schema_file, root, problems, with_data)
+
+
+def _flag(value: str | None, default: bool, name: str) -> bool:
+    if value is None or not str(value).strip():
+        return default
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1"):
+        return True
+    if text in ("false", "no", "0"):
+        return False
+    raise ValueError(f"option {name} must be true or false, not {value!r}")
+
+
+def _check_member(name: str, members: tuple[str, ...]) -> None:
+    if name not in members:
+        from msgq.schemas.services import unknown_service_error
+
+        raise unknown_service_error(name, members)
+
+
+_schemas: dict[tuple[str | None, str], Any] = {}
+_schemas_lock = threading.Lock()
+
+
+def _load_schema(schema_file: str | None, root: str) -> Any:
+    """msgq's schema, or the file's (loaded once per process)."""
+    key = (schema_file, root)
+    with _schemas_lock:
+        schema = _schemas.get(key)
+        if schema is None:
+            from msgq.schemas import ServiceRegistry, default_schema, load_schema
+
+            if schema_file is None and root == "Event":
+                schema = default_schema()
+            else:
+                from msgq.schemas import SCHEMA_DIR
+
+                path = schema_file or os.path.join(SCHEMA_DIR, "log.capnp")
+                schema = load_schema(path, ServiceRegistry([]), root=root,
+                                     register_services=False)
+            _schemas[key] = schema
+    return schema
+
+
+def output_schema(options: ReadOptions) -> StructType:
+    """The DataFrame schema of a read with ``options``."""
+    from msgq.spark.capnp_types import member_plan
+
+    fields = list(BASE_COLUMNS)
+    taken = {f.name for f in fields}
+    if options.decode:
+        schema = _load_schema(options.schema_file, options.root)
+        for service in options.decode:
+            if service in taken:
+                raise ValueError(f"service {service!r} has the name of a base column; it "
+                                 "cannot be decoded into a column of its own")
+            plan = member_plan(schema.event.schema, service)
+            if plan is not None:  # Void members have nothing to decode
+                fields.append(StructField(service, plan.spark_type, True))
+    return StructType(fields)
+
+
+class SegmentPartition(InputPartition):
+    """One segment file: the unit of work of an executor task."""
+
+    def __init__(self, path: str, segment: int | None) -> None:
+        super().__init__(path)
+        self.path = path
+        self.segment = segment
+
+    def __repr__(self) -> str:
+        return f"SegmentPartition({self.path!r}, segment={self.segment})"
+
+
+def plan_segments(options: ReadOptions) -> list[SegmentPartition]:
+    """The segment files of a read, one partition each. With ``services``, a segment
+    whose final index entry lists none of them is left out unread (see
+    :class:`msgq.logs.index.IndexCache` for which entries are final)."""
+    from msgq.logs import segment_paths
+    from msgq.logs.index import IndexCache
+
+    partitions = []
+    indexes = IndexCache()
+    wanted = None if options.services is None else set(options.services)
+    for path in dict.fromkeys(segment_paths(list(options.paths))):
+        entry = indexes.entry(path)
+        if entry is not None and wanted is not None and not wanted & set(entry.counts):
+            continue
+        if entry is not None:
+            segment: int | None = entry.segment
+        else:
+            match = _SEGMENT_NUMBER.search(os.path.basename(path))
+            segment = int(match.group(1)) if match else None
+        partitions.append(SegmentPartition(path, segment))
+    return partitions
+
+
+class MsgqLogDataSource(DataSource):
+    """``spark.read.format("msgqlog")``: msgq log segments, one row per event (options
+    and columns: module docstring and docs/spark.md)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        from msgq.logs import segment_paths
+
+        options = ReadOptions.parse(self.options)
+        segment_paths(list(options.paths))  # a path that names nothing fails at load()
+        return output_schema(options)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        options = ReadOptions.parse(self.options)
+        ours = output_schema(options)
+        if schema != ours:
+            raise ValueError("the msgqlog source defines its own schema (from the capnp "
+                             "schema and the decode option): do not pass .schema(...)")
+        return MsgqLogReader(options, ours)
+
+
+class MsgqLogReader(DataSourceReader):
+    """Plans one partition per segment file and reads them (in the executors)."""
+
+    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+
+    def partitions(self) -> list[InputPartition]:
+        return list(plan_segments(self.options))
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, SegmentPartition):  # no files: Spark's empty partition
+            return iter(())
+        return _SegmentRead(self.options, self.schema, partition).batches()
+
+
+# -- executor side -------------------------------------------------------------------
+
+
+@dataclass
+class _Decoder:
+    column: int  # position among the typed columns
+    field: Any  # the union member's field of the root struct
+    convert: Any  # None: the pycapnp value is the column value
+
+
+_decoders: dict[tuple[str | None, str, tuple[str, ...]], dict[str, _Decoder]] = {}
+
+
+def _decoders_for(options: ReadOptions) -> dict[str, _Decoder]:
+    """service -> how to fill its typed column (built once per worker process)."""
+    from msgq.spark.capnp_types import member_plan
+
+    key = (options.schema_file, options.root, options.decode)
+    decoders = _decoders.get(key)
+    if decoders is None:
+        schema = _load_schema(options.schema_file, options.root)
+        root = schema.event.schema
+        decoders = {}
+        for service in options.decode:
+            plan = member_plan(root, service)
+            if plan is not None:
+                decoders[service] = _Decoder(len(decoders), root.fields[service], plan.convert)
+        _decoders[key] = decoders
+    return decoders
+
+
+class _FailOnProblemError(RuntimeError):
+    """Damage found while reading with ``problems=fail``."""
+
+
+class _SegmentRead:
+    """Reading one segment into Arrow record batches of the source's schema.
+
+    Rows are gathered column by column; a typed column holds only the values of its
+    own service (with their row numbers) and is spread over the batch's rows by one
+    Arrow ``take`` at the end, so unrelated services cost nothing per event.
+    """
+
+    def __init__(self, options: ReadOptions, schema: StructType,
+                 partition: SegmentPartition) -> None:
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self._pa = pa
+        self.options = options
+        self.path = partition.path
+        self.segment = partition.segment
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.schema = _load_schema(options.schema_file, options.root)
+        self.decoders = _decoders_for(options)
+        from msgq.messaging.events import decode_event
+
+        self._decode_event = decode_event
+        self._typed_types = [self.arrow_schema.field(i).type
+                             for i in range(len(BASE_COLUMNS), len(self.arrow_schema))]
+        self._reset()
+
+    # rows ------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._offset: list[int | None] = []
+        self._mono: list[int | None] = []
+        self._service: list[str | None] = []
+        self._valid: list[bool | None] = []
+        self._size: list[int | None] = []
+        self._data: list[bytes | None] = []
+        self._problems: dict[int, str] = {}  # row -> problem
+        self._typed_rows: list[list[int]] = [[] for _ in self._typed_types]
+        self._typed_values: list[list[Any]] = [[] for _ in self._typed_types]
+        self._bytes = 0
+
+    def _full(self) -> bool:
+        return len(self._offset) >= _BATCH_ROWS or self._bytes >= _BATCH_BYTES
+
+    def _flush(self) -> Any:
+        pa = self._pa
+        rows = len(self._offset)
+        types = [f.type for f in self.arrow_schema]
+        problems = [None] * rows
+        for row, problem in self._problems.items():
+            problems[row] = problem
+        arrays = [
+            pa.array([self.path] * rows, type=types[0]),
+            pa.array([self.segment] * rows, type=types[1]),
+            pa.array(self._offset, type=types[2]),
+            pa.array(self._mono, type=types[3]),
+            pa.array(self._service, type=types[4]),
+            pa.array(self._valid, type=types[5]),
+            pa.array(self._size, type=types[6]),
+            pa.array(self._data, type=types[7]),
+            pa.array(problems, type=types[8]),
+        ]
+        for kind, at, values in zip(self._typed_types, self._typed_rows, self._typed_values,
+                                    strict=True):
+            if not values:
+                arrays.append(pa.nulls(rows, type=kind))
+                continue
+            index: list[int | None] = [None] * rows
+            for position, row in enumerate(at):
+                index[row] = position
+            arrays.append(pa.array(values, type=kind).take(pa.array(index, type=pa.int32())))
+        self._reset()
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+    def _problem(self, kind: str, offset: int | None, detail: str) -> None:
+        if self.options.problems == "fail":
+            where = f" at byte {offset}" if offset is not None else ""
+            raise _FailOnProblemError(
+                f"{self.path}: {kind}{where}: {detail} (read with option problems=rows to "
+                "get the readable events and a row per problem)")
+        self._problems[len(self._offset)] = f"{kind}: {detail}"
+        for column in (self._offset, self._mono, self._service, self._valid, self._size,
+                       self._data):
+            column.append(None)
+        self._offset[-1] = offset
+
+    def _add_log_problem(self, problem: Any) -> None:
+        detail = problem.detail
+        if problem.file_offset != problem.offset:
+            detail += f" (file byte {problem.file_offset})"
+        self._problem(problem.kind, problem.offset, detail)
+
+    # events ----------------------------------------------------------------------
+
+    def _add_typed(self, row: int, event: Any) -> None:
+        decoder = self.decoders.get(event.service)
+        if decoder is None:
+            return
+        try:
+            msg = self._decode_event(event.data, self.schema)
+            value = msg._get_by_field(decoder.field)
+            if decoder.convert is not None:
+                value = decoder.convert(value)
+        except Exception as e:  # pycapnp raises KjException, ValueError, ...
+            self._problems[row] = f"undecodable: {' '.join(str(e).split())}"
+            return
+        self._typed_rows[decoder.column].append(row)
+        self._typed_values[decoder.column].append(value)
+
+    def _add_events(self, events: list[Any]) -> None:
+        first = len(self._offset)
+        self._offset += [e.offset for e in events]
+        self._mono += [e.mono_ns for e in events]
+        self._service += [e.service for e in events]
+        self._valid += [e.valid for e in events]
+        self._size += [len(e.data) for e in events]
+        if self.options.with_data:
+            self._data += [e.data for e in events]
+            self._bytes += sum(len(e.data) for e in events)
+        else:
+            self._data += [None] * len(events)
+        for row, event in enumerate(events, first):
+            if event.mono_ns > _MAX_LONG:
+                self._mono[row] = None
+                self._problems[row] = \
+                    f"out of range: logMonoTime {event.mono_ns} is over 2^63-1"
+            if self.decoders:
+                self._add_typed(row, event)
+
+    def _readable(self) -> bool:
+        """Whether the partition's path is a file here; a problem row when not (on a
+        cluster: the file must be at the same path on every executor)."""
+        try:
+            mode = os.stat(self.path).st_mode
+        except OSError as e:
+            self._problem("unreadable", None, f"{e.strerror} (on host {socket.gethostname()})")
+            return False
+        if not stat.S_ISREG(mode):
+            self._problem("unreadable", None, "not a regular file")
+            return False
+        return True
+
+    def batches(self) -> Iterator[Any]:
+        """The rows of the segment as Arrow record batches: its events in file order, a
+        problem row after the events read before each problem found."""
+        if self._readable():
+            try:
+                yield from self._event_batches()
+            except _FailOnProblemError:
+                raise
+            except Exception as e:  # an executor reports, it does not crash
+                # Damage the reader could not step over, or an I/O error: what was read
+                # stays, and the rest is reported with the reason.
+                offset = getattr(getattr(e, "problem", None), "offset", None)
+                self._problem("unreadable", offset, f"{type(e).__name__}: {e}")
+        if self._offset:
+            yield self._flush()
+
+    def _event_batches(self) -> Iterator[Any]:
+        from msgq.logs import CorruptLogWarning, LogReader, TruncatedLogWarning
+
+        # The services are filtered here, not by the LogReader: it would also skip the
+        # file by its index entry, which plan_segments trusts only for finished segments.
+        reader = LogReader(self.path, skip_corrupt=True, schema=self.schema)
+        events = reader.raw()
+        wanted = None if self.options.services is None else frozenset(self.options.services)
+        seen_corrupt = seen_truncated = 0
+        while True:
+            # Problems become rows here, not warnings (chunked: the filter costs µs).
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TruncatedLogWarning)
+                warnings.simplefilter("ignore", CorruptLogWarning)
+                chunk = list(islice(events, _CHUNK_EVENTS))
+            done = not chunk
+            if wanted is not None:
+                chunk = [e for e in chunk if e.service in wanted]
+            while chunk:  # batches end at a message boundary past the size bounds
+                room = max(1, _BATCH_ROWS - len(self._offset))
+                self._add_events(chunk[:room])
+                chunk = chunk[room:]
+                if self._full():
+                    yield self._flush()
+            new = reader.corrupt[seen_corrupt:] + reader.truncated[seen_truncated:]
+            for problem in sorted(new, key=lambda p: p.offset):
+                self._add_log_problem(problem)
+            seen_corrupt, seen_truncated = len(reader.corrupt), len(reader.truncated)
+            if done:
+                return
