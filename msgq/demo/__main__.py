@@ -1,5 +1,5 @@
-"""``python -m msgq.demo``: the throughput demo (the end-to-end pipeline comes next)."""
+"""``python -m msgq.demo``: the end-to-end demo (see :mod:`msgq.demo.pipeline`)."""
 
-from msgq.demo.throughput import main
+from msgq.demo.pipeline import main
 
 raise SystemExit(main())
