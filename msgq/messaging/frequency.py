@@ -38,14 +38,18 @@ class RateWindow:
         self._intervals.append((end_time, interval))
         self._total += interval
 
-    def expire(self, now: float) -> None:
-        """Drops intervals that ended more than the window length before ``now``."""
+    def expire(self, now: float) -> bool:
+        """Drops intervals that ended more than the window length before ``now``; returns
+        whether any was dropped."""
         cutoff = now - self._length_s
         intervals = self._intervals
+        if not intervals or intervals[0][0] >= cutoff:
+            return False
         while intervals and intervals[0][0] < cutoff:
             self._total -= intervals.popleft()[1]
         if not intervals:
             self._total = 0.0  # no drift from repeated float subtraction
+        return True
 
     @property
     def rate(self) -> float:
@@ -70,7 +74,7 @@ class FrequencyTracker:
     over the recent one lies in ``[0.8 * min, 1.2 * max]``.
     """
 
-    __slots__ = ("expected_hz", "max_hz", "min_hz", "_last_time", "_long", "_recent")
+    __slots__ = ("expected_hz", "max_hz", "min_hz", "_last_time", "_long", "_ok", "_recent")
 
     def __init__(self, service_hz: float, update_hz: float | None, polled: bool) -> None:
         if service_hz <= 0:
@@ -93,6 +97,7 @@ class FrequencyTracker:
         self._long = RateWindow(LONG_WINDOW_S)
         self._recent = RateWindow(RECENT_WINDOW_S)
         self._last_time: float | None = None
+        self._ok: bool | None = None  # cached verdict; None: the windows changed
 
     def record(self, recv_time: float) -> None:
         """Counts one message received at ``recv_time`` (seconds, monotonic)."""
@@ -102,11 +107,12 @@ class FrequencyTracker:
             interval = recv_time - last
             self._long.add(recv_time, interval)
             self._recent.add(recv_time, interval)
+            self._ok = None
 
     def expire(self, now: float) -> None:
         """Forgets intervals older than the windows, as of ``now``."""
-        self._long.expire(now)
-        self._recent.expire(now)
+        if self._long.expire(now) | self._recent.expire(now):
+            self._ok = None
 
     @property
     def rate(self) -> float:
@@ -121,5 +127,8 @@ class FrequencyTracker:
     @property
     def ok(self) -> bool:
         """Whether the long or the recent average rate lies within the band."""
-        return (self.min_hz <= self._long.rate <= self.max_hz
-                or self.min_hz <= self._recent.rate <= self.max_hz)
+        ok = self._ok
+        if ok is None:
+            ok = self._ok = (self.min_hz <= self._long.rate <= self.max_hz
+                             or self.min_hz <= self._recent.rate <= self.max_hz)
+        return ok

@@ -124,6 +124,10 @@ class SubMaster:
             if service.frequency > 0:
                 self.freq_tracker[s] = FrequencyTracker(service.frequency, self.update_freq,
                                                         polled=s == poll)
+        # (service, tracker, seconds a message keeps it alive) of rate-tracked services
+        self._tracked = [(s, t, ALIVE_PERIODS / t.expected_hz)
+                         for s, t in self.freq_tracker.items()]
+        self._untracked = [s for s in self.services if s not in self.freq_tracker]
 
     def __getitem__(self, service: str) -> Any:
         try:
@@ -132,45 +136,51 @@ class SubMaster:
             raise KeyError(f"service {service!r} is not subscribed by this SubMaster "
                            f"(it has {self.services})") from None
 
-    def _decode(self, service: str, data: bytes) -> Any:
+    def _receive(self, service: str, sock: Any, received: list[tuple[str, Any]]) -> None:
+        """Appends the newest message of ``sock`` (an Event of ``service``) to
+        ``received``; bytes that are not one are counted in bad_messages."""
+        data = sock.receive(non_blocking=True)
+        if data is None:
+            return
         try:
             msg = decode_event(data, self.schema)
             if msg.which() != service:
                 raise MessageDecodeError(f"message of {msg.which()!r} on {service!r}")
         except MessageDecodeError:
             self.bad_messages[service] += 1
-            return None
-        return msg
+            return
+        received.append((service, msg))
 
     def update(self, timeout: int = 100) -> None:
         """Waits up to ``timeout`` ms for the polled service (any service when none is
         polled), reads the newest message of every service, and updates the health."""
-        msgs = []
+        received: list[tuple[str, Any]] = []
         for sock in self.poller.poll(timeout):
-            service = self._service_of_sock[id(sock)]
-            data = sock.receive(non_blocking=True)
-            if data is not None:
-                msgs.append(self._decode(service, data))
+            self._receive(self._service_of_sock[id(sock)], sock, received)
         for service in self.non_polled_services:
-            data = self.sock[service].receive(non_blocking=True)
-            if data is not None:
-                msgs.append(self._decode(service, data))
-        self.update_msgs(clock.monotonic(), msgs)
+            self._receive(service, self.sock[service], received)
+        self._take(clock.monotonic(), received)
 
     def update_msgs(self, cur_time: float, msgs: Sequence[Any]) -> None:
         """Takes ``msgs`` (Event readers, or None entries, which are skipped) as received
         at ``cur_time`` (monotonic seconds) and updates the health of every service. The
         lockstep harness and tests drive SubMaster with this and a simulated clock."""
-        self.frame += 1
-        for s in self.services:
-            self.updated[s] = False
+        received = []
         for msg in msgs:
             if msg is None:
                 continue
             try:
-                s = msg.which()
+                received.append((msg.which(), msg))
             except Exception:  # a reader over garbage: nothing to attribute it to
                 continue
+        self._take(cur_time, received)
+
+    def _take(self, cur_time: float, received: list[tuple[str, Any]]) -> None:
+        """The bookkeeping of one update: ``received`` holds (service, Event) pairs."""
+        self.frame += 1
+        for s in self.services:
+            self.updated[s] = False
+        for s, msg in received:
             if s not in self.data:
                 continue
             self.seen[s] = True
@@ -184,15 +194,18 @@ class SubMaster:
             self.logMonoTime[s] = msg.logMonoTime
             self.valid[s] = msg.valid
 
-        for s in self.services:
-            tracker = self.freq_tracker.get(s)
-            if tracker is None or self.simulation:
+        if self.simulation:
+            for s in self.services:
                 self.freq_ok[s] = True
-                self.alive[s] = self.seen[s] if self.simulation else True
-                continue
+                self.alive[s] = self.seen[s]
+            return
+        for s in self._untracked:
+            self.freq_ok[s] = True
+            self.alive[s] = True
+        seen, recv_time = self.seen, self.recv_time
+        for s, tracker, alive_s in self._tracked:
             tracker.expire(cur_time)
-            self.alive[s] = (self.seen[s] and
-                             cur_time - self.recv_time[s] < ALIVE_PERIODS / tracker.expected_hz)
+            self.alive[s] = seen[s] and cur_time - recv_time[s] < alive_s
             self.freq_ok[s] = tracker.ok
 
     @property
