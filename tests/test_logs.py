@@ -316,3 +316,17 @@ def test_unclosed_recording_index_does_not_hide_events(tmp_path: Path) -> None:
     writer.close()  # now the index is complete and trusted
     index = read_index(str(tmp_path / "rec"))
     assert index is not None and index[0].counts["vehicleState"] == 1
+
+
+def test_segment_events_from_bytes_in_memory(tmp_path: Path) -> None:
+    import io
+
+    events = _events(300)
+    _write(tmp_path / "rec", events, rotate_seconds=None)
+    (path,) = segment_paths(tmp_path / "rec")
+    with open(path, "rb") as f:
+        memory = io.BytesIO(f.read())
+    memory.name = "remote://bucket/segment-00000.log.zst"
+    got = list(LogReader([]).segment_events(memory))
+    assert [e.data for e in got if e.service != "logStart"] == events
+    assert {e.path for e in got} == {"remote://bucket/segment-00000.log.zst"}

@@ -298,7 +298,7 @@ def test_replay_start_offset_skips_segments(tmp_path: Path) -> None:
     assert index is not None and len(index) == 4
     replayer = Replayer(tmp_path / "rec", fast=True, start_s=2.5)
     opened: list[str] = []
-    original = LogReader._segment_events
+    original = LogReader.segment_events
 
     def spy(self: LogReader, path: str) -> Any:
         opened.append(os.path.basename(path))
@@ -306,7 +306,7 @@ def test_replay_start_offset_skips_segments(tmp_path: Path) -> None:
 
     sub = msgq.sub_sock("gyroscope", timeout=5000)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(LogReader, "_segment_events", spy)
+        mp.setattr(LogReader, "segment_events", spy)
         stats = replayer.run()
     assert stats.counts == {"gyroscope": 15}
     assert [sequence_number(d, "gyroscope") for _, d in _receive(sub, 15)] == \

@@ -246,10 +246,104 @@ def test_paths_globs_lists_and_file_uris(spark: Any, recording: Recording) -> No
         _read(spark, "file:" + recording.files[1]).count() == count
     glob = os.path.join(recording.folder, "segment-0000[01].log.zst")
     assert _read(spark, glob).count() == count
-    with pytest.raises(Exception, match="local paths and file: URIs only"):
+    with pytest.raises(Exception, match="local paths and file: URIs only.*read_logs"):
         _read(spark, "s3a://bucket/logs")
     with pytest.raises(Exception, match="no log file or folder matches"):
         _read(spark, os.path.join(recording.folder, "nothing-*.zst")).collect()
+
+
+# -- through Spark's Hadoop file systems (binaryFile + mapInArrow) ------------------------
+
+
+def _uri(path: str) -> str:
+    return "file://" + path
+
+
+def _local_rows(df: Any) -> list[tuple[Any, ...]]:
+    """The rows of a msgqlog DataFrame with ``file`` as a local path, in file order."""
+    from msgq.spark.datasource import local_path
+
+    rows = [(local_path(r.file), *r[1:]) for r in df.collect()]
+    return sorted(rows, key=lambda r: (r[0], -1 if r[2] is None else r[2], r[4] or "",
+                                       r[8] or ""))
+
+
+def test_hadoop_path_gives_the_rows_of_the_source(spark: Any, recording: Recording) -> None:
+    from msgq.spark import read_logs
+
+    decode = ["vehicleState", "can", "roadEncodeIdx", "logStart"]
+    source = read_logs(spark, recording.folder, decode=decode)
+    hadoop = read_logs(spark, _uri(recording.folder), decode=decode, via="hadoop")
+    assert hadoop.schema == source.schema
+    rows = _local_rows(hadoop)
+    assert rows == _local_rows(source)  # typed columns, problem rows and offsets included
+    assert len(rows) == len(recording.expected) + 1
+    assert {r.file for r in hadoop.select("file").distinct().collect()} == \
+        {"file:" + f for f in recording.files}  # the URIs Spark reports
+    reader = LogReader(recording.truncated)
+    with pytest.warns():
+        list(reader.raw())
+    (truncation,) = reader.truncated
+    (problem,) = [r for r in rows if r[4] is None]
+    assert problem[:3] == (recording.truncated, 3, truncation.offset)
+    assert problem[8].startswith("truncated: ") and "zstd frame" in problem[8]
+    assert all((r[9] is not None) == (r[4] == "vehicleState") for r in rows)  # typed
+    assert all((r[12] is not None) == (r[4] == "logStart") for r in rows)
+
+    only = ["logMessage", "gpsLocation"]
+    filtered = read_logs(spark, _uri(recording.folder), services=only, data=False,
+                         via="hadoop")
+    assert _local_rows(filtered) == \
+        _local_rows(read_logs(spark, recording.folder, services=only, data=False))
+    assert {r.service for r in filtered.select("service").distinct().collect()} == \
+        {*only, None}
+    with pytest.raises(Exception, match="truncated") as failure:
+        read_logs(spark, _uri(recording.truncated), problems="fail", via="hadoop").collect()
+    assert "file:" + recording.truncated in str(failure.value)
+
+
+def test_hadoop_path_globs_and_routing(spark: Any, recording: Recording) -> None:
+    from msgq.spark import read_logs
+    from msgq.spark.hadoop import _missing_file_system, split_paths
+
+    count = sum(1 for w in recording.expected if w.segment < 2)
+    glob = _uri(os.path.join(recording.folder, "segment-0000[01].log.zst"))
+    assert read_logs(spark, glob, via="hadoop").count() == count
+    parent, name = os.path.split(recording.folder)
+    folders = _uri(os.path.join(parent, name[:3] + "*"))  # a glob of recording folders
+    assert read_logs(spark, folders, via="hadoop", data=False).count() == \
+        len(recording.expected) + 1
+
+    assert split_paths(["/a", "file:///b", "hdfs://nn/c", "s3a://d/e", "C:/f", "gs://g"]) == \
+        (["/a", "file:///b", "C:/f"], ["hdfs://nn/c", "s3a://d/e", "gs://g"])
+    assert split_paths(["/a", "hdfs://nn/c"], "source") == (["/a", "hdfs://nn/c"], [])
+    assert split_paths(["/a", "hdfs://nn/c"], "hadoop") == ([], ["/a", "hdfs://nn/c"])
+    with pytest.raises(ValueError, match="via must be one of"):
+        split_paths(["/a"], "jvm")
+    with pytest.raises(ValueError, match="no Hadoop file system for nosuchfs:"):
+        read_logs(spark, [recording.folder, "nosuchfs://host/logs"])
+    # a scheme Hadoop knows whose connector is not installed (s3a: without hadoop-aws)
+    assert _missing_file_system(": java.lang.RuntimeException: java.lang.ClassNotFound"
+                                "Exception: Class org.apache.hadoop.fs.s3a.S3AFileSystem "
+                                "not found") == \
+        "class org.apache.hadoop.fs.s3a.S3AFileSystem not found"
+    assert _missing_file_system("java.net.UnknownHostException: nn") is None
+
+    # A scheme other than file: through the default routing, mixed with a local path:
+    # Hadoop's viewfs mounting the recording's folder (set at run time, then removed).
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    link = "fs.viewfs.mounttable.msgqtest.link./logs"
+    conf.set(link, _uri(recording.folder))
+    try:
+        mixed = read_logs(spark, ["viewfs://msgqtest/logs/segment-00000.log.zst",
+                                  recording.files[1]], data=False)
+        got = {r.file: r["count"] for r in mixed.groupBy("file").count().collect()}
+    finally:
+        conf.unset(link)
+    assert got == {
+        "viewfs://msgqtest/logs/segment-00000.log.zst":
+            sum(1 for w in recording.expected if w.segment == 0),
+        recording.files[1]: sum(1 for w in recording.expected if w.segment == 1)}
 
 
 # -- typed columns -----------------------------------------------------------------------
@@ -436,6 +530,11 @@ def test_corrupt_frames_and_unreadable_files_become_problem_rows(
     assert [(r.offset, r.logMonoTime) for r in events] == \
         [(e.offset, e.mono_ns) for e in reference]
     assert 1 < len(reference) < 401
+    # the same from the file's bytes in memory (the zstd resync seeks in them)
+    from msgq.spark import read_logs
+
+    assert _local_rows(read_logs(spark, _uri(str(segment)), via="hadoop")) == \
+        _local_rows(df.where(df.file == str(segment)))
 
 
 def test_an_event_that_does_not_decode_keeps_its_raw_columns(
@@ -653,11 +752,50 @@ def test_logstats_reports_bad_paths_before_starting_spark(tmp_path: Path) -> Non
     parser = argparse.ArgumentParser(prog="msgq")
     logstats.add_parser(parser.add_subparsers())
     for argv, message in (([str(tmp_path / "missing-*")], "no log file or folder matches"),
-                          (["hdfs://nn/logs"], "local paths and file: URIs only"),
+                          (["--via", "source", "hdfs://nn/logs"],
+                           "local paths and file: URIs only"),
                           ([str(tmp_path)], "no log segment files"),
                           ([__file__, "--services", "gpsLocaton"], "did you mean 'gpsLocation'")):
         with pytest.raises(CommandError, match=message):
             logstats.run(parser.parse_args(["logstats", *argv]))
+
+
+def test_logstats_through_the_hadoop_path(stats: Stats, recording: Recording) -> None:
+    from msgq.cli import logstats
+    from msgq.cli.output import CommandError
+    from msgq.spark.datasource import local_path
+
+    def local(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for row in rows:
+            row = dict(row)
+            for key in ("file", "recording"):
+                if key in row:
+                    row[key] = local_path(row[key])
+            out.append(row)
+        return out
+
+    code, text = _logstats([_uri(recording.folder), "--via", "hadoop", "--json"])
+    assert code == 0
+    doc = json.loads(text)
+    assert doc["files"] == len(recording.files)
+    assert doc["problems"][0]["file"] == "file:" + recording.truncated
+    want = json.loads(json.dumps(stats.collected))
+    for table in ("services", "segments", "gaps", "problems"):
+        assert len(doc[table]) == len(want[table]), table
+        for got, expected in zip(local(doc[table]), local(want[table]), strict=True):
+            assert got.keys() == expected.keys(), table
+            for key, value in expected.items():  # sums may add up in another order
+                same = pytest.approx(value, rel=1e-12) if isinstance(value, float) else value
+                assert got[key] == same, f"{table} {key}"
+
+    parser = argparse.ArgumentParser(prog="msgq")
+    logstats.add_parser(parser.add_subparsers())
+    with pytest.raises(CommandError, match="no Hadoop file system for nosuchfs:"):
+        logstats.run(parser.parse_args(["logstats", "nosuchfs://host/logs"]))
+    with pytest.raises(CommandError, match="no log segment files"):
+        logstats.run(parser.parse_args(["logstats", "--via", "hadoop",  # not a segment name
+                                        _uri(recording.folder) + "/index.json"]))
 
 
 # -- benchmark -----------------------------------------------------------------------------

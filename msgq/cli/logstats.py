@@ -16,13 +16,18 @@ message count, expected rate (the service registry's) and measured rate, inter-a
 times (p50, p99, max of dt), gaps, the fraction of invalid messages and the mean size;
 then the gaps with their times and any damage found in the files (with file and offset).
 
-PATH is a segment file, a recording folder or a glob (quote it), as many as you like;
-file: URIs work. A gap is an interval longer than --gap-factor expected periods. The
-measured rate is intervals / their total duration (1 / mean dt).
+PATH is a segment file, a recording folder or a glob (quote it), as many as you like.
+Local paths and file: URIs are read by the msgqlog source (Python I/O on the executors);
+any other URI Spark accepts (hdfs://, s3a://, abfs://, gs://: the cluster needs that
+Hadoop connector) through Spark's Hadoop file systems, whole segment files loaded by its
+binaryFile source; --via hadoop sends every PATH that way. A gap is an interval longer
+than --gap-factor expected periods. The measured rate is intervals / their total
+duration (1 / mean dt).
 
 Spark runs locally on every core (local[*]) unless --master names a cluster; on a
-cluster the executors need msgq installed and the files at the same paths (shared
-storage). Spark needs Java 17+ (scripts/ensure_env.sh installs it). See docs/spark.md."""
+cluster the executors need msgq installed, and local paths must be at the same paths on
+every executor (shared storage). Spark needs Java 17+ (scripts/ensure_env.sh installs
+it). See docs/spark.md."""
 
 EPILOG = """\
 examples:
@@ -30,7 +35,8 @@ examples:
   msgq logstats '/data/*/segment-*.log.zst' --segments
   msgq logstats rec --services vehicleState,can --plot rates.png
   msgq logstats rec --json > stats.json
-  msgq logstats rec --master spark://head:7077     on a cluster (shared storage)"""
+  msgq logstats rec --master spark://head:7077     on a cluster (shared storage)
+  msgq logstats hdfs://nn/logs/drive1              from HDFS (s3a://, gs://... alike)"""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -43,7 +49,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="segment file, recording folder or glob")
+                        help="segment file, recording folder or glob; path or URI")
     parser.add_argument("--master", metavar="URL",
                         help="Spark master (default local[*]: this machine, every core)")
     parser.add_argument("--services", metavar="A,B",
@@ -63,21 +69,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="approximate percentiles (bounded memory for huge logs)")
     parser.add_argument("--schema", metavar="FILE.capnp",
                         help="the schema the logs were written with (default msgq's)")
+    parser.add_argument("--via", choices=("auto", "source", "hadoop"), default="auto",
+                        help="auto (default): local paths and file: URIs with the msgqlog "
+                             "source, other URIs through Spark's Hadoop file systems; "
+                             "source or hadoop: every PATH that way")
     return parser
 
 
-def _check_paths(paths: list[str]) -> list[str]:
-    """The segment files the paths name (checked here, before Spark starts)."""
+def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
+    """(the local segment files the paths name, the paths read through Hadoop): local
+    ones are checked here, before Spark starts; Spark lists the others."""
     from msgq.logs import segment_paths
     from msgq.spark.datasource import local_path
+    from msgq.spark.hadoop import split_paths
 
+    local, remote = split_paths(paths, via)
     try:
-        files = segment_paths([local_path(p) for p in paths])
+        files = segment_paths([local_path(p) for p in local])
     except (ValueError, FileNotFoundError) as e:
         raise CommandError(str(e)) from None
-    if not files:
-        raise CommandError(f"no log segment files in {' '.join(paths)}")
-    return files
+    if local and not files:
+        raise CommandError(f"no log segment files in {' '.join(local)}")
+    return files, remote
 
 
 def _check_services(services: list[str] | None, schema_file: str | None) -> None:
@@ -119,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     services = None
     if args.services:
         services = [s.strip() for s in args.services.split(",") if s.strip()]
-    files = _check_paths(args.paths)
+    files, remote = _check_paths(args.paths, args.via)
     _check_services(services, args.schema)
     try:
         from msgq.spark import read_logs
@@ -128,7 +141,9 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise CommandError(f"{e}; install the spark extra: pip install 'msgq[spark]'") from None
     if sys.stderr.isatty() and not args.json:
-        print(paint(f"reading {len(files)} segment files with Spark "
+        what = [f"{len(files)} segment files"] if files else []
+        what += [f"{len(remote)} paths through Hadoop"] if remote else []
+        print(paint(f"reading {' and '.join(what)} with Spark "
                     f"({args.master or 'local[*]'}) ...", "dim", sys.stderr), file=sys.stderr)
     try:
         spark = spark_session(args.master, app_name="msgq logstats")
@@ -136,9 +151,13 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(e)) from None
     try:
         df = read_logs(spark, args.paths, services=services, schema_file=args.schema,
-                       data=False)
+                       data=False, via=args.via)
+        # the files Spark listed for the Hadoop paths (the source's are not listed here)
+        count = len(files) + (len(df.inputFiles()) if remote else 0)
     except Exception as e:  # bad option values surface as Spark analysis errors
         raise CommandError(_first_line(e)) from None
+    if not count:
+        raise CommandError(f"no log segment files in {' '.join(args.paths)}")
     gap_factor = GAP_FACTOR if args.gap_factor is None else args.gap_factor
     stats = log_stats(df, expected_rates(), gap_factor=gap_factor,
                       approx_percentiles=args.approx)
@@ -149,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
             plot = _write_plot(stats, result, args.plot, args.bin)
     finally:
         stats.unpersist()
-    result = {"paths": list(args.paths), "files": len(files),
+    result = {"paths": list(args.paths), "files": count,
               "master": args.master or "local[*]", **result}
     if plot is not None:
         result["plot"] = plot
@@ -161,10 +180,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _first_line(error: Exception) -> str:
+    """The line of a (Spark, Python or Java) error that says what went wrong."""
     text = str(error).strip()
-    for line in text.splitlines():
-        if "Error:" in line and "Traceback" not in line:
-            return line.strip()
+    for marker in ("Error:", "Exception:"):  # Python's errors, then the JVM's
+        for line in text.splitlines():
+            if marker in line and "Traceback" not in line:
+                return line.strip().lstrip(": ")
     return text.splitlines()[0] if text else type(error).__name__
 
 

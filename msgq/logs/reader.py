@@ -150,9 +150,15 @@ class LogReader:
 
     # -- iteration ------------------------------------------------------------------
 
-    def _segment_events(self, path: str) -> Iterator[LogEvent]:
+    def segment_events(self, path: Any) -> Iterator[LogEvent]:
+        """The events of one segment (a path, or a seekable binary file such as an
+        ``io.BytesIO`` of a segment's bytes, named by its ``name``), in file order, with
+        this reader's service and time filters and damage handling; no path listing and
+        no index."""
         wanted = self.services
         start = self.start_mono_ns
+        name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else \
+            str(getattr(path, "name", "<in-memory segment>"))
         for raw in read_messages(path, self._on_problem, self.skip_corrupt, self._is_message):
             peeked = self._layout.peek(raw.data)
             if peeked is None:
@@ -165,7 +171,7 @@ class LogReader:
                 continue
             if start is not None and mono < start:
                 continue
-            yield LogEvent(raw.data, mono, valid, service, path, raw.offset)
+            yield LogEvent(raw.data, mono, valid, service, name, raw.offset)
 
     def _paths_to_read(self) -> list[str]:
         if self.start_mono_ns is None and self.services is None:
@@ -186,11 +192,11 @@ class LogReader:
         """The events as :class:`LogEvent` (bytes plus time, validity, service)."""
         paths = self._paths_to_read()
         if self.sort and len(paths) > 1:
-            yield from heapq.merge(*(self._segment_events(p) for p in paths),
+            yield from heapq.merge(*(self.segment_events(p) for p in paths),
                                    key=lambda e: e.mono_ns)
         else:
             for path in paths:
-                yield from self._segment_events(path)
+                yield from self.segment_events(path)
 
     def __iter__(self) -> Iterator[Any]:
         for event in self.raw():

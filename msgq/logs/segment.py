@@ -22,6 +22,7 @@ the zstd frame, for zstd).
 from __future__ import annotations
 
 import bz2
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -178,23 +179,36 @@ def _plain_chunks(f: BinaryIO, compression: str, path: str) -> Iterator[_Chunk]:
 
 
 def read_messages(
-    path: str,
+    source: str | os.PathLike[str] | BinaryIO,
     on_problem: Callable[[LogProblem], None],
     skip_corrupt: bool,
     is_message: Callable[[bytes], bool],
 ) -> Iterator[RawMessage]:
-    """Every whole message of the segment at ``path``, in file order.
+    """Every whole message of one segment, in file order.
 
+    ``source`` is the segment file's path, or a seekable binary file holding the whole
+    segment from byte 0 (``io.BytesIO`` of a file's bytes, say; it is left open; its
+    ``name``, when it is a string, names it in problems).
     ``is_message(data)`` says whether whole-message bytes are a real message (it decodes);
     ``on_problem`` is told about damage (it may raise to stop reading). After a corrupt
     spot reading goes on only with ``skip_corrupt``.
     """
-    with open(path, "rb") as f:
-        compression = compression_of(f.read(4))
-        f.seek(0)
-        chunks = _zstd_chunks(f) if compression == "zstd" else \
-            _plain_chunks(f, compression, path)
-        yield from _split(path, chunks, compression, on_problem, skip_corrupt, is_message)
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as f:
+            yield from _read_open(f, os.fspath(source), on_problem, skip_corrupt, is_message)
+    else:
+        name = getattr(source, "name", None)
+        yield from _read_open(source, name if isinstance(name, str) else "<in-memory segment>",
+                              on_problem, skip_corrupt, is_message)
+
+
+def _read_open(f: BinaryIO, path: str, on_problem: Callable[[LogProblem], None],
+               skip_corrupt: bool, is_message: Callable[[bytes], bool]) -> Iterator[RawMessage]:
+    f.seek(0)
+    compression = compression_of(f.read(4))
+    f.seek(0)
+    chunks = _zstd_chunks(f) if compression == "zstd" else _plain_chunks(f, compression, path)
+    yield from _split(path, chunks, compression, on_problem, skip_corrupt, is_message)
 
 
 def _split(path: str, chunks: Iterator[_Chunk], compression: str,

@@ -1,7 +1,9 @@
 """msgq logs as Spark DataFrames (needs the ``spark`` extra and Java 17+).
 
 * :func:`register` makes ``spark.read.format("msgqlog")`` available
-  (:mod:`msgq.spark.datasource`); :func:`read_logs` is the same read as a function.
+  (:mod:`msgq.spark.datasource`, local paths); :func:`read_logs` is the same read as a
+  function, which also reads ``hdfs://``, ``s3a://`` ... URIs through Spark's Hadoop
+  file systems (:mod:`msgq.spark.hadoop`).
 * :func:`msgq.spark.session.spark_session` — a local (default) or cluster session with
   the source registered.
 * :mod:`msgq.spark.analyses` — rates, jitter, gaps, validity per service and segment
@@ -36,25 +38,42 @@ def read_logs(
     schema_file: str | None = None,
     problems: str = "rows",
     data: bool = True,
+    via: str = "auto",
 ) -> Any:
-    """``spark.read.format("msgqlog")`` with these options over ``paths`` (files,
-    recording folders, globs; local paths or ``file:`` URIs): a DataFrame of events and
+    """The msgqlog DataFrame of ``paths`` (files, recording folders, globs): events and
     problem rows (see :func:`events`, :func:`problems`). ``data=False`` leaves the
-    ``data`` column null (statistics that need only the peeked fields move less)."""
-    register(spark)
-    reader = spark.read.format("msgqlog").option("problems", problems) \
-        .option("data", "true" if data else "false")
-    if services is not None:
-        reader = reader.option("services", ",".join(services))
-    if decode is True:
-        reader = reader.option("decode", "true")
-    elif decode is not False:
-        reader = reader.option("decode", ",".join(decode))
-    if schema_file is not None:
-        reader = reader.option("schemaFile", os.fspath(schema_file))
+    ``data`` column null (statistics that need only the peeked fields move less).
+
+    ``via``: ``"auto"`` reads local paths and ``file:`` URIs with the msgqlog source
+    (``spark.read.format("msgqlog")``) and any other URI (``hdfs://``, ``s3a://``,
+    ``abfs://``, ``gs://`` ...) through Spark's Hadoop file systems
+    (:mod:`msgq.spark.hadoop`: binaryFile + mapInArrow, same columns); a list with both
+    kinds is read both ways and the two unioned. ``"source"`` sends every path to the
+    source, ``"hadoop"`` every path to Hadoop (plain paths then resolve against the
+    cluster's default file system, as Spark resolves them).
+    """
+    from msgq.spark.hadoop import read_segment_files, split_paths
+
     if isinstance(paths, (str, os.PathLike)):
-        return reader.load(os.fspath(paths))
-    return reader.load([os.fspath(p) for p in paths])
+        paths = [paths]
+    local, remote = split_paths([os.fspath(p) for p in paths], via)
+    options = {"problems": problems, "data": "true" if data else "false"}
+    if services is not None:
+        options["services"] = ",".join(services)
+    if decode is True:
+        options["decode"] = "true"
+    elif decode is not False:
+        options["decode"] = ",".join(decode)
+    if schema_file is not None:
+        options["schemaFile"] = os.fspath(schema_file)
+    frames = []
+    if local or not remote:  # no paths at all: the source says what is missing
+        register(spark)
+        reader = spark.read.format("msgqlog").options(**options)
+        frames.append(reader.load(local[0] if len(local) == 1 else local))
+    if remote:
+        frames.append(read_segment_files(spark, remote, options))
+    return frames[0] if len(frames) == 1 else frames[0].union(frames[1])
 
 
 def events(df: Any) -> Any:

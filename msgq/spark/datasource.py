@@ -24,6 +24,7 @@ runs in the executors' Python workers, which load pycapnp and the schema file th
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -57,6 +58,8 @@ __all__ = [
     "local_path",
     "output_schema",
     "plan_segments",
+    "segment_number",
+    "uri_scheme",
 ]
 
 #: The format name: ``spark.read.format(SOURCE_NAME)``.
@@ -83,18 +86,32 @@ _MAX_LONG = (1 << 63) - 1
 _SEGMENT_NUMBER = re.compile(r"(\d+)(?:\.log)?(?:\.zst|\.bz2)?$")
 
 
+_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$", re.DOTALL)
+
+
+def uri_scheme(path: str) -> str | None:
+    """The scheme of a URI (lower case: ``"file"``, ``"hdfs"``, ``"s3a"`` ...), None for a
+    plain path (a Windows drive letter is not a scheme)."""
+    match = _URI.match(path)
+    if match and len(match.group(1)) > 1:
+        return match.group(1).lower()
+    return None
+
+
 def local_path(path: str) -> str:
     """``path`` as an absolute local path: ``file:`` URIs lose their scheme; any other
     scheme is refused (the executors read with Python file I/O, not Hadoop's)."""
-    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$", path)
-    if match and len(match.group(1)) > 1:  # not a Windows drive letter
-        scheme, rest = match.group(1).lower(), match.group(2)
+    scheme = uri_scheme(path)
+    if scheme is not None:
+        rest = path.split(":", 1)[1]
         if scheme != "file":
             raise ValueError(
                 f"{path!r}: the msgqlog source reads files with Python I/O on the executors, "
-                f"so it takes local paths and file: URIs only, not {scheme}: — mount the "
+                f"so it takes local paths and file: URIs only, not {scheme}: — read it with "
+                "msgq.spark.read_logs(spark, paths, ...) or msgq logstats, which load "
+                "other URIs through Spark's Hadoop file systems (binaryFile); or mount the "
                 "storage at the same path on every executor (NFS, a FUSE mount of "
-                "S3/GCS/HDFS) or copy the logs there")
+                "S3/GCS/HDFS)")
         if rest.startswith("//"):  # file://host/path: only an empty host or localhost
             host, _, tail = rest[2:].partition("/")
             if host not in ("", "localhost"):
@@ -124,8 +141,10 @@ class ReadOptions:
     with_data: bool = True
 
     @classmethod
-    def parse(cls, options: Any) -> ReadOptions:
-        """From the data source's (case-insensitive) options."""
+    def parse(cls, options: Any, local_paths: bool = True) -> ReadOptions:
+        """From the data source's (case-insensitive) options. ``local_paths=False`` keeps
+        the paths as given (URIs for Spark's Hadoop file systems: :mod:`msgq.spark.hadoop`)
+        instead of making them local absolute paths."""
         get = options.get
         raw_paths: list[str] = []
         if get("paths"):
@@ -134,7 +153,7 @@ class ReadOptions:
             raw_paths.append(get("path"))
         if not raw_paths:
             raise ValueError("msgqlog needs a path: spark.read.format('msgqlog').load(PATH)")
-        paths = tuple(local_path(p) for p in raw_paths)
+        paths = tuple(local_path(p) if local_paths else p for p in raw_paths)
         schema_file = local_path(get("schemaFile")) if get("schemaFile") else None
         root = get("root") or "Event"
         problems = (get("problems") or "rows").strip().lower()
@@ -233,6 +252,13 @@ class SegmentPartition(InputPartition):
         return f"SegmentPartition({self.path!r}, segment={self.segment})"
 
 
+def segment_number(path: str) -> int | None:
+    """The segment number in a segment file's name: its last digits
+    (``segment-00003.log.zst`` -> 3), None when it ends in none."""
+    match = _SEGMENT_NUMBER.search(path.rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
+
+
 def plan_segments(options: ReadOptions) -> list[SegmentPartition]:
     """The segment files of a read, one partition each. With ``services``, a segment
     whose final index entry lists none of them is left out unread (see
@@ -247,11 +273,7 @@ def plan_segments(options: ReadOptions) -> list[SegmentPartition]:
         entry = indexes.entry(path)
         if entry is not None and wanted is not None and not wanted & set(entry.counts):
             continue
-        if entry is not None:
-            segment: int | None = entry.segment
-        else:
-            match = _SEGMENT_NUMBER.search(os.path.basename(path))
-            segment = int(match.group(1)) if match else None
+        segment = entry.segment if entry is not None else segment_number(path)
         partitions.append(SegmentPartition(path, segment))
     return partitions
 
@@ -293,7 +315,8 @@ class MsgqLogReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, SegmentPartition):  # no files: Spark's empty partition
             return iter(())
-        return _SegmentRead(self.options, self.schema, partition).batches()
+        return _SegmentRead(self.options, self.schema, partition.path,
+                            partition.segment).batches()
 
 
 # -- executor side -------------------------------------------------------------------
@@ -332,22 +355,25 @@ class _FailOnProblemError(RuntimeError):
 
 
 class _SegmentRead:
-    """Reading one segment into Arrow record batches of the source's schema.
+    """Reading one segment into Arrow record batches of the source's schema: from its
+    local ``path``, or from ``content`` (the file's bytes, loaded by Spark's binaryFile
+    source: :mod:`msgq.spark.hadoop`), ``path`` then being its URI, for the ``file`` column.
 
     Rows are gathered column by column; a typed column holds only the values of its
     own service (with their row numbers) and is spread over the batch's rows by one
     Arrow ``take`` at the end, so unrelated services cost nothing per event.
     """
 
-    def __init__(self, options: ReadOptions, schema: StructType,
-                 partition: SegmentPartition) -> None:
+    def __init__(self, options: ReadOptions, schema: StructType, path: str,
+                 segment: int | None, content: bytes | None = None) -> None:
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self._pa = pa
         self.options = options
-        self.path = partition.path
-        self.segment = partition.segment
+        self.path = path
+        self.segment = segment
+        self.content = content
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self.schema = _load_schema(options.schema_file, options.root)
         self.decoders = _decoders_for(options)
@@ -476,7 +502,7 @@ class _SegmentRead:
     def batches(self) -> Iterator[Any]:
         """The rows of the segment as Arrow record batches: its events in file order, a
         problem row after the events read before each problem found."""
-        if self._readable():
+        if self.content is not None or self._readable():
             try:
                 yield from self._event_batches()
             except _FailOnProblemError:
@@ -492,10 +518,17 @@ class _SegmentRead:
     def _event_batches(self) -> Iterator[Any]:
         from msgq.logs import CorruptLogWarning, LogReader, TruncatedLogWarning
 
-        # The services are filtered here, not by the LogReader: it would also skip the
-        # file by its index entry, which plan_segments trusts only for finished segments.
-        reader = LogReader(self.path, skip_corrupt=True, schema=self.schema)
-        events = reader.raw()
+        if self.content is None:
+            source: Any = self.path
+        else:
+            source = io.BytesIO(self.content)
+            source.name = self.path  # names it in the reader's problems
+        # The LogReader's reading of one segment (framing, peek, damage), from a path or
+        # the bytes in memory; no path listing, no index. The services are filtered here,
+        # not by the LogReader: it would also skip the file by its index entry, which
+        # plan_segments trusts only for finished segments.
+        reader = LogReader([], skip_corrupt=True, schema=self.schema)
+        events = reader.segment_events(source)
         wanted = None if self.options.services is None else frozenset(self.options.services)
         seen_corrupt = seen_truncated = 0
         while True:

@@ -1,0 +1,125 @@
+"""Log segments from any file system Spark's Hadoop layer reaches (``hdfs://``,
+``s3a://``, ``abfs://``, ``gs://`` ...), as the same DataFrame the ``msgqlog`` source gives.
+
+The msgqlog source reads files with Python I/O on the executors, so it takes local paths
+only. Here the JVM reads instead: Spark's ``binaryFile`` source lists the URIs (globs and
+folders: the files ending like segments, :data:`SEGMENT_GLOB`) and loads each segment
+file whole as one row (path, content), with the cluster's Hadoop connectors, credentials
+and configuration. ``DataFrame.mapInArrow`` then turns every file's bytes into the
+msgqlog rows on the executors, with the source's own executor code
+(:class:`msgq.spark.datasource._SegmentRead`, reading from memory instead of a path): one
+copy of the framing, peek, damage and decoding logic, the same columns and options.
+
+What differs from the source: the ``file`` column is the URI Spark reports
+(``hdfs://nn:8020/logs/drive1/segment-00000.log.zst``, ``file:/data/...``), ``segment``
+comes from the file name's digits (no ``index.json`` is read, so ``services`` does not
+skip segments unread), a file is loaded whole (one binary row each: far below Spark's
+2 GB limit for a segment) and Spark packs several files into one task
+(``spark.sql.files.maxPartitionBytes``). :func:`msgq.spark.read_logs` picks this path for
+URIs with a scheme other than ``file:``, or for every path with ``via="hadoop"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from types import SimpleNamespace
+from typing import Any
+
+from msgq.spark.datasource import (
+    ReadOptions,
+    _SegmentRead,
+    output_schema,
+    segment_number,
+    uri_scheme,
+)
+
+__all__ = ["SEGMENT_GLOB", "VIA", "read_segment_files", "split_paths"]
+
+#: How :func:`msgq.spark.read_logs` reads paths: ``auto`` (local paths and ``file:`` URIs
+#: with the msgqlog source, other URIs through Hadoop), ``source`` (all with the source),
+#: ``hadoop`` (all through Spark's Hadoop file systems, as Spark resolves them).
+VIA = ("auto", "source", "hadoop")
+
+#: The files of a folder (or a glob's folders) read as segments: the suffixes
+#: :func:`msgq.logs.segment_paths` takes (``.log``, ``.log.zst``, ``.log.bz2``, ``.zst``,
+#: ``.bz2``). Spark skips names starting with ``.`` or ``_`` itself.
+SEGMENT_GLOB = "*.{log,zst,bz2}"
+
+
+def split_paths(paths: Iterable[str], via: str = "auto") -> tuple[list[str], list[str]]:
+    """(paths for the msgqlog source, paths for Spark's Hadoop file systems), in the given
+    order within each. ``auto``: a URI whose scheme is not ``file`` goes to Hadoop."""
+    if via not in VIA:
+        raise ValueError(f"via must be one of {VIA}, not {via!r}")
+    source: list[str] = []
+    hadoop: list[str] = []
+    for path in paths:
+        scheme = uri_scheme(path)
+        if via == "hadoop" or (via == "auto" and scheme not in (None, "file")):
+            hadoop.append(path)
+        else:
+            source.append(path)
+    return source, hadoop
+
+
+def read_segment_files(spark: Any, uris: Iterable[str | os.PathLike[str]],
+                       options: Mapping[str, str]) -> Any:
+    """The msgqlog DataFrame of the segment files ``uris`` name (files, folders, globs; any
+    URI Spark's Hadoop file systems take; plain paths resolve against the cluster's
+    default file system), read through binaryFile + mapInArrow. ``options``: the msgqlog
+    source's (``services``, ``decode``, ``schemaFile``, ``root``, ``problems``,
+    ``data``; names case-insensitive), checked here on the driver as the source checks
+    them."""
+    uris = [os.fspath(u) for u in uris]
+    named = {key.lower(): value for key, value in options.items()}  # as Spark's options
+    named["paths"] = json.dumps(uris)
+    parsed = ReadOptions.parse(SimpleNamespace(get=lambda key: named.get(key.lower())),
+                               local_paths=False)
+    schema = output_schema(parsed)
+    reader = (spark.read.format("binaryFile")
+              .option("pathGlobFilter", SEGMENT_GLOB)
+              .option("recursiveFileLookup", "false"))
+    try:
+        files = reader.load(uris)
+    except Exception as e:
+        missing = _missing_file_system(str(e))
+        if missing is None:
+            raise
+        schemes = sorted({uri_scheme(u) or "(none)" for u in uris})
+        raise ValueError(
+            f"Spark has no Hadoop file system for {', '.join(s + ':' for s in schemes)} "
+            f"URIs ({' '.join(uris)}; {missing}): add the connector's jars to the session "
+            "(spark.jars.packages: org.apache.hadoop:hadoop-aws for s3a:, hadoop-azure "
+            "for abfs:, the gcs-connector for gs:) and its settings (spark.hadoop.*)"
+        ) from None
+    # A plain module function and plain data: that is all the executors are sent.
+    read = functools.partial(_segment_batches, parsed, schema)
+    return files.select("path", "content").mapInArrow(read, schema)
+
+
+def _missing_file_system(error: str) -> str | None:
+    """What the JVM's error says is missing when no file system serves a scheme: no
+    class named for it at all, or a named class (a connector) not on the classpath."""
+    match = re.search(r"No FileSystem for scheme \"?([^\"\s]+)", error)
+    if match:
+        return f"no FileSystem for scheme {match.group(1)}"
+    match = re.search(r"Class (\S+) not found", error)
+    if match and match.group(1).endswith("FileSystem"):
+        return f"class {match.group(1)} not found"
+    return None
+
+
+def _segment_batches(options: ReadOptions, schema: Any, batches: Iterator[Any]) -> Iterator[Any]:
+    """In the executors: the msgqlog rows (Arrow record batches) of every file in the
+    binaryFile batches, file after file, each in file order."""
+    for batch in batches:
+        paths = batch.column("path").to_pylist()
+        contents = batch.column("content")
+        for row, path in enumerate(paths):
+            content = contents[row].as_py() or b""
+            yield from _SegmentRead(options, schema, path, segment_number(path),
+                                    content).batches()
