@@ -48,18 +48,22 @@ COMMANDS: tuple[str, ...] = (
 )
 
 DESCRIPTION = """\
-Tools for msgq: look at the queues of this machine, measure it.
+Tools for msgq: watch services, record and replay them, analyse logs, carry services
+between machines, look after the queues, measure.
 
-Queues live in the shm folder of the current namespace (MSGQ_PREFIX, else
-OPENPILOT_PREFIX); every command looks at that namespace only."""
+Every command works in the current namespace (MSGQ_PREFIX, else OPENPILOT_PREFIX)."""
 
 EPILOG = """\
 examples:
-  msgq queues                     every queue of this namespace, with its publisher
-  msgq queues --clean --dry-run   what --clean would remove
-  MSGQ_PREFIX=sim1 msgq queues    the queues of another namespace
-  msgq bench core -- --quick      a short run of the pub/sub benchmark
-  msgq <command> --help           options and examples of one command
+  msgq dump vehicleState --values speed       one field of each message as it arrives
+  msgq top                                    live rates, bytes/s, readers, alive
+  msgq record -o rec/ && msgq replay rec/     record every logged service, play it back
+  msgq logstats rec/ --plot rates.png         rates, jitter, gaps on local Spark
+  msgq bridge connect 192.168.1.10            a robot's services and frames, locally
+  msgq queues --clean --dry-run               what --clean would remove
+  MSGQ_PREFIX=sim1 msgq queues                the queues of another namespace
+  msgq bench core -- --quick                  a short run of the pub/sub benchmark
+  msgq <command> --help                       options and examples of one command
 
 exit codes: 0 done, 1 failed (one line on stderr says why), 2 bad command line,
 130 interrupted (Ctrl-C).
