@@ -135,10 +135,14 @@ class LogReader:
         warnings.warn(f"{problem}; skipped to the next readable event", CorruptLogWarning,
                       stacklevel=4)
 
-    def _is_message(self, data: bytes) -> bool:
-        if self._layout.peek(data) is not None:
-            return True
-        return self._decode(data) is not None
+    def _identify(self, data: bytes) -> tuple[int, bool, str] | None:
+        """(logMonoTime, valid, service) of whole-message bytes — peeked, else decoded —
+        or None when they are not an Event."""
+        peeked = self._layout.peek(data)
+        if peeked is not None:
+            return peeked
+        msg = self._decode(data)
+        return None if msg is None else (msg.logMonoTime, msg.valid, msg.which())
 
     def _decode(self, data: bytes) -> Any:
         from msgq.messaging.events import MessageDecodeError, decode_event
@@ -159,14 +163,8 @@ class LogReader:
         start = self.start_mono_ns
         name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else \
             str(getattr(path, "name", "<in-memory segment>"))
-        for raw in read_messages(path, self._on_problem, self.skip_corrupt, self._is_message):
-            peeked = self._layout.peek(raw.data)
-            if peeked is None:
-                msg = self._decode(raw.data)
-                if msg is None:
-                    continue
-                peeked = (msg.logMonoTime, msg.valid, msg.which())
-            mono, valid, service = peeked
+        for raw in read_messages(path, self._on_problem, self.skip_corrupt, self._identify):
+            mono, valid, service = raw.identity
             if wanted is not None and service not in wanted:
                 continue
             if start is not None and mono < start:

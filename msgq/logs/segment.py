@@ -25,7 +25,7 @@ import bz2
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import zstandard
 
@@ -57,11 +57,12 @@ class LogProblem:
 
 @dataclass(frozen=True)
 class RawMessage:
-    """One whole message of a segment and where it starts."""
+    """One whole message of a segment, where it starts, and what ``identify`` said of it."""
 
     data: bytes
     offset: int  # in the uncompressed stream
     file_offset: int  # in the file (start of its zstd frame, for zstd)
+    identity: Any = None  # the value identify() returned for it
 
 
 def compression_of(head: bytes) -> str:
@@ -182,38 +183,40 @@ def read_messages(
     source: str | os.PathLike[str] | BinaryIO,
     on_problem: Callable[[LogProblem], None],
     skip_corrupt: bool,
-    is_message: Callable[[bytes], bool],
+    identify: Callable[[bytes], Any],
 ) -> Iterator[RawMessage]:
     """Every whole message of one segment, in file order.
 
     ``source`` is the segment file's path, or a seekable binary file holding the whole
     segment from byte 0 (``io.BytesIO`` of a file's bytes, say; it is left open; its
     ``name``, when it is a string, names it in problems).
-    ``is_message(data)`` says whether whole-message bytes are a real message (it decodes);
+    ``identify(data)`` tells whether whole-message bytes are a real message: it returns
+    what it learned of it (kept in ``RawMessage.identity``), or None for bytes that are not
+    a message;
     ``on_problem`` is told about damage (it may raise to stop reading). After a corrupt
     spot reading goes on only with ``skip_corrupt``.
     """
     if isinstance(source, (str, os.PathLike)):
         with open(source, "rb") as f:
-            yield from _read_open(f, os.fspath(source), on_problem, skip_corrupt, is_message)
+            yield from _read_open(f, os.fspath(source), on_problem, skip_corrupt, identify)
     else:
         name = getattr(source, "name", None)
         yield from _read_open(source, name if isinstance(name, str) else "<in-memory segment>",
-                              on_problem, skip_corrupt, is_message)
+                              on_problem, skip_corrupt, identify)
 
 
 def _read_open(f: BinaryIO, path: str, on_problem: Callable[[LogProblem], None],
-               skip_corrupt: bool, is_message: Callable[[bytes], bool]) -> Iterator[RawMessage]:
+               skip_corrupt: bool, identify: Callable[[bytes], Any]) -> Iterator[RawMessage]:
     f.seek(0)
     compression = compression_of(f.read(4))
     f.seek(0)
     chunks = _zstd_chunks(f) if compression == "zstd" else _plain_chunks(f, compression, path)
-    yield from _split(path, chunks, compression, on_problem, skip_corrupt, is_message)
+    yield from _split(path, chunks, compression, on_problem, skip_corrupt, identify)
 
 
 def _split(path: str, chunks: Iterator[_Chunk], compression: str,
            on_problem: Callable[[LogProblem], None], skip_corrupt: bool,
-           is_message: Callable[[bytes], bool]) -> Iterator[RawMessage]:
+           identify: Callable[[bytes], Any]) -> Iterator[RawMessage]:
     buf = bytearray()
     buf_offset = 0  # uncompressed-stream offset of buf[0]
     stream_offset = 0  # uncompressed bytes seen so far
@@ -239,10 +242,12 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
                 length, bad = None, str(e)
             if length is not None:
                 data = bytes(buf[pos:pos + length])
-                if is_message(data):
+                identity = identify(data)
+                if identity is not None:
                     resyncing = False
                     yield RawMessage(data, buf_offset + pos,
-                                     buf_offset + pos if compression == "none" else file_offset)
+                                     buf_offset + pos if compression == "none" else file_offset,
+                                     identity)
                     pos += length
                     continue
                 bad = "bytes that do not decode as a message"
