@@ -7,7 +7,7 @@ import signal
 import sys
 from typing import Any
 
-from msgq.cli.output import EXIT_OK, UsageError, print_json, print_table
+from msgq.cli.output import EXIT_OK, UsageError, number, print_json, print_table
 
 EPILOG = """\
 examples:
@@ -55,7 +55,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     for side in (serve, connect):
         side.add_argument("--port", type=int, default=None,
                           help="services port; frames use the next one (default 8010)")
-        side.add_argument("--duration", type=float, metavar="S",
+        side.add_argument("--duration", type=number(float, 0.0, "a positive number of seconds",
+                                                    exclusive=True), metavar="S",
                           help="stop after S seconds (default: until Ctrl-C)")
         side.add_argument("--json", action="store_true", help="final counts as JSON")
     return parser

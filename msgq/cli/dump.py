@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from msgq.cli.output import EXIT_FAILURE, EXIT_OK, UsageError, print_error
+from msgq.cli.output import EXIT_FAILURE, EXIT_OK, UsageError, number, print_error
 
 EPILOG = """\
 examples:
@@ -40,8 +40,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     form.add_argument("--raw", action="store_true", help="the message bytes in hex")
     form.add_argument("--values", metavar="FIELD",
                       help="print only this field of the payload (dotted path)")
-    parser.add_argument("--count", type=int, metavar="N", help="exit after N messages")
-    parser.add_argument("--timeout", type=float, metavar="S",
+    parser.add_argument("--count", type=number(int, 1, "a number of messages >= 1"),
+                        metavar="N", help="exit after N messages")
+    parser.add_argument("--timeout", type=number(float, 0.0, "a number of seconds >= 0"),
+                        metavar="S",
                         help="exit 1 when no message arrives within S seconds")
     parser.add_argument("--addr", default="127.0.0.1",
                         help="publisher host (ZMQ backend; default 127.0.0.1)")
@@ -100,8 +102,6 @@ def run(args: argparse.Namespace) -> int:
     from msgq.cli.services import check_services
 
     check_services(args.services)
-    if args.count is not None and args.count < 1:
-        raise UsageError("--count must be at least 1")
     poller = msgq.Poller()
     sockets = {}
     for service in dict.fromkeys(args.services):

@@ -4,10 +4,12 @@ human forms of sizes and ages."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from msgq.tables import format_table
@@ -27,6 +29,7 @@ __all__ = [
     "print_error",
     "human_bytes",
     "human_age",
+    "number",
 ]
 
 #: The command did what was asked.
@@ -132,3 +135,21 @@ def human_age(seconds: float | None) -> str:
         if s < limit:
             return f"{s // size} {unit} ago"
     return f"{s // 86400} d ago"
+
+
+def number(kind: type[float] | type[int], minimum: float, what: str,
+           exclusive: bool = False) -> Callable[[str], Any]:
+    """An argparse ``type=`` that parses a finite ``kind`` (int or float) >= ``minimum``
+    (> with ``exclusive``); anything else is a usage error saying ``not <what>: '<text>'``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < minimum or \
+                (exclusive and value == minimum):
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}")
+        return value
+
+    return parse

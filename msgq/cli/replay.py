@@ -6,7 +6,14 @@ import argparse
 import sys
 from typing import Any
 
-from msgq.cli.output import EXIT_OK, CommandError, UsageError, print_json, print_table
+from msgq.cli.output import (
+    EXIT_OK,
+    CommandError,
+    UsageError,
+    number,
+    print_json,
+    print_table,
+)
 
 DESCRIPTION = """\
 Publish the events of LOG(s) on their services: each as the bytes in the log
@@ -34,34 +41,9 @@ exit codes: 0 replayed (also when stopped by Ctrl-C/SIGTERM), 1 could not replay
 log, ...), 2 bad command line (unknown service, ...)."""
 
 
-def _speed(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (0 < value < float("inf")):
-        raise argparse.ArgumentTypeError(f"not a positive speed factor: {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (0 <= value < float("inf")):
-        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a number of passes >= 1: {text!r}")
-    return value
+_speed = number(float, 0.0, "a positive speed factor", exclusive=True)
+_seconds = number(float, 0.0, "a number of seconds >= 0")
+_count = number(int, 1, "a number of passes >= 1")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from msgq.cli.output import EXIT_OK, UsageError, human_bytes, paint, print_json, print_table
+from msgq.cli.output import EXIT_OK, human_bytes, number, paint, print_json, print_table
 
 EPILOG = """\
 examples:
@@ -43,7 +43,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--once", action="store_true", help="one sample, then exit")
     parser.add_argument("--json", action="store_true", help="JSON output (implies --once)")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="S",
+    parser.add_argument("--interval", type=number(float, 0.0, "a positive number of seconds",
+                                                  exclusive=True), default=1.0, metavar="S",
                         help="sampling interval in seconds (default 1)")
     parser.add_argument("--services", metavar="A,B", help="only these services")
     parser.add_argument("--all", action="store_true",
@@ -180,8 +181,6 @@ def run(args: argparse.Namespace) -> int:
     from msgq.cli.services import check_services
     from msgq.schemas import SERVICE_LIST
 
-    if args.interval <= 0:
-        raise UsageError("--interval must be positive")
     services = check_services(args.services.split(",")) if args.services else \
         list(SERVICE_LIST)
     shm = backend_name() == "msgq"
