@@ -323,16 +323,18 @@ class Recorder:
     def _read(self, channel: _Channel, limit: int) -> int:
         """Up to ``limit`` messages of one socket, written or counted as bad."""
         receive = channel.sock.receive
-        write = self._writer.write  # type: ignore[union-attr]
+        write = self._writer.write_checked  # type: ignore[union-attr]
         count = channel.count
+        service = channel.service
         n = 0
         while n < limit:
             data = receive(True)
             if data is None:
                 break
             n += 1
-            if self._is_event_of(data, channel.service):
-                write(data)
+            mono = self._time_if_event_of(data, service)
+            if mono is not None:
+                write(data, mono, service)
                 count.messages += 1
                 count.bytes += len(data)
             else:
@@ -341,22 +343,24 @@ class Recorder:
             self._unflushed_since = time.monotonic()
         return n
 
-    def _is_event_of(self, data: bytes, service: str) -> bool:
-        """Whether ``data`` is exactly one well-framed Event of ``service``."""
+    def _time_if_event_of(self, data: bytes, service: str) -> int | None:
+        """The logMonoTime of ``data`` if it is exactly one well-framed Event of
+        ``service``; None otherwise."""
         try:
             if message_length(data, 0) != len(data):
-                return False
+                return None
         except FramingError:
-            return False
+            return None
         peeked = self._layout.peek(data)
         if peeked is not None:
-            return peeked[2] == service
+            return peeked[0] if peeked[2] == service else None
         from msgq.messaging.events import MessageDecodeError, decode_event
 
         try:  # laid out in a way peek does not follow: let pycapnp read the root
-            return bool(decode_event(data, self.schema).which() == service)
+            msg = decode_event(data, self.schema)
         except MessageDecodeError:
-            return False
+            return None
+        return int(msg.logMonoTime) if msg.which() == service else None
 
     def _flush_if_idle(self) -> None:
         """Nothing arrived for a poll: write out what has been buffered for a while, so

@@ -155,6 +155,14 @@ class LogWriter:
             raise TypeError(f"write takes an Event builder, reader or bytes, not "
                             f"{type(event).__name__}")
         mono, service = self._peek(data)
+        self.write_checked(data, mono, service)
+
+    def write_checked(self, data: bytes, mono_ns: int, service: str) -> None:
+        """Appends the bytes of an Event the caller has already checked, with its
+        logMonoTime and service (the recorder's path: no second look at the bytes)."""
+        if self.closed:
+            raise ValueError("write to a closed LogWriter")
+        mono = mono_ns
         if self._needs_rotation(mono, len(data)):
             self._start_segment(mono)
         segment, index = self._segment, self._index
