@@ -179,6 +179,7 @@ def test_bridge_drops_garbage_on_the_wire(prefix: str) -> None:
             [b"s\xff\xfe", good],
             [b"sgpsLocation"],
             [b"svehicleState", good],  # right bytes, wrong service
+            [b"sgpsLocation", good + bytes(8)],  # an Event with bytes after its end
         ]
         header = FrameHeader(0, 1, 4, 4, 4, 16, 24, 0, 0, True).pack()
         bad_frames = [

@@ -48,7 +48,8 @@ class Inbound:
         from msgq.schemas import SERVICE_LIST, default_schema
 
         self._registry = SERVICE_LIST
-        self._layout = EventLayout.of(default_schema())
+        self._schema = default_schema()
+        self._layout = EventLayout.of(self._schema)
         self.last_error = ""
         self.counts: Counter[str] = Counter()
         self._stop = threading.Event()
@@ -116,21 +117,35 @@ class Inbound:
             self.counts["unknown_services"] += 1
             return
         data = parts[1]
-        peeked = self._layout.peek(data)
-        if peeked is None or peeked[2] != service:
-            from msgq.messaging import MessageDecodeError, decode_event
-
-            try:
-                if decode_event(data).which() != service:
-                    raise MessageDecodeError("message of another service")
-            except MessageDecodeError:
-                self.counts["bad_messages"] += 1
-                return
+        if not self._is_event_of(data, service):
+            self.counts["bad_messages"] += 1
+            return
         pub = self._publishers.get(service)
         if pub is None:
             pub = self._publishers[service] = msgq.pub_sock(service)
         pub.send(data)
         self.counts["messages"] += 1
+
+    def _is_event_of(self, data: bytes, service: str) -> bool:
+        """True when ``data`` is exactly one well-framed Event of ``service`` (the check
+        the recorder makes before it writes a message): peeked from the root struct, or
+        decoded with pycapnp when the layout is one peek does not follow."""
+        from msgq.logs.framing import FramingError, message_length
+
+        try:
+            if message_length(data, 0) != len(data):
+                return False
+        except FramingError:
+            return False
+        peeked = self._layout.peek(data)
+        if peeked is not None:
+            return peeked[2] == service
+        from msgq.messaging import MessageDecodeError, decode_event
+
+        try:
+            return bool(decode_event(data, self._schema).which() == service)
+        except MessageDecodeError:
+            return False
 
     def _on_frame(self, parts: list[bytes]) -> None:
         try:
