@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from msgq.bridge.wire import (
@@ -68,10 +69,13 @@ class Inbound:
             self._vision_sub.setsockopt(zmq.RCVHWM, 4)
             self._vision_sub.setsockopt(zmq.SUBSCRIBE, b"v")
             self._vision_sub.connect(f"tcp://{host}:{port + 1}")
-        self._poller = zmq.Poller()
-        self._poller.register(self._services_sub, zmq.POLLIN)
+        self._handlers: dict[Any, Callable[[list[bytes]], None]] = {
+            self._services_sub: self._on_service}
         if self._vision_sub is not None:
-            self._poller.register(self._vision_sub, zmq.POLLIN)
+            self._handlers[self._vision_sub] = self._on_frame
+        self._poller = zmq.Poller()
+        for sock in self._handlers:
+            self._poller.register(sock, zmq.POLLIN)
         self._publishers: dict[str, Any] = {}
         self._servers: dict[str, Any] = {}
         self._geometry: dict[tuple[str, int], tuple[int, int, int, int, int]] = {}
@@ -86,21 +90,14 @@ class Inbound:
         import zmq
 
         while not self._stop.is_set():
-            events = dict(self._poller.poll(100))
-            if self._services_sub in events:
+            for sock, _ in self._poller.poll(100):
+                handle = self._handlers[sock]
                 while True:
                     try:
-                        parts = self._services_sub.recv_multipart(zmq.NOBLOCK)
+                        parts = sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._on_service(parts)
-            if self._vision_sub is not None and self._vision_sub in events:
-                while True:
-                    try:
-                        parts = self._vision_sub.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._on_frame(parts)
+                    handle(parts)
 
     def _on_service(self, parts: list[bytes]) -> None:
         import msgq
