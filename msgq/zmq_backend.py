@@ -703,18 +703,20 @@ class SubSocket:
                     sock.recv(zmq.NOBLOCK, copy=False)
                 self._drop("a multi-part message (msgq messages are one frame)")
                 continue
-            try:
-                frame.get("Socket-Type")
-            except zmq.ZMQError:
-                # No ZMTP 3 metadata: a legacy ZMTP 1.0 peer, or a byte stream that libzmq
-                # parsed as one (anything listening on the port that is not ZMQ).
-                self._drop("a peer that is not a ZMQ 4 publisher")
-                continue
+            # One metadata lookup per message from a msgq publisher: its endpoint tag (a
+            # tag implies ZMTP 3 metadata). Only untagged messages ask for more.
             try:
                 origin = frame.get(ENDPOINT_PROPERTY)
             except zmq.ZMQError:
-                origin = None  # a foreign ZMQ publisher: no tag, delivered as is
-            if origin is not None and origin != self._tag:
+                try:
+                    frame.get("Socket-Type")
+                except zmq.ZMQError:
+                    # No ZMTP 3 metadata: a legacy ZMTP 1.0 peer, or a byte stream that
+                    # libzmq parsed as one (anything listening on the port that is not ZMQ).
+                    self._drop("a peer that is not a ZMQ 4 publisher")
+                    continue
+                return frame.bytes  # a foreign ZMQ 4 publisher: no tag, delivered as is
+            if origin != self._tag:
                 self._drop(f"a publisher of endpoint {origin!r} (names hashed to one port)")
                 continue
             return frame.bytes
