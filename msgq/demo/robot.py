@@ -24,8 +24,16 @@ CAMERA_NAME = "camerad"
 CAMERA_SIZE = (640, 480)
 
 
+#: Step of the heading integration (s).
+HEADING_STEP = 0.1
+
+
 class VehicleModel:
     """Kinematics of the simulated car as a function of time (seconds)."""
+
+    def __init__(self) -> None:
+        # heading at k * HEADING_STEP, extended as time goes on
+        self._heading_grid = [0.0]
 
     def speed(self, t: float) -> float:
         """m/s: cruising around 15 m/s with slow swells and a stop-and-go every 40 s."""
@@ -44,10 +52,18 @@ class VehicleModel:
         return self.speed(t) * self.curvature(t)
 
     def heading(self, t: float) -> float:
-        # integral of v * k, numerically (cheap enough at these rates)
-        steps = max(1, int(t * 10))
-        dt = t / steps
-        return sum(self.yaw_rate((i + 0.5) * dt) * dt for i in range(steps)) if t > 0 else 0.0
+        """rad: the integral of the yaw rate from 0 to ``t`` (midpoint rule on a fixed
+        HEADING_STEP grid, so the value depends on ``t`` alone). The grid is kept and
+        extended, so a call costs O(1) amortised instead of O(t)."""
+        if t <= 0:
+            return 0.0
+        grid = self._heading_grid
+        k = int(t / HEADING_STEP)
+        while len(grid) <= k:
+            i = len(grid) - 1
+            grid.append(grid[i] + self.yaw_rate((i + 0.5) * HEADING_STEP) * HEADING_STEP)
+        rest = t - k * HEADING_STEP
+        return grid[k] + self.yaw_rate(k * HEADING_STEP + rest / 2) * rest
 
 
 def _run_loop(rates: dict[str, float], publish: Callable[[str, float, int], None],
