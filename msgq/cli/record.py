@@ -12,6 +12,7 @@ from msgq.cli.output import (
     CommandError,
     UsageError,
     human_bytes,
+    number,
     paint,
     print_json,
     print_table,
@@ -51,14 +52,7 @@ def _size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
-    return value
+_seconds = number(float, 0.0, "a positive number of seconds", exclusive=True)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -75,13 +69,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                              "commas work too: a,b")
     parser.add_argument("-o", "--output", required=True, metavar="DIR",
                         help="recording folder (created; must not hold a recording yet)")
-    parser.add_argument("--rotate-seconds", type=_positive, default=60.0, metavar="S",
+    parser.add_argument("--rotate-seconds", type=_seconds, default=60.0, metavar="S",
                         help="start a new segment every S seconds of log time (default 60)")
     parser.add_argument("--rotate-bytes", type=_size, default=None, metavar="N",
                         help="... or when a segment holds N bytes of events (e.g. 100M)")
     parser.add_argument("--compression", choices=("zstd", "bz2", "none"), default="zstd",
                         help="segment compression (default zstd)")
-    parser.add_argument("--duration", type=_positive, default=None, metavar="S",
+    parser.add_argument("--duration", type=_seconds, default=None, metavar="S",
                         help="stop after S seconds (default: at Ctrl-C or SIGTERM)")
     parser.add_argument("--json", action="store_true",
                         help="print the counts as JSON instead of a table")
