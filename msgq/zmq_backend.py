@@ -305,14 +305,26 @@ def _zmq_context(context: Any) -> zmq.Context:
     return _default_context.zmq_context
 
 
+def _slice_ms(deadline: float | None) -> int:
+    """The next wait of a blocking call in ms: at most ``_SLICE_MS`` (so Ctrl-C is
+    answered), else what is left until ``deadline`` (None: none), at least 1; 0 when the
+    deadline passed."""
+    if deadline is None:
+        return _SLICE_MS
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return 0
+    return min(_SLICE_MS, max(1, int(remaining * 1000)))
+
+
 def _wait_monitor(monitor: zmq.Socket, wanted: int, deadline: float) -> int:
     """Waits on a monitor socket for an event in ``wanted``; returns it, or 0 at the
     deadline."""
     while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        slice_ms = _slice_ms(deadline)
+        if not slice_ms:
             return 0
-        if monitor.poll(min(_SLICE_MS, max(1, int(remaining * 1000)))):
+        if monitor.poll(slice_ms):
             event = parse_monitor_message(monitor.recv_multipart())["event"]
             if event & wanted:
                 return int(event)
@@ -486,12 +498,9 @@ class PubSocket:
             self._update_peers()
             if not self._joining():
                 return True
-            slice_ms = _SLICE_MS
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                slice_ms = min(slice_ms, max(1, int(remaining * 1000)))
+            slice_ms = _slice_ms(deadline)
+            if not slice_ms:
+                return False
             poller.poll(slice_ms)
 
     def send(self, data: Any) -> int:
@@ -725,12 +734,9 @@ class SubSocket:
         """Waits for input within the socket timeout; False when it passed."""
         deadline = None if self._timeout_ms < 0 else time.monotonic() + self._timeout_ms / 1000
         while True:
-            slice_ms = _SLICE_MS
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                slice_ms = min(slice_ms, max(1, int(remaining * 1000)))
+            slice_ms = _slice_ms(deadline)
+            if not slice_ms:
+                return False
             if sock.poll(slice_ms, zmq.POLLIN):
                 return True
 
