@@ -26,13 +26,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from msgq.demo.robot import CAMERA_NAME, CAMERA_SIZE, PROCESSES, start_robot
+from msgq.demo.robot import SERVICES as ROBOT_SERVICES
+
 __all__ = ["main"]
 
-ROBOT_SERVICES = (
-    "gyroscope", "accelerometer", "magnetometer", "temperatureSensor", "gpsLocation",
-    "vehicleState", "can", "deviceState", "powerState", "managerState", "clocks",
-    "roadCameraState", "roadEncodeIdx",
-)
 CONTROLLER_OUTPUTS = ("controlCommand", "controllerState")
 
 
@@ -53,7 +51,6 @@ def _record(folder: str, seconds: float, ready: Any, results: Any) -> None:
 
 def _watch(seconds: float, live: bool) -> dict[str, Any]:
     """The health view: SubMaster and camera client until the robot stops."""
-    from msgq.demo.robot import CAMERA_NAME
     from msgq.messaging import SubMaster
     from msgq.visionipc import VisionIpcClient
 
@@ -139,7 +136,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.pop("OPENPILOT_PREFIX", None)
     os.environ["MSGQ_BACKEND"] = "msgq"
     os.environ.pop("ZMQ", None)
-    from msgq.demo.robot import CAMERA_NAME, CAMERA_SIZE, start_robot
     from msgq.shm_backend import queue_dir
 
     run_dir = queue_dir(create=True)
@@ -191,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         _say("\n== report")
         _say(f"robot        {len(ROBOT_SERVICES)} services + camera, {args.seconds:g} s, "
-             "3 processes")
+             f"{len(PROCESSES)} processes")
         _say(f"health       all alive, at rate and valid in {share:.0%} of "
              f"{health['checks']} updates after a 3 s warm-up")
         _say(f"camera       {health['frames']} frames received, {health['frame_gaps']} "

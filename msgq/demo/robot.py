@@ -17,11 +17,20 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CAMERA_NAME", "CAMERA_SIZE", "PROCESSES", "VehicleModel", "start_robot"]
+__all__ = ["CAMERA_NAME", "CAMERA_SIZE", "PROCESSES", "SERVICES", "VehicleModel", "start_robot"]
 
 #: VisionIPC name and (width, height) of the simulated road camera.
 CAMERA_NAME = "camerad"
 CAMERA_SIZE = (640, 480)
+#: Services (and their rates, Hz) of the sensors and vehicle processes.
+SENSOR_RATES = {"gyroscope": 104.0, "accelerometer": 104.0, "magnetometer": 25.0,
+                "temperatureSensor": 2.0, "gpsLocation": 10.0}
+VEHICLE_RATES = {"vehicleState": 100.0, "can": 100.0, "deviceState": 2.0, "powerState": 2.0,
+                 "managerState": 2.0, "clocks": 1.0}
+#: Services the camera process publishes with each frame.
+CAMERA_SERVICES = ("roadCameraState", "roadEncodeIdx")
+#: Every service the robot publishes.
+SERVICES = (*SENSOR_RATES, *VEHICLE_RATES, *CAMERA_SERVICES)
 
 
 #: Step of the heading integration (s).
@@ -92,9 +101,7 @@ def run_sensors(seconds: float) -> None:
     """IMU, magnetometer, temperature and GNSS."""
     from msgq.messaging import PubMaster, new_message
 
-    rates = {"gyroscope": 104.0, "accelerometer": 104.0, "magnetometer": 25.0,
-             "temperatureSensor": 2.0, "gpsLocation": 10.0}
-    pm = PubMaster(list(rates))
+    pm = PubMaster(list(SENSOR_RATES))
     car = VehicleModel()
     rng = np.random.default_rng(1)
 
@@ -132,16 +139,14 @@ def run_sensors(seconds: float) -> None:
             gps.unixTimestampMs = int(time.time() * 1000)
         pm.send(service, msg)
 
-    _run_loop(rates, publish, seconds)
+    _run_loop(SENSOR_RATES, publish, seconds)
 
 
 def run_vehicle(seconds: float) -> None:
     """Vehicle state, CAN, device, power, processes and clocks."""
     from msgq.messaging import PubMaster, new_message
 
-    rates = {"vehicleState": 100.0, "can": 100.0, "deviceState": 2.0, "powerState": 2.0,
-             "managerState": 2.0, "clocks": 1.0}
-    pm = PubMaster(list(rates))
+    pm = PubMaster(list(VEHICLE_RATES))
     car = VehicleModel()
 
     def publish(service: str, t: float, n: int) -> None:
@@ -187,7 +192,7 @@ def run_vehicle(seconds: float) -> None:
             msg.clocks.monotonicNs = time.monotonic_ns()
         pm.send(service, msg)
 
-    _run_loop(rates, publish, seconds)
+    _run_loop(VEHICLE_RATES, publish, seconds)
 
 
 def run_camera(seconds: float, fps: float = 20.0) -> None:
@@ -200,7 +205,7 @@ def run_camera(seconds: float, fps: float = 20.0) -> None:
     server = VisionIpcServer(CAMERA_NAME)
     server.create_buffers(0, 4, width, height)
     server.start_listener()
-    pm = PubMaster(["roadCameraState", "roadEncodeIdx"])
+    pm = PubMaster(list(CAMERA_SERVICES))
     car = VehicleModel()
     rows = np.arange(height, dtype=np.int32)[:, None]
     cols = np.arange(width, dtype=np.int32)[None, :]
