@@ -89,14 +89,15 @@ def _lockstep(recording: str) -> dict[str, Any]:
     from msgq.lockstep import example_controller, run_lockstep
     from msgq.lockstep.diff import diff_outputs
 
+    def replay() -> Any:
+        return run_lockstep(example_controller.main, recording, "vehicleState",
+                            CONTROLLER_OUTPUTS,
+                            input_services=["vehicleState", "gyroscope", "accelerometer"])
+
     t0 = time.monotonic()
-    first = run_lockstep(example_controller.main, recording, "vehicleState",
-                         CONTROLLER_OUTPUTS,
-                         input_services=["vehicleState", "gyroscope", "accelerometer"])
+    first = replay()
     elapsed = time.monotonic() - t0
-    second = run_lockstep(example_controller.main, recording, "vehicleState",
-                          CONTROLLER_OUTPUTS,
-                          input_services=["vehicleState", "gyroscope", "accelerometer"])
+    second = replay()
     diff = diff_outputs(first, second, mode="bytes")
     commands = [e.event.controlCommand for e in first.by_service("controlCommand")]
     accel = [c.accel for c in commands]
