@@ -158,6 +158,10 @@ class Backend:
     wait_note = ""
     #: Footnote: how a message is written and read.
     io_note = ""
+    #: The module the adapter imports (a peer's is preloaded by the forkserver) and the
+    #: distribution that installs it.
+    import_name = ""
+    dist_name = ""
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         self.run_dir = run_dir
@@ -166,12 +170,17 @@ class Backend:
     @classmethod
     def unavailable(cls) -> str | None:
         """Why this backend cannot run here (None: it can)."""
+        if cls.import_name:
+            try:
+                importlib.import_module(cls.import_name)
+            except ImportError as e:
+                return f"{cls.dist_name} not importable ({e}); pip install {cls.dist_name}"
         return None
 
     @classmethod
     def version(cls) -> str:
         """The version of the library measured."""
-        return ""
+        return _dist_version(cls.dist_name) if cls.dist_name else ""
 
     def make_pub(self, topic: str, geo: Geometry) -> Any:
         """The publisher of ``topic``."""
@@ -214,6 +223,7 @@ class MsgqBackend(Backend):
         "a futex in the shared ring (setTimeout)"
     )
     io_note = "send(bytearray) copies once into the ring; receive() copies once into bytes"
+    dist_name = "msgq"
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         super().__init__(run_dir, prefix)
@@ -234,10 +244,6 @@ class MsgqBackend(Backend):
         except Exception as e:  # noqa: BLE001 - any import failure means "skip"
             return f"cannot load: {e}"
         return None
-
-    @classmethod
-    def version(cls) -> str:
-        return _dist_version("msgq")
 
     def make_pub(self, topic: str, geo: Geometry) -> Any:
         sock = self.module.PubSocket()
@@ -303,6 +309,8 @@ class PyzmqBackend(Backend):
         "recv_into() for the recv_into rows"
     )
     HWM = 100_000
+    import_name = "zmq"
+    dist_name = "pyzmq"
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         super().__init__(run_dir, prefix)
@@ -311,14 +319,6 @@ class PyzmqBackend(Backend):
         self.zmq = zmq
         self.context = zmq.Context()
         self.sockets: list[Any] = []
-
-    @classmethod
-    def unavailable(cls) -> str | None:
-        try:
-            importlib.import_module("zmq")
-        except ImportError as e:
-            return f"pyzmq not importable ({e}); pip install pyzmq"
-        return None
 
     @classmethod
     def version(cls) -> str:
@@ -381,6 +381,7 @@ class KickmsgBackend(Backend):
         "send(bytes) below 64 KiB, allocate()+memoryview+publish() from 64 KiB; "
         "receive() -> bytes, receive_view() copied into the buffer for recv_into"
     )
+    import_name = dist_name = "kickmsg"
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         super().__init__(run_dir, prefix)
@@ -389,18 +390,6 @@ class KickmsgBackend(Backend):
         self.kickmsg = kickmsg
         self.node = kickmsg.Node(f"bench{os.getpid()}", prefix)
         self.topics: list[str] = []
-
-    @classmethod
-    def unavailable(cls) -> str | None:
-        try:
-            importlib.import_module("kickmsg")
-        except ImportError as e:
-            return f"kickmsg not importable ({e}); pip install kickmsg"
-        return None
-
-    @classmethod
-    def version(cls) -> str:
-        return _dist_version("kickmsg")
 
     def _config(self, geo: Geometry) -> Any:
         cfg = self.kickmsg.Config()
@@ -475,6 +464,7 @@ class Iceoryx2Backend(Backend):
         "loan_slice_uninit()+memmove+send(); receive() then ctypes.string_at(payload_ptr) "
         "-> bytes (memmove into the buffer for recv_into)"
     )
+    import_name = dist_name = "iceoryx2"
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         super().__init__(run_dir, prefix)
@@ -489,18 +479,6 @@ class Iceoryx2Backend(Backend):
         self._source_addr = 0
         self._target: Any = None
         self._target_addr = 0
-
-    @classmethod
-    def unavailable(cls) -> str | None:
-        try:
-            importlib.import_module("iceoryx2")
-        except ImportError as e:
-            return f"iceoryx2 not importable ({e}); pip install iceoryx2"
-        return None
-
-    @classmethod
-    def version(cls) -> str:
-        return _dist_version("iceoryx2")
 
     def _open(self, topic: str, geo: Geometry) -> tuple[Any, Any]:
         iox = self.iox
@@ -1505,9 +1483,9 @@ def _context() -> BaseContext:
         ctx = multiprocessing.get_context("forkserver")
         preload = ["msgq"]
         preload += [
-            mod
-            for mod in ("zmq", "kickmsg", "iceoryx2")
-            if importlib.util.find_spec(mod) is not None
+            cls.import_name
+            for cls in BACKENDS.values()
+            if cls.import_name and importlib.util.find_spec(cls.import_name) is not None
         ]
         ctx.set_forkserver_preload(preload)
         return ctx
