@@ -611,16 +611,10 @@ int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *
   /* seq_cst: the waiter registrations above come before the write_pointer loads below. */
   atomic_thread_fence(memory_order_seq_cst);
   int r = 0;
-  for (int i = 0; i < n; i++) {
-    ready[i] = (uint8_t)msgq_subscriber_has_data(subs[i]);
-    count += ready[i];
-  }
+  count = check_all(subs, n, ready);
   if (!count) {
     r = os_wait_any(words, expected, wait_n, timeout_ns);
-    for (int i = 0; i < n; i++) {
-      ready[i] = (uint8_t)msgq_subscriber_has_data(subs[i]);
-      count += ready[i];
-    }
+    count = check_all(subs, n, ready);
   }
   for (int i = 0; i < wait_n; i++) end_wait(subs[i]);
   if (count) return count;
