@@ -50,6 +50,8 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from msgq.cli.output import number
+
 KIB = 1024
 MIB = 1024 * KIB
 
@@ -1367,6 +1369,9 @@ def _parse_size(text: str) -> int:
     return value
 
 
+_positive_int = number(int, 1, "a positive integer")
+
+
 def _csv(convert: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     def parse(text: str) -> list[Any]:
         try:
@@ -1375,20 +1380,6 @@ def _csv(convert: Callable[[str], Any]) -> Callable[[str], list[Any]]:
             raise argparse.ArgumentTypeError(str(e)) from None
 
     return parse
-
-
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"{text!r} must be >= 1")
-    return value
 
 
 EPILOG = """\
@@ -1429,7 +1420,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--duration",
-        type=_positive_seconds,
+        type=number(float, 0.0, "a positive number of seconds", exclusive=True),
         default=None,
         metavar="S",
         help=f"seconds per run (default {DEFAULT_DURATION}, {QUICK_DURATION} with --quick)",
