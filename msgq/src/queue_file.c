@@ -152,10 +152,11 @@ static int create_queue(int fd, uint64_t capacity, msgq_ring *ring) {
   return r;
 }
 
-static int queue_in_use(const msgq_ring *ring) {
-  int32_t pub = atomic_load_explicit(&ring->header->publisher_pid, memory_order_relaxed);
-  if (pub > 0 && os_process_alive(pub)) return 1;
-  return msgq_ring_live_readers(ring) > 0;
+/* A live process uses the queue: its publisher, or the owner of any claimed reader slot
+ * (active bit or not). The one rule for re-making a queue at another size and for
+ * removing it (msgq_queue_remove_unused). */
+static int queue_in_use(const msgq_queue_info *info) {
+  return info->publisher_alive || info->readers_live > 0;
 }
 
 static int open_locked(int fd, uint64_t requested, enum msgq_role role, msgq_ring *ring) {
@@ -194,7 +195,9 @@ static int open_locked(int fd, uint64_t requested, enum msgq_role role, msgq_rin
     return 0;
   /* A publisher wants another size: re-make an unused queue; adopt a live one that is at
    * least as large (every message it meant to send fits); refuse a smaller live one. */
-  if (!queue_in_use(ring)) {
+  msgq_queue_info info;
+  (void)msgq_ring_inspect(ring->header, ring->map_size, &info); /* attached: valid */
+  if (!queue_in_use(&info)) {
     msgq_queue_unmap(ring);
     return create_queue(fd, new_capacity, ring);
   }
@@ -333,7 +336,7 @@ int msgq_queue_remove_unused(const char *path, int remove_damaged, msgq_queue_in
   if (r < 0) goto done;
   r = inspect_locked(fd, out);
   if (r == 0) {
-    if (out->publisher_alive || out->readers_live > 0) {
+    if (queue_in_use(out)) {
       r = -EBUSY;
       goto done;
     }
