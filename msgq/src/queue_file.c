@@ -271,14 +271,22 @@ void msgq_queue_unmap(msgq_ring *ring) {
 
 /* --- Inspection and removal (tools) ------------------------------------------------ */
 
-/* Opens a queue file for looking only: read-only (a tool needs no write access and can
+/* Opens a queue file for looking only and takes a flock on it (operation: LOCK_SH or
+ * LOCK_EX, waiting at most LOCK_WAIT_NS): read-only (a tool needs no write access and can
  * never scribble), without following a symlink, and O_NONBLOCK so that a FIFO or device
- * that happens to carry a queue's name cannot hang the open. */
-static int open_for_inspection(const char *path, struct stat *st) {
+ * that happens to carry a queue's name cannot hang the open. Returns the locked fd with
+ * *st filled, MSGQ_EBADMAGIC (also in out->status) for anything but a regular file, or
+ * -errno / -EAGAIN. */
+static int open_for_inspection(const char *path, int operation, struct stat *st,
+                               msgq_queue_info *out) {
+  memset(out, 0, sizeof *out);
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return -errno;
-  if (fstat(fd, st) != 0) {
-    int r = -errno;
+  int r = fstat(fd, st) == 0 ? 0 : -errno;
+  if (r == 0 && !S_ISREG(st->st_mode))
+    r = out->status = MSGQ_EBADMAGIC; /* not ours to inspect or remove, whatever it is */
+  if (r == 0) r = lock_until(fd, operation, os_monotonic_ns() + LOCK_WAIT_NS);
+  if (r < 0) {
     close(fd);
     return r;
   }
@@ -301,67 +309,43 @@ static int inspect_locked(int fd, msgq_queue_info *out) {
 }
 
 int msgq_queue_inspect(const char *path, msgq_queue_info *out) {
-  memset(out, 0, sizeof *out);
   struct stat st;
-  int fd = open_for_inspection(path, &st);
-  if (fd < 0) return fd;
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return out->status = MSGQ_EBADMAGIC;
-  }
   /* A shared lock: it waits only for an opener that holds LOCK_EX right now (creating,
-   * re-making or registering), for at most LOCK_WAIT_NS, and it delays openers by at
-   * most the microseconds it is held plus one of their 200 us naps. */
-  int r = lock_until(fd, LOCK_SH, os_monotonic_ns() + LOCK_WAIT_NS);
-  if (r == 0) r = inspect_locked(fd, out);
+   * re-making or registering), and it delays openers by at most the microseconds it is
+   * held plus one of their 200 us naps. */
+  int fd = open_for_inspection(path, LOCK_SH, &st, out);
+  if (fd < 0) return fd;
+  int r = inspect_locked(fd, out);
   close(fd); /* drops the lock */
   return r;
 }
 
+/* Unlinks path only when it still names the file st describes: if someone removed ours
+ * and a new queue was made meanwhile, that one is left alone (-ENOENT). */
+static int unlink_same_file(const char *path, const struct stat *st) {
+  struct stat now;
+  if (stat(path, &now) != 0) return -errno;
+  if (now.st_dev != st->st_dev || now.st_ino != st->st_ino) return -ENOENT;
+  return unlink(path) == 0 ? 0 : -errno;
+}
+
 int msgq_queue_remove_unused(const char *path, int remove_damaged, msgq_queue_info *out) {
-  memset(out, 0, sizeof *out);
   struct stat st;
-  int fd = open_for_inspection(path, &st);
-  if (fd < 0) return fd;
-  int r;
-  if (!S_ISREG(st.st_mode)) {
-    r = out->status = MSGQ_EBADMAGIC; /* not ours to remove, whatever it is */
-    goto done;
-  }
   /* Exclusive, like every opener: while we hold it nobody can be half-way through
    * creating the file or registering in it, and an opener that opened the path before
    * our unlink finds the file removed once it gets the lock (st_nlink == 0) and opens
    * the path afresh. */
-  r = lock_until(fd, LOCK_EX, os_monotonic_ns() + LOCK_WAIT_NS);
-  if (r < 0) goto done;
-  r = inspect_locked(fd, out);
-  if (r == 0) {
-    if (queue_in_use(out)) {
-      r = -EBUSY;
-      goto done;
-    }
-  } else if (r == MSGQ_EBADMAGIC && out->unfinished) {
-    /* Its creator died before storing the magic: only an opener holding the lock could
-     * be finishing it, and we hold it. */
-  } else if (r == MSGQ_EBADMAGIC || r == MSGQ_EVERSION || r == MSGQ_EGEOMETRY) {
-    /* A header we cannot read tells us nothing about who uses the file. */
-    if (!remove_damaged) goto done;
-  } else {
-    goto done;
-  }
-  /* Unlink only the file we locked and inspected: if the path now names another file
-   * (someone removed ours and a new queue was made), leave that one alone. */
-  struct stat now;
-  if (stat(path, &now) != 0) {
-    r = -errno;
-    goto done;
-  }
-  if (now.st_dev != st.st_dev || now.st_ino != st.st_ino) {
-    r = -ENOENT;
-    goto done;
-  }
-  r = unlink(path) == 0 ? 0 : -errno;
-done:
+  int fd = open_for_inspection(path, LOCK_EX, &st, out);
+  if (fd < 0) return fd;
+  int r = inspect_locked(fd, out);
+  if (r == 0 && queue_in_use(out))
+    r = -EBUSY;
+  else if (r == MSGQ_EBADMAGIC && out->unfinished)
+    r = 0; /* its creator died before storing the magic; finishing it needs our lock */
+  else if (remove_damaged &&
+           (r == MSGQ_EBADMAGIC || r == MSGQ_EVERSION || r == MSGQ_EGEOMETRY))
+    r = 0; /* a header we cannot read tells nothing of its users: the caller checked */
+  if (r == 0) r = unlink_same_file(path, &st);
   close(fd);
   return r;
 }
