@@ -60,6 +60,8 @@ from typing import Any
 
 import numpy as np
 
+from msgq.tables import format_table as format_rows
+
 PATHS: tuple[str, ...] = ("copy", "zero-copy", "socket")
 PATH_LABELS = {"copy": "copy", "zero-copy": "zero-copy", "socket": "msgq socket"}
 DEFAULT_SIZES: tuple[tuple[int, int], ...] = ((1928, 1208), (3840, 2160))
@@ -458,84 +460,41 @@ def _verdict(ok: bool, text: str) -> str:
     return f"{'met' if ok else 'MISSED'}: {text}"
 
 
-COLUMNS = (
-    ("path", "<"),
-    ("frame", "<"),
-    ("clients", ">"),
-    ("frames/s", ">"),
-    ("GB/s", ">"),
-    ("p50 µs", ">"),
-    ("p99 µs", ">"),
-    ("drops", ">"),
-    ("fps × anc", ">"),
-    ("p50 × anc", ">"),
-    ("goal", "<"),
-)
+HEADER = ("path", "frame", "clients", "frames/s", "GB/s", "p50 µs", "p99 µs", "drops",
+          "fps × anc", "p50 × anc", "goal")
 
 
 def format_table(cells: list[Cell]) -> str:
     """The result table, one row per cell, a blank line between frame sizes."""
-    rows: list[tuple[str, ...] | None] = []
-    last_group = None
+    rows: list[list[str]] = [list(HEADER)]
+    groups: list[tuple[int, int, int]] = []
     for cell in cells:
-        group = (cell.width, cell.height, cell.clients)
-        if last_group is not None and group != last_group:
-            rows.append(None)
-        last_group = group
-        frame = f"{cell.width}x{cell.height}"
+        groups.append((cell.width, cell.height, cell.clients))
+        label = [PATH_LABELS[cell.path], f"{cell.width}x{cell.height}", str(cell.clients)]
         if cell.error:
-            rows.append(
-                (
-                    PATH_LABELS[cell.path],
-                    frame,
-                    str(cell.clients),
-                    "error: " + cell.error,
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                    "",
-                )
-            )
+            rows.append([*label, "error: " + cell.error])
             continue
         fps = cell.median("fps")
         gbs = fps * frame_size(cell.width, cell.height) / 1e9
         fps_ratio, p50_ratio, goal = cell.ratios()
-        rows.append(
-            (
-                PATH_LABELS[cell.path],
-                frame,
-                str(cell.clients),
-                f"{fps:,.0f}",
-                f"{gbs:.1f}" if cell.path != "zero-copy" else "",
-                f"{cell.median('p50_us'):,.1f}",
-                f"{cell.median('p99_us'):,.1f}",
-                str(cell.drops),
-                f"{fps_ratio:.2f}" if fps_ratio is not None else "",
-                f"{p50_ratio:.3f}" if p50_ratio is not None else "",
-                goal,
-            )
-        )
-    widths = [len(name) for name, _ in COLUMNS]
-    for row in rows:
-        if row is None:
-            continue
-        for i, text in enumerate(row):
-            if not (row[3].startswith("error") and 3 < i < len(row)):
-                widths[i] = max(widths[i], len(text))
-
-    def line(values: Sequence[str]) -> str:
-        out = []
-        for (_, align), width, text in zip(COLUMNS, widths, values, strict=True):
-            out.append(text.ljust(width) if align == "<" else text.rjust(width))
-        return "  ".join(out).rstrip()
-
-    lines = [line([name for name, _ in COLUMNS]), line(["-" * w for w in widths])]
-    for row in rows:
-        lines.append("" if row is None else line(row))
-    return "\n".join(lines)
+        rows.append([
+            *label,
+            f"{fps:,.0f}",
+            f"{gbs:.1f}" if cell.path != "zero-copy" else "",
+            f"{cell.median('p50_us'):,.1f}",
+            f"{cell.median('p99_us'):,.1f}",
+            str(cell.drops),
+            f"{fps_ratio:.2f}" if fps_ratio is not None else "",
+            f"{p50_ratio:.3f}" if p50_ratio is not None else "",
+            goal,
+        ])
+    header, *lines = format_rows(rows).split("\n")
+    out = [header]
+    for i, line in enumerate(lines):
+        if i and groups[i] != groups[i - 1]:
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
 
 
 # --------------------------------------------------------------------------- main
