@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 
 import msgq
 from msgq import shm_backend
+from msgq.tables import format_table
 
 HEADER = struct.Struct("<QI")  # sequence number, crc32 of the body
 END = b"__end__"
@@ -189,15 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         print(f"published {sent} messages\n")
-        print(
-            f"{'subscriber':<11}{'received':>10}{'msgs/s':>12}{'MB/s':>10}{'lost':>7}{'damaged':>9}"
-        )
-        for r in reports:
-            print(
-                f"{r.name:<11}{r.received:>10}{r.msgs_per_s:>12,.0f}"
-                f"{r.megabytes / r.seconds if r.seconds else 0:>10.1f}{r.lost:>7}"
-                f"{r.damaged:>9}"
-            )
+        header = ["subscriber", "received", "msgs/s", "MB/s", "lost", "damaged"]
+        print(format_table([header] + [
+            [r.name, r.received, f"{r.msgs_per_s:,.0f}",
+             f"{r.megabytes / r.seconds if r.seconds else 0:.1f}", r.lost, r.damaged]
+            for r in reports
+        ]))
     ok = all(r.damaged == 0 and r.received == sent for r in reports)
     return 0 if ok else 1
 
