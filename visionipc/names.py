@@ -4,7 +4,6 @@ the path of a server's Unix socket."""
 from __future__ import annotations
 
 import os
-import stat
 
 from msgq.shm_backend import queue_dir, validate_endpoint
 
@@ -78,11 +77,3 @@ def socket_path(name: str, create_dir: bool = False) -> str:
             "a shorter MSGQ_PREFIX/OPENPILOT_PREFIX or a shorter MSGQ_SHM_DIR"
         )
     return path
-
-
-def is_socket(path: str) -> bool:
-    """True when ``path`` exists and is a Unix socket (not following symlinks)."""
-    try:
-        return stat.S_ISSOCK(os.lstat(path).st_mode)
-    except OSError:
-        return False
