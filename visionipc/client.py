@@ -86,15 +86,12 @@ def _import_buffers(reply: BuffersReply) -> list[VisionBuf]:
             buffers.append(
                 VisionBuf(idx, fd, map_received_buffer(fd, reply.geometry), reply.geometry)
             )
-    except BufferImportError as e:
+    except BaseException as e:
         for buf in buffers:
             buf._release()
         close_fds(reply.fds)
-        raise HandshakeError(str(e)) from None
-    except BaseException:
-        for buf in buffers:
-            buf._release()
-        close_fds(reply.fds)
+        if isinstance(e, BufferImportError):
+            raise HandshakeError(str(e)) from None
         raise
     return buffers
 
