@@ -223,7 +223,7 @@ def remove_unused_queue(path, bint remove_damaged=False) -> dict:
         result = _queue_info_dict(path, 0, &info)
         result.update(removed=False, kept_because="in use by a live process")
     elif r == -EAGAIN:
-        result = {"path": path, "removed": False,
+        result = {"path": os.fsdecode(path), "removed": False,
                   "kept_because": "being created or opened by another process right now"}
     elif r in (MSGQ_EBADMAGIC, MSGQ_EVERSION, MSGQ_EGEOMETRY):
         result = _queue_info_dict(path, r, &info)

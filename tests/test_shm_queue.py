@@ -501,3 +501,26 @@ def test_connect_blocked_on_a_stuck_lock_holder_answers_ctrl_c(endpoint: str) ->
         assert caught - sent < 0.2
     finally:
         os.close(fd)
+
+
+def test_queue_tools_give_way_to_an_opener_holding_the_lock(endpoint: str) -> None:
+    """inspect_queue and remove_unused_queue wait at most 50 ms for an opener's lock,
+    then say so; the path comes back as a str whatever form it was given in."""
+    import fcntl
+
+    msgq.pub_sock(endpoint, segment_size=4096).close()
+    path = shm_backend.queue_path(endpoint)
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # an opener creating or registering right now
+    try:
+        with pytest.raises(BlockingIOError):
+            shm_backend.inspect_queue(path)
+        result = shm_backend.remove_unused_queue(os.fsencode(path))
+        assert result["path"] == path and not result["removed"]
+        assert "another process" in result["kept_because"]
+    finally:
+        os.close(fd)
+    assert os.path.exists(path)
+    result = shm_backend.remove_unused_queue(os.fsencode(path))  # unused once unlocked
+    assert result["path"] == path and result["removed"]
+    assert not os.path.exists(path)
