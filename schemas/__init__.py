@@ -10,12 +10,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from msgq.schemas.services import (
     SERVICE_LIST,
@@ -25,6 +26,9 @@ from msgq.schemas.services import (
     find_service,
     register,
 )
+
+if TYPE_CHECKING:
+    from msgq.logs.framing import EventLayout
 
 __all__ = [
     "SCHEMA_DIR",
@@ -112,6 +116,15 @@ class Schema:
         if size is not None:
             raise ValueError(f"{service!r} is a struct: it takes no size")
         return msg.init(service)
+
+    @functools.cached_property
+    def layout(self) -> EventLayout:
+        """Where the root struct keeps logMonoTime, valid and the union discriminant, to
+        read them from a message's bytes (:class:`msgq.logs.framing.EventLayout`; its
+        ``identify`` is the check that bytes are an Event). Worked out once per schema."""
+        from msgq.logs.framing import EventLayout
+
+        return EventLayout.of(self)
 
     def __repr__(self) -> str:
         return f"Schema({self.path!r}, root={self.root_name!r}, {len(self.services)} services)"

@@ -259,6 +259,10 @@ def test_writer_refuses_bad_input(tmp_path: Path) -> None:
     with LogWriter(str(tmp_path / "rec")) as writer:
         with pytest.raises(MessageDecodeError):
             writer.write(b"\x00" * 8 + b"garbage!")
+        clocks = new_message("clocks").to_bytes()
+        for cut in (clocks + b"\x00" * 8, clocks[:-8]):  # bytes left over, bytes missing
+            with pytest.raises(MessageDecodeError):  # either would leave the log unreadable
+                writer.write(cut)
         with pytest.raises(TypeError):
             writer.write(12)  # type: ignore[arg-type]
         writer.write(new_message("clocks"))

@@ -154,13 +154,9 @@ def _event_bytes(event: Any, schema: Schema) -> tuple[str, bytes]:
     if isinstance(data, bytes) and isinstance(service, str):  # OutputEvent, LogEvent
         return service, data
     if isinstance(event, (bytes, bytearray, memoryview)):
-        from msgq.lockstep.harness import _peek
-
         data = bytes(event)
-        try:
-            return _peek(data, schema)[1], data
-        except ValueError:
-            return "?", data
+        identity = schema.layout.identify(data)
+        return ("?" if identity is None else identity[2]), data
     if hasattr(event, "which") and hasattr(event, "to_bytes"):
         return str(event.which()), event.to_bytes()
     if hasattr(event, "which") and hasattr(event, "as_builder"):

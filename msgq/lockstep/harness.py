@@ -46,7 +46,6 @@ import msgq
 from msgq import fake_events, shm_backend
 from msgq.lockstep.clock import CLOCK_ENV, ClockFile
 from msgq.logs import LogEvent, LogReader
-from msgq.logs.framing import EventLayout
 from msgq.schemas import Schema, default_schema
 
 __all__ = [
@@ -175,27 +174,6 @@ class LockstepResult:
         return iter(self.steps)
 
 
-_layouts: dict[int, EventLayout] = {}
-
-
-def _layout(schema: Schema) -> EventLayout:
-    layout = _layouts.get(id(schema))
-    if layout is None:
-        layout = _layouts[id(schema)] = EventLayout.of(schema)
-    return layout
-
-
-def _peek(data: bytes, schema: Schema) -> tuple[int, str]:
-    """(logMonoTime, service) of the bytes of an Event; MessageDecodeError for garbage."""
-    peeked = _layout(schema).peek(data)
-    if peeked is not None:
-        return peeked[0], peeked[2]
-    from msgq.messaging.events import decode_event
-
-    msg = decode_event(data, schema)
-    return int(msg.logMonoTime), str(msg.which())
-
-
 def _to_input(item: Any, schema: Schema) -> InputEvent:
     if isinstance(item, InputEvent):
         return item
@@ -205,8 +183,12 @@ def _to_input(item: Any, schema: Schema) -> InputEvent:
         return InputEvent(item.service, item.mono_ns, item.data)
     if isinstance(item, (bytes, bytearray, memoryview)):
         data = bytes(item)
-        mono, service = _peek(data, schema)
-        return InputEvent(service, mono, data)
+        identity = schema.layout.identify(data)
+        if identity is None:
+            from msgq.messaging.events import MessageDecodeError
+
+            raise MessageDecodeError(f"{len(data)} bytes are not exactly one valid Event")
+        return InputEvent(identity[2], identity[0], data)
     if hasattr(item, "which") and hasattr(item, "to_bytes"):  # an Event builder
         return InputEvent(str(item.which()), int(item.logMonoTime), item.to_bytes())
     if hasattr(item, "which") and hasattr(item, "as_builder"):  # an Event reader
@@ -745,10 +727,9 @@ class LockstepProcess:
         events = []
         for service in self.outputs:
             for data in msgq.drain_sock_raw(self._subs[service]):
-                try:
-                    mono = _peek(data, self.schema)[0]
-                except ValueError:
-                    mono = 0  # garbage: kept as published; a diff will show it
+                identity = self.schema.layout.identify(data)
+                # garbage is kept as published (at time 0); a diff will show it
+                mono = 0 if identity is None else identity[0]
                 events.append(OutputEvent(service, data, mono, index, self.schema))
         return events
 

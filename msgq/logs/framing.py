@@ -1,6 +1,7 @@
 """Cap'n Proto stream framing, read without pycapnp: where each message of a log stream
 ends, and the three fields every tool needs (logMonoTime, valid, which service) peeked
-straight from the bytes.
+straight from the bytes. :meth:`EventLayout.identify` is the one check, for every tool
+that takes bytes from elsewhere, that they are an Event and of which service and time.
 
 A log stream is Cap'n Proto messages back to back in the standard (unpacked) encoding:
 
@@ -14,7 +15,7 @@ or is implausibly large is reported, never followed.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -75,6 +76,7 @@ class EventLayout:
     valid_bit: int
     discriminant_byte: int
     services: tuple[str, ...]  # union members by discriminant value
+    schema: Any = field(default=None, repr=False, compare=False)  # decodes what peek cannot
 
     @classmethod
     def of(cls, schema: Any) -> EventLayout:
@@ -92,7 +94,31 @@ class EventLayout:
             valid_bit=valid.offset % 8,
             discriminant_byte=2 * node.struct.discriminantOffset,
             services=tuple(by_value[i] for i in range(len(by_value))),
+            schema=schema,
         )
+
+    def identify(self, message: Any, framed: bool = False) -> tuple[int, bool, str] | None:
+        """``(logMonoTime, valid, service)`` when ``message`` is exactly one well-framed
+        Event (no bytes missing, none left over), else None. Peeked from the bytes, or —
+        when laid out in a way :meth:`peek` does not follow — decoded with the bounded
+        decoder (:func:`msgq.messaging.events.decode_event`). ``framed``: the caller knows
+        the framing adds up already (a log reader that split ``message`` off a stream)."""
+        if not framed:
+            try:
+                if message_length(message, 0) != len(message):
+                    return None
+            except FramingError:
+                return None
+        peeked = self.peek(message)
+        if peeked is not None:
+            return peeked
+        from msgq.messaging.events import MessageDecodeError, decode_event
+
+        try:
+            msg = decode_event(message, self.schema)
+        except MessageDecodeError:
+            return None
+        return int(msg.logMonoTime), bool(msg.valid), str(msg.which())
 
     def peek(self, message: Any) -> tuple[int, bool, str] | None:
         """``(logMonoTime, valid, service)`` of one whole message, read from its root

@@ -22,7 +22,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from msgq.logs.framing import EventLayout
 from msgq.logs.index import IndexCache
 from msgq.logs.segment import LogProblem, read_messages
 from msgq.schemas import Schema, default_schema
@@ -114,7 +113,6 @@ class LogReader:
         self.start_mono_ns = start_mono_ns
         self.truncated: list[LogProblem] = []
         self.corrupt: list[LogProblem] = []
-        self._layout = EventLayout.of(self.schema)
 
     def _check_member(self, service: str) -> None:
         if service not in self.schema.union_fields:
@@ -136,13 +134,9 @@ class LogReader:
                       stacklevel=4)
 
     def _identify(self, data: bytes) -> tuple[int, bool, str] | None:
-        """(logMonoTime, valid, service) of whole-message bytes — peeked, else decoded —
-        or None when they are not an Event."""
-        peeked = self._layout.peek(data)
-        if peeked is not None:
-            return peeked
-        msg = self._decode(data)
-        return None if msg is None else (msg.logMonoTime, msg.valid, msg.which())
+        """(logMonoTime, valid, service) of bytes read_messages split off a stream (so
+        their framing adds up), or None when they are not an Event."""
+        return self.schema.layout.identify(data, True)
 
     def _decode(self, data: bytes) -> Any:
         from msgq.messaging.events import MessageDecodeError, decode_event

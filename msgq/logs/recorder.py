@@ -38,7 +38,6 @@ from types import FrameType
 from typing import Any
 
 import msgq
-from msgq.logs.framing import EventLayout, FramingError, message_length
 from msgq.logs.writer import LogWriter
 from msgq.schemas import Schema, default_schema
 
@@ -186,7 +185,6 @@ class Recorder:
                          **(metadata or {})},
             "schema": self.schema,
         }
-        self._layout = EventLayout.of(self.schema)
         self._writer: LogWriter | None = None
         self._channels: list[_Channel] = []
         self._by_socket: dict[int, _Channel] = {}
@@ -324,6 +322,7 @@ class Recorder:
         """Up to ``limit`` messages of one socket, written or counted as bad."""
         receive = channel.sock.receive
         write = self._writer.write_checked  # type: ignore[union-attr]
+        identify = self.schema.layout.identify
         count = channel.count
         service = channel.service
         n = 0
@@ -332,9 +331,9 @@ class Recorder:
             if data is None:
                 break
             n += 1
-            mono = self._time_if_event_of(data, service)
-            if mono is not None:
-                write(data, mono, service)
+            identity = identify(data)
+            if identity is not None and identity[2] == service:
+                write(data, identity[0], service)
                 count.messages += 1
                 count.bytes += len(data)
             else:
@@ -342,25 +341,6 @@ class Recorder:
         if n and self._unflushed_since is None:
             self._unflushed_since = time.monotonic()
         return n
-
-    def _time_if_event_of(self, data: bytes, service: str) -> int | None:
-        """The logMonoTime of ``data`` if it is exactly one well-framed Event of
-        ``service``; None otherwise."""
-        try:
-            if message_length(data, 0) != len(data):
-                return None
-        except FramingError:
-            return None
-        peeked = self._layout.peek(data)
-        if peeked is not None:
-            return peeked[0] if peeked[2] == service else None
-        from msgq.messaging.events import MessageDecodeError, decode_event
-
-        try:  # laid out in a way peek does not follow: let pycapnp read the root
-            msg = decode_event(data, self.schema)
-        except MessageDecodeError:
-            return None
-        return int(msg.logMonoTime) if msg.which() == service else None
 
     def _flush_if_idle(self) -> None:
         """Nothing arrived for a poll: write out what has been buffered for a while, so

@@ -30,7 +30,6 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from msgq.logs.framing import EventLayout
 from msgq.logs.index import SegmentIndex, write_index
 from msgq.schemas import Schema, default_schema
 
@@ -124,7 +123,6 @@ class LogWriter:
             raise FileExistsError(f"{self.folder} already holds a recording; "
                                   "write to a new folder")
         self.schema = schema or default_schema()
-        self._layout = EventLayout.of(self.schema)
         self.compression = compression
         self.level = level
         self.rotate_ns = None if rotate_seconds is None else int(rotate_seconds * 1e9)
@@ -154,35 +152,29 @@ class LogWriter:
         else:
             raise TypeError(f"write takes an Event builder, reader or bytes, not "
                             f"{type(event).__name__}")
-        mono, service = self._peek(data)
-        self.write_checked(data, mono, service)
+        identity = self.schema.layout.identify(data)
+        if identity is None:
+            from msgq.messaging.events import MessageDecodeError
+
+            raise MessageDecodeError(f"{len(data)} bytes are not exactly one valid Event")
+        self.write_checked(data, identity[0], identity[2])
 
     def write_checked(self, data: bytes, mono_ns: int, service: str) -> None:
         """Appends the bytes of an Event the caller has already checked, with its
         logMonoTime and service (the recorder's path: no second look at the bytes)."""
         if self.closed:
             raise ValueError("write to a closed LogWriter")
-        mono = mono_ns
-        if self._needs_rotation(mono, len(data)):
-            self._start_segment(mono)
+        if self._needs_rotation(mono_ns, len(data)):
+            self._start_segment(mono_ns)
         segment, index = self._segment, self._index
         if segment is None or index is None:
             raise RuntimeError("no open segment after rotation")
-        index.add(mono, service, len(data))
+        index.add(mono_ns, service, len(data))
         pending = segment.add(data)
         now = time.monotonic()
         if pending >= self.frame_bytes or now - self._last_flush >= self.flush_seconds:
             segment.flush()
             self._last_flush = now
-
-    def _peek(self, data: bytes) -> tuple[int, str]:
-        peeked = self._layout.peek(data)
-        if peeked is not None:
-            return peeked[0], peeked[2]
-        from msgq.messaging.events import decode_event
-
-        msg = decode_event(data, self.schema)  # MessageDecodeError for garbage
-        return msg.logMonoTime, msg.which()
 
     def _needs_rotation(self, mono: int, size: int) -> bool:
         index = self._index
