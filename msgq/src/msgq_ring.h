@@ -27,6 +27,13 @@
  *     epoch, and the writer clears the bit only with a compare-exchange against the
  *     word it observed, so an invalidation decided from an old read position can never
  *     hit a reader that has since reset or a new subscriber that took the slot.
+ *  I5 A subscriber sleeps only after counting itself in num_waiters (seq_cst) and
+ *     re-checking for data; the publisher stores write_pointer (seq_cst) before it loads
+ *     num_waiters. One of them sees the other, so no wake-up is lost.
+ *  I6 A reset stores its new epoch (seq_cst), then reloads write_pointer (seq_cst); the
+ *     publisher loads valid_word seq_cst. A send that still saw the old word started at
+ *     or before the position the reset reader settles on, so it never overwrites what
+ *     that reader will read. docs/ring.md has the full argument and the crash windows.
  *
  * Every value read from the segment is untrusted: offsets, sizes and the header are
  * bounds-checked, and a bad value resets the reader instead of reading out of bounds. */
