@@ -1,10 +1,11 @@
-"""Plain-text tables for people: the one table formatter of the library and its commands."""
+"""Plain-text tables for people: the one table formatter of the library and its commands,
+and the short form of a size they print in them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["format_table"]
+__all__ = ["format_table", "human_bytes"]
 
 
 def format_table(rows: Sequence[Sequence[object]]) -> str:
@@ -19,3 +20,17 @@ def format_table(rows: Sequence[Sequence[object]]) -> str:
         "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
                   for i, c in enumerate(row)).rstrip()
         for row in cells)
+
+
+def human_bytes(n: int | None) -> str:
+    """1536 -> '1.5 KiB'; None -> '-'."""
+    if n is None:
+        return "-"
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")

@@ -25,7 +25,7 @@ import difflib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from msgq.tables import format_table
+from msgq.tables import format_table, human_bytes
 
 __all__ = [
     "BUFFER_SECONDS",
@@ -139,21 +139,12 @@ class ServiceRegistry(Mapping[str, Service]):
             rows.append((
                 s.name, f"{s.frequency:g}", "yes" if s.should_log else "no",
                 "-" if s.decimation is None else str(s.decimation), str(s.message_size),
-                _human_bytes(s.queue_size), "-" if s.port is None else str(s.port),
+                human_bytes(s.queue_size), "-" if s.port is None else str(s.port),
             ))
         lines = [format_table(rows)]
-        lines.append(f"{len(self)} services, {_human_bytes(self.total_queue_size)} of queues "
+        lines.append(f"{len(self)} services, {human_bytes(self.total_queue_size)} of queues "
                      "in all")
         return "\n".join(lines)
-
-
-def _human_bytes(n: int) -> str:
-    value, unit = float(n), "B"
-    for bigger in ("KiB", "MiB", "GiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, bigger
-    return f"{value:.4g} {unit}"
 
 
 # name, should_log, frequency Hz, largest message bytes, decimation in reduced logs.
