@@ -101,10 +101,10 @@ def run(args: argparse.Namespace) -> int:
     import msgq
     from msgq.cli.services import check_services
 
-    check_services(args.services)
+    services = check_services(args.services)
     poller = msgq.Poller()
     sockets = {}
-    for service in dict.fromkeys(args.services):
+    for service in services:
         sock = msgq.sub_sock(service, poller=poller, addr=args.addr)
         sockets[id(sock)] = (service, sock)
     started = last = time.monotonic()
@@ -127,11 +127,11 @@ def run(args: argparse.Namespace) -> int:
             continue
         now = time.monotonic()
         if args.timeout is not None and now - started >= args.timeout and shown == 0:
-            print_error("dump", f"no message on {', '.join(args.services)} within "
+            print_error("dump", f"no message on {', '.join(services)} within "
                                 f"{args.timeout:g} s (is a publisher running in this "
                                 "namespace?)")
             return EXIT_FAILURE
         if not noticed and shown == 0 and now - last >= WAITING_NOTICE_S:
-            print(f"msgq dump: waiting for {', '.join(args.services)} (no publisher yet?)",
+            print(f"msgq dump: waiting for {', '.join(services)} (no publisher yet?)",
                   file=sys.stderr)
             noticed = True

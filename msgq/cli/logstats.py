@@ -93,10 +93,11 @@ def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
     return files, remote
 
 
-def _check_services(services: list[str] | None, schema_file: str | None) -> None:
-    """Unknown service names are a usage error (said before Spark starts)."""
+def _check_services(text: str | None, schema_file: str | None) -> list[str] | None:
+    """The services of --services, members of the schema's union; an unknown one is a
+    usage error (said before Spark starts)."""
+    from msgq.cli.services import check_services
     from msgq.schemas import ServiceRegistry, default_schema, load_schema
-    from msgq.schemas.services import unknown_service_error
 
     if schema_file is None:
         schema = default_schema()
@@ -108,9 +109,7 @@ def _check_services(services: list[str] | None, schema_file: str | None) -> None
         except Exception as e:  # pycapnp's parse errors
             raise CommandError(f"cannot load the schema {schema_file}: "
                                f"{' '.join(str(e).split())}") from None
-    for name in services or ():
-        if name not in schema.union_fields:
-            raise UsageError(str(unknown_service_error(name, schema.union_fields)).strip('"'))
+    return None if text is None else check_services([text], schema.union_fields)
 
 
 def _auto_bin(services: list[dict[str, Any]]) -> float:
@@ -129,11 +128,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--bin must be positive")
     if args.max_gaps < 0:
         raise UsageError("--max-gaps must be 0 or more")
-    services = None
-    if args.services:
-        services = [s.strip() for s in args.services.split(",") if s.strip()]
     files, remote = _check_paths(args.paths, args.via)
-    _check_services(services, args.schema)
+    services = _check_services(args.services, args.schema)
     try:
         from msgq.spark import read_logs
         from msgq.spark.analyses import GAP_FACTOR, expected_rates, log_stats

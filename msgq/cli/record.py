@@ -85,10 +85,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _services(args: argparse.Namespace) -> list[str] | None:
     from msgq.cli.services import check_services
 
-    names = [n for item in args.services for n in item.split(",") if n]
-    if not names:
+    services = check_services(args.services)
+    if not services:
         return None
-    services = check_services(names)
     if "logStart" in services:
         raise UsageError("logStart is not recorded: the log writes its own at the start of "
                          "every segment")

@@ -74,17 +74,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _names(text: str | None) -> list[str] | None:
+    """The services of a --services/--exclude list: members of the logs' schema."""
     if text is None:
         return None
+    from msgq.cli.services import check_services
     from msgq.schemas import default_schema
-    from msgq.schemas.services import unknown_service_error
 
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    known = default_schema().union_fields
-    for name in names:
-        if name not in known:
-            raise UsageError(unknown_service_error(name, known).args[0])
-    return names
+    return check_services([text], default_schema().union_fields)
 
 
 def run(args: argparse.Namespace) -> int:

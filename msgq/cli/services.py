@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from msgq.cli.output import UsageError
 
 __all__ = ["check_services"]
 
 
-def check_services(names: Iterable[str]) -> list[str]:
-    """``names`` without duplicates, each a registry service; an unknown one is a
-    UsageError that names the closest services (``unknown service 'x'; did you mean ...``)."""
-    from msgq.schemas import SERVICE_LIST
+def check_services(names: Iterable[str], known: Collection[str] | None = None) -> list[str]:
+    """The service names in ``names`` (an item is one name or several separated by commas,
+    as ``--services a,b`` gives them; blanks ignored), without duplicates, each one of
+    ``known`` (default: the registry's services, ``SERVICE_LIST``); an unknown one is a
+    UsageError that names the closest (``unknown service 'x'; did you mean ...``)."""
     from msgq.schemas.services import unknown_service_error
 
-    checked = []
-    for name in dict.fromkeys(names):
-        if name not in SERVICE_LIST:
-            raise UsageError(unknown_service_error(name, SERVICE_LIST).args[0])
-        checked.append(name)
+    if known is None:
+        from msgq.schemas import SERVICE_LIST
+
+        known = SERVICE_LIST
+    checked = [n for n in dict.fromkeys(n.strip() for item in names for n in item.split(","))
+               if n]
+    for name in checked:
+        if name not in known:
+            raise UsageError(unknown_service_error(name, known).args[0])
     return checked

@@ -181,8 +181,7 @@ def run(args: argparse.Namespace) -> int:
     from msgq.cli.services import check_services
     from msgq.schemas import SERVICE_LIST
 
-    services = check_services(args.services.split(",")) if args.services else \
-        list(SERVICE_LIST)
+    services = check_services([args.services]) if args.services else list(SERVICE_LIST)
     shm = backend_name() == "msgq"
     watcher = _Watcher(args.addr)
     once = args.once or args.json
