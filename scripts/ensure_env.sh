@@ -43,14 +43,16 @@ if [ ${#need_apt[@]} -gt 0 ] || [ "$need_java" -eq 1 ]; then
     for jre in openjdk-17-jre-headless openjdk-21-jre-headless openjdk-25-jre-headless; do
       if apt-cache show "$jre" >/dev/null 2>&1; then
         need_apt+=("$jre")
+        # slim images lack the man folder the JRE's alternatives link into
+        mkdir -p /usr/share/man/man1
         break
       fi
     done
-    # slim images lack the man folder the JRE's alternatives link into
-    mkdir -p /usr/share/man/man1
   fi
-  echo "installing system packages: ${need_apt[*]}" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
+  if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "installing system packages: ${need_apt[*]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
+  fi
   if [ "$need_java" -eq 1 ] && ! java_ok; then
     echo "no Java 17+ runtime could be installed from the apt sources;" \
       "Spark (msgq logstats, the Spark tests) will not run" >&2
