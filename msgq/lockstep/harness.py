@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -323,24 +323,25 @@ HARNESS_VARIABLES = ("MSGQ_PREFIX", "OPENPILOT_PREFIX", "CEREAL_FAKE", "CEREAL_F
                      "MSGQ_BACKEND", "ZMQ", CLOCK_ENV)
 
 
+def _apply(env: MutableMapping[str, str], changes: Mapping[str, str | None]) -> None:
+    """Sets the variables of ``changes`` in ``env``; a None value removes one."""
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+
+
 @contextmanager
 def _environment(changes: Mapping[str, str | None]) -> Iterator[None]:
     """Sets (None: unsets) variables of this process while sockets and handles of the
     run's namespace are made; the sockets keep their namespace afterwards."""
     saved = {name: os.environ.get(name) for name in changes}
     try:
-        for name, value in changes.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _apply(os.environ, changes)
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _apply(os.environ, saved)
 
 
 def _signal_name(code: int | None) -> str:
@@ -421,7 +422,8 @@ class LockstepProcess:
         else:
             raise TypeError("target must be a Python callable or a command (a non-empty "
                             f"list of strings), not {target!r}")
-        self.env = dict(env or {})
+        self.env = {name: None if value is None else str(value)
+                    for name, value in (env or {}).items()}
         self.step_timeout = float(step_timeout)
         self.startup_timeout = float(startup_timeout)
         self.shutdown_timeout = float(shutdown_timeout)
@@ -473,11 +475,7 @@ class LockstepProcess:
             env["SIMULATION"] = "1"
         elif self.simulation is False:
             env.pop("SIMULATION", None)
-        for name, value in self.env.items():
-            if value is None:
-                env.pop(name, None)
-            else:
-                env[name] = str(value)
+        _apply(env, self.env)
         env.pop("ZMQ", None)
         env.update({
             "MSGQ_PREFIX": self.namespace,
