@@ -147,12 +147,11 @@ def wall_time() -> float:
 
 
 def new_message(service: str | None = None, size: int | None = None, **kwargs: Any) -> Any:
-    """:func:`msgq.messaging.new_message` with ``logMonoTime`` taken from this clock, so
-    a service's outputs carry the replayed time under the harness (and are then
-    byte-identical from run to run)."""
+    """:func:`msgq.messaging.new_message`, importable from here: it takes its default
+    ``logMonoTime`` from this clock, so a service's outputs carry the replayed time under
+    the harness (and are then byte-identical from run to run)."""
     from msgq.messaging import new_message as make
 
-    kwargs.setdefault("logMonoTime", monotonic_ns())
     return make(service, size, **kwargs)
 
 

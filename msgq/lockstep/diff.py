@@ -19,9 +19,9 @@ every lane line). ``*`` matches any characters (``*.cumLagMs``). Reports show li
   explained field by field. Tolerances do not apply; ignore paths must be exact (no
   ``*``).
 
-``logMonoTime`` is ignored by default: ``msgq.messaging.new_message`` stamps it with the
-real clock, so it differs from run to run (a service that stamps with
-:func:`msgq.lockstep.clock.new_message` gets the replayed time there instead).
+``logMonoTime`` is ignored by default, for targets that stamp it from a clock of their own
+(``msgq.messaging.new_message`` takes the replayed time of :mod:`msgq.lockstep.clock`, so
+outputs made with it match there too).
 """
 
 from __future__ import annotations
