@@ -47,7 +47,8 @@ class PubSocket(metaclass=ABCMeta):
     def all_readers_updated(self) -> bool: ...
 
     @abstractmethod
-    def wait_for_readers(self, timeout: float | None = None) -> bool: ...
+    def wait_for_readers(self, timeout: float | None = None,
+                         poll_interval: float = 0.001) -> bool: ...
 
 
 class SubSocket(metaclass=ABCMeta):

@@ -551,8 +551,11 @@ class PubSocket:
         self._update_peers()
         return not self._joining()
 
-    def wait_for_readers(self, timeout: float | None = None) -> bool:
-        """Blocks until ``all_readers_updated()`` (True) or ``timeout`` seconds (False)."""
+    def wait_for_readers(self, timeout: float | None = None,
+                         poll_interval: float = 0.001) -> bool:
+        """Blocks until ``all_readers_updated()`` (True) or ``timeout`` seconds (False).
+        ``poll_interval`` is accepted for the protocol's sake: this wait sleeps on the
+        socket's events, not in steps."""
         self._check_connected()
         deadline = None if timeout is None else time.monotonic() + timeout
         return self._wait_for_joins(deadline)

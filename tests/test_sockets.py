@@ -221,3 +221,12 @@ def test_poller_over_more_sockets_than_one_kernel_wait(backend: str, endpoint: s
     assert poller.poll(0) == []
     pub.send(b"last one")
     assert poller.poll(2000) == [subs[-1]]
+
+
+def test_wait_for_readers_takes_the_same_arguments_on_every_backend(
+        backend: str, endpoint: str) -> None:
+    # the throughput demo passes poll_interval; the ZMQ backend used to refuse it
+    pub, sub = connect_pair(endpoint)
+    pub.send(b"x")  # type: ignore[attr-defined]
+    assert sub.receive() == b"x"  # type: ignore[attr-defined]
+    assert pub.wait_for_readers(timeout=5.0, poll_interval=0.0)  # type: ignore[attr-defined]
