@@ -523,13 +523,11 @@ class _SegmentRead:
         else:
             source = io.BytesIO(self.content)
             source.name = self.path  # names it in the reader's problems
-        # The LogReader's reading of one segment (framing, peek, damage), from a path or
-        # the bytes in memory; no path listing, no index. The services are filtered here,
-        # not by the LogReader: it would also skip the file by its index entry, which
-        # plan_segments trusts only for finished segments.
-        reader = LogReader([], skip_corrupt=True, schema=self.schema)
+        # The LogReader's reading of one segment (framing, peek, damage, the services
+        # filter), from a path or the bytes in memory; no path listing, no index.
+        reader = LogReader([], services=self.options.services, skip_corrupt=True,
+                           schema=self.schema)
         events = reader.segment_events(source)
-        wanted = None if self.options.services is None else frozenset(self.options.services)
         seen_corrupt = seen_truncated = 0
         while True:
             # Problems become rows here, not warnings (chunked: the filter costs µs).
@@ -538,8 +536,6 @@ class _SegmentRead:
                 warnings.simplefilter("ignore", CorruptLogWarning)
                 chunk = list(islice(events, _CHUNK_EVENTS))
             done = not chunk
-            if wanted is not None:
-                chunk = [e for e in chunk if e.service in wanted]
             while chunk:  # batches end at a message boundary past the size bounds
                 room = max(1, _BATCH_ROWS - len(self._offset))
                 self._add_events(chunk[:room])
