@@ -166,7 +166,9 @@ def _print(rows: list[dict[str, Any]], interval: float, show_all: bool) -> None:
                       "yes" if r["alive"] else "no",
                       "-" if r["publisher_pid"] is None else r["publisher_pid"]))
         colours.append(None if r["alive"] else "red")
-    prefix = os.environ.get("MSGQ_PREFIX") or os.environ.get("OPENPILOT_PREFIX") or "-"
+    from msgq.names import namespace_prefix
+
+    prefix = namespace_prefix() or "-"
     print(paint(f"msgq top — namespace {prefix}, {len(shown)} services with a publisher, "
                 f"{interval:g} s samples", "dim"))
     if table:
