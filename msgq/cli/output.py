@@ -1,6 +1,6 @@
 """How every ``msgq`` subcommand talks to people and scripts: exit codes, one-line errors,
 colour (only on a terminal, never with NO_COLOR), aligned tables, JSON and the short
-human forms of sizes and ages."""
+human forms of sizes (msgq.tables.human_bytes, re-exported) and ages."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from msgq.tables import format_table
+from msgq.tables import format_table, human_bytes
 
 __all__ = [
     "EXIT_OK",
@@ -109,20 +109,6 @@ def print_error(command: str, message: str) -> None:
     prog = f"msgq {command}" if command else "msgq"
     text = " ".join(str(message).split())  # one line, whatever the message held
     print(f"{prog}: {paint('error', 'red', sys.stderr)}: {text}", file=sys.stderr)
-
-
-def human_bytes(n: int | None) -> str:
-    """1536 -> '1.5 KiB'; None -> '-'."""
-    if n is None:
-        return "-"
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")
 
 
 def human_age(seconds: float | None) -> str:
