@@ -45,12 +45,10 @@ class Inbound:
                  services: list[str] | None = None, vision: bool = True) -> None:
         import zmq
 
-        from msgq.logs.framing import EventLayout
         from msgq.schemas import SERVICE_LIST, default_schema
 
         self._registry = SERVICE_LIST
-        self._schema = default_schema()
-        self._layout = EventLayout.of(self._schema)
+        self._layout = default_schema().layout
         self.last_error = ""
         self.counts: Counter[str] = Counter()
         self._stop = threading.Event()
@@ -125,24 +123,9 @@ class Inbound:
 
     def _is_event_of(self, data: bytes, service: str) -> bool:
         """True when ``data`` is exactly one well-framed Event of ``service`` (the check
-        the recorder makes before it writes a message): peeked from the root struct, or
-        decoded with pycapnp when the layout is one peek does not follow."""
-        from msgq.logs.framing import FramingError, message_length
-
-        try:
-            if message_length(data, 0) != len(data):
-                return False
-        except FramingError:
-            return False
-        peeked = self._layout.peek(data)
-        if peeked is not None:
-            return peeked[2] == service
-        from msgq.messaging import MessageDecodeError, decode_event
-
-        try:
-            return bool(decode_event(data, self._schema).which() == service)
-        except MessageDecodeError:
-            return False
+        the recorder and the log writer make: :meth:`EventLayout.identify`)."""
+        identity = self._layout.identify(data)
+        return identity is not None and identity[2] == service
 
     def _on_frame(self, parts: list[bytes]) -> None:
         try:
