@@ -54,7 +54,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from msgq.names import fnv1a_64
-from msgq.shm_backend import queue_dir, queue_file_mode, validate_endpoint
+from msgq.shm_backend import process_alive, queue_dir, queue_file_mode, validate_endpoint
 
 __all__ = [
     "Event",
@@ -218,18 +218,6 @@ def wait_for_one_event(events: Sequence[Event], timeout: float | None = -1) -> i
 
 
 # --- state files ---------------------------------------------------------------------
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 class _Names:
     """Where the files of one (prefix, identifier, endpoint) live."""
@@ -423,7 +411,7 @@ class _State:
                 if state.words[_W_MAGIC] == _MAGIC and state.words[_W_VERSION] == _VERSION:
                     generation = state.words[_W_GENERATION]
                     old_owner = state.owner_pid
-                    if not _pid_alive(old_owner):
+                    if not process_alive(old_owner):
                         for old in state._read_paths():
                             if old:
                                 _unlink_quiet(old)
@@ -618,7 +606,7 @@ class SocketEventGate:
         """True when the endpoint's events exist, are enabled and their owner lives."""
         state = self._view.current()
         return (state is not None and state.enabled and state.fifo_fds[RECV_READY] >= 0
-                and _pid_alive(state.owner_pid))
+                and process_alive(state.owner_pid))
 
     def pass_gate(self) -> None:
         """Signals ``recv_called`` and waits for ``recv_ready`` when enabled. Stops
@@ -689,7 +677,7 @@ def remove_stale_files(directory: str | None = None) -> list[str]:
             dead = _state_owner_dead(path)
         else:
             m = fifo.search(entry)
-            dead = m is not None and not _pid_alive(int(m.group(1)))
+            dead = m is not None and not process_alive(int(m.group(1)))
         if dead:
             try:
                 os.unlink(path)
@@ -711,4 +699,4 @@ def _state_owner_dead(path: str) -> bool:
     if len(raw) < 4 * (_W_OWNER + 1):
         return True
     pid = int.from_bytes(raw[4 * _W_OWNER : 4 * _W_OWNER + 4], sys.byteorder)
-    return pid >= 2**31 or not _pid_alive(pid)
+    return pid >= 2**31 or not process_alive(pid)

@@ -79,6 +79,7 @@ cdef extern from "src/msgq_ring.h" nogil:
 
 
 cdef extern from "src/queue_file.h" nogil:
+    const char *MSGQ_QUEUE_FILE_PREFIX
     enum msgq_role:
         MSGQ_ROLE_SUBSCRIBER
         MSGQ_ROLE_PUBLISHER
@@ -100,3 +101,4 @@ cdef extern from "src/queue_file.h" nogil:
 
 cdef extern from "src/os_wait.h" nogil:
     int64_t os_monotonic_ns()
+    int os_process_alive(int pid)

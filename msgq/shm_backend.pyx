@@ -29,6 +29,8 @@ MIN_SEGMENT_SIZE = MSGQ_MIN_SEGMENT_SIZE
 MAX_SEGMENT_SIZE = MSGQ_MAX_SEGMENT_SIZE
 READER_SLOTS = MSGQ_READER_SLOTS
 LAYOUT_VERSION = MSGQ_LAYOUT_VERSION
+#: Queue files are named QUEUE_FILE_PREFIX + endpoint in the queue folder.
+QUEUE_FILE_PREFIX = MSGQ_QUEUE_FILE_PREFIX.decode("ascii")
 
 # Longest time a blocking call stays in C without checking for Python signals, so that
 # Ctrl-C is answered promptly however long the timeout.
@@ -111,6 +113,12 @@ def namespace_prefix() -> str:
     """The namespace prefix (MSGQ_PREFIX, else OPENPILOT_PREFIX), or "" when unset."""
     cdef const char *p = msgq_namespace_prefix()
     return p.decode("utf-8", "replace") if p != NULL else ""
+
+
+def process_alive(int pid) -> bool:
+    """Whether process ``pid`` exists (kill(pid, 0); a process of another user counts as
+    alive; pid <= 0 never does): the liveness rule of reader slots and publishers."""
+    return pid > 0 and os_process_alive(pid) != 0
 
 
 def queue_file_mode() -> int:

@@ -27,8 +27,6 @@ from msgq.cli.output import (
     print_table,
 )
 
-QUEUE_FILE_PREFIX = "msgq_"
-
 DESCRIPTION = """\
 List every queue file in the shm folder of the current namespace (MSGQ_PREFIX, else
 OPENPILOT_PREFIX): its segment size, its publisher and whether that process is alive,
@@ -122,7 +120,7 @@ def _queue_folder() -> tuple[str, str]:
 
 def _queue_files(folder: str) -> list[tuple[str, str]]:
     """(endpoint, path) of every ``msgq_<endpoint>`` entry of folder, by endpoint."""
-    from msgq.shm_backend import validate_endpoint
+    from msgq.shm_backend import QUEUE_FILE_PREFIX, validate_endpoint
 
     try:
         names = os.listdir(folder)

@@ -827,16 +827,6 @@ _RUN_NAME = re.compile(r"(?:^|\.)lockstep-(\d+)-[0-9a-f]{12}$")
 _WORKDIR_NAME = re.compile(r"^msgq-lockstep-(\d+)-")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_runs(shm_dir: str | None = None, temp_dir: str | None = None) -> list[str]:
     """Removes what harnesses that died without closing left behind (a run's namespace
     folder in ``shm_dir``, default ``$MSGQ_SHM_DIR`` or ``/dev/shm``, and its temporary
@@ -853,8 +843,8 @@ def remove_stale_runs(shm_dir: str | None = None, temp_dir: str | None = None) -
         for name in names:
             match = pattern.search(name)
             path = os.path.join(folder, name)
-            if match and not _pid_alive(int(match.group(1))) and os.path.isdir(path) \
-                    and not os.path.islink(path):
+            owner_gone = match is not None and not shm_backend.process_alive(int(match.group(1)))
+            if owner_gone and os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed

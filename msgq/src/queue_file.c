@@ -15,7 +15,6 @@
 #include "msgq_errors.h"
 #include "os_wait.h"
 
-#define QUEUE_FILE_PREFIX "msgq_"
 /* Longest one call waits for another opener's lock before returning -EAGAIN. */
 #define LOCK_WAIT_NS 50000000LL
 /* Internal: the file was removed (by `msgq queues --clean`) between our open and our
@@ -76,7 +75,7 @@ int msgq_queue_path(const char *endpoint, char *out, size_t out_len) {
   char dir[MSGQ_MAX_PATH_LEN];
   int r = msgq_queue_dir(dir, sizeof dir);
   if (r < 0) return r;
-  int n = snprintf(out, out_len, "%s/" QUEUE_FILE_PREFIX "%s", dir, endpoint);
+  int n = snprintf(out, out_len, "%s/" MSGQ_QUEUE_FILE_PREFIX "%s", dir, endpoint);
   if (n < 0 || (size_t)n >= out_len) return -ENAMETOOLONG;
   return 0;
 }

@@ -30,6 +30,9 @@
 
 #include "msgq_ring.h"
 
+/* Queue files are named MSGQ_QUEUE_FILE_PREFIX + endpoint in the queue folder. */
+#define MSGQ_QUEUE_FILE_PREFIX "msgq_"
+
 #define MSGQ_MAX_NAME_LEN 100
 #define MSGQ_MAX_PATH_LEN 512
 
