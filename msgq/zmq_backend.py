@@ -749,6 +749,8 @@ class SubSocket:
         sock = self._check_connected()
         if self._stash is not None:
             msg, self._stash = self._stash, None
+            if self._conflate:  # a newer message may have come after the stashed one
+                return self._recv_one(sock) or msg
             return msg
         while True:
             msg = self._recv_one(sock)
@@ -832,8 +834,15 @@ class Poller:
             if deadline is not None:
                 slice_ms = min(slice_ms, max(0, int((deadline - time.monotonic()) * 1000)))
             ready = {id(sk) for sk, _ in self._poller.poll(slice_ms)}
-            if ready or stashed:
-                return [s for s in self._sockets
-                        if s._stash is not None or id(s._sock) in ready]
+            if ready:
+                # A readable socket may hold only messages receive() would drop (foreign
+                # or malformed): take its next valid one into the stash, so a socket is
+                # reported exactly when receive() has something to return.
+                for s in self._sockets:
+                    if s._stash is None and id(s._sock) in ready:
+                        s._stash = s._recv_one(s._sock)
+                stashed = [s for s in self._sockets if s._stash is not None]
+            if stashed:
+                return stashed
             if deadline is not None and time.monotonic() >= deadline:
                 return []

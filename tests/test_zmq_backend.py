@@ -373,6 +373,42 @@ def test_garbage_from_a_foreign_zmq_publisher(endpoint: str) -> None:
         foreign.close(0)
 
 
+def test_poller_does_not_report_a_message_that_will_be_dropped(endpoint: str) -> None:
+    ctx = zmq.Context.instance()
+    foreign = ctx.socket(zmq.XPUB)
+    foreign.setsockopt(zmq.LINGER, 0)
+    foreign.bind(f"tcp://127.0.0.1:{endpoint_port(endpoint)}")
+    try:
+        poller = msgq.Poller()
+        sub = msgq.sub_sock(endpoint, poller=poller, timeout=5000)
+        assert foreign.recv() == b"\x01"  # our subscription arrived
+        foreign.send_multipart([b"dropped", b"multi-part"])
+        wait_until(lambda: sub.has_data(), what="the foreign message")
+        assert poller.poll(200) == []  # nothing a receive would return
+        assert sub.dropped_messages == 1
+        foreign.send(b"kept")
+        assert poller.poll(5000) == [sub]
+        assert sub.receive(non_blocking=True) == b"kept"
+    finally:
+        foreign.close(0)
+
+
+def test_conflating_subscriber_after_poll_gets_the_newest(endpoint: str) -> None:
+    poller = msgq.Poller()
+    sub = msgq.sub_sock(endpoint, poller=poller, conflate=True, timeout=5000)
+    pub = msgq.pub_sock(endpoint)
+    deadline = time.monotonic() + 10
+    ready: list[object] = []
+    while not ready:  # until the subscription is up (ZMQ joins take a moment)
+        assert time.monotonic() < deadline, "subscriber never connected"
+        pub.send(b"old")
+        ready = poller.poll(50)
+    assert ready == [sub]  # the poll holds "old" for the receive
+    pub.send(b"new")
+    wait_until(lambda: sub._sock.poll(0, zmq.POLLIN), what="the newer message")
+    assert sub.receive(non_blocking=True) == b"new"
+
+
 def test_non_zmq_server_on_the_port_does_not_break_a_subscriber(endpoint: str) -> None:
     endpoint, server = hold_port(endpoint, "127.0.0.1", listening=True)
     stop = threading.Event()
