@@ -50,6 +50,9 @@ class PubSocket(metaclass=ABCMeta):
     def wait_for_readers(self, timeout: float | None = None,
                          poll_interval: float = 0.001) -> bool: ...
 
+    @abstractmethod
+    def close(self) -> None: ...
+
 
 class SubSocket(metaclass=ABCMeta):
     """One subscriber of an endpoint."""
@@ -76,6 +79,9 @@ class SubSocket(metaclass=ABCMeta):
 
     @abstractmethod
     def receive(self, non_blocking: bool = False) -> bytes | None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
 
 
 class Poller(metaclass=ABCMeta):

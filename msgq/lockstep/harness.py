@@ -804,9 +804,7 @@ class LockstepProcess:
             os.close(self._pidfd)
             self._pidfd = -1
         for sock in [*self._subs.values(), *self._pubs.values()]:
-            close = getattr(sock, "close", None)
-            if close is not None:
-                close()
+            sock.close()
         self._subs.clear()
         self._pubs.clear()
         self._called = self._ready = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -61,19 +60,10 @@ class PubMaster:
                                    dt: float = 0.05) -> bool:
         """Waits up to ``timeout`` seconds (checking every ``dt``) until every subscriber
         of ``service`` is up to date; returns whether they are."""
-        sock = self._socket(service)
-        deadline = time.monotonic() + timeout
-        while not sock.all_readers_updated():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            time.sleep(min(dt, remaining))
-        return True
+        return bool(self._socket(service).wait_for_readers(timeout, poll_interval=dt))
 
     def close(self) -> None:
         """Closes every publisher socket."""
         for sock in self.sock.values():
-            close = getattr(sock, "close", None)
-            if close is not None:
-                close()
+            sock.close()
         self.sock.clear()

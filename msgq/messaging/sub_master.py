@@ -255,9 +255,7 @@ class SubMaster:
     def close(self) -> None:
         """Closes every subscriber socket."""
         for sock in self.sock.values():
-            close = getattr(sock, "close", None)
-            if close is not None:
-                close()
+            sock.close()
 
 
 def _yes_no(flag: bool) -> str:
