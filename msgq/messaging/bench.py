@@ -25,6 +25,8 @@ from typing import Any
 
 from msgq.tables import format_table
 
+__all__ = ["SERVICES", "filled_message", "main", "run"]
+
 # 20 services of the registry a controller-style process subscribes to.
 SERVICES = (
     "gyroscope", "accelerometer", "magnetometer", "temperatureSensor", "gpsLocation",
@@ -35,7 +37,7 @@ SERVICES = (
 UPDATE_HZ = 100.0
 
 
-def _filled(service: str) -> Any:
+def filled_message(service: str) -> Any:
     """A realistic message of ``service`` (lists filled the way a live system fills them)."""
     from msgq.messaging import new_message
 
@@ -104,7 +106,7 @@ def run(ticks: int) -> list[tuple[str, ...]]:
         ("operation", "msgs/call", "bytes/call", "mean µs", "p50 µs", "p99 µs", "capnp share")]
     pm = PubMaster(SERVICES)
     sm = SubMaster(SERVICES, frequency=UPDATE_HZ)
-    payloads = {s: _filled(s).to_bytes() for s in SERVICES}
+    payloads = {s: filled_message(s).to_bytes() for s in SERVICES}
     periods = {s: max(1, round(UPDATE_HZ / SERVICE_LIST[s].frequency)) for s in SERVICES}
 
     def at_rates(tick: int) -> list[bytes]:
@@ -143,7 +145,7 @@ def run(ticks: int) -> list[tuple[str, ...]]:
                      f"{mean:.1f}", f"{p50:.1f}", f"{p99:.1f}", f"{share:.0%}"))
 
     for service in ("vehicleState", "modelOutput"):
-        msg = _filled(service)
+        msg = filled_message(service)
         size = len(msg.to_bytes())
         msg.clear_write_flag()
         samples = []

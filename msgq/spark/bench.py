@@ -36,10 +36,10 @@ def make_recording(folder: str, seconds: float, rotate_seconds: float) -> int:
     """Writes ``seconds`` of simulated time of the benchmark's services at their
     registry rates to ``folder``; returns the number of events written."""
     from msgq.logs import LogWriter
-    from msgq.messaging.bench import SERVICES, _filled
+    from msgq.messaging.bench import SERVICES, filled_message
     from msgq.schemas import SERVICE_LIST
 
-    builders = {s: _filled(s) for s in SERVICES}
+    builders = {s: filled_message(s) for s in SERVICES}
     periods = {s: int(1e9 / SERVICE_LIST[s].frequency) for s in SERVICES}
     start = 1_000_000_000
     due = dict.fromkeys(SERVICES, start)
