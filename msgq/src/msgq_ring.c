@@ -324,16 +324,19 @@ int msgq_publisher_all_readers_updated(const msgq_publisher *pub) {
   const msgq_header *h = pub->ring.header;
   uint64_t wp = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
   uint64_t mask = atomic_load_explicit(&h->active_readers, memory_order_acquire);
+  unsigned live = 0;
   for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++) {
     if (!(mask & (1ULL << i))) continue;
     const msgq_reader_slot *slot = &h->readers[i];
     int32_t pid = atomic_load_explicit(&slot->owner_pid, memory_order_relaxed);
     if (pid <= 0 || !os_process_alive(pid)) continue;
+    live++;
     uint32_t word = atomic_load_explicit(&slot->valid_word, memory_order_acquire);
     uint64_t rp = atomic_load_explicit(&slot->read_pointer, memory_order_acquire);
     if (!(word & 1u) || rp != wp) return 0;
   }
-  return 1;
+  /* Upstream's meaning: every reader, and at least one, has read everything. */
+  return live > 0;
 }
 
 /* --- Subscriber ------------------------------------------------------------------- */

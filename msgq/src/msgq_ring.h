@@ -192,7 +192,8 @@ int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload);
 int msgq_publisher_commit(msgq_publisher *pub);
 void msgq_publisher_abort(msgq_publisher *pub);
 
-/* 1 when every live, valid subscriber has read everything sent; 0 otherwise. */
+/* 1 when every live subscriber, and at least one, has read everything sent (upstream's
+ * meaning); 0 otherwise, including when no live subscriber is connected. */
 int msgq_publisher_all_readers_updated(const msgq_publisher *pub);
 /* Number of reader slots held by live processes. */
 int msgq_ring_live_readers(const msgq_ring *ring);

@@ -147,6 +147,8 @@ static void test_round_trip_and_empty_message(void) {
   CHECK(receive(&sub, buf, sizeof buf) == -1);
   CHECK(msgq_publisher_all_readers_updated(&pub) == 1);
   msgq_subscriber_release(&sub);
+  /* upstream's meaning: with no reader connected nobody has read anything */
+  CHECK(msgq_publisher_all_readers_updated(&pub) == 0);
   free_queue(&q);
 }
 
