@@ -21,7 +21,7 @@ from msgq.fake_events import (
     toggle_fake_events,
     wait_for_one_event,
 )
-from msgq.protocol import Context, Poller, PubSocket, SubSocket
+from msgq.protocol import Context, Poller, ProcessContext, PubSocket, SubSocket
 
 __all__ = [
     "BACKENDS",
@@ -51,8 +51,9 @@ __all__ = [
 #: Traversal limit that disables pycapnp's message traversal check (upstream constant).
 NO_TRAVERSAL_LIMIT = 2**64 - 1
 
-#: The process-wide context sockets made by pub_sock/sub_sock connect with.
-context = Context()
+#: The process-wide context sockets made by pub_sock/sub_sock connect with. It chooses no
+#: backend, so ``import msgq`` never fails on the environment.
+context = ProcessContext()
 
 
 def _registry_segment_size(endpoint: str | bytes, segment_size: int) -> int:

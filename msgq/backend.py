@@ -69,6 +69,11 @@ def select_backend(name: str | None = None) -> ModuleType:
     return module
 
 
+def loaded_backends() -> list[ModuleType]:
+    """The backend modules selected so far in this process."""
+    return list(_loaded.values())
+
+
 def with_fake_events(obj: Any) -> Any:
     """A new SubSocket or Poller, wrapped in fake events when ``CEREAL_FAKE`` is set
     (read now, so ``toggle_fake_events`` affects sockets created after it)."""

@@ -7,3 +7,12 @@ class IpcError(Exception):
 
 class MultiplePublishersError(IpcError):
     """Another publisher took over the endpoint; this publisher may no longer send."""
+
+
+def readers_timeout(endpoint: object, timeout: float, readers: int) -> TimeoutError:
+    """The TimeoutError of ``PubSocket.wait_for_readers`` (every backend words it so)."""
+    if readers == 0:
+        return TimeoutError(f"endpoint {endpoint!r}: subscriber did not connect within "
+                            f"{timeout:g} s")
+    return TimeoutError(f"endpoint {endpoint!r}: {readers} subscriber(s) connected but not "
+                        f"every one read everything within {timeout:g} s")

@@ -27,6 +27,21 @@ class Context(metaclass=ABCMeta):
     def term(self) -> None: ...
 
 
+class ProcessContext(Context):
+    """``msgq.context``, the context ``pub_sock``/``sub_sock`` connect with. It belongs to
+    no backend, so importing msgq chooses none (a bad ``MSGQ_BACKEND`` is reported when a
+    socket is created); each backend takes it to mean its own process-wide state."""
+
+    def term(self) -> None:
+        """Ends the process-wide state of every backend used so far."""
+        from msgq.backend import loaded_backends
+
+        for module in loaded_backends():
+            default = getattr(module, "default_context", None)
+            if default is not None:
+                default.term()
+
+
 class PubSocket(metaclass=ABCMeta):
     """The publisher of one endpoint."""
 
@@ -47,8 +62,14 @@ class PubSocket(metaclass=ABCMeta):
     def all_readers_updated(self) -> bool: ...
 
     @abstractmethod
-    def wait_for_readers(self, timeout: float | None = None,
-                         poll_interval: float = 0.001) -> bool: ...
+    def wait_until_read(self, timeout: float | None = None,
+                        poll_interval: float = 0.001) -> bool:
+        """Waits until ``all_readers_updated()`` (True) or ``timeout`` seconds (False)."""
+
+    @abstractmethod
+    def wait_for_readers(self, timeout: float = 1.0, interval: float = 0.001) -> None:
+        """Upstream's wait (seconds): returns once ``all_readers_updated()``, raises
+        TimeoutError after ``timeout``."""
 
     @abstractmethod
     def close(self) -> None: ...

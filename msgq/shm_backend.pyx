@@ -17,7 +17,7 @@ from msgq.ring cimport *
 
 import os
 
-from msgq.errors import IpcError, MultiplePublishersError
+from msgq.errors import IpcError, MultiplePublishersError, readers_timeout
 
 cdef extern from "Python.h":
     object PyMemoryView_FromMemory(char *mem, Py_ssize_t size, int flags)
@@ -452,12 +452,14 @@ cdef class PubSocket:
         return res
 
     def all_readers_updated(self) -> bool:
-        """True when every live subscriber has read everything sent so far."""
+        """True when every live subscriber, and at least one, has read everything sent so
+        far (upstream's meaning: False while no subscriber is connected)."""
         self._check_connected()
         return msgq_publisher_all_readers_updated(&self.pub) == 1
 
-    def wait_for_readers(self, timeout=None, double poll_interval=0.001) -> bool:
-        """Blocks until ``all_readers_updated()`` (True) or ``timeout`` seconds (False)."""
+    def wait_until_read(self, timeout=None, double poll_interval=0.001) -> bool:
+        """Blocks until ``all_readers_updated()`` (True) or until ``timeout`` seconds
+        passed (False); ``timeout`` None waits forever. ``poll_interval`` in seconds."""
         import time
         self._check_connected()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -466,6 +468,14 @@ cdef class PubSocket:
                 return False
             time.sleep(poll_interval)
         return True
+
+    def wait_for_readers(self, double timeout=1.0, double interval=0.001) -> None:
+        """Upstream's wait: returns once at least one subscriber is connected and every
+        subscriber has read everything; raises TimeoutError after ``timeout`` seconds.
+        ``interval``: seconds between checks. :meth:`wait_until_read` returns a bool
+        instead."""
+        if not self.wait_until_read(timeout, interval):
+            raise readers_timeout(self.endpoint, timeout, self.num_readers)
 
     @property
     def num_readers(self) -> int:

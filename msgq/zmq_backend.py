@@ -16,9 +16,10 @@ Behaviour that differs from the shared-memory backend, by nature of ZMQ:
   but not yet heard from, so a message sent after ``sub_sock()`` returned reaches that
   subscriber. A subscriber that connects after a send does not get that message.
 * ``all_readers_updated()`` cannot know what subscribers have *read* (ZMQ has no read
-  acknowledgements). Here it means: every connection the publisher has accepted has
-  subscribed, so a message sent now goes to every connected subscriber.
-  ``wait_for_readers`` waits for that; ``num_readers`` counts subscribed connections.
+  acknowledgements). Here it means: at least one subscriber is connected and every
+  connection the publisher has accepted has subscribed, so a message sent now goes to
+  every connected subscriber. ``wait_for_readers`` / ``wait_until_read`` wait for that;
+  ``num_readers`` counts subscribed connections.
 * Queues are bounded by message count, not bytes: ``sndhwm`` messages per subscriber on
   the publisher side and ``rcvhwm`` on the subscriber side; past them messages to that
   subscriber are dropped, so a stalled or dead subscriber never grows the publisher's
@@ -68,7 +69,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
         "the zmq backend needs pyzmq: pip install pyzmq (or choose MSGQ_BACKEND=msgq)"
     ) from e
 
-from msgq.errors import IpcError, MultiplePublishersError
+from msgq.errors import IpcError, MultiplePublishersError, readers_timeout
 from msgq.names import fnv1a_64, namespace_prefix
 from msgq.shm_backend import MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, validate_endpoint
 
@@ -265,7 +266,7 @@ def _register_exit_flush() -> None:
     multiprocessing.util.Finalize(None, _flush_at_exit, exitpriority=10)
 
 
-_default_context = Context()
+default_context = Context()
 
 
 def _new_socket(
@@ -298,11 +299,11 @@ def _usable(sock: zmq.Socket | None, pid: int, endpoint: Any, role: str) -> zmq.
 
 
 def _zmq_context(context: Any) -> zmq.Context:
-    # msgq.context may belong to another backend (it is made at import); any non-ZMQ
-    # context means "this process's default ZMQ context".
+    # msgq.context (a ProcessContext) or another backend's context means "this process's
+    # default ZMQ context".
     if isinstance(context, Context):
         return context.zmq_context
-    return _default_context.zmq_context
+    return default_context.zmq_context
 
 
 def _slice_ms(deadline: float | None) -> int:
@@ -487,8 +488,9 @@ class PubSocket:
     def _joining(self) -> bool:
         return self._connections > self._subscriptions
 
-    def _wait_for_joins(self, deadline: float | None) -> bool:
-        """Waits until every accepted connection subscribed, or the deadline."""
+    def _wait_for_joins(self, deadline: float | None, at_least_one: bool = False) -> bool:
+        """Waits until every accepted connection subscribed (and, with ``at_least_one``,
+        one did), or the deadline."""
         sock, monitor = self._sock, self._monitor
         assert sock is not None and monitor is not None
         poller = zmq.Poller()
@@ -496,7 +498,7 @@ class PubSocket:
         poller.register(monitor, zmq.POLLIN)
         while True:
             self._update_peers()
-            if not self._joining():
+            if self._ready() if at_least_one else not self._joining():
                 return True
             slice_ms = _slice_ms(deadline)
             if not slice_ms:
@@ -544,21 +546,30 @@ class PubSocket:
         return n
 
     def all_readers_updated(self) -> bool:
-        """True when every connection this publisher accepted has subscribed (a message
-        sent now reaches every connected subscriber). ZMQ cannot report what subscribers
-        have read."""
+        """True when at least one subscriber is connected and every connection this
+        publisher accepted has subscribed (a message sent now reaches every connected
+        subscriber). ZMQ cannot report what subscribers have read."""
         self._check_connected()
         self._update_peers()
-        return not self._joining()
+        return self._ready()
 
-    def wait_for_readers(self, timeout: float | None = None,
-                         poll_interval: float = 0.001) -> bool:
-        """Blocks until ``all_readers_updated()`` (True) or ``timeout`` seconds (False).
-        ``poll_interval`` is accepted for the protocol's sake: this wait sleeps on the
-        socket's events, not in steps."""
+    def _ready(self) -> bool:
+        return self._subscriptions > 0 and not self._joining()
+
+    def wait_until_read(self, timeout: float | None = None,
+                        poll_interval: float = 0.001) -> bool:
+        """Blocks until ``all_readers_updated()`` (True) or ``timeout`` seconds (False;
+        None waits forever). ``poll_interval`` is accepted for the protocol's sake: this
+        wait sleeps on the socket's events, not in steps."""
         self._check_connected()
         deadline = None if timeout is None else time.monotonic() + timeout
-        return self._wait_for_joins(deadline)
+        return self._wait_for_joins(deadline, at_least_one=True)
+
+    def wait_for_readers(self, timeout: float = 1.0, interval: float = 0.001) -> None:
+        """Upstream's wait (seconds): returns once ``all_readers_updated()``, raises
+        TimeoutError after ``timeout``."""
+        if not self.wait_until_read(timeout, interval):
+            raise readers_timeout(self.endpoint, timeout, self._readers)
 
     @property
     def num_readers(self) -> int:

@@ -344,14 +344,23 @@ def test_publisher_restart_keeps_subscribers(endpoint: str) -> None:
 
 def test_readers_updated(endpoint: str) -> None:
     pub = msgq.pub_sock(endpoint)
-    assert pub.all_readers_updated() and pub.num_readers == 0
+    # upstream's meaning: every reader, and at least one, has read everything
+    assert not pub.all_readers_updated() and pub.num_readers == 0
+    assert pub.wait_until_read(timeout=0.01) is False
+    with pytest.raises(TimeoutError, match="did not connect"):
+        pub.wait_for_readers(timeout=0.01)
     sub = msgq.sub_sock(endpoint)
-    assert pub.num_readers == 1
+    assert pub.num_readers == 1 and pub.all_readers_updated()
     pub.send(b"x")
     assert not pub.all_readers_updated()
-    assert not pub.wait_for_readers(timeout=0.01)
+    assert not pub.wait_until_read(timeout=0.01)
+    with pytest.raises(TimeoutError, match="not every one read"):
+        pub.wait_for_readers(timeout=0.01)
     sub.receive()
-    assert pub.all_readers_updated() and pub.wait_for_readers(timeout=0.01)
+    assert pub.all_readers_updated() and pub.wait_until_read(timeout=0.01)
+    assert pub.wait_for_readers() is None
+    sub.close()
+    assert not pub.all_readers_updated()
 
 
 def test_reader_slots_are_bounded_and_reused(endpoint: str) -> None:

@@ -229,4 +229,15 @@ def test_wait_for_readers_takes_the_same_arguments_on_every_backend(
     pub, sub = connect_pair(endpoint)
     pub.send(b"x")  # type: ignore[attr-defined]
     assert sub.receive() == b"x"  # type: ignore[attr-defined]
-    assert pub.wait_for_readers(timeout=5.0, poll_interval=0.0)  # type: ignore[attr-defined]
+    assert pub.wait_until_read(timeout=5.0, poll_interval=0.0)  # type: ignore[attr-defined]
+    # upstream's form: None when done, TimeoutError otherwise
+    assert pub.wait_for_readers(timeout=5.0, interval=0.001) is None  # type: ignore[attr-defined]
+
+
+def test_wait_for_readers_without_subscriber_times_out(backend: str, endpoint: str) -> None:
+    # upstream's test_poll_once relies on this: no subscriber means 'not updated'
+    pub = msgq.pub_sock(endpoint)
+    assert pub.all_readers_updated() is False  # type: ignore[attr-defined]
+    assert pub.wait_until_read(timeout=0.05) is False  # type: ignore[attr-defined]
+    with pytest.raises(TimeoutError, match="did not connect"):
+        pub.wait_for_readers(timeout=0.05)  # type: ignore[attr-defined]

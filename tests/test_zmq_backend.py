@@ -49,7 +49,7 @@ def subscribed_pair(endpoint: str, **sub_kwargs: object) -> tuple[object, object
     """A publisher, then a subscriber that the publisher has seen subscribe."""
     pub = msgq.pub_sock(endpoint)
     sub = msgq.sub_sock(endpoint, **sub_kwargs)  # type: ignore[arg-type]
-    assert pub.wait_for_readers(10)
+    assert pub.wait_until_read(10)
     return pub, sub
 
 
@@ -128,7 +128,7 @@ def test_stalled_subscriber_does_not_block_the_publisher(endpoint: str) -> None:
     pub.connect(msgq.context, endpoint)
     sub = msgq.SubSocket(rcvhwm=10)
     sub.connect(msgq.context, endpoint)
-    assert pub.wait_for_readers(10)
+    assert pub.wait_until_read(10)
     payload = b"x" * 4096
     for _ in range(20000):  # far beyond both high-water marks and the socket buffers
         pub.send(payload)
@@ -168,7 +168,7 @@ def test_forked_child_makes_its_own_context(endpoint: str) -> None:
     child.start()
     try:
         assert ready.wait(20)
-        assert pub.wait_for_readers(10)
+        assert pub.wait_until_read(10)
         for i in range(3):
             pub.send(b"%d" % i)
         assert result.get(timeout=20) == [b"0", b"1", b"2"]
@@ -197,7 +197,7 @@ def test_subscriber_in_another_process_connects_by_address(endpoint: str, addres
     child.start()
     try:
         assert ready.wait(30), "child never subscribed"
-        assert pub.wait_for_readers(10)
+        assert pub.wait_until_read(10)
         msgs = [random.Random(i).randbytes(100 * i) for i in range(50)]
         for m in msgs:
             pub.send(m)
@@ -219,7 +219,7 @@ def test_binding_one_address_leaves_the_others_free(endpoint: str) -> None:
         msgq.pub_sock(endpoint)
     sub2 = msgq.sub_sock(endpoint, addr="127.0.0.2", timeout=5000)
     sub3 = msgq.sub_sock(endpoint, addr="127.0.0.3", timeout=5000)
-    assert pub2.wait_for_readers(10) and pub3.wait_for_readers(10)
+    assert pub2.wait_until_read(10) and pub3.wait_until_read(10)
     pub2.send(b"from .2")
     pub3.send(b"from .3")
     assert sub2.receive() == b"from .2"
@@ -233,7 +233,7 @@ def test_bind_address_from_the_environment(monkeypatch: pytest.MonkeyPatch,
     pub = msgq.pub_sock(endpoint)
     assert pub.bind_address == "127.0.0.2"
     sub = msgq.sub_sock(endpoint, addr="127.0.0.2", timeout=5000)
-    assert pub.wait_for_readers(10)
+    assert pub.wait_until_read(10)
     pub.send(b"hi")
     assert sub.receive() == b"hi"
 
@@ -338,7 +338,7 @@ def test_names_sharing_a_port_never_mix_messages(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(msgq.MultiplePublishersError):
         msgq.pub_sock(endpoint + "_y")
     sub_y = msgq.sub_sock(endpoint + "_y")
-    assert pub_x.wait_for_readers(10)
+    assert pub_x.wait_until_read(10)
     pub_x.send(b"for x only")
 
     def dropped() -> bool:
@@ -508,7 +508,7 @@ def test_context_term_does_not_hang_with_a_stalled_subscriber(endpoint: str) -> 
     pub.connect(context, endpoint)
     sub = msgq.SubSocket(rcvhwm=1)
     sub.connect(context, endpoint)
-    assert pub.wait_for_readers(10)
+    assert pub.wait_until_read(10)
     for _ in range(5000):
         pub.send(b"y" * 4096)
     context.term()  # bounded by the linger, whatever is still queued
@@ -518,7 +518,7 @@ def test_context_term_does_not_hang_with_a_stalled_subscriber(endpoint: str) -> 
 
 # --- Ctrl-C --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("call", ["receive", "poll", "wait_for_readers"])
+@pytest.mark.parametrize("call", ["receive", "poll", "wait_until_read"])
 def test_blocking_calls_are_interruptible(endpoint: str, call: str) -> None:
     pub = msgq.pub_sock(endpoint + "_pub")
     sub = msgq.sub_sock(endpoint)
@@ -538,7 +538,7 @@ def test_blocking_calls_are_interruptible(endpoint: str, call: str) -> None:
             elif call == "poll":
                 poller.poll(-1)
             else:
-                pub.wait_for_readers()
+                pub.wait_until_read()
     finally:
         timer.cancel()
         blocker.close()

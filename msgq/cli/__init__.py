@@ -31,6 +31,7 @@ from msgq.cli.output import (
     UsageError,
     print_error,
 )
+from msgq.backend import backend_name
 from msgq.errors import IpcError
 
 __all__ = ["COMMANDS", "CommandParser", "build_parser", "main"]
@@ -165,6 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     if args.command is None:
         parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        backend_name()  # a bad MSGQ_BACKEND is a usage error, said once, before any work
+    except ValueError as e:
+        print_error(args.command, str(e))
         return EXIT_USAGE
     try:
         code = int(args._run(args))

@@ -100,11 +100,11 @@ def run_publisher(endpoint: str, size: int, seconds: float, rate: float, go, res
             # Full speed, but never lap the slowest subscriber: after half a ring of
             # messages, wait for the readers, so the demo shows throughput without losses.
             if seq % window == window - 1:
-                pub.wait_for_readers(timeout=1.0, poll_interval=0.0)
+                pub.wait_until_read(timeout=1.0, poll_interval=0.0)
         pub.send(HEADER.pack(seq, crc) + body)
         seq += 1
     elapsed = time.perf_counter() - start
-    pub.wait_for_readers(timeout=5.0)
+    pub.wait_until_read(timeout=5.0)
     pub.send(END)
     results.put(("publisher", seq, elapsed))
 

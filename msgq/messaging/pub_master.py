@@ -60,7 +60,7 @@ class PubMaster:
                                    dt: float = 0.05) -> bool:
         """Waits up to ``timeout`` seconds (checking every ``dt``) until every subscriber
         of ``service`` is up to date; returns whether they are."""
-        return bool(self._socket(service).wait_for_readers(timeout, poll_interval=dt))
+        return bool(self._socket(service).wait_until_read(timeout, poll_interval=dt))
 
     def close(self) -> None:
         """Closes every publisher socket."""
