@@ -79,6 +79,7 @@ class SubMaster:
         self.ignore_alive = list(ignore_alive or [])
         self.ignore_average_freq = list(ignore_avg_freq or [])
         self.ignore_valid = list(ignore_valid or [])
+        self._ignore_freq = set(self.ignore_alive) | set(self.ignore_average_freq)
         self.simulation = os.environ.get("SIMULATION", "0") not in ("", "0")
 
         if poll is not None:
@@ -224,8 +225,10 @@ class SubMaster:
         return self._all(self.alive, self.ignore_alive, service_list)
 
     def all_freq_ok(self, service_list: Iterable[str] | None = None) -> bool:
-        """Whether every service not in ignore_avg_freq arrives at its expected rate."""
-        return self._all(self.freq_ok, self.ignore_average_freq, service_list)
+        """Whether every service arrives at its expected rate, leaving out ignore_alive
+        services (as cereal does: a service that need not be alive need not keep its rate)
+        and ignore_avg_freq services."""
+        return self._all(self.freq_ok, self._ignore_freq, service_list)
 
     def all_valid(self, service_list: Iterable[str] | None = None) -> bool:
         """Whether every service not in ignore_valid sent valid=True last."""
