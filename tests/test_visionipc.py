@@ -164,15 +164,58 @@ def test_buffer_records_recycling(server: VisionIpcServer) -> None:
     assert not buf.is_current() and buf.frame_id == FRAME_ID_WRITING
     server.send(0, writing, frame_id=4)
     assert not buf.is_current() and buf.frame_id == 4
-    # The client lagged a whole ring: the frame of the refilled buffer is skipped, not
-    # returned with the wrong content.
     assert [recv_frame(client).frame_id for _ in range(3)] == [2, 3, 4]
-    assert client.skipped_frames == 0
+    assert client.recycled_frames == 0
     for frame_id in range(5, 12):
         server.send(0, frame, frame_id=frame_id)
-    got = [recv_frame(client).frame_id for _ in range(3)]
-    assert got == [9, 10, 11] and client.skipped_frames == 4
+    # The client lagged a whole pool: as upstream, every announced frame is returned with
+    # the frame id announced for it, and is_current() tells which buffers were refilled.
+    got = []
+    for _ in range(7):
+        buf = recv_frame(client)
+        got.append((client.frame_id, buf.is_current()))
+    assert got == [(5, False), (6, False), (7, False), (8, False),
+                   (9, True), (10, True), (11, True)]
+    assert client.recycled_frames == 4 and client.skipped_frames == 0
     assert client.recv(0) is None
+
+
+def test_skip_recycled_skips_refilled_buffers(server: VisionIpcServer) -> None:
+    server.create_buffers(0, 3, 16, 8)
+    server.start_listener()
+    client = VisionIpcClient(NAME, 0, False, skip_recycled=True)
+    assert client.connect(True)
+    frame = np.zeros(16 * 8 * 3 // 2, dtype=np.uint8)
+    for frame_id in range(1, 8):
+        server.send(0, frame, frame_id=frame_id)
+    got = [recv_frame(client).frame_id for _ in range(3)]
+    assert got == [5, 6, 7] and client.skipped_frames == 4 and client.recycled_frames == 0
+    assert client.recv(0) is None
+    client.close()
+
+
+def test_frame_id_is_the_one_announced_for_each_receive(server: VisionIpcServer) -> None:
+    # upstream's test_no_conflate: one buffer, two sends, two receives
+    server.create_buffers(0, 1, 16, 8)
+    server.start_listener()
+    client = connected_client(0)
+    frame = bytearray(client.buffer_len)
+    server.send(0, frame, frame_id=1)
+    server.send(0, frame, frame_id=2)
+    buf = client.recv()
+    assert buf is not None and client.frame_id == 1 and not buf.is_current()
+    buf = client.recv()
+    assert buf is not None and client.frame_id == 2 and buf.is_current()
+    assert client.recv(0) is None
+
+
+def test_available_streams_is_a_static_method_too(server: VisionIpcServer) -> None:
+    server.create_buffers(3, 1, 16, 8)
+    server.create_buffers(9, 1, 16, 8)
+    server.start_listener()
+    assert VisionIpcClient.available_streams(NAME, False) == {3, 9}
+    assert VisionIpcClient.available_streams(NAME, block=True) == available_streams(NAME)
+    assert VisionIpcClient.available_streams(NAME + "_none", False) == set()
 
 
 def test_conflate_and_non_conflate_side_by_side(server: VisionIpcServer) -> None:
@@ -387,6 +430,8 @@ def test_garbage_packets_are_skipped_and_counted() -> None:
     first.start_listener()
     client = connected_client(0)
     sid = first.server_id
+    first.send(0, np.zeros(16 * 8 * 3 // 2, dtype=np.uint8), frame_id=1)  # buffer 0: seq 1
+    assert recv_frame(client) is not None
     # Another process on the endpoint writes everything but valid packets.
     rogue = msgq.pub_sock(get_endpoint_name(NAME, 0))
     good = pack_frame_packet(sid, 1, 0, 0, 0, 0, True)
@@ -398,7 +443,7 @@ def test_garbage_packets_are_skipped_and_counted() -> None:
         b"XXXX" + good[4:],
         good[:4] + b"\x02\x00" + good[6:],  # other version
         good[:6] + b"\x02\x00" + good[8:],  # unknown flag
-        pack_frame_packet(sid, 1, 2, 0, 0, 0, True),  # no buffer 2
+        pack_frame_packet(sid, 2, 2, 0, 0, 0, True),  # no buffer 2
         pack_frame_packet(0, 1, 0, 0, 0, 0, True),  # server id 0
         pack_frame_packet(sid, 0, 0, 0, 0, 0, True),  # sequence 0
         os.urandom(48),
@@ -409,7 +454,7 @@ def test_garbage_packets_are_skipped_and_counted() -> None:
     for _ in range(3):
         rogue.send(pack_frame_packet(12345, 1, 0, 0, 0, 0, True))  # no such server
     assert client.recv(50) is None
-    assert client.bad_packets == len(garbage) and client.skipped_frames == 1
+    assert client.bad_packets == len(garbage) + 1 and client.recycled_frames == 0
     assert client.stale_packets == 3 and client.server_id == sid
     rogue.close()
     first.close()

@@ -11,10 +11,18 @@ are released) and goes on. Packets of an instance known to be gone are skipped. 
 client outlives any number of server restarts without being told, and ``recv`` keeps
 returning frames; a geometry change on restart shows in the client's properties.
 
+Recycled buffers: as upstream, ``recv`` returns the buffer a packet names and sets
+``frame_id`` (and the timestamps) to what that packet announced, even when the server has
+already refilled the buffer with a later frame (a client that fell behind a small pool).
+``VisionBuf.is_current()`` is the way to tell: False when the buffer no longer holds the
+frame this receive announced (counted in ``recycled_frames``). ``skip_recycled=True``
+makes ``recv`` skip such frames instead (counted in ``skipped_frames``).
+
 Bad input never raises from ``recv``: a packet that is not well formed, names a buffer that
-does not exist, or names a buffer the server has already refilled is skipped and counted
-(``bad_packets``, ``stale_packets``, ``skipped_frames``); a failed handshake after a
-restart is kept in ``last_error`` and retried on a later packet.
+does not exist or a frame its buffer never held, or comes from a server instance that is
+gone is skipped and counted
+(``bad_packets``, ``stale_packets``); a failed handshake after a restart is kept in
+``last_error`` and retried on a later packet.
 """
 
 from __future__ import annotations
@@ -102,7 +110,10 @@ class VisionIpcClient:
 
     Properties: the geometry (``width``, ``height``, ``stride``, ``uv_offset``,
     ``buffer_len``, ``num_buffers``; None until connected) and the last received frame's
-    ``frame_id``, ``timestamp_sof``, ``timestamp_eof`` and ``valid``.
+    ``frame_id``, ``timestamp_sof``, ``timestamp_eof`` and ``valid`` (as announced for that
+    receive; ``VisionBuf.is_current()`` tells whether the buffer still holds that frame).
+    ``skip_recycled``: skip frames whose buffer was refilled before they were received
+    instead of returning them. ``handshake_timeout_s``: seconds one handshake may take.
     """
 
     def __init__(
@@ -111,11 +122,13 @@ class VisionIpcClient:
         stream: int,
         conflate: bool = False,
         *,
+        skip_recycled: bool = False,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
     ) -> None:
         self.name = validate_name(name)
         self.stream = validate_stream(stream)
         self.conflate = bool(conflate)
+        self.skip_recycled = bool(skip_recycled)
         self.handshake_timeout_s = float(handshake_timeout_s)
         self._res = _ClientResources()
         self._finalizer = weakref.finalize(self, self._res.close)
@@ -132,7 +145,9 @@ class VisionIpcClient:
         self.bad_packets = 0
         #: Packets of a server instance that is gone (or not reachable yet).
         self.stale_packets = 0
-        #: Frames whose buffer the server had refilled before this client got to them.
+        #: Frames returned whose buffer the server had already refilled (is_current False).
+        self.recycled_frames = 0
+        #: Frames skipped (``skip_recycled``) because their buffer had been refilled.
         self.skipped_frames = 0
         #: Handshakes with a new server instance after the first connect.
         self.reconnects = 0
@@ -176,6 +191,12 @@ class VisionIpcClient:
         if old_id and old_id != reply.server_id:
             self.reconnects += 1
             self._dead_servers.append(old_id)
+
+    @staticmethod
+    def available_streams(name: str, block: bool = False) -> set[int]:
+        """The stream ids server ``name`` has buffers for (upstream's static method; the
+        module function :func:`available_streams` is the same)."""
+        return available_streams(name, block)
 
     def is_connected(self) -> bool:
         """True once the client holds a server's buffers."""
@@ -244,9 +265,16 @@ class VisionIpcClient:
                 self.bad_packets += 1
                 continue
             buf = buffers[packet.buffer_index]
-            if buf.sequence != packet.sequence:
-                self.skipped_frames += 1
-                continue
+            held = buf.sequence  # 0 while the server refills the buffer
+            if held != packet.sequence:
+                if held != 0 and held < packet.sequence:
+                    # a frame the buffer never held: the server fills before it announces
+                    self.bad_packets += 1
+                    continue
+                if self.skip_recycled:
+                    self.skipped_frames += 1
+                    continue
+                self.recycled_frames += 1
             buf._recv_sequence = packet.sequence
             self.frame_id = packet.frame_id
             self.timestamp_sof = packet.timestamp_sof
