@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
+from msgq.backend import backend_name
 from msgq.cli.output import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILURE,
@@ -31,7 +32,6 @@ from msgq.cli.output import (
     UsageError,
     print_error,
 )
-from msgq.backend import backend_name
 from msgq.errors import IpcError
 
 __all__ = ["COMMANDS", "CommandParser", "build_parser", "main"]
