@@ -59,6 +59,11 @@ class PubSocket(metaclass=ABCMeta):
     def send(self, data: Any) -> int: ...
 
     @abstractmethod
+    def reserve(self, size: int) -> Any:
+        """Room for one message of ``size`` bytes, written in place and published when
+        committed: ``with pub.reserve(n) as buf: buf[:n] = ...``."""
+
+    @abstractmethod
     def all_readers_updated(self) -> bool: ...
 
     @abstractmethod
@@ -100,6 +105,11 @@ class SubSocket(metaclass=ABCMeta):
 
     @abstractmethod
     def receive(self, non_blocking: bool = False) -> bytes | None: ...
+
+    @abstractmethod
+    def receive_into(self, buffer: Any, non_blocking: bool = False) -> int | None:
+        """Copies the next message into ``buffer`` and returns its size (None as
+        ``receive``); a buffer too small raises ValueError and keeps the message."""
 
     @abstractmethod
     def close(self) -> None: ...

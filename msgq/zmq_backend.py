@@ -377,6 +377,47 @@ def _port_holder(host: str, port: int) -> str:
     return "other"
 
 
+class Reservation:
+    """Room for one message, written by the caller and sent when committed: the same use
+    as the shared-memory backend's (``with pub.reserve(n) as buf: buf[:] = ...``; leaving
+    the block sends, an exception abandons). Here the room is a buffer of this process, and
+    ZMQ sends it without another copy (``copy=False``)."""
+
+    def __init__(self, pub: PubSocket, size: int) -> None:
+        self._pub = pub
+        self._buffer = bytearray(size)
+        self._view = memoryview(self._buffer)
+        self._done = False
+
+    def __enter__(self) -> memoryview:
+        return self._view
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+        return False
+
+    def commit(self) -> None:
+        """Sends the message written into the reserved buffer."""
+        if self._done:
+            raise RuntimeError("reservation already committed or aborted (was the socket "
+                               "closed or reconnected?)")
+        self._finish()
+        self._pub._send(self._buffer, copy=False)
+
+    def abort(self) -> None:
+        """Drops the reservation; subscribers never see it."""
+        if not self._done:
+            self._finish()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._view.release()
+        self._pub._reservation = None
+
+
 class PubSocket:
     """The publisher of one endpoint: an XPUB socket bound on the endpoint's port.
 
@@ -406,6 +447,7 @@ class PubSocket:
         self._readers = 0
         self._last_accept = float("-inf")
         self._next_peer_check = 0.0
+        self._reservation: Reservation | None = None
 
     def connect(self, context: Any, endpoint: str, segment_size: int = 0) -> None:
         """Binds the endpoint's port and becomes its publisher.
@@ -510,7 +552,7 @@ class PubSocket:
         number of bytes sent. Never blocks on slow subscribers (past ``sndhwm`` their
         copy is dropped); may wait up to ``join_wait_ms`` for a just-accepted subscriber's
         subscription."""
-        sock = self._check_connected()
+        self._check_connected()
         if isinstance(data, str):
             raise TypeError("send() takes bytes-like data, not str; encode it first")
         if type(data) is bytes:
@@ -524,6 +566,24 @@ class PubSocket:
             if not view.contiguous:
                 raise TypeError("send() needs a contiguous bytes-like object")
             n = view.nbytes
+        self._send(data)
+        return n
+
+    def reserve(self, size: int) -> Reservation:
+        """Room for a message of ``size`` bytes, written in place and sent at commit:
+        ``with pub.reserve(n) as buf: buf[:n] = ...`` (as on the shared-memory backend)."""
+        self._check_connected()
+        if self._reservation is not None:
+            raise RuntimeError("a reservation is already open on this socket")
+        if not isinstance(size, int):
+            raise TypeError(f"size must be an int, not {type(size).__name__}")
+        if size < 0:
+            raise ValueError("size must be >= 0")
+        self._reservation = Reservation(self, size)
+        return self._reservation
+
+    def _send(self, data: Any, copy: bool = True) -> None:
+        sock = self._check_connected()
         # Reading peer events costs ~2 us per getsockopt(EVENTS), 5x a small send: do it
         # at most once per PEER_CHECK_INTERVAL_S. libzmq itself only processes incoming
         # subscriptions about once a millisecond while sending, so a subscriber joining a
@@ -538,12 +598,11 @@ class PubSocket:
                 if now < deadline:
                     self._wait_for_joins(deadline)
         try:
-            sock.send(data, zmq.NOBLOCK, copy=True)
+            sock.send(data, zmq.NOBLOCK, copy=copy)
         except zmq.Again:
             pass  # XPUB drops at the high-water mark instead of blocking; so do we
         except zmq.ZMQError as e:
             raise IpcError(f"endpoint {self.endpoint!r}: send failed: {e.strerror}") from None
-        return n
 
     def all_readers_updated(self) -> bool:
         """True when at least one subscriber is connected and every connection this
@@ -582,6 +641,8 @@ class PubSocket:
         """Closes the publisher. Messages already sent still go out (for at most
         ``linger`` ms); a new publisher of the endpoint in this process can bind at once
         (it waits for ZMQ to release the port)."""
+        if self._reservation is not None:
+            self._reservation.abort()
         sock, monitor = self._sock, self._monitor
         self._sock = self._monitor = None
         if sock is None or self._pid != os.getpid():
