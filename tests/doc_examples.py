@@ -45,7 +45,7 @@ def once() -> None:
 
 
 @pytest.fixture
-def drive_log() -> str:
+def drive_log(_doc_namespace: None) -> str:
     """``logs/drive1`` in the block's working folder: 60 steps of a drive (vehicleState
     with sensor samples), the log the lockstep examples replay."""
     from test_lockstep import write_drive
