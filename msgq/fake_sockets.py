@@ -100,8 +100,9 @@ class FakePoller:
         self.poller = poller
         self._sockets: list[Any] = []
 
-    def registerSocket(self, sock: Any) -> None:  # noqa: N802 (upstream name)
-        """Adds ``sock`` (wrapped or not); registering twice has no further effect."""
+    def registerSocket(self, socket: Any) -> None:  # noqa: N802 (upstream name)
+        """Adds ``socket`` (wrapped or not); registering twice has no further effect."""
+        sock = socket  # upstream's parameter name, for keyword callers
         if any(s is sock for s in self._sockets):
             return
         inner = sock.sock if isinstance(sock, FakeSubSocket) else sock

@@ -126,7 +126,7 @@ class Poller(metaclass=ABCMeta):
         return super().__new__(cls)
 
     @abstractmethod
-    def registerSocket(self, sock: Any) -> None: ...  # noqa: N802 (upstream name)
+    def registerSocket(self, socket: Any) -> None: ...  # noqa: N802 (upstream name)
 
     @abstractmethod
     def poll(self, timeout: int) -> list[Any]: ...

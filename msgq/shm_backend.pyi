@@ -81,5 +81,5 @@ class SubSocket:
     def close(self) -> None: ...
 
 class Poller:
-    def registerSocket(self, sock: SubSocket) -> None: ...  # noqa: N802
+    def registerSocket(self, socket: SubSocket) -> None: ...  # noqa: N802
     def poll(self, timeout: float | None) -> list[SubSocket]: ...

@@ -705,8 +705,9 @@ cdef class Poller:
         PyMem_Free(self.subs)
         PyMem_Free(self.ready)
 
-    def registerSocket(self, SubSocket sock) -> None:
-        """Adds ``sock``; registering a socket twice has no further effect."""
+    def registerSocket(self, SubSocket socket) -> None:
+        """Adds ``socket``; registering a socket twice has no further effect."""
+        cdef SubSocket sock = socket  # upstream's parameter name, for keyword callers
         if not sock.connected:
             raise IpcError("register a connected SubSocket")
         for s in self.sockets:

@@ -878,8 +878,9 @@ class Poller:
         self._sockets: list[SubSocket] = []
         self._poller = zmq.Poller()
 
-    def registerSocket(self, sock: SubSocket) -> None:  # noqa: N802 (upstream name)
-        """Adds ``sock``; registering a socket twice has no further effect."""
+    def registerSocket(self, socket: SubSocket) -> None:  # noqa: N802 (upstream name)
+        """Adds ``socket``; registering a socket twice has no further effect."""
+        sock = socket  # upstream's parameter name, for keyword callers
         if not isinstance(sock, SubSocket):
             raise TypeError(f"a ZMQ Poller takes ZMQ SubSockets, not {type(sock).__name__}")
         if sock._sock is None:
