@@ -103,12 +103,12 @@ def our_signature(obj: Any) -> inspect.Signature:
 
 def check_signature(name: str, ours: inspect.Signature, upstream: inspect.Signature,
                     status: str) -> None:
-    theirs = [p for p in upstream.parameters.values()]
+    theirs = list(upstream.parameters.values())
     positional = [p for p in ours.parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     others = [p for p in ours.parameters.values() if p not in positional]
     assert len(positional) >= len(theirs), f"{name}{ours}: fewer parameters than {upstream}"
-    for up, mine in zip(theirs, positional):
+    for up, mine in zip(theirs, positional[: len(theirs)], strict=True):
         if status != "renamed":
             assert mine.name == up.name, f"{name}{ours}: {mine.name!r} is {up.name!r} upstream"
         if up.default is not up.empty:
