@@ -10,7 +10,8 @@ class MultiplePublishersError(IpcError):
 
 
 def readers_timeout(endpoint: object, timeout: float, readers: int) -> TimeoutError:
-    """The TimeoutError of ``PubSocket.wait_for_readers`` (every backend words it so)."""
+    """The TimeoutError of ``PubSocket.wait_for_readers`` after ``timeout`` seconds (every
+    backend words it so)."""
     if readers == 0:
         return TimeoutError(f"endpoint {endpoint!r}: subscriber did not connect within "
                             f"{timeout:g} s")

@@ -101,7 +101,8 @@ class SubSocket(metaclass=ABCMeta):
     ) -> None: ...
 
     @abstractmethod
-    def setTimeout(self, timeout: int) -> None: ...  # noqa: N802 (upstream name)
+    def setTimeout(self, timeout: int) -> None:  # noqa: N802 (upstream name)
+        """Timeout of a blocking ``receive`` in milliseconds (negative or None: forever)."""
 
     @abstractmethod
     def receive(self, non_blocking: bool = False) -> bytes | None: ...
@@ -129,7 +130,9 @@ class Poller(metaclass=ABCMeta):
     def registerSocket(self, socket: Any) -> None: ...  # noqa: N802 (upstream name)
 
     @abstractmethod
-    def poll(self, timeout: int) -> list[Any]: ...
+    def poll(self, timeout: int) -> list[Any]:
+        """The registered sockets with a message waiting, after at most ``timeout``
+        milliseconds (negative or None: no limit); empty on timeout."""
 
 
 def register_backend(module: ModuleType) -> None:

@@ -213,3 +213,38 @@ def test_pub_master_waits_for_a_reader(endpoint: str) -> None:
         sm.close()
     finally:
         pm.close()
+
+
+def test_every_duration_parameter_states_its_unit() -> None:
+    # sub_sock(timeout=) is milliseconds (upstream), everything else of ours is seconds:
+    # each public call that takes a duration says which in its docstring, unless the
+    # parameter's name already does (timeout_ms, rotate_seconds, ...).
+    import pkgutil
+
+    duration = re.compile(r"timeout|interval|duration|deadline|period|^dt$")
+    named_unit = re.compile(r"(_ms|_s|_ns|_us|seconds)$")
+    unit_words = re.compile(r"\bms\b|millisecond|second|\bs\b")
+    skip = (".bench", ".demo", ".cli", ".spark", "__main__", "example_controller")
+    modules = [msgq] + [importlib.import_module(m.name)
+                        for m in pkgutil.walk_packages(msgq.__path__, "msgq.")
+                        if not any(s in m.name for s in skip)]
+    missing = []
+    for module in modules:
+        for name, obj in vars(module).items():
+            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+                continue
+            members = [(name, obj)]
+            if inspect.isclass(obj):
+                members += [(f"{name}.{k}", v.__func__ if isinstance(v, staticmethod) else v)
+                            for k, v in vars(obj).items()
+                            if not k.startswith("_") and callable(v)
+                            or isinstance(v, staticmethod)]
+            for qual, member in members:
+                try:
+                    params = inspect.signature(member).parameters
+                except (TypeError, ValueError):
+                    continue
+                timed = [p for p in params if duration.search(p) and not named_unit.search(p)]
+                if timed and not unit_words.search(inspect.getdoc(member) or ""):
+                    missing.append(f"{module.__name__}.{qual}{timed}")
+    assert not missing, f"docstrings that do not state the unit: {missing}"

@@ -917,7 +917,9 @@ def run_lockstep(
     ``input_services``: the services published (default: every service of the inputs
     except the outputs and ``logStart``); the trigger always is. ``max_steps``: stop
     after that many steps. Input events after the last trigger event are not published
-    (counted in ``unused_inputs``). The other arguments: see :class:`LockstepProcess`.
+    (counted in ``unused_inputs``). ``step_timeout``, ``startup_timeout`` and
+    ``shutdown_timeout`` are in seconds. The other arguments: see
+    :class:`LockstepProcess`.
 
     Raises :class:`LockstepProcessError` when the process exits during the run,
     :class:`LockstepTimeoutError` when a step (or the start) takes too long, ValueError

@@ -35,6 +35,7 @@ class RateWindow:
         self._total = 0.0
 
     def add(self, end_time: float, interval: float) -> None:
+        """One receive interval of ``interval`` seconds that ended at ``end_time`` (s)."""
         self._intervals.append((end_time, interval))
         self._total += interval
 
