@@ -62,8 +62,10 @@ def test_queue_size_rule_examples() -> None:
 def test_memory_is_proportional_and_the_total_is_printed() -> None:
     total = SERVICE_LIST.total_queue_size
     assert total < len(SERVICE_LIST) * 10 * 1024 * 1024 / 4  # far below 10 MiB per queue
-    out = subprocess.run([sys.executable, "-m", "msgq.schemas"],
-                         capture_output=True, text=True, check=True).stdout
+    done = subprocess.run([sys.executable, "-m", "msgq.schemas"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     assert "gyroscope" in out and "modelOutput" in out
     assert f"{len(SERVICE_LIST)} services" in out.splitlines()[-1]
 
