@@ -564,8 +564,11 @@ def test_client_survives_server_restarts() -> None:
     try:
         assert client.connect(True)
         assert client.width == 64
-        ids = [recv_frame(client).frame_id for _ in range(5)]
-        assert ids == sorted(ids)
+        ids = []
+        for _ in range(5):
+            recv_frame(client)
+            ids.append(client.frame_id)  # as announced: a lagging client's buffer may be
+        assert ids == sorted(ids)        # refilled with a later frame already
         old_server = client.server_id
         os.kill(first.pid, signal.SIGKILL)  # no cleanup: its socket file stays behind
         first.join(10)
