@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -44,6 +44,15 @@ ROBOT = textwrap.dedent("""
         i += 1
         time.sleep(max(0.0, start + i / 100 - time.monotonic()))
 """)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0,
+               what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout} s")
+        time.sleep(0.005)
 
 
 def _free_port_pair() -> int:
@@ -204,10 +213,11 @@ def test_bridge_drops_garbage_on_the_wire(prefix: str) -> None:
             pub.send_multipart([service_topic("gpsLocation"), good])
             received = sub.receive()
         assert received == good
-        time.sleep(0.2)  # let the bad ones sent with it be counted
-        assert inbound.counts["bad_messages"] >= 4
-        assert inbound.counts["unknown_services"] >= 1
-        assert inbound.counts["bad_frames"] >= 5
+        # Every bad message went out before the good one; wait until each kind was counted.
+        wait_until(lambda: (inbound.counts["bad_messages"] >= 4
+                            and inbound.counts["unknown_services"] >= 1
+                            and inbound.counts["bad_frames"] >= 5),
+                   what="every kind of bad input counted")
         assert inbound.counts["frames"] == 0
     finally:
         inbound.stop()
