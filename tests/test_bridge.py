@@ -241,3 +241,84 @@ def test_bridge_command_errors() -> None:
     assert out.returncode == 2 and "NAME:STREAM" in out.stderr
     out = run("--help")
     assert out.returncode == 0 and "msgq bridge connect 192.168.1.10" in out.stdout
+
+
+def _speed_message(i: int) -> bytes:
+    from msgq.messaging import new_message
+
+    msg = new_message("vehicleState", valid=True, logMonoTime=1000 + i)
+    msg.vehicleState.speed = float(i)
+    return msg.to_bytes()
+
+
+def _speed(data: bytes) -> int:
+    from msgq.messaging import log_from_bytes
+
+    return int(log_from_bytes(data).vehicleState.speed)
+
+
+def test_bridge_reconnects_when_either_side_restarts(
+        machines: tuple[str, str, list[subprocess.Popen[str]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import msgq
+
+    robot, laptop, procs = machines
+    port = _free_port_pair()
+
+    def start(side: list[str], prefix: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([sys.executable, "-m", "msgq", "bridge", *side, "--port",
+                                 str(port)], env=_env(prefix), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        return proc
+
+    def serve() -> subprocess.Popen[str]:
+        return start(["serve", "vehicleState"], robot)
+
+    def connect() -> subprocess.Popen[str]:
+        return start(["connect", "127.0.0.1", "vehicleState", "--no-vision"], laptop)
+
+    # This test process publishes on the robot and subscribes on the laptop.
+    monkeypatch.setenv("MSGQ_PREFIX", robot)
+    pub = msgq.pub_sock("vehicleState")
+    monkeypatch.setenv("MSGQ_PREFIX", laptop)
+    sub = msgq.sub_sock("vehicleState", timeout=20)
+    sent = 0
+
+    def flows(after: str) -> None:
+        """Publishes until a message sent from now on crosses, then checks that 50 more
+        cross complete and in order."""
+        nonlocal sent
+        first = sent
+        deadline = time.monotonic() + 30
+        got: list[int] = []
+        while not got or got[-1] < first:
+            assert time.monotonic() < deadline, f"nothing crossed the bridge {after}"
+            pub.send(_speed_message(sent))
+            sent += 1
+            data = sub.receive()
+            if data is not None:
+                got.append(_speed(data))
+        crossed_at = sent
+        for _ in range(50):
+            pub.send(_speed_message(sent))
+            sent += 1
+        while got[-1] < sent - 1:
+            assert time.monotonic() < deadline, f"messages lost {after}: last {got[-1]}"
+            data = sub.receive()
+            if data is not None:
+                got.append(_speed(data))
+        after_crossing = [i for i in got if i >= crossed_at]
+        assert after_crossing == list(range(crossed_at, sent)), after
+
+    robot_side, laptop_side = serve(), connect()
+    flows("at start")
+    robot_side.kill()  # no goodbye on the wire; the laptop side keeps running
+    robot_side.wait()
+    robot_side = serve()
+    flows("after the robot side restarted")
+    laptop_side.kill()  # its local publisher dies with it; a new one takes the endpoint
+    laptop_side.wait()
+    laptop_side = connect()
+    flows("after the laptop side restarted")
+    assert robot_side.poll() is None and laptop_side.poll() is None
