@@ -1,5 +1,6 @@
 """The VisionIPC benchmark program runs end to end: a tiny run prints a row per path with
-no drops, the handshake row, and writes its JSON. Not a timed test: it checks the program, not the speed."""
+no drops, the handshake row, and writes its JSON. Not a timed test: it checks the
+program, not the speed."""
 
 from __future__ import annotations
 
