@@ -12,7 +12,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -44,6 +45,15 @@ ROBOT = textwrap.dedent("""
         i += 1
         time.sleep(max(0.0, start + i / 100 - time.monotonic()))
 """)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0,
+               what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout} s")
+        time.sleep(0.005)
 
 
 def _free_port_pair() -> int:
@@ -204,10 +214,11 @@ def test_bridge_drops_garbage_on_the_wire(prefix: str) -> None:
             pub.send_multipart([service_topic("gpsLocation"), good])
             received = sub.receive()
         assert received == good
-        time.sleep(0.2)  # let the bad ones sent with it be counted
-        assert inbound.counts["bad_messages"] >= 4
-        assert inbound.counts["unknown_services"] >= 1
-        assert inbound.counts["bad_frames"] >= 5
+        # Every bad message went out before the good one; wait until each kind was counted.
+        wait_until(lambda: (inbound.counts["bad_messages"] >= 4
+                            and inbound.counts["unknown_services"] >= 1
+                            and inbound.counts["bad_frames"] >= 5),
+                   what="every kind of bad input counted")
         assert inbound.counts["frames"] == 0
     finally:
         inbound.stop()
@@ -231,3 +242,226 @@ def test_bridge_command_errors() -> None:
     assert out.returncode == 2 and "NAME:STREAM" in out.stderr
     out = run("--help")
     assert out.returncode == 0 and "msgq bridge connect 192.168.1.10" in out.stdout
+
+
+def _speed_message(i: int) -> bytes:
+    from msgq.messaging import new_message
+
+    msg = new_message("vehicleState", valid=True, logMonoTime=1000 + i)
+    msg.vehicleState.speed = float(i)
+    return msg.to_bytes()
+
+
+def _speed(data: bytes) -> int:
+    from msgq.messaging import log_from_bytes
+
+    return int(log_from_bytes(data).vehicleState.speed)
+
+
+def test_bridge_reconnects_when_either_side_restarts(
+        machines: tuple[str, str, list[subprocess.Popen[str]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import msgq
+
+    robot, laptop, procs = machines
+    port = _free_port_pair()
+
+    def start(side: list[str], prefix: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([sys.executable, "-m", "msgq", "bridge", *side, "--port",
+                                 str(port)], env=_env(prefix), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        return proc
+
+    def serve() -> subprocess.Popen[str]:
+        return start(["serve", "vehicleState"], robot)
+
+    def connect() -> subprocess.Popen[str]:
+        return start(["connect", "127.0.0.1", "vehicleState", "--no-vision"], laptop)
+
+    # This test process publishes on the robot and subscribes on the laptop.
+    monkeypatch.setenv("MSGQ_PREFIX", robot)
+    pub = msgq.pub_sock("vehicleState")
+    monkeypatch.setenv("MSGQ_PREFIX", laptop)
+    sub = msgq.sub_sock("vehicleState", timeout=20)
+    sent = 0
+
+    def flows(after: str) -> None:
+        """Publishes until a message sent from now on crosses, then checks that 50 more
+        cross complete and in order."""
+        nonlocal sent
+        first = sent
+        deadline = time.monotonic() + 30
+        got: list[int] = []
+        while not got or got[-1] < first:
+            assert time.monotonic() < deadline, f"nothing crossed the bridge {after}"
+            pub.send(_speed_message(sent))
+            sent += 1
+            data = sub.receive()
+            if data is not None:
+                got.append(_speed(data))
+        crossed_at = sent
+        for _ in range(50):
+            pub.send(_speed_message(sent))
+            sent += 1
+        while got[-1] < sent - 1:
+            assert time.monotonic() < deadline, f"messages lost {after}: last {got[-1]}"
+            data = sub.receive()
+            if data is not None:
+                got.append(_speed(data))
+        after_crossing = [i for i in got if i >= crossed_at]
+        assert after_crossing == list(range(crossed_at, sent)), after
+
+    robot_side, laptop_side = serve(), connect()
+    flows("at start")
+    robot_side.kill()  # no goodbye on the wire; the laptop side keeps running
+    robot_side.wait()
+    robot_side = serve()
+    flows("after the robot side restarted")
+    laptop_side.kill()  # its local publisher dies with it; a new one takes the endpoint
+    laptop_side.wait()
+    laptop_side = connect()
+    flows("after the laptop side restarted")
+    assert robot_side.poll() is None and laptop_side.poll() is None
+
+
+FRAME_W, FRAME_H = 64, 32
+FRAME_SIZE = FRAME_W * FRAME_H * 3 // 2
+
+
+def _frame(frame_id: int) -> Any:
+    import numpy as np
+
+    return np.random.default_rng(frame_id).integers(0, 256, FRAME_SIZE, dtype=np.uint8)
+
+
+class RobotBridge:
+    """In this process: a PubMaster of vehicleState, a VisionIPC server "camerad" (stream
+    0, 4 buffers), the robot side of the bridge (a thread) and raw ZMQ receivers of the
+    bridge's wire, one services and one frames socket per name in ``receivers``."""
+
+    def __init__(self, receivers: list[str]) -> None:
+        import threading
+
+        import zmq
+
+        from msgq.bridge import Outbound
+        from msgq.messaging import PubMaster
+        from msgq.visionipc import VisionIpcServer
+
+        port = _free_port_pair()
+        self.server = VisionIpcServer("camerad")
+        self.server.create_buffers(0, 4, FRAME_W, FRAME_H)
+        self.server.start_listener()
+        self.pm = PubMaster(["vehicleState"])
+        self.outbound = Outbound(["vehicleState"], [("camerad", [0])], bind="127.0.0.1",
+                                 port=port)
+        self.thread = threading.Thread(target=self.outbound.run)
+        self.thread.start()
+        self.ctx = zmq.Context()
+        self.sockets: dict[tuple[str, str], Any] = {}
+        for who in receivers:
+            for kind, p in (("services", port), ("frames", port + 1)):
+                sock = self.ctx.socket(zmq.SUB)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SUBSCRIBE, b"")
+                sock.connect(f"tcp://127.0.0.1:{p}")
+                self.sockets[who, kind] = sock
+        # Until every receiver gets both kinds (ids from 10_000: not part of a test's run).
+        deadline = time.monotonic() + 30
+        joined: set[tuple[str, str]] = set()
+        probe = 10_000
+        while len(joined) < len(self.sockets):
+            assert time.monotonic() < deadline, f"only {joined} joined"
+            self.send(probe)
+            probe += 1
+            for key in self.sockets:
+                if self.take(key, 0 if key in joined else 20) is not None:
+                    joined.add(key)
+        wait_until(lambda: all(self.take(key, 200) is None for key in self.sockets),
+                   what="the probes drained")
+
+    def send(self, i: int) -> None:
+        self.pm.send("vehicleState", _speed_message(i))
+        self.server.send(0, _frame(i), frame_id=i)
+
+    def take(self, key: tuple[str, str], timeout_ms: int) -> list[bytes] | None:
+        sock = self.sockets[key]
+        return sock.recv_multipart() if sock.poll(timeout_ms) else None
+
+    def drain(self, key: tuple[str, str]) -> list[list[bytes]]:
+        out = []
+        while (parts := self.take(key, 0)) is not None:
+            out.append(parts)
+        return out
+
+    @staticmethod
+    def frame_id(parts: list[bytes]) -> int:
+        """The frame id of a frame message, after checking its bytes are that frame's."""
+        from msgq.bridge.wire import FrameHeader
+
+        frame_id = FrameHeader.unpack(parts[1], FRAME_SIZE).frame_id
+        assert parts[2] == _frame(frame_id).tobytes(), f"frame {frame_id} damaged"
+        return frame_id
+
+    def close(self) -> None:
+        self.outbound.stop()
+        self.thread.join(10)
+        self.outbound.close()
+        for sock in self.sockets.values():
+            sock.close()
+        self.ctx.term()
+        self.pm.close()
+        self.server.close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the bridge's frames socket (PUB, SNDHWM=VISION_HWM=4) drops frames to a receiver that "
+    "takes each frame before the next one is sent: here frame 3 of a paced run is lost "
+    "every time; with VISION_HWM=8 a later frame is lost, with 1000 none is, so the "
+    "publisher's high-water mark fills although nothing is queued (libzmq learns of reads "
+    "late) and a link that keeps up still loses frames"))
+def test_every_frame_reaches_a_receiver_that_keeps_up(prefix: str) -> None:
+    bridge = RobotBridge(["laptop"])
+    try:
+        for i in range(60):
+            bridge.send(i)
+            parts = bridge.take(("laptop", "frames"), 3000)
+            assert parts is not None, f"frame {i} was lost"
+            assert bridge.frame_id(parts) == i
+    finally:
+        bridge.close()
+
+
+def test_a_stalled_receiver_loses_no_service_and_holds_back_no_other(prefix: str) -> None:
+    """Two receivers on the robot's bridge: one reads as things arrive, one stalls for the
+    whole run. The fast one gets every service message as it is sent; the stalled one,
+    once it reads, gets every service message in order and only whole frames in order, and
+    then follows new frames again."""
+    n = 40
+    bridge = RobotBridge(["fast", "stalled"])
+    try:
+        fast_frames = []
+        for i in range(n):
+            bridge.send(i)
+            parts = bridge.take(("fast", "services"), 10_000)
+            assert parts is not None and _speed(parts[1]) == i
+            fast_frames += bridge.drain(("fast", "frames"))
+        while (parts := bridge.take(("fast", "frames"), 500)) is not None:
+            fast_frames.append(parts)  # the frames still in flight
+        services = [_speed(parts[1]) for parts in bridge.drain(("stalled", "services"))]
+        assert services == list(range(n))
+        for who, frames in (("fast", fast_frames),
+                            ("stalled", bridge.drain(("stalled", "frames")))):
+            ids = [bridge.frame_id(parts) for parts in frames]
+            assert ids == sorted(set(ids)) and set(ids) <= set(range(n)), (who, ids)
+            assert ids, f"no frame reached the {who} receiver"
+        # Caught up: the stalled receiver gets frames sent from now on.
+        deadline = time.monotonic() + 30
+        got = None
+        while got is None or bridge.frame_id(got) < n:
+            assert time.monotonic() < deadline, "the stalled receiver never caught up"
+            bridge.send(n)
+            got = bridge.take(("stalled", "frames"), 200)
+    finally:
+        bridge.close()

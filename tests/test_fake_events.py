@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -107,13 +108,29 @@ def test_wait_is_interruptible(endpoint: str) -> None:
     event = msgq.fake_event_handle(endpoint).recv_ready_event
     main = threading.main_thread().ident
     assert main is not None
-    timer = threading.Timer(0.2, signal.pthread_kill, args=(main, signal.SIGINT))
-    timer.start()
+
+    def waiting() -> bool:  # the main thread is inside Event.wait
+        frame = sys._current_frames().get(main)
+        while frame is not None:
+            if frame.f_code is fake_events.Event.wait.__code__:
+                return True
+            frame = frame.f_back
+        return False
+
+    def interrupt() -> None:  # SIGINT once the wait has begun, not before
+        deadline = time.monotonic() + WAIT
+        while not waiting() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as info:
             event.wait()
     finally:
-        timer.cancel()
+        thread.join(WAIT)
+    assert any(entry.name == "wait" for entry in info.traceback[1:])  # raised inside it
 
 
 def test_wait_releases_the_gil(endpoint: str) -> None:

@@ -541,22 +541,28 @@ def test_frames_to_client_processes_exact_and_in_order(clients: int) -> None:
     assert all(c.exitcode == 0 for c in children)
 
 
-def serve_until_stopped(width: int, height: int, first_frame: int, stop) -> None:
-    """Child: a server sending a frame every 2 ms (frame ids from ``first_frame``) until
-    ``stop`` is set."""
+def serve_until_stopped(width: int, height: int, first_frame: int, stop, settle=None,
+                        last_frames: int = 0) -> None:
+    """Child: a server sending a frame every 2 ms (frame ids from ``first_frame``, bytes
+    ``frame_id % 251``) until ``settle`` (if given) or ``stop`` is set. After ``settle``
+    it sends ``last_frames`` more frames, ids from 20_000, and nothing else until ``stop``."""
     with VisionIpcServer(NAME) as s:
         s.create_buffers(0, 4, width, height)
         s.start_listener()
         frame_id = first_frame
-        while not stop.wait(0.002):
+        until = settle if settle is not None else stop
+        while not until.wait(0.002):
             s.send(0, np.full(width * height * 3 // 2, frame_id % 251, np.uint8), frame_id)
             frame_id += 1
+        for frame_id in range(20_000, 20_000 + last_frames):
+            s.send(0, np.full(width * height * 3 // 2, frame_id % 251, np.uint8), frame_id)
+        stop.wait(60)
 
 
 @pytest.mark.multiprocess
 def test_client_survives_server_restarts() -> None:
     # One event per child: setting an Event a SIGKILLed process was waiting on blocks.
-    stop_first, stop = SPAWN.Event(), SPAWN.Event()
+    stop_first, stop, settle = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
     first = SPAWN.Process(target=serve_until_stopped, args=(64, 32, 0, stop_first))
     first.start()
     client = VisionIpcClient(NAME, 0, False)
@@ -565,14 +571,18 @@ def test_client_survives_server_restarts() -> None:
         assert client.connect(True)
         assert client.width == 64
         ids = []
-        for _ in range(5):
+        for _ in range(5):  # the buffer may be refilled meanwhile: take the announced id
             recv_frame(client)
-            ids.append(client.frame_id)  # as announced: a lagging client's buffer may be
-        assert ids == sorted(ids)        # refilled with a later frame already
+            ids.append(client.frame_id)
+        assert ids == sorted(set(ids))
         old_server = client.server_id
         os.kill(first.pid, signal.SIGKILL)  # no cleanup: its socket file stays behind
         first.join(10)
-        second = SPAWN.Process(target=serve_until_stopped, args=(128, 64, 10_000, stop))
+        # The second server streams until the client has followed it, then sends three
+        # last frames into its four buffers and stops: none of them can be refilled while
+        # the client reads it.
+        second = SPAWN.Process(target=serve_until_stopped,
+                               args=(128, 64, 10_000, stop, settle, 3))
         second.start()
         deadline = time.monotonic() + 30
         while True:  # frames of the first server may still be queued
@@ -583,10 +593,17 @@ def test_client_survives_server_restarts() -> None:
         assert client.server_id != old_server and client.reconnects == 1
         assert (client.width, client.height, client.buffer_len) == (128, 64, 128 * 64 * 3 // 2)
         assert (buf.width, buf.height) == (128, 64)
-        for _ in range(5):
+        settle.set()
+        while client.frame_id < 20_000:
             buf = recv_frame(client)
-            assert client.frame_id >= 10_000
-            assert bytes(buf.data[:8]) == bytes([client.frame_id % 251]) * 8 or not buf.is_current()
+        last = []
+        while True:
+            assert bytes(buf.data) == bytes([client.frame_id % 251]) * (128 * 64 * 3 // 2)
+            last.append(client.frame_id)
+            if len(last) == 3:
+                break
+            buf = recv_frame(client)
+        assert last == [20_000, 20_001, 20_002]
     finally:
         stop.set()
         client.close()

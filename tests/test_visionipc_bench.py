@@ -1,5 +1,6 @@
 """The VisionIPC benchmark program runs end to end: a tiny run prints a row per path with
-no drops and writes its JSON. Not a timed test: it checks the program, not the speed."""
+no drops, the handshake row, and writes its JSON. Not a timed test: it checks the
+program, not the speed."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ def test_tiny_run_prints_every_path_without_drops(tmp_path: Path) -> None:
         "0.05",
         "--repeat",
         "1",
+        "--hostile",
+        "60",
+        "--silent",
+        "5",
         "--json",
         str(out_json),
     ]
@@ -37,15 +42,22 @@ def test_tiny_run_prints_every_path_without_drops(tmp_path: Path) -> None:
     for path in ("copy", "zero-copy", "msgq socket"):
         for clients in ("1", "2"):
             assert len([r for r in rows if r[:3] == [path, "64x48", clients]]) == 1, proc.stdout
-    cells = json.loads(out_json.read_text())["cells"]
+    assert len([r for r in rows if r[:3] == ["good client", "60", "5"]]) == 1, proc.stdout
+    document = json.loads(out_json.read_text())
+    cells = document["cells"]
     assert len(cells) == 6
     for c in cells:
         assert c["error"] is None and c["drops"] == 0, c
         assert c["fps"] > 0 and 0 < c["p50_us"] <= c["p99_us"], c
+    handshakes = document["handshakes"]
+    assert handshakes["error"] is None and handshakes["handshakes"] >= 20, handshakes
+    assert 0 < handshakes["p50_ms"] <= handshakes["p99_ms"] <= handshakes["max_ms"], handshakes
+    assert handshakes["listener"]["served"] >= handshakes["handshakes"], handshakes
 
 
 def test_bad_options_are_usage_errors() -> None:
-    for args in (["--sizes", "64by48"], ["--paths", "carrier-pigeon"], ["--buffers", "1"]):
+    for args in (["--sizes", "64by48"], ["--paths", "carrier-pigeon"], ["--buffers", "1"],
+                 ["--hostile", "-1"]):
         proc = subprocess.run(
             [sys.executable, "-m", "msgq.visionipc.bench", *args],
             capture_output=True,

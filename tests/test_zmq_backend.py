@@ -11,6 +11,7 @@ import multiprocessing as mp
 import random
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -409,9 +410,8 @@ def test_conflating_subscriber_after_poll_gets_the_newest(endpoint: str) -> None
     assert sub.receive(non_blocking=True) == b"new"
 
 
-def test_non_zmq_server_on_the_port_does_not_break_a_subscriber(endpoint: str) -> None:
-    endpoint, server = hold_port(endpoint, "127.0.0.1", listening=True)
-    stop = threading.Event()
+def spew_garbage_on(server: socket.socket, stop: threading.Event) -> threading.Thread:
+    """A thread answering every connection to ``server`` with bytes that are not ZMTP."""
 
     def spew() -> None:
         server.settimeout(0.1)
@@ -428,16 +428,52 @@ def test_non_zmq_server_on_the_port_does_not_break_a_subscriber(endpoint: str) -
 
     thread = threading.Thread(target=spew, daemon=True)
     thread.start()
+    return thread
+
+
+def test_non_zmq_server_on_the_port_does_not_break_a_subscriber(endpoint: str) -> None:
+    endpoint, server = hold_port(endpoint, "127.0.0.1", listening=True)
+    stop = threading.Event()
+    thread = spew_garbage_on(server, stop)
     try:
         sub = msgq.sub_sock(endpoint, timeout=300)
         # libzmq takes such a byte stream for a legacy ZMTP 1.0 peer and parses frames out
-        # of it; the subscriber drops them, since they lack ZMTP 3 metadata.
+        # of it; the subscriber drops them, since they lack ZMTP 3 metadata: it did read
+        # the foreign frames (they are counted), and returned none of them.
         assert sub.receive() is None
-        assert sub.receive(non_blocking=True) is None
+        wait_until(lambda: sub.receive(non_blocking=True) is None and sub.dropped_messages > 0,
+                   what="the foreign frames counted as dropped")
     finally:
         stop.set()
         thread.join(5)
         server.close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "libzmq ends a connection on a ZMTP protocol error for good (session_base_t::"
+    "engine_error terminates instead of reconnecting); the ZMQ backend does not connect the "
+    "SUB socket again, so a subscriber that once met a non-ZMQ program on its port never "
+    "reaches the publisher that binds the port afterwards"))
+def test_subscriber_reaches_the_publisher_after_a_non_zmq_server_left(endpoint: str) -> None:
+    endpoint, server = hold_port(endpoint, "127.0.0.1", listening=True)
+    stop = threading.Event()
+    thread = spew_garbage_on(server, stop)
+    try:
+        sub = msgq.sub_sock(endpoint, timeout=300)
+        wait_until(lambda: sub.receive(non_blocking=True) is None and sub.dropped_messages > 0,
+                   what="the foreign frames counted as dropped")
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+    # The program leaves and a real publisher takes the port: the subscriber reconnects
+    # by itself (as it does after a publisher restart) and gets its messages.
+    pub = msgq.pub_sock(endpoint)
+    wait_until(lambda: sub.receive(non_blocking=True) is None and pub.num_readers == 1,
+               timeout=5.0, what="subscriber reconnected to the publisher")
+    pub.send(b"real")
+    sub.setTimeout(5000)
+    assert sub.receive() == b"real"
 
 
 def test_foreign_clients_do_not_disturb_a_publisher(endpoint: str) -> None:
@@ -518,6 +554,30 @@ def test_context_term_does_not_hang_with_a_stalled_subscriber(endpoint: str) -> 
 
 # --- Ctrl-C --------------------------------------------------------------------------------
 
+def interrupt_main_thread_inside(function: str) -> threading.Thread:
+    """A thread that sends SIGINT to the main thread once the main thread is running
+    ``function`` of the ZMQ backend (seen in its stack), not before."""
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def inside() -> bool:
+        frame = sys._current_frames().get(main)
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name == function and code.co_filename == zmq_backend.__file__:
+                return True
+            frame = frame.f_back
+        return False
+
+    def interrupt() -> None:
+        wait_until(inside, timeout=30, what=f"main thread inside {function}")
+        signal.pthread_kill(main, signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.mark.parametrize("call", ["receive", "poll", "wait_until_read"])
 def test_blocking_calls_are_interruptible(endpoint: str, call: str) -> None:
     pub = msgq.pub_sock(endpoint + "_pub")
@@ -527,12 +587,9 @@ def test_blocking_calls_are_interruptible(endpoint: str, call: str) -> None:
     # A connection that never subscribes keeps wait_for_readers waiting.
     blocker = socket.create_connection(("127.0.0.1", endpoint_port(endpoint + "_pub")))
     wait_until(lambda: not pub.all_readers_updated(), what="connection accepted")
-    main = threading.main_thread().ident
-    assert main is not None
-    timer = threading.Timer(0.3, signal.pthread_kill, args=(main, signal.SIGINT))
-    timer.start()
+    interrupter = interrupt_main_thread_inside(call)
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as info:
             if call == "receive":
                 sub.receive()
             elif call == "poll":
@@ -540,5 +597,7 @@ def test_blocking_calls_are_interruptible(endpoint: str, call: str) -> None:
             else:
                 pub.wait_until_read()
     finally:
-        timer.cancel()
+        interrupter.join(30)
         blocker.close()
+    # Raised from inside the blocking call, not before it started.
+    assert any(entry.name == call for entry in info.traceback[1:])

@@ -34,6 +34,12 @@ Definitions:
   zero-copy path, which copies none).
 * **drops** — frames a client never got or got with wrong stamps (should be 0).
 
+A second table measures the handshake (connect) of a well-behaved client while a process
+makes ``--hostile`` connections that do everything but a proper handshake (garbage,
+oversized and near-miss requests, fd passing, leaving mid-way) and holds ``--silent``
+more that say nothing: p50, p99 and the slowest of the good handshakes, against the goal
+that none takes 0.5 s or more. ``--hostile 0`` leaves it out.
+
 The ratio columns compare with the ancestor (upstream VisionIPC, same kind of machine,
 one client): copying send 4 444 fps @ 1928x1208 and 1 176 fps @ 3840x2160 with p50
 240 µs / 1 098 µs; the same frames through a plain msgq socket 236 / 66 fps.
@@ -91,6 +97,11 @@ ANCESTOR_SOCKET_FPS = {(1928, 1208): 236.0, (3840, 2160): 66.0}
 GOAL_COPY_RATIO = 1.3
 GOAL_ZERO_COPY_P50_US = 30.0
 GOAL_SOCKET_RATIO = 5.0
+#: Handshakes under hostile clients: defaults and the goal for the slowest good one.
+DEFAULT_HOSTILE = 3000
+DEFAULT_SILENT = 400
+GOAL_HANDSHAKE_MAX_S = 0.5
+MIN_HANDSHAKES = 20
 
 
 def frame_size(width: int, height: int) -> int:
@@ -410,6 +421,136 @@ def _percentile(sorted_values: list[float], pct: float) -> float:
     return sorted_values[k]
 
 
+# --------------------------------------------------------------------------- handshakes
+
+
+def _hostile_clients(path: str, seed: int, count: int, silent: int, connected: Any,
+                     done: Any) -> None:
+    """Client process: ``silent`` connections that say nothing (held until the end), then
+    ``count`` connections doing everything but a proper handshake."""
+    import array
+    import random
+    import socket
+
+    from msgq.visionipc.handshake import KIND_BUFFERS, encode_request
+
+    rng = random.Random(seed)
+    quiet = []
+    for _ in range(silent):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s.connect(path)
+        except OSError:
+            s.close()
+            continue
+        quiet.append(s)
+    connected.set()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    request = encode_request(KIND_BUFFERS, 0)
+    for i in range(count):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s.connect(path)
+            kind = i % 6
+            if kind == 0:  # random bytes
+                s.send(rng.randbytes(rng.randrange(0, 80)))
+            elif kind == 1:  # a valid request with one byte changed
+                msg = bytearray(request)
+                msg[rng.randrange(len(msg))] ^= 1 + rng.randrange(255)
+                s.send(bytes(msg))
+            elif kind == 2:  # oversized
+                s.send(rng.randbytes(rng.randrange(17, 60000)))
+            elif kind == 4:  # asks, never reads the answer
+                s.send(request)
+            elif kind == 5:  # passes file descriptors
+                fds = array.array("i", [devnull] * rng.randrange(1, 8))
+                s.sendmsg([rng.randbytes(16)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            # kind 3 leaves before speaking
+        except OSError:
+            pass  # the server may hang up first
+        finally:
+            s.close()
+    for s in quiet:
+        s.close()
+    os.close(devnull)
+    done.set()
+
+
+@dataclass
+class HandshakeResult:
+    """Good-client handshakes while hostile clients connect (times in ms)."""
+
+    hostile: int
+    silent: int
+    handshakes: int = 0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
+    listener: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+
+
+def run_handshakes(ctx: BaseContext, hostile: int, silent: int) -> HandshakeResult:
+    """Times good clients' ``connect`` while a process makes ``hostile`` bad connections
+    and holds ``silent`` quiet ones (at least MIN_HANDSHAKES, and until it is done)."""
+    from msgq.visionipc import VisionIpcClient, VisionIpcServer
+
+    name = f"h{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    result = HandshakeResult(hostile, silent)
+    times: list[float] = []
+    with VisionIpcServer(name, handshake_timeout_s=0.5) as server:
+        server.create_buffers(0, 3, 64, 32)
+        server.start_listener()
+        connected, done = ctx.Event(), ctx.Event()
+        proc = ctx.Process(target=_hostile_clients,
+                           args=(server.socket_path, 11, hostile, silent, connected, done),
+                           daemon=True)
+        proc.start()
+        try:
+            if not connected.wait(STARTUP_TIMEOUT_S):
+                raise RuntimeError("the hostile client process did not start")
+            while not done.is_set() or len(times) < MIN_HANDSHAKES:
+                started = time.monotonic()
+                client = VisionIpcClient(name, 0, False)
+                ok = client.connect(False)
+                times.append(time.monotonic() - started)
+                client.close()
+                if not ok:
+                    raise RuntimeError("a good client's handshake failed")
+                if time.monotonic() - started > STALL_TIMEOUT_S:
+                    raise RuntimeError("a good client's handshake stalled")
+        except Exception as e:  # noqa: BLE001 - report it in the table
+            result.error = f"{type(e).__name__}: {e}"
+        finally:
+            proc.join(STALL_TIMEOUT_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        result.listener = dict(server.listener_stats)
+    times.sort()
+    result.handshakes = len(times)
+    result.p50_ms = _percentile(times, 50) * 1000
+    result.p99_ms = _percentile(times, 99) * 1000
+    result.max_ms = (times[-1] if times else 0.0) * 1000
+    return result
+
+
+HANDSHAKE_HEADER = ("handshake", "hostile", "silent", "handshakes", "p50 ms", "p99 ms",
+                    "max ms", "goal")
+
+
+def format_handshake_table(result: HandshakeResult) -> str:
+    """The handshake table: one row."""
+    label = ["good client", str(result.hostile), str(result.silent)]
+    if result.error:
+        return format_rows([list(HANDSHAKE_HEADER), [*label, "error: " + result.error]])
+    goal = _verdict(result.max_ms < GOAL_HANDSHAKE_MAX_S * 1000,
+                    f"max < {GOAL_HANDSHAKE_MAX_S * 1000:g} ms")
+    return format_rows([list(HANDSHAKE_HEADER), [
+        *label, str(result.handshakes), f"{result.p50_ms:.2f}", f"{result.p99_ms:.2f}",
+        f"{result.max_ms:.2f}", goal]])
+
+
 # --------------------------------------------------------------------------- table
 
 
@@ -580,6 +721,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_BUFFERS,
         help=f"VisionIPC buffers per stream, and the pacing window + 1 (default {DEFAULT_BUFFERS})",
     )
+    parser.add_argument(
+        "--hostile",
+        type=int,
+        default=DEFAULT_HOSTILE,
+        help=f"hostile connections during the handshake timing (default {DEFAULT_HOSTILE}; "
+        "0 leaves the handshake table out)",
+    )
+    parser.add_argument(
+        "--silent",
+        type=int,
+        default=DEFAULT_SILENT,
+        help=f"silent connections held meanwhile (default {DEFAULT_SILENT})",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     return parser
 
@@ -589,6 +743,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.buffers < 2 or args.repeat < 1 or args.seconds <= 0:
         print("--buffers must be >= 2, --repeat >= 1, --seconds > 0", file=sys.stderr)
+        return 2
+    if args.hostile < 0 or args.silent < 0:
+        print("--hostile and --silent must be >= 0", file=sys.stderr)
         return 2
     own_prefix = not (os.environ.get("MSGQ_PREFIX") or os.environ.get("OPENPILOT_PREFIX"))
     if own_prefix:
@@ -625,6 +782,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 )
                 done += 1
+        handshakes = None
+        if args.hostile:
+            if progress:
+                sys.stderr.write(f"\r\x1b[Khandshakes under {args.hostile} hostile clients")
+                sys.stderr.flush()
+            handshakes = run_handshakes(ctx, args.hostile, args.silent)
     finally:
         if progress:
             sys.stderr.write("\r\x1b[K")
@@ -643,6 +806,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(header)
     print()
     print(format_table(cells))
+    if handshakes is not None:
+        print()
+        print(format_handshake_table(handshakes))
     if args.json:
         document = {
             "meta": {
@@ -669,10 +835,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 }
                 for c in cells
             ],
+            "handshakes": asdict(handshakes) if handshakes is not None else None,
         }
         with open(args.json, "w") as f:
             json.dump(document, f, indent=2)
-    return 1 if any(c.error for c in cells) else 0
+    failed = any(c.error for c in cells) or (handshakes is not None and handshakes.error)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

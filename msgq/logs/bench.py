@@ -17,6 +17,9 @@ run). What is measured:
   each service the sequence numbers must be exactly 0..n-1, once each and in order.
   ``lost`` is what the log misses; ``drops`` is what the recorder itself counted (reader
   resets). The highest rate with nothing lost is printed under the table.
+* **replay** — :class:`~msgq.logs.replayer.Replayer` with ``fast=True`` (no timing)
+  publishes the read rows' recording: events/s and MB/s of event bytes sent, the best of
+  ``--repeat`` runs (one row per compression, with the read rows).
 
 The publisher makes its messages by patching the sequence number and logMonoTime into
 a pre-encoded template (their byte offsets are found once by encoding marker values), so
@@ -345,6 +348,31 @@ def bench_read(workdir: str, seconds: float, compressions: Sequence[str], repeat
     return results
 
 
+def _time_replay(folder: str) -> tuple[int, float]:
+    """(events sent, seconds) of one fast replay of the recording."""
+    from msgq.logs.replayer import Replayer
+
+    start = time.perf_counter()
+    stats = Replayer(folder, fast=True).run(handle_signals=False)
+    return stats.events, time.perf_counter() - start
+
+
+def bench_replay(workdir: str, compressions: Sequence[str], repeat: int
+                 ) -> list[ReadResult]:
+    """Times a fast replay of each recording :func:`bench_read` wrote."""
+    results = []
+    for compression in compressions:
+        folder = os.path.join(workdir, f"read-{compression}")
+        events, event_bytes, _ = _time_read(folder, "raw")
+        runs = [_time_replay(folder) for _ in range(repeat)]
+        sent = runs[0][0]
+        # bytes of the events sent: all of the log's but the logStart events
+        per_event = event_bytes / events if events else 0.0
+        results.append(ReadResult(compression, "replay", sent, int(per_event * sent),
+                                  _folder_bytes(folder), min(t for _, t in runs)))
+    return results
+
+
 # --- record benchmark ----------------------------------------------------------------------
 
 
@@ -481,15 +509,17 @@ def _num(x: float) -> str:
     return f"{x:,.0f}"
 
 
-def table(reads: list[ReadResult], records: list[RecordResult]) -> str:
+def table(reads: list[ReadResult], records: list[RecordResult],
+          replays: Sequence[ReadResult] = ()) -> str:
     """The benchmark table."""
     rows: list[list[object]] = [["benchmark", "case", "events/s", "MB/s", "events", "lost",
                                  "drops"]]
-    for r in reads:
-        what = "LogReader.raw()" if r.mode == "raw" else "LogReader (decoded)"
+    for r in [*reads, *replays]:
+        what = {"raw": "read LogReader.raw()", "decoded": "read LogReader (decoded)",
+                "replay": "replay --fast"}[r.mode]
         case = (f"{r.compression}, {r.event_bytes / MB:.1f} MB in "
                 f"{r.file_bytes / MB:.1f} MB of files")
-        rows.append([f"read {what}", case, _num(r.events_per_s), f"{r.mb_per_s:.1f}",
+        rows.append([what, case, _num(r.events_per_s), f"{r.mb_per_s:.1f}",
                      _num(r.events), "-", "-"])
     for r in records:
         if r.error is not None:
@@ -581,10 +611,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.pop("OPENPILOT_PREFIX", None)
     workdir = tempfile.mkdtemp(prefix="msgq-logbench-")
     reads: list[ReadResult] = []
+    replays: list[ReadResult] = []
     records: list[RecordResult] = []
     try:
         if args.read_seconds > 0:
             reads = bench_read(workdir, args.read_seconds, args.compression_list, args.repeat)
+            replays = bench_replay(workdir, args.compression_list, args.repeat)
         if args.rate_list:
             ctx = _context()
             services = list(RECORD_SERVICES)
@@ -602,7 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.environ[key] = value
     print(f"logs benchmark: {os.cpu_count()} CPUs, read rows best of {args.repeat}, "
           f"record rows {args.seconds:g} s per rate ({args.record_compression})")
-    print(table(reads, records))
+    print(table(reads, records, replays))
     if records:
         best = zero_drop_rate(records)
         if best is None:
@@ -616,6 +648,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"read": [{**asdict(r), "events_per_s": r.events_per_s,
                                  "mb_per_s": r.mb_per_s} for r in reads],
+                       "replay": [{**asdict(r), "events_per_s": r.events_per_s,
+                                   "mb_per_s": r.mb_per_s} for r in replays],
                        "record": [{**asdict(r), "achieved_rate": r.achieved_rate,
                                    "clean": r.clean} for r in records],
                        "zero_drop_rate": getattr(zero_drop_rate(records), "rate", None)},
