@@ -108,6 +108,8 @@ _HEARTBEAT_IVL_MS = 1000
 _HEARTBEAT_TIMEOUT_MS = 5000
 _RECONNECT_IVL_MS = 50
 _RECONNECT_IVL_MAX_MS = 500
+# Shortest time between two reconnects after a non-ZMQ peer spoke on a subscriber's port.
+_RELINK_S = 0.1
 # How long connect() waits for the listener of a publisher closed by this process to go
 # away (plus that publisher's linger).
 _RELEASE_WAIT_S = 1.0
@@ -697,6 +699,13 @@ class SubSocket:
         self._stash: bytes | None = None
         self._pid = 0
         self._warned = False
+        self._url = ""
+        # Set when a peer that is not a ZMQ 4 publisher spoke on the port: libzmq ends such
+        # a connection for good after a protocol error, so while nothing valid arrives the
+        # socket connects again (at most every _RELINK_S) to reach a publisher that binds
+        # the port later.
+        self._foreign_link = False
+        self._next_relink = 0.0
 
     def connect(
         self,
@@ -731,7 +740,8 @@ class SubSocket:
                 monitor = sock.get_monitor_socket(
                     zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED)
             try:
-                sock.connect(f"tcp://{_tcp_host(address)}:{port}")
+                url = f"tcp://{_tcp_host(address)}:{port}"
+                sock.connect(url)
             except zmq.ZMQError as e:
                 raise ValueError(f"endpoint {name!r}: cannot connect to {address!r} port "
                                  f"{port}: {e.strerror}; check the address") from None
@@ -753,6 +763,8 @@ class SubSocket:
         self._pid = os.getpid()
         self._conflate = bool(conflate)
         self._tag = _endpoint_tag(name)
+        self._url = url
+        self._foreign_link = False
         self.endpoint, self.address, self.port = name, address, port
 
     @property
@@ -798,6 +810,7 @@ class SubSocket:
                     # No ZMTP 3 metadata: a legacy ZMTP 1.0 peer, or a byte stream that
                     # libzmq parsed as one (anything listening on the port that is not ZMQ).
                     self._drop("a peer that is not a ZMQ 4 publisher")
+                    self._foreign_link = True
                     continue
                 return frame.bytes  # a foreign ZMQ 4 publisher: no tag, delivered as is
             if origin != self._tag:
@@ -805,15 +818,30 @@ class SubSocket:
                 continue
             return frame.bytes
 
-    def _wait(self, sock: zmq.Socket) -> bool:
-        """Waits for input within the socket timeout; False when it passed."""
-        deadline = None if self._timeout_ms < 0 else time.monotonic() + self._timeout_ms / 1000
+    def _relink(self, sock: zmq.Socket) -> None:
+        """Connects again after a peer that is not a ZMQ publisher spoke on the port (see
+        ``_foreign_link``); at most once per _RELINK_S."""
+        now = time.monotonic()
+        if now < self._next_relink:
+            return
+        self._next_relink = now + _RELINK_S
+        self._foreign_link = False
+        try:
+            sock.disconnect(self._url)
+        except zmq.ZMQError:
+            pass  # libzmq already dropped the endpoint
+        sock.connect(self._url)
+
+    def _wait(self, sock: zmq.Socket, deadline: float | None) -> bool:
+        """Waits for input until ``deadline`` (None: no limit); False when it passed."""
         while True:
             slice_ms = _slice_ms(deadline)
             if not slice_ms:
                 return False
             if sock.poll(slice_ms, zmq.POLLIN):
                 return True
+            if self._foreign_link:
+                self._relink(sock)
 
     def receive(self, non_blocking: bool = False) -> bytes | None:
         """Returns the next message as ``bytes``, or None when there is none
@@ -824,11 +852,16 @@ class SubSocket:
             if self._conflate:  # a newer message may have come after the stashed one
                 return self._recv_one(sock) or msg
             return msg
+        # One deadline for the whole call: input that is dropped (foreign or malformed)
+        # must not extend the timeout.
+        deadline = None if self._timeout_ms < 0 else time.monotonic() + self._timeout_ms / 1000
         while True:
             msg = self._recv_one(sock)
             if msg is not None:
                 return msg
-            if non_blocking or self._timeout_ms == 0 or not self._wait(sock):
+            if self._foreign_link:
+                self._relink(sock)
+            if non_blocking or self._timeout_ms == 0 or not self._wait(sock, deadline):
                 return None
 
     def receive_into(self, buffer: Any, non_blocking: bool = False) -> int | None:

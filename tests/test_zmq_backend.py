@@ -449,11 +449,6 @@ def test_non_zmq_server_on_the_port_does_not_break_a_subscriber(endpoint: str) -
         server.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "libzmq ends a connection on a ZMTP protocol error for good (session_base_t::"
-    "engine_error terminates instead of reconnecting); the ZMQ backend does not connect the "
-    "SUB socket again, so a subscriber that once met a non-ZMQ program on its port never "
-    "reaches the publisher that binds the port afterwards"))
 def test_subscriber_reaches_the_publisher_after_a_non_zmq_server_left(endpoint: str) -> None:
     endpoint, server = hold_port(endpoint, "127.0.0.1", listening=True)
     stop = threading.Event()
