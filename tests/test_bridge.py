@@ -415,12 +415,6 @@ class RobotBridge:
         self.server.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the bridge's frames socket (PUB, SNDHWM=VISION_HWM=4) drops frames to a receiver that "
-    "takes each frame before the next one is sent: here frame 3 of a paced run is lost "
-    "every time; with VISION_HWM=8 a later frame is lost, with 1000 none is, so the "
-    "publisher's high-water mark fills although nothing is queued (libzmq learns of reads "
-    "late) and a link that keeps up still loses frames"))
 def test_every_frame_reaches_a_receiver_that_keeps_up(prefix: str) -> None:
     bridge = RobotBridge(["laptop"])
     try:

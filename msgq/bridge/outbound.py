@@ -27,6 +27,8 @@ __all__ = ["Outbound"]
 SERVICES_HWM = 10_000
 #: Frames queued per remote subscriber (a slow link drops frames, it does not lag).
 VISION_HWM = 4
+#: ZMQ counts a high-water mark in message parts: a frame is topic, header, payload.
+FRAME_PARTS = 3
 
 
 class Outbound:
@@ -51,7 +53,7 @@ class Outbound:
         self._zmq = zmq.Context()
         self._lock = threading.Lock()
         self._services_pub = self._bind(bind, port, SERVICES_HWM)
-        self._vision_pub = self._bind(bind, port + 1, VISION_HWM)
+        self._vision_pub = self._bind(bind, port + 1, VISION_HWM * FRAME_PARTS)
         self.poller = msgq.Poller()
         self._sockets: dict[int, tuple[bytes, Any]] = {}
         for s in services:
@@ -92,6 +94,8 @@ class Outbound:
                     self.counts["messages"] += 1
 
     def _forward_stream(self, name: str, stream: int) -> None:
+        import zmq
+
         from msgq.visionipc import VisionIpcClient
 
         compressor = None
@@ -116,6 +120,10 @@ class Outbound:
                     client.timestamp_sof, client.timestamp_eof, bool(client.valid))
                 payload = compressor.compress(frame) if compressor else frame
                 with self._lock:
+                    # Reading EVENTS makes libzmq take in its subscribers' read reports now;
+                    # send() alone takes them in about once a millisecond, so a subscriber
+                    # that keeps up could still look a whole high-water mark behind.
+                    self._vision_pub.getsockopt(zmq.EVENTS)
                     self._vision_pub.send_multipart([topic, header.pack(), payload], copy=False)
                 self.counts["frames"] += 1
                 self.counts["frame_bytes"] += len(payload)
