@@ -334,3 +334,87 @@ def test_segment_events_from_bytes_in_memory(tmp_path: Path) -> None:
     got = list(LogReader([]).segment_events(memory))
     assert [e.data for e in got if e.service != "logStart"] == events
     assert {e.path for e in got} == {"remote://bucket/segment-00000.log.zst"}
+
+
+# --- damage that used to be misread --------------------------------------------------------
+
+
+def _quiet_raw(reader: LogReader) -> list[bytes]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _read_raw_reader(reader)
+
+
+def test_bytes_of_a_damaged_zstd_frame_never_come_out(tmp_path: Path) -> None:
+    # A flipped bit inside a frame often still decodes (to wrong bytes): only the frame's
+    # checksum, at its end, tells. The reader holds a frame's output until then, so every
+    # event it returns is one that was written, byte for byte.
+    events = _events(2000)
+    _write(tmp_path / "rec", events, rotate_seconds=None, frame_bytes=4096)
+    (path,) = segment_paths(tmp_path / "rec")
+    original = Path(path).read_bytes()
+    written = set(events)
+    checksum_failures = 0
+    for seed in range(60):
+        data = bytearray(original)
+        spot = 200 + (seed * 7919) % (len(data) - 400)
+        data[spot] ^= 1 << (seed % 8)
+        Path(path).write_bytes(bytes(data))
+        reader = LogReader(path, skip_corrupt=True)
+        got = _quiet_raw(reader)
+        assert all(e in written for e in got), f"flip at {spot} gave bytes never written"
+        assert got == [e for e in events if e in set(got)]  # in order
+        assert len(got) >= len(events) - 100  # a damaged frame is ~40 events
+        checksum_failures += any("checksum" in p.detail for p in reader.corrupt)
+    assert checksum_failures > 0  # the case this test is about did happen
+
+
+def test_a_length_field_past_the_end_is_corruption_not_truncation(tmp_path: Path) -> None:
+    # A damaged length field makes a message seem to run past the end of the file: that
+    # is not a file cut short, and the events after it are still there.
+    events = _events(200)
+    _write(tmp_path / "rec", events, compression="none", rotate_seconds=None)
+    (path,) = segment_paths(tmp_path / "rec")
+    data = bytearray(Path(path).read_bytes())
+    at = data.index(events[50])
+    data[at + 4:at + 8] = (1 << 24).to_bytes(4, "little")  # segment 0: 128 MiB
+    Path(path).write_bytes(bytes(data))
+    reader = LogReader(path)
+    got: list[bytes] = []
+    with pytest.raises(LogCorruptionError, match="runs past the end"):
+        for e in reader.raw():
+            if e.service != "logStart":
+                got.append(e.data)
+    assert got == events[:50] and reader.truncated == []
+    skipping = LogReader(path, skip_corrupt=True)
+    assert _quiet_raw(skipping) == events[:50] + events[51:]
+    assert [p.offset for p in skipping.corrupt] == [at] and skipping.truncated == []
+
+
+def test_garbage_after_the_log_is_reported_for_every_compression(tmp_path: Path) -> None:
+    events = _events(300)
+    for compression in ("zstd", "bz2", "none"):
+        folder = tmp_path / compression
+        _write(folder, events, compression=compression, rotate_seconds=None)
+        (path,) = segment_paths(folder)
+        size = os.path.getsize(path)
+        with open(path, "ab") as f:
+            f.write(bytes(range(7, 250)) * 3)
+        reader = LogReader(path)
+        got: list[bytes] = []
+        with pytest.raises(LogCorruptionError) as info:
+            for e in reader.raw():
+                if e.service != "logStart":
+                    got.append(e.data)
+        assert got == events, compression  # every event before the garbage
+        assert info.value.problem.file_offset == size, compression
+        skipping = LogReader(path, skip_corrupt=True)
+        assert _quiet_raw(skipping) == events and len(skipping.corrupt) == 1
+
+
+def test_multi_stream_bz2_reads_as_one(tmp_path: Path) -> None:
+    events = _events(300)
+    path = tmp_path / "parallel.log.bz2"  # as pbzip2 and friends write
+    path.write_bytes(bz2.compress(b"".join(events[:100])) + bz2.compress(b"".join(events[100:])))
+    reader = LogReader(path)
+    assert _read_raw_reader(reader) == events and reader.corrupt == reader.truncated == []

@@ -92,6 +92,8 @@ class LogReader:
     recorder writes in arrival order); otherwise segments follow one another.
     ``start_mono_ns``: skip events before this time (whole segments, via the recording
     index, without reading them). ``skip_corrupt``: see the module docstring.
+    ``warn=False``: damage is only listed in ``truncated`` / ``corrupt``, no warning is
+    issued (for tools that report it themselves).
     """
 
     def __init__(
@@ -102,8 +104,11 @@ class LogReader:
         skip_corrupt: bool = False,
         start_mono_ns: int | None = None,
         schema: Schema | None = None,
+        *,
+        warn: bool = True,
     ) -> None:
         self.schema = schema or default_schema()
+        self.warn = warn
         self.paths = segment_paths(source)
         self.services = None if services is None else frozenset(services)
         for service in self.services or ():
@@ -125,13 +130,15 @@ class LogReader:
     def _on_problem(self, problem: LogProblem) -> None:
         if problem.kind == "truncated":
             self.truncated.append(problem)
-            warnings.warn(str(problem), TruncatedLogWarning, stacklevel=4)
+            if self.warn:
+                warnings.warn(str(problem), TruncatedLogWarning, stacklevel=4)
             return
         self.corrupt.append(problem)
         if not self.skip_corrupt:
             raise LogCorruptionError(problem)
-        warnings.warn(f"{problem}; skipped to the next readable event", CorruptLogWarning,
-                      stacklevel=4)
+        if self.warn:
+            warnings.warn(f"{problem}; skipped to the next readable event", CorruptLogWarning,
+                          stacklevel=4)
 
     def _identify(self, data: bytes) -> tuple[int, bool, str] | None:
         """(logMonoTime, valid, service) of bytes read_messages split off a stream (so
