@@ -418,3 +418,47 @@ def test_multi_stream_bz2_reads_as_one(tmp_path: Path) -> None:
     path.write_bytes(bz2.compress(b"".join(events[:100])) + bz2.compress(b"".join(events[100:])))
     reader = LogReader(path)
     assert _read_raw_reader(reader) == events and reader.corrupt == reader.truncated == []
+
+
+def test_a_lying_index_is_not_trusted(tmp_path: Path) -> None:
+    # index.json says segment 0 holds no gyroscope, ends before 1.5 s and starts 100 s
+    # earlier than it does: filters, seeking and replay timing must come from the
+    # segments, not from what the index claims.
+    import json
+
+    from msgq.logs.index import IndexCache
+    from msgq.logs.replayer import Replayer
+
+    events = _events(400, step_ns=10_000_000)  # 4 s, 10 ms apart
+    _write(tmp_path / "rec", events, rotate_seconds=2)
+    paths = segment_paths(tmp_path / "rec")
+    assert len(paths) >= 2
+    assert all(IndexCache().entry(p) for p in paths)  # sealed and matching: trusted (and used to skip)
+    expected = _read_raw(tmp_path / "rec", services=["gyroscope"])
+    late = _read_raw(tmp_path / "rec", start_mono_ns=10**9 + 1_500_000_000)
+
+    index_path = tmp_path / "rec" / "index.json"
+    doc = json.loads(index_path.read_text())
+    doc["segments"][0]["counts"].pop("gyroscope")
+    doc["segments"][0]["events"] -= 80
+    doc["segments"][0]["last_mono_ns"] = 10**9 + 500_000_000
+    doc["segments"][0]["first_mono_ns"] -= 100 * 10**9
+    index_path.write_text(json.dumps(doc))
+    assert IndexCache().entry(paths[0]) is None  # only the entry that lies
+    assert _read_raw(tmp_path / "rec", services=["gyroscope"]) == expected
+    assert _read_raw(tmp_path / "rec", start_mono_ns=10**9 + 1_500_000_000) == late
+    replayer = Replayer(tmp_path / "rec", fast=True)
+    assert replayer.first_mono_ns == 10**9  # the first event: no 100 s wait
+    assert replayer.end_mono_ns is None  # unknown rather than made up
+
+
+def test_a_stale_index_is_not_trusted(tmp_path: Path) -> None:
+    from msgq.logs.index import IndexCache
+
+    _write(tmp_path / "rec", _events(100))
+    (path,) = segment_paths(tmp_path / "rec")
+    assert IndexCache().entry(path) is not None
+    data = bytearray(Path(path).read_bytes())
+    data[len(data) // 2] ^= 0x10  # same size, other bytes
+    Path(path).write_bytes(bytes(data))
+    assert IndexCache().entry(path) is None
