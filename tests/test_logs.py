@@ -433,7 +433,7 @@ def test_a_lying_index_is_not_trusted(tmp_path: Path) -> None:
     _write(tmp_path / "rec", events, rotate_seconds=2)
     paths = segment_paths(tmp_path / "rec")
     assert len(paths) >= 2
-    assert all(IndexCache().entry(p) for p in paths)  # sealed and matching: trusted (and used to skip)
+    assert all(IndexCache().entry(p) for p in paths)  # sealed and matching: trusted
     expected = _read_raw(tmp_path / "rec", services=["gyroscope"])
     late = _read_raw(tmp_path / "rec", start_mono_ns=10**9 + 1_500_000_000)
 
