@@ -121,6 +121,17 @@ def one_line(text: str) -> str:
 # --- the command itself ----------------------------------------------------------------
 
 
+def test_every_command_is_registered_and_loads() -> None:
+    # The commands users and the docs rely on: dropping one from the list, or one that
+    # no longer imports (shown as "unavailable"), fails here rather than going unnoticed.
+    expected = {"dump", "top", "queues", "record", "replay", "logstats", "bridge", "bench"}
+    assert expected <= set(msgq.cli.COMMANDS)
+    parser = msgq.cli.build_parser()
+    for name in expected:
+        assert parser.command_parsers[name].get_default("_run").__module__ == \
+            f"msgq.cli.{name}", name
+
+
 @pytest.mark.parametrize("command", [None, *msgq.cli.COMMANDS])
 def test_help_has_examples_and_exits_zero(command: str | None) -> None:
     proc = msgq_cli(*([command] if command else []), "--help")
