@@ -462,3 +462,39 @@ def test_a_stale_index_is_not_trusted(tmp_path: Path) -> None:
     data[len(data) // 2] ^= 0x10  # same size, other bytes
     Path(path).write_bytes(bytes(data))
     assert IndexCache().entry(path) is None
+
+
+def test_a_message_one_word_too_long_does_not_take_the_next_one(tmp_path: Path) -> None:
+    # One flipped bit in a size field makes a message swallow the first word of the next
+    # one, and the framing shows it only after that (or at the end of the file). The
+    # reader looks back into the long message for the next one instead of losing it.
+    events = _events(100)
+    _write(tmp_path / "rec", events, compression="none", rotate_seconds=None)
+    (path,) = segment_paths(tmp_path / "rec")
+    for victim in (40, 98):  # in the middle; just before the end of the file
+        data = bytearray(Path(path).read_bytes())
+        at = data.index(events[victim])
+        data[at + 4] ^= 1  # segment 0: one word more
+        damaged = tmp_path / f"damaged{victim}.log"
+        damaged.write_bytes(bytes(data))
+        reader = LogReader(damaged, skip_corrupt=True)
+        got = _quiet_raw(reader)
+        assert [e for e in events if e in got] == events[:victim] + events[victim + 1:]
+        assert len(reader.corrupt) == 1
+
+
+def test_a_damaged_zstd_magic_loses_only_the_first_frame(tmp_path: Path) -> None:
+    # Recognising the compression by the magic alone read a zstd segment whose first
+    # bytes were hit as an uncompressed log: garbage from the first byte to the last.
+    events = _events(1000)
+    _write(tmp_path / "rec", events, rotate_seconds=None, frame_bytes=4096)
+    (path,) = segment_paths(tmp_path / "rec")
+    data = bytearray(Path(path).read_bytes())
+    data[2] ^= 0x40
+    for name in ("segment.log.zst", "no_suffix"):  # by the suffix, or a magic one byte off
+        damaged = tmp_path / name
+        damaged.write_bytes(bytes(data))
+        reader = LogReader(damaged, skip_corrupt=True)
+        got = _quiet_raw(reader)
+        assert len(got) >= 900 and got == events[len(events) - len(got):], name
+        assert "not a zstd frame" in reader.corrupt[0].detail

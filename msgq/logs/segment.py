@@ -81,6 +81,23 @@ def compression_of(head: bytes) -> str:
     return "none"
 
 
+def _damaged_magic(head: bytes, path: str) -> str:
+    """The compression of a file by its magic, or, when that was damaged, by a magic one
+    byte off or the file's suffix: a zstd file whose first bytes are hit is then read as
+    zstd (the damaged first frame is skipped), not as garbage of an uncompressed log."""
+    found = compression_of(head)
+    if found != "none":
+        return found
+    near_zstd = len(head) == 4 and sum(a == b for a, b in zip(head, ZSTD_MAGIC, strict=True)) == 3
+    if near_zstd or path.endswith((".zst", ".zstd")):
+        return "zstd"
+    near_bz2 = len(head) == 4 and head[3:4].isdigit() and \
+        sum(a == b for a, b in zip(head[:3], BZ2_MAGIC, strict=True)) == 2
+    if near_bz2 or path.endswith(".bz2"):
+        return "bz2"
+    return "none"
+
+
 @dataclass
 class _Chunk:
     data: bytes
@@ -261,7 +278,7 @@ def read_messages(
 def _read_open(f: BinaryIO, path: str, on_problem: Callable[[LogProblem], None],
                skip_corrupt: bool, identify: Callable[[bytes], Any]) -> Iterator[RawMessage]:
     f.seek(0)
-    compression = compression_of(f.read(4))
+    compression = _damaged_magic(f.read(4), path)
     f.seek(0)
     chunks = _zstd_chunks(f) if compression == "zstd" else \
         _bz2_chunks(f) if compression == "bz2" else _raw_chunks(f)
@@ -278,7 +295,8 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
     stream_offset = 0  # uncompressed bytes seen so far
     file_offset = 0  # where in the file buf[0] came from (its zstd frame, for zstd)
     resyncing = False  # looking for the next message after damage
-    carry = 0  # bytes of the next chunk the resynchronising scan has already stepped over
+    carry = 0  # where in buf the next scan starts (past its end: bytes already stepped over)
+    kept = -1  # 0 when buf starts with the last message read (kept to look back into)
 
     def report(kind: str, offset: int, detail: str) -> None:
         fo = offset if compression == "none" else file_offset
@@ -309,12 +327,22 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
         """Whether a whole message starts at an 8-byte step after ``pos``."""
         return any(isinstance(whole(p), tuple) for p in range(pos + 8, len(buf), 8))
 
+    def overlapping(previous: int, pos: int) -> bool:
+        """Whether a whole message, followed by another or the end, starts inside the
+        message at ``previous`` (-1: none): that one's length field was wrong."""
+        for p in range(previous + 8, pos, 8) if previous >= 0 else ():
+            found = whole(p)
+            if isinstance(found, tuple) and followed(p + len(found[0])):
+                return True
+        return False
+
     def scan(final: bool) -> Iterator[RawMessage]:
         """Yields the messages of buf; leaves in it what may still be completed. ``final``:
         no more bytes will continue buf."""
-        nonlocal resyncing, carry, buf_offset
+        nonlocal resyncing, carry, buf_offset, kept
         pos = carry
         carry = 0
+        previous = kept  # where the message before pos starts, or -1
         while pos < len(buf):
             found = whole(pos)
             if isinstance(found, tuple) and (not resyncing or followed(pos + len(found[0]))):
@@ -323,10 +351,11 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
                 yield RawMessage(data, buf_offset + pos,
                                  buf_offset + pos if compression == "none" else file_offset,
                                  identity)
+                previous = pos
                 pos += len(data)
                 continue
             if found is None and not resyncing:
-                if not final or not message_after(pos):
+                if not final or not (message_after(pos) or overlapping(previous, pos)):
                     break  # more bytes may complete it, or the data was cut inside it
                 found = "a length field that runs past the end of the data"
             if not resyncing:
@@ -334,12 +363,21 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
                 if not skip_corrupt:
                     raise _StopReadingError
                 resyncing = True
+                if previous >= 0:
+                    # Damage right after a message may be in that message's length field
+                    # (a message a word too long swallows the start of the next one, or
+                    # more): look for the next message from inside it.
+                    pos = previous + 8
+                    continue
             pos += 8
-        if pos > len(buf):
-            carry = pos - len(buf)
-            pos = len(buf)
-        del buf[:pos]
-        buf_offset += pos
+        # Uncompressed: the last message stays in buf while reading goes on after it, so
+        # that damage found after it (at the next chunk, or at the end) can look back.
+        keep = previous if compression == "none" and previous >= 0 and not resyncing \
+            and pos <= len(buf) else min(pos, len(buf))
+        carry = pos - keep
+        kept = 0 if keep == previous else -1
+        del buf[:keep]
+        buf_offset += keep
 
     try:
         for chunk in chunks:
@@ -367,14 +405,15 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
                                       "truncated"):
                 buf_offset += len(buf)
                 buf.clear()
-                carry = 0
+                carry, kept = 0, -1
                 resyncing = False
         yield from scan(final=True)
     except _StopReadingError:
         return
-    if buf and not resyncing:
-        report("truncated", buf_offset,
-               f"the file ends inside a message ({len(buf)} bytes of it dropped)")
+    left = len(buf) - carry  # after the message kept to look back into, if any
+    if left > 0 and not resyncing:
+        report("truncated", buf_offset + carry,
+               f"the file ends inside a message ({left} bytes of it dropped)")
 
 
 class _StopReadingError(Exception):
