@@ -471,10 +471,10 @@ def test_a_message_one_word_too_long_does_not_take_the_next_one(tmp_path: Path) 
     events = _events(100)
     _write(tmp_path / "rec", events, compression="none", rotate_seconds=None)
     (path,) = segment_paths(tmp_path / "rec")
-    for victim in (40, 98):  # in the middle; just before the end of the file
+    for victim, field in ((40, 4), (98, 4), (60, 0)):  # size: middle, near the end; count
         data = bytearray(Path(path).read_bytes())
         at = data.index(events[victim])
-        data[at + 4] ^= 1  # segment 0: one word more
+        data[at + field] ^= 1  # segment 0 one word more, or two segments
         damaged = tmp_path / f"damaged{victim}.log"
         damaged.write_bytes(bytes(data))
         reader = LogReader(damaged, skip_corrupt=True)
@@ -498,3 +498,29 @@ def test_a_damaged_zstd_magic_loses_only_the_first_frame(tmp_path: Path) -> None
         got = _quiet_raw(reader)
         assert len(got) >= 900 and got == events[len(events) - len(got):], name
         assert "not a zstd frame" in reader.corrupt[0].detail
+
+
+def test_looking_back_into_a_message_never_invents_events(tmp_path: Path) -> None:
+    # Damage right after a message makes the reader look for the next message inside it
+    # (its length field may have been hit); bytes inside an intact message can look like
+    # a message though. A candidate there counts only when the message before it, cut at
+    # that point, is exactly whole (message_extent); else the search goes on after it.
+    from msgq.logs.framing import message_extent
+
+    events = _events(200)
+    assert all(message_extent(e) == (len(e) - 8) // 8 for e in events)
+    _write(tmp_path / "rec", events, compression="none", rotate_seconds=None)
+    (path,) = segment_paths(tmp_path / "rec")
+    data = bytearray(Path(path).read_bytes())
+    start = len(data) - len(b"".join(events))  # the logStart before the events
+    for zero_from, zero_to in ((100, start + 75), (start - 8, start + 200)):
+        damaged = bytearray(data)
+        damaged[zero_from:zero_to] = bytes(zero_to - zero_from)
+        target = tmp_path / f"damaged{zero_from}.log"
+        target.write_bytes(bytes(damaged))
+        reader = LogReader(target, skip_corrupt=True)
+        got = _quiet_raw(reader)
+        assert all(e in events for e in got), "an event that was never written"
+        offsets = [start + sum(map(len, events[:i])) for i in range(len(events) + 1)]
+        intact = [e for i, e in enumerate(events) if offsets[i] >= zero_to]
+        assert got[len(got) - len(intact):] == intact

@@ -2,17 +2,23 @@
 damage.
 
 Compression is recognised by its magic: zstd (``28 b5 2f fd``), bz2 (``BZh``), else
-uncompressed. The stream is read in chunks (bounded memory whatever the file size).
+uncompressed; when the first bytes are damaged, by a magic one byte off or the file's
+suffix. The stream is read in chunks (bounded memory whatever the file size), and a
+zstd frame's output is held until its checksum verifies (damaged bytes never come out).
 
 Damage is reported as :class:`LogProblem` values with the file and byte offset:
 
 * **truncated**: the file ends inside a message (or inside a zstd frame). Every complete
   message before it is returned.
-* **corrupt**: a zstd frame fails its checksum, or bytes that cannot start a message turn
-  up in the middle. With ``skip_corrupt`` the reader resynchronises — at the next zstd
-  frame (msgq's writer starts every frame on a message boundary) or, within a frame or an
-  uncompressed/bz2 stream, at the next 8-byte-aligned offset where a whole, decodable
-  message starts — and goes on; without it reading stops there.
+* **corrupt**: a zstd frame fails to decode or its checksum, bytes that cannot start a
+  message turn up in the middle, a length runs past the end of the data while whole
+  messages follow, or bytes follow the end of a bz2 stream. With ``skip_corrupt`` the
+  reader resynchronises — at the next zstd frame (msgq's writer starts every frame on a
+  message boundary) or, within a frame or an uncompressed/bz2 stream, at the next
+  8-byte-aligned offset where a whole, decodable message starts and another message (or
+  the end) follows it; when the damage comes right after a message, the search starts
+  inside that message, whose length field may be what was hit — and goes on; without it
+  reading stops there.
 
 Offsets: ``offset`` is the position in the uncompressed stream (the file offset for an
 uncompressed file); ``file_offset`` is where in the file the damaged data is (the start of
@@ -29,7 +35,7 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from msgq.logs.framing import FramingError, message_length
+from msgq.logs.framing import FramingError, message_extent, message_length
 
 __all__ = ["LogProblem", "RawMessage", "compression_of", "read_messages"]
 
@@ -317,22 +323,41 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
             return "bytes that do not decode as a message"
         return data, identity
 
-    def followed(end: int) -> bool:
-        """A message found while resynchronising counts when another message (or the end
-        of the data) follows it: bytes inside a damaged message can look like a message
-        once; twice in a row is improbable."""
-        return end >= len(buf) or not isinstance(whole(end), str)
+    def followed(end: int, final: bool = True) -> bool | None:
+        """A message found while resynchronising counts when another whole message (or
+        the end of the data) follows it: bytes inside a damaged message can look like a
+        message once; twice in a row is improbable. None: undecided until more data
+        comes (the next message is not complete yet)."""
+        if end >= len(buf):
+            return True if final or end == len(buf) else None
+        after = whole(end)
+        if after is None:
+            return False if final else None
+        return isinstance(after, tuple)
 
     def message_after(pos: int) -> bool:
         """Whether a whole message starts at an 8-byte step after ``pos``."""
         return any(isinstance(whole(p), tuple) for p in range(pos + 8, len(buf), 8))
 
+    def fits(start: int, end: int) -> bool:
+        """Whether the message at ``start``, cut at ``end`` and given the one-segment
+        header that says so, is whole and tight: then its header was what the damage hit
+        (its segment count or size), and a message at ``end`` is a real one, not bytes
+        inside it that look like one."""
+        words = (end - start - 8) // 8
+        if words < 1:
+            return False
+        cut = bytearray(buf[start:end])
+        cut[0:8] = (words << 32).to_bytes(8, "little")
+        return message_extent(cut) == words
+
     def overlapping(previous: int, pos: int) -> bool:
         """Whether a whole message, followed by another or the end, starts inside the
-        message at ``previous`` (-1: none): that one's length field was wrong."""
+        message at ``previous`` (-1: none) where that one, cut there, fits exactly: its
+        length field was wrong."""
         for p in range(previous + 8, pos, 8) if previous >= 0 else ():
             found = whole(p)
-            if isinstance(found, tuple) and followed(p + len(found[0])):
+            if isinstance(found, tuple) and fits(previous, p) and followed(p + len(found[0])):
                 return True
         return False
 
@@ -343,9 +368,15 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
         pos = carry
         carry = 0
         previous = kept  # where the message before pos starts, or -1
+        origin = damage = -1  # looking back into the message at origin, damage found after it
         while pos < len(buf):
             found = whole(pos)
-            if isinstance(found, tuple) and (not resyncing or followed(pos + len(found[0]))):
+            chained: bool | None = True
+            if isinstance(found, tuple) and resyncing:
+                chained = followed(pos + len(found[0]), final)
+                if chained is None and pos >= damage:
+                    break  # decided when more data has come
+            if isinstance(found, tuple) and (pos >= damage or fits(origin, pos)) and chained:
                 data, identity = found
                 resyncing = False
                 yield RawMessage(data, buf_offset + pos,
@@ -366,7 +397,9 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
                 if previous >= 0:
                     # Damage right after a message may be in that message's length field
                     # (a message a word too long swallows the start of the next one, or
-                    # more): look for the next message from inside it.
+                    # more): look for the next message from inside it, where it would
+                    # end if its length were right.
+                    origin, damage = previous, pos
                     pos = previous + 8
                     continue
             pos += 8

@@ -8,7 +8,8 @@ at least a header and a word, inside the data) or raises ``FramingError``;
 ``identify``/``peek`` never raise and name a service of the schema; reading a segment
 raises nothing but what ``on_problem`` raises, with skip_corrupt or not; every message
 read is identified as an Event, offsets grow, a raw segment's messages are its own bytes
-at their offsets, and every problem names an offset inside the data."""
+at their offsets, and every problem names an offset inside the data; ``message_extent``
+never raises and stays inside the message."""
 
 from __future__ import annotations
 
@@ -73,6 +74,9 @@ def test_one_input(data: bytes) -> None:
             assert service in LAYOUT.services
     if LAYOUT.identify(data) is not None:
         assert framing.message_length(data, 0) == len(data)
+    extent = framing.message_extent(data)
+    if extent is not None:  # one segment, and it reaches no further than its size
+        assert 1 <= extent <= (len(data) - 8) // 8, (extent, len(data))
 
     file, raw = _segment_bytes(data)
     for skip in (True, False):
