@@ -369,7 +369,22 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
         carry = 0
         previous = kept  # where the message before pos starts, or -1
         origin = damage = -1  # looking back into the message at origin, damage found after it
+        raw = compression == "none"
         while pos < len(buf):
+            if not resyncing:  # the common case, inline: message after message
+                try:
+                    length = message_length(buf, pos)
+                except FramingError:
+                    length = 0
+                if length:
+                    data = bytes(buf[pos:pos + length])
+                    identity = identify(data)
+                    if identity is not None:
+                        yield RawMessage(data, buf_offset + pos,
+                                         buf_offset + pos if raw else file_offset, identity)
+                        previous = pos
+                        pos += length
+                        continue
             found = whole(pos)
             chained: bool | None = True
             if isinstance(found, tuple) and resyncing:
