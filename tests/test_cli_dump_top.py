@@ -157,3 +157,61 @@ def test_top_table_and_dead_publisher(publisher: object) -> None:
 def test_top_unknown_service() -> None:
     out = _msgq("top", "--once", "--services", "gyroscop", expect=2)
     assert "did you mean 'gyroscope'" in out.stderr
+
+
+def _damaged_inside(service: str = "logMessage") -> bytes:
+    """A message whose root reads but whose text pointer is damaged: pycapnp only finds
+    out while formatting it."""
+    import random
+
+    from msgq.messaging import MessageDecodeError, decode_event, new_message
+
+    msg = new_message(service, logMonoTime=3)
+    msg.logMessage.text = "hello" * 5
+    base = msg.to_bytes()
+    rng = random.Random(1)
+    while True:
+        data = bytearray(base)
+        data[rng.randrange(8, len(data))] = rng.randrange(256)
+        try:
+            decoded = decode_event(bytes(data))
+        except MessageDecodeError:
+            continue
+        failures = 0
+        for form in (decoded.to_dict, decoded.logMessage.__str__):
+            try:
+                form()
+            except Exception:
+                failures += 1
+        if failures == 2:  # fails as JSON and as text
+            return bytes(data)
+
+
+def test_dump_shows_a_message_damaged_inside_as_undecodable() -> None:
+    # The root decoded, so dump went on to format the message and pycapnp's exception
+    # (KjException, UnicodeDecodeError) came out as a traceback.
+    import time
+
+    import msgq
+    from msgq.messaging import new_message
+
+    bad = _damaged_inside()
+    message = new_message("logMessage", logMonoTime=4)
+    message.logMessage.text = "fine"
+    good = message.to_bytes()
+    for form in ("--json", None):
+        proc = subprocess.Popen([sys.executable, "-m", "msgq", "dump", "logMessage",
+                                 "--count", "4", *([form] if form else [])],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=os.environ.copy())
+        pub = msgq.pub_sock("logMessage")
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            pub.send(bad)
+            pub.send(good)
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=10)
+        assert proc.returncode == 0 and "Traceback" not in err, out + err
+        assert "logMessage: undecodable message" in out and "fine" in out, out
+        assert "stack:" not in out and "c++" not in out  # one line, no C++ locations
+        pub.close()

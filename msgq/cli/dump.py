@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -115,23 +116,39 @@ def _field(payload: Any, path: str, service: str = "the payload") -> Any:
     return value
 
 
+def _reason(error: BaseException) -> str:
+    """One short line of why bytes did not decode: pycapnp's text without its C++ file
+    names and stack addresses."""
+    text = str(error).split("stack:", 1)[0]
+    text = re.sub(r"\S+\.c\+\+:\d+: (failed: )?", "", text)
+    text = " ".join(text.split())
+    return text[:160] or type(error).__name__
+
+
 def _format(args: argparse.Namespace, service: str, data: bytes) -> str:
+    import capnp
+
     from msgq.messaging import MessageDecodeError, decode_event
 
     if args.raw:
         return f"{service} {data.hex()}"
     try:
         msg = decode_event(data)
-    except MessageDecodeError as e:
-        return f"{service}: undecodable message ({len(data)} bytes): {e}"
-    if args.json:
-        return json.dumps({"service": service, "logMonoTime": msg.logMonoTime,
-                           "valid": msg.valid,
-                           service: _jsonable(msg.to_dict().get(service))})
-    payload = getattr(msg, service)
-    if args.values:
-        return str(_field(payload, args.values, service))
-    return f"{service} logMonoTime={msg.logMonoTime} valid={msg.valid}\n  {payload}"
+        if args.json:
+            return json.dumps({"service": service, "logMonoTime": msg.logMonoTime,
+                               "valid": msg.valid,
+                               service: _jsonable(msg.to_dict().get(service))})
+        payload = getattr(msg, service)
+        if args.values:
+            return str(_field(payload, args.values, service))
+        return f"{service} logMonoTime={msg.logMonoTime} valid={msg.valid}\n  {payload}"
+    except UsageError:
+        raise
+    except (MessageDecodeError, capnp.KjException, UnicodeDecodeError, RuntimeError,
+            ValueError) as e:
+        # A root that reads but a damaged pointer further in (pycapnp finds it while
+        # formatting): shown as undecodable like any other bad message; dump goes on.
+        return f"{service}: undecodable message ({len(data)} bytes): {_reason(e)}"
 
 
 def run(args: argparse.Namespace) -> int:
