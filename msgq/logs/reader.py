@@ -93,7 +93,9 @@ class LogReader:
     ``start_mono_ns``: skip events before this time (whole segments, via the recording
     index, without reading them). ``skip_corrupt``: see the module docstring.
     ``warn=False``: damage is only listed in ``truncated`` / ``corrupt``, no warning is
-    issued (for tools that report it themselves).
+    issued (for tools that report it themselves). ``indexes``: an
+    :class:`~msgq.logs.index.IndexCache` to share between readers of the same recordings
+    (each index is read, and each segment's seal checked, once).
     """
 
     def __init__(
@@ -106,9 +108,11 @@ class LogReader:
         schema: Schema | None = None,
         *,
         warn: bool = True,
+        indexes: IndexCache | None = None,
     ) -> None:
         self.schema = schema or default_schema()
         self.warn = warn
+        self._indexes = indexes
         self.paths = segment_paths(source)
         self.services = None if services is None else frozenset(services)
         for service in self.services or ():
@@ -176,7 +180,7 @@ class LogReader:
         if self.start_mono_ns is None and self.services is None:
             return self.paths
         keep = []
-        indexes = IndexCache()
+        indexes = self._indexes if self._indexes is not None else IndexCache()
         for path in self.paths:
             entry = indexes.entry(path)
             if entry is not None:

@@ -124,6 +124,7 @@ class Replayer:
         self.schema = schema or default_schema()
         self.skip_corrupt = skip_corrupt
         self._problems: dict[tuple[str, str, int, int], LogProblem] = {}
+        self._indexes = IndexCache()  # seals checked once, not at every pass
         self.stats = ReplayStats()
         self.paths = segment_paths(source)
         if not self.paths:
@@ -173,7 +174,7 @@ class Replayer:
         logStart) and the end stays unknown (None)."""
         first: int | None = None
         last: int | None = 0
-        indexes = IndexCache()
+        indexes = self._indexes
         for path in self.paths:
             entry = indexes.entry(path)
             if entry is not None and entry.events:
@@ -196,7 +197,7 @@ class Replayer:
 
     def _reader(self, paths: Any, **kwargs: Any) -> LogReader:
         return LogReader(paths, schema=self.schema, skip_corrupt=self.skip_corrupt,
-                         warn=False, **kwargs)
+                         warn=False, indexes=self._indexes, **kwargs)
 
     def _note_problems(self, reader: LogReader) -> None:
         for problem in [*reader.truncated, *reader.corrupt]:
