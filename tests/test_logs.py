@@ -334,3 +334,193 @@ def test_segment_events_from_bytes_in_memory(tmp_path: Path) -> None:
     got = list(LogReader([]).segment_events(memory))
     assert [e.data for e in got if e.service != "logStart"] == events
     assert {e.path for e in got} == {"remote://bucket/segment-00000.log.zst"}
+
+
+# --- damage that used to be misread --------------------------------------------------------
+
+
+def _quiet_raw(reader: LogReader) -> list[bytes]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _read_raw_reader(reader)
+
+
+def test_bytes_of_a_damaged_zstd_frame_never_come_out(tmp_path: Path) -> None:
+    # A flipped bit inside a frame often still decodes (to wrong bytes): only the frame's
+    # checksum, at its end, tells. The reader holds a frame's output until then, so every
+    # event it returns is one that was written, byte for byte.
+    events = _events(2000)
+    _write(tmp_path / "rec", events, rotate_seconds=None, frame_bytes=4096)
+    (path,) = segment_paths(tmp_path / "rec")
+    original = Path(path).read_bytes()
+    written = set(events)
+    checksum_failures = 0
+    for seed in range(60):
+        data = bytearray(original)
+        spot = 200 + (seed * 7919) % (len(data) - 400)
+        data[spot] ^= 1 << (seed % 8)
+        Path(path).write_bytes(bytes(data))
+        reader = LogReader(path, skip_corrupt=True)
+        got = _quiet_raw(reader)
+        assert all(e in written for e in got), f"flip at {spot} gave bytes never written"
+        assert got == [e for e in events if e in set(got)]  # in order
+        assert len(got) >= len(events) - 100  # a damaged frame is ~40 events
+        checksum_failures += any("checksum" in p.detail for p in reader.corrupt)
+    assert checksum_failures > 0  # the case this test is about did happen
+
+
+def test_a_length_field_past_the_end_is_corruption_not_truncation(tmp_path: Path) -> None:
+    # A damaged length field makes a message seem to run past the end of the file: that
+    # is not a file cut short, and the events after it are still there.
+    events = _events(200)
+    _write(tmp_path / "rec", events, compression="none", rotate_seconds=None)
+    (path,) = segment_paths(tmp_path / "rec")
+    data = bytearray(Path(path).read_bytes())
+    at = data.index(events[50])
+    data[at + 4:at + 8] = (1 << 24).to_bytes(4, "little")  # segment 0: 128 MiB
+    Path(path).write_bytes(bytes(data))
+    reader = LogReader(path)
+    got: list[bytes] = []
+    with pytest.raises(LogCorruptionError, match="runs past the end"):
+        for e in reader.raw():
+            if e.service != "logStart":
+                got.append(e.data)
+    assert got == events[:50] and reader.truncated == []
+    skipping = LogReader(path, skip_corrupt=True)
+    assert _quiet_raw(skipping) == events[:50] + events[51:]
+    assert [p.offset for p in skipping.corrupt] == [at] and skipping.truncated == []
+
+
+def test_garbage_after_the_log_is_reported_for_every_compression(tmp_path: Path) -> None:
+    events = _events(300)
+    for compression in ("zstd", "bz2", "none"):
+        folder = tmp_path / compression
+        _write(folder, events, compression=compression, rotate_seconds=None)
+        (path,) = segment_paths(folder)
+        size = os.path.getsize(path)
+        with open(path, "ab") as f:
+            f.write(bytes(range(7, 250)) * 3)
+        reader = LogReader(path)
+        got: list[bytes] = []
+        with pytest.raises(LogCorruptionError) as info:
+            for e in reader.raw():
+                if e.service != "logStart":
+                    got.append(e.data)
+        assert got == events, compression  # every event before the garbage
+        assert info.value.problem.file_offset == size, compression
+        skipping = LogReader(path, skip_corrupt=True)
+        assert _quiet_raw(skipping) == events and len(skipping.corrupt) == 1
+
+
+def test_multi_stream_bz2_reads_as_one(tmp_path: Path) -> None:
+    events = _events(300)
+    path = tmp_path / "parallel.log.bz2"  # as pbzip2 and friends write
+    path.write_bytes(bz2.compress(b"".join(events[:100])) + bz2.compress(b"".join(events[100:])))
+    reader = LogReader(path)
+    assert _read_raw_reader(reader) == events and reader.corrupt == reader.truncated == []
+
+
+def test_a_lying_index_is_not_trusted(tmp_path: Path) -> None:
+    # index.json says segment 0 holds no gyroscope, ends before 1.5 s and starts 100 s
+    # earlier than it does: filters, seeking and replay timing must come from the
+    # segments, not from what the index claims.
+    import json
+
+    from msgq.logs.index import IndexCache
+    from msgq.logs.replayer import Replayer
+
+    events = _events(400, step_ns=10_000_000)  # 4 s, 10 ms apart
+    _write(tmp_path / "rec", events, rotate_seconds=2)
+    paths = segment_paths(tmp_path / "rec")
+    assert len(paths) >= 2
+    assert all(IndexCache().entry(p) for p in paths)  # sealed and matching: trusted
+    expected = _read_raw(tmp_path / "rec", services=["gyroscope"])
+    late = _read_raw(tmp_path / "rec", start_mono_ns=10**9 + 1_500_000_000)
+
+    index_path = tmp_path / "rec" / "index.json"
+    doc = json.loads(index_path.read_text())
+    doc["segments"][0]["counts"].pop("gyroscope")
+    doc["segments"][0]["events"] -= 80
+    doc["segments"][0]["last_mono_ns"] = 10**9 + 500_000_000
+    doc["segments"][0]["first_mono_ns"] -= 100 * 10**9
+    index_path.write_text(json.dumps(doc))
+    assert IndexCache().entry(paths[0]) is None  # only the entry that lies
+    assert _read_raw(tmp_path / "rec", services=["gyroscope"]) == expected
+    assert _read_raw(tmp_path / "rec", start_mono_ns=10**9 + 1_500_000_000) == late
+    replayer = Replayer(tmp_path / "rec", fast=True)
+    assert replayer.first_mono_ns == 10**9  # the first event: no 100 s wait
+    assert replayer.end_mono_ns is None  # unknown rather than made up
+
+
+def test_a_stale_index_is_not_trusted(tmp_path: Path) -> None:
+    from msgq.logs.index import IndexCache
+
+    _write(tmp_path / "rec", _events(100))
+    (path,) = segment_paths(tmp_path / "rec")
+    assert IndexCache().entry(path) is not None
+    data = bytearray(Path(path).read_bytes())
+    data[len(data) // 2] ^= 0x10  # same size, other bytes
+    Path(path).write_bytes(bytes(data))
+    assert IndexCache().entry(path) is None
+
+
+def test_a_message_one_word_too_long_does_not_take_the_next_one(tmp_path: Path) -> None:
+    # One flipped bit in a size field makes a message swallow the first word of the next
+    # one, and the framing shows it only after that (or at the end of the file). The
+    # reader looks back into the long message for the next one instead of losing it.
+    events = _events(100)
+    _write(tmp_path / "rec", events, compression="none", rotate_seconds=None)
+    (path,) = segment_paths(tmp_path / "rec")
+    for victim, field in ((40, 4), (98, 4), (60, 0)):  # size: middle, near the end; count
+        data = bytearray(Path(path).read_bytes())
+        at = data.index(events[victim])
+        data[at + field] ^= 1  # segment 0 one word more, or two segments
+        damaged = tmp_path / f"damaged{victim}.log"
+        damaged.write_bytes(bytes(data))
+        reader = LogReader(damaged, skip_corrupt=True)
+        got = _quiet_raw(reader)
+        assert [e for e in events if e in got] == events[:victim] + events[victim + 1:]
+        assert len(reader.corrupt) == 1
+
+
+def test_a_damaged_zstd_magic_loses_only_the_first_frame(tmp_path: Path) -> None:
+    # Recognising the compression by the magic alone read a zstd segment whose first
+    # bytes were hit as an uncompressed log: garbage from the first byte to the last.
+    events = _events(1000)
+    _write(tmp_path / "rec", events, rotate_seconds=None, frame_bytes=4096)
+    (path,) = segment_paths(tmp_path / "rec")
+    data = bytearray(Path(path).read_bytes())
+    data[2] ^= 0x40
+    for name in ("segment.log.zst", "no_suffix"):  # by the suffix, or a magic one byte off
+        damaged = tmp_path / name
+        damaged.write_bytes(bytes(data))
+        reader = LogReader(damaged, skip_corrupt=True)
+        got = _quiet_raw(reader)
+        assert len(got) >= 900 and got == events[len(events) - len(got):], name
+        assert "not a zstd frame" in reader.corrupt[0].detail
+
+
+def test_looking_back_into_a_message_never_invents_events(tmp_path: Path) -> None:
+    # Damage right after a message makes the reader look for the next message inside it
+    # (its length field may have been hit); bytes inside an intact message can look like
+    # a message though. A candidate there counts only when the message before it, cut at
+    # that point, is exactly whole (message_extent); else the search goes on after it.
+    from msgq.logs.framing import message_extent
+
+    events = _events(200)
+    assert all(message_extent(e) == (len(e) - 8) // 8 for e in events)
+    _write(tmp_path / "rec", events, compression="none", rotate_seconds=None)
+    (path,) = segment_paths(tmp_path / "rec")
+    data = bytearray(Path(path).read_bytes())
+    start = len(data) - len(b"".join(events))  # the logStart before the events
+    for zero_from, zero_to in ((100, start + 75), (start - 8, start + 200)):
+        damaged = bytearray(data)
+        damaged[zero_from:zero_to] = bytes(zero_to - zero_from)
+        target = tmp_path / f"damaged{zero_from}.log"
+        target.write_bytes(bytes(damaged))
+        reader = LogReader(target, skip_corrupt=True)
+        got = _quiet_raw(reader)
+        assert all(e in events for e in got), "an event that was never written"
+        offsets = [start + sum(map(len, events[:i])) for i in range(len(events) + 1)]
+        intact = [e for i, e in enumerate(events) if offsets[i] >= zero_to]
+        assert got[len(got) - len(intact):] == intact

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import MSGQ, interrupt, run_cli, run_program
 
 import msgq
-from msgq.cli import COMMANDS
 from msgq.logs import LogReader, LogWriter, read_index
 from msgq.logs.bench import sequence_number, sequenced_message
 from msgq.logs.recorder import Recorder, default_services
@@ -27,14 +27,6 @@ from msgq.logs.replayer import Replayer
 from msgq.messaging import new_message
 
 pytestmark = pytest.mark.multiprocess
-
-# `python -m msgq record ...` once the commands are registered in msgq.cli.COMMANDS;
-# until then the same entry point with the two modules added to the list.
-if {"record", "replay"} <= set(COMMANDS):
-    MSGQ = [sys.executable, "-m", "msgq"]
-else:
-    MSGQ = [sys.executable, "-c", "import sys, msgq.cli as c; "
-            "c.COMMANDS = (*c.COMMANDS, 'record', 'replay'); sys.exit(c.main())"]
 
 PUBLISH = textwrap.dedent("""
     import sys, time
@@ -76,10 +68,9 @@ def _publish(*specs: tuple[str, int, float]) -> None:
 
 
 def _stop(proc: subprocess.Popen[str], signum: int) -> tuple[str, str]:
-    proc.send_signal(signum)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, out + err
-    return out, err
+    """Stops a record/replay process with ``signum``: Ctrl-C exits 130 (after the same
+    clean stop), SIGTERM 0."""
+    return interrupt(proc, 130 if signum == signal.SIGINT else 0, signum)
 
 
 def _read_log(folder: Path) -> dict[str, list[bytes]]:
@@ -191,17 +182,14 @@ def test_recorder_skips_bad_messages_and_counts_drops(tmp_path: Path) -> None:
 
 
 def test_record_errors(tmp_path: Path) -> None:
-    proc = subprocess.run([*MSGQ, "record", "gyroskope", "-o", str(tmp_path / "x")],
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2
+    proc = run_cli("record", "gyroskope", "-o", str(tmp_path / "x"), expect=2)
     assert proc.stderr.count("\n") == 1 and "did you mean 'gyroscope'" in proc.stderr
     assert not (tmp_path / "x").exists()
 
     with LogWriter(str(tmp_path / "used")) as writer:
         writer.write(new_message("gyroscope"))
-    proc = subprocess.run([*MSGQ, "record", "-o", str(tmp_path / "used"), "--duration", "1"],
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 1 and "already holds a recording" in proc.stderr
+    proc = run_cli("record", "-o", str(tmp_path / "used"), "--duration", "1", expect=1)
+    assert "already holds a recording" in proc.stderr
 
     with pytest.raises(KeyError, match="gyroscope"):
         Recorder(tmp_path / "y", ["gyroskope"])
@@ -211,9 +199,8 @@ def test_record_errors(tmp_path: Path) -> None:
 
 def test_record_help_has_examples() -> None:
     for command in ("record", "replay"):
-        proc = subprocess.run([*MSGQ, command, "--help"], capture_output=True, text=True,
-                              timeout=30)
-        assert proc.returncode == 0 and "examples:" in proc.stdout
+        proc = run_cli(command, "--help")
+        assert "examples:" in proc.stdout
         assert f"msgq {command} " in proc.stdout
 
 
@@ -327,29 +314,23 @@ def test_replay_command(tmp_path: Path) -> None:
     services = ("gyroscope", "accelerometer")
     _write_log(tmp_path / "rec", 40, services)
     subs = {s: msgq.sub_sock(s, timeout=5000) for s in services}
-    proc = subprocess.run([*MSGQ, "replay", str(tmp_path / "rec"), "--fast", "--loops", "2",
-                           "--exclude", "accelerometer", "--json"],
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("replay", str(tmp_path / "rec"), "--fast", "--loops", "2",
+                   "--exclude", "accelerometer", "--json")
     summary = json.loads(proc.stdout)
     assert summary["counts"] == {"gyroscope": 40} and summary["passes"] == 2
     assert len(_receive(subs["gyroscope"], 40)) == 40
     assert subs["accelerometer"].receive(non_blocking=True) is None
 
-    proc = subprocess.run([*MSGQ, "replay", str(tmp_path / "rec"), "--speed", "4",
-                           "--start", "2", "--services", "accelerometer"],
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("replay", str(tmp_path / "rec"), "--speed", "4", "--start", "2",
+                   "--services", "accelerometer")
     assert [sequence_number(d, "accelerometer") for _, d in
             _receive(subs["accelerometer"], 10)] == list(range(21, 40, 2))
     assert "done: 10 events" in proc.stdout
 
-    proc = subprocess.run([*MSGQ, "replay", str(tmp_path / "rec"), "--services", "gyroskope"],
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and "did you mean 'gyroscope'" in proc.stderr
-    proc = subprocess.run([*MSGQ, "replay", str(tmp_path / "nothing")],
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 1 and "nothing" in proc.stderr
+    proc = run_cli("replay", str(tmp_path / "rec"), "--services", "gyroskope", expect=2)
+    assert "did you mean 'gyroscope'" in proc.stderr
+    proc = run_cli("replay", str(tmp_path / "nothing"), expect=1)
+    assert "nothing" in proc.stderr
 
 
 def test_replay_loop_stops_on_ctrl_c(tmp_path: Path) -> None:
@@ -367,12 +348,10 @@ def test_replay_loop_stops_on_ctrl_c(tmp_path: Path) -> None:
 
 def test_bench_tiny_run(tmp_path: Path) -> None:
     out_json = tmp_path / "bench.json"
-    proc = subprocess.run(
+    proc = run_program(
         [sys.executable, "-m", "msgq.logs.bench", "--read-seconds", "1", "--repeat", "1",
          "--compressions", "zstd,none", "--rates", "1000", "--seconds", "0.2",
-         "--json", str(out_json)],
-        capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+         "--json", str(out_json)])
     assert "read LogReader.raw()" in proc.stdout and "record 1,000/s" in proc.stdout
     assert "highest rate recorded with zero drops: 1,000" in proc.stdout
     document = json.loads(out_json.read_text())
@@ -410,3 +389,90 @@ def test_recorder_on_zmq_records_and_cannot_see_drops(
     stats = result["stats"]
     assert stats.backend == "zmq" and stats.drops is None and stats.messages == 200
     assert _sequences(_read_log(tmp_path / "rec")["gyroscope"], "gyroscope") == list(range(200))
+
+
+# --- replay of damaged logs ----------------------------------------------------------------
+
+
+def _drain(sub: Any) -> list[int]:
+    """Sequence numbers of every gyroscope message waiting on ``sub``."""
+    got = []
+    while (data := sub.receive(non_blocking=True)) is not None:
+        got.append(sequence_number(data, "gyroscope"))
+    return got
+
+
+def _one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_replay_of_a_log_with_garbage_appended(tmp_path: Path, compression: str) -> None:
+    # The events are all intact; bytes after them are not a log. Without --skip-corrupt:
+    # every event sent, then one line naming the file and offset, exit 1; with it: every
+    # event and a report of what was skipped, exit 0. Never a traceback.
+    events = _write_log(tmp_path / "rec", 60, compression=compression)
+    (path,) = sorted((tmp_path / "rec").glob("segment-*"))
+    size = path.stat().st_size
+    with open(path, "ab") as f:
+        f.write(bytes(range(3, 250)) * 4)
+    sub = msgq.sub_sock("gyroscope", segment_size=1 << 20)
+    proc = run_cli("replay", str(tmp_path / "rec"), "--fast", expect=1)
+    line = _one_line(proc.stderr)
+    assert line.startswith("msgq replay: error:") and str(path) in line
+    assert f"file byte {size}" in line or f"byte {size}" in line
+    assert "--skip-corrupt" in line and "60 event(s) were sent" in line
+    assert _drain(sub) == list(range(len(events)))
+
+    proc = run_cli("replay", str(tmp_path / "rec"), "--fast", "--skip-corrupt", "--json")
+    assert json.loads(proc.stdout)["events"] == 60
+    assert "skipped 1 corrupt spot(s) in 1 file(s)" in proc.stderr and str(path) in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert _drain(sub) == list(range(60))
+
+
+def test_replay_of_a_log_damaged_in_the_middle(tmp_path: Path) -> None:
+    events = _write_log(tmp_path / "rec", 80, compression="none")
+    (path,) = sorted((tmp_path / "rec").glob("segment-*"))
+    data = bytearray(path.read_bytes())
+    start = data.index(events[30])
+    end = data.index(events[33]) + 16  # events 30 to 33 hit, 34 on intact
+    data[start:end] = bytes(end - start)
+    path.write_bytes(bytes(data))
+    sub = msgq.sub_sock("gyroscope", segment_size=1 << 20)
+    proc = run_cli("replay", str(tmp_path / "rec"), "--fast", expect=1)
+    assert f"byte {start}" in _one_line(proc.stderr)
+    assert _drain(sub) == list(range(30))
+    proc = run_cli("replay", str(tmp_path / "rec"), "--fast", "--skip-corrupt")
+    assert _drain(sub) == [*range(30), *range(34, 80)]
+    assert f"corrupt at byte {start}" in proc.stderr
+
+
+def test_replay_of_a_truncated_log_sends_every_complete_event(tmp_path: Path) -> None:
+    _write_log(tmp_path / "rec", 50, compression="none")
+    (path,) = sorted((tmp_path / "rec").glob("segment-*"))
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 10)
+    sub = msgq.sub_sock("gyroscope", segment_size=1 << 20)
+    proc = run_cli("replay", str(tmp_path / "rec"), "--fast")
+    assert _drain(sub) == list(range(49))
+    note = _one_line(proc.stderr)
+    assert note.startswith("msgq replay: note:") and "truncated" in note and str(path) in note
+
+
+def test_replay_of_nothing_readable_is_a_one_line_error(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.log"
+    garbage.write_bytes(bytes(range(256)) * 20)
+    empty = tmp_path / "empty.log.zst"
+    empty.write_bytes(b"")
+    (tmp_path / "no_segments").mkdir()
+    (tmp_path / "no_segments" / "notes.txt").write_text("hello")
+    for args in ([str(garbage)], [str(garbage), "--skip-corrupt"], [str(empty)],
+                 [str(tmp_path / "no_segments")], [str(tmp_path / "no_such_folder")]):
+        proc = run_cli("replay", *args, "--fast", expect=1)
+        line = _one_line(proc.stderr)
+        assert line.startswith("msgq replay: error:"), line
+    garbage_error = run_cli("replay", str(garbage), expect=1).stderr
+    assert "--skip-corrupt" in garbage_error and str(garbage) in garbage_error

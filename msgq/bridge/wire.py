@@ -12,11 +12,15 @@ link drops frames instead of queueing seconds of video)::
     frame 1  header, little-endian: magic u32 "MQVF", version u16, compression u16
              (0 none, 1 zstd), frame_id u32, width u32, height u32, stride u32,
              uv_offset u32, size u32 (bytes of the frame), timestamp_sof u64,
-             timestamp_eof u64, valid u8, 7 bytes padding
+             timestamp_eof u64, valid u8 (0 or 1), 7 bytes padding (zero)
     frame 2  the frame: ``size`` bytes, or their zstd compression
 
 Everything received is checked (topic, header fields, sizes, decompressed length, that
-service bytes are an Event); anything else is counted and dropped.
+service bytes are an Event); anything else is counted and dropped. Each service and
+stream has exactly one topic and each header one encoding: a stream id with leading
+zeros, a nonzero padding byte or a ``valid`` other than 0/1 is refused, not taken for
+the canonical form (so a field that may mean something to a later version is never
+silently dropped).
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ COMPRESSION_NONE = 0
 COMPRESSION_ZSTD = 1
 _MAGIC = 0x4656514D  # "MQVF" little-endian
 _VERSION = 1
-_HEADER = struct.Struct("<IHHIIIIIIQQB7x")
+_HEADER = struct.Struct("<IHHIIIIIIQQB7s")
+_PADDING = bytes(7)
 _MAX_NAME = 100
 
 
@@ -73,6 +78,8 @@ def parse_vision_topic(topic: bytes) -> tuple[str, int]:
     name, sep, stream = topic[1:].rpartition(b"/")
     if not sep or not name or not stream.isdigit() or len(stream) > 10:
         raise WireError("malformed VisionIPC topic")
+    if stream.startswith(b"0") and stream != b"0":
+        raise WireError("stream id with leading zeros")
     value = int(stream)
     if value >= 2**32:
         raise WireError("stream id out of range")
@@ -100,16 +107,18 @@ class FrameHeader:
     def pack(self) -> bytes:
         return _HEADER.pack(_MAGIC, _VERSION, self.compression, self.frame_id, self.width,
                             self.height, self.stride, self.uv_offset, self.size,
-                            self.timestamp_sof, self.timestamp_eof, int(self.valid))
+                            self.timestamp_sof, self.timestamp_eof, int(self.valid), _PADDING)
 
     @classmethod
     def unpack(cls, data: bytes, max_size: int) -> FrameHeader:
         if len(data) != _HEADER.size:
             raise WireError(f"frame header of {len(data)} bytes (expected {_HEADER.size})")
         (magic, version, compression, frame_id, width, height, stride, uv_offset, size,
-         sof, eof, valid) = _HEADER.unpack(data)
+         sof, eof, valid, padding) = _HEADER.unpack(data)
         if magic != _MAGIC or version != _VERSION:
             raise WireError("frame header magic/version mismatch")
+        if valid > 1 or padding != _PADDING:
+            raise WireError("frame header with nonzero reserved bits")
         if compression not in (COMPRESSION_NONE, COMPRESSION_ZSTD):
             raise WireError(f"unknown compression {compression}")
         if not 0 < size <= max_size:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -60,13 +61,51 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _field(payload: Any, path: str) -> Any:
+def _field_names(value: Any) -> tuple[str, ...] | None:
+    """The field names of a Cap'n Proto struct value; None when it is not a struct."""
+    names = getattr(getattr(value, "schema", None), "fieldnames", None)
+    return tuple(names) if names is not None else None
+
+
+def _walk(payload: Any, path: str, service: str) -> Any:
+    """The value at dotted ``path`` under ``payload``; a one-line UsageError naming the
+    fields that do exist when a part of the path is not one."""
+    import difflib
+
     value = payload
+    where = service
     for part in path.split("."):
-        try:
-            value = getattr(value, part)
-        except Exception as e:  # pycapnp raises its own errors for unknown fields
-            raise UsageError(f"no field {path!r} in this message ({e})") from None
+        names = _field_names(value)
+        if names is None:
+            raise UsageError(f"--values {path}: {where} is a {_kind(value)}, not a struct "
+                             "with fields")
+        if part not in names:
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise UsageError(f"--values {path}: {where} has no field '{part}'{hint} "
+                             f"(its fields: {', '.join(names)})")
+        value = getattr(value, part)
+        where = f"{where}.{part}"
+    return value
+
+
+def _kind(value: Any) -> str:
+    if hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
+        return "list"
+    return type(value).__name__
+
+
+def check_values_path(services: list[str], path: str) -> None:
+    """Fails (one line, exit 2) before anything is received when ``path`` names no field
+    of a service's payload (checked on an empty message of each service)."""
+    from msgq.messaging import new_message
+
+    for service in services:
+        _walk(getattr(new_message(service), service), path, service)
+
+
+def _field(payload: Any, path: str, service: str = "the payload") -> Any:
+    value = _walk(payload, path, service)
     if hasattr(value, "to_dict"):
         return json.dumps(_jsonable(value.to_dict()))
     if isinstance(value, bytes):
@@ -77,23 +116,39 @@ def _field(payload: Any, path: str) -> Any:
     return value
 
 
+def _reason(error: BaseException) -> str:
+    """One short line of why bytes did not decode: pycapnp's text without its C++ file
+    names and stack addresses."""
+    text = str(error).split("stack:", 1)[0]
+    text = re.sub(r"\S+\.c\+\+:\d+: (failed: )?", "", text)
+    text = " ".join(text.split())
+    return text[:160] or type(error).__name__
+
+
 def _format(args: argparse.Namespace, service: str, data: bytes) -> str:
+    import capnp
+
     from msgq.messaging import MessageDecodeError, decode_event
 
     if args.raw:
         return f"{service} {data.hex()}"
     try:
         msg = decode_event(data)
-    except MessageDecodeError as e:
-        return f"{service}: undecodable message ({len(data)} bytes): {e}"
-    if args.json:
-        return json.dumps({"service": service, "logMonoTime": msg.logMonoTime,
-                           "valid": msg.valid,
-                           service: _jsonable(msg.to_dict().get(service))})
-    payload = getattr(msg, service)
-    if args.values:
-        return str(_field(payload, args.values))
-    return f"{service} logMonoTime={msg.logMonoTime} valid={msg.valid}\n  {payload}"
+        if args.json:
+            return json.dumps({"service": service, "logMonoTime": msg.logMonoTime,
+                               "valid": msg.valid,
+                               service: _jsonable(msg.to_dict().get(service))})
+        payload = getattr(msg, service)
+        if args.values:
+            return str(_field(payload, args.values, service))
+        return f"{service} logMonoTime={msg.logMonoTime} valid={msg.valid}\n  {payload}"
+    except UsageError:
+        raise
+    except (MessageDecodeError, capnp.KjException, UnicodeDecodeError, RuntimeError,
+            ValueError) as e:
+        # A root that reads but a damaged pointer further in (pycapnp finds it while
+        # formatting): shown as undecodable like any other bad message; dump goes on.
+        return f"{service}: undecodable message ({len(data)} bytes): {_reason(e)}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     from msgq.cli.services import check_services
 
     services = check_services(args.services)
+    if args.values:
+        check_values_path(services, args.values)
     poller = msgq.Poller()
     sockets = {}
     for service in services:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from typing import Any
 
 from msgq.cli.output import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     CommandError,
     UsageError,
@@ -37,8 +39,10 @@ examples:
   msgq record -o rec4 --rotate-seconds 30 --rotate-bytes 100M --compression none
   msgq replay rec1                                play a recording back
 
-exit codes: 0 recorded and stopped (also by Ctrl-C/SIGTERM), 1 could not record (DIR
-already holds a recording, ...), 2 bad command line (unknown service, ...)."""
+exit codes: 0 recorded and stopped (--duration, SIGTERM, SIGHUP), 130 recorded and
+stopped by Ctrl-C (the log is just as complete; 130 tells a calling script that the user
+interrupted), 1 could not record (DIR already holds a recording, ...), 2 bad command line
+(unknown service, ...)."""
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)i?[bB]?\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -118,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(stats.as_dict())
     else:
         _print_stats(stats)
-    return EXIT_OK
+    return EXIT_INTERRUPTED if stats.stop_signal == signal.SIGINT else EXIT_OK
 
 
 def _print_stats(stats: Any) -> None:

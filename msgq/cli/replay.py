@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from msgq.cli.output import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     CommandError,
     UsageError,
@@ -25,7 +26,13 @@ Timing is scheduled against the start of each pass, so errors do not add up; the
 says how late sends were on average and at worst. A progress bar shows on a terminal.
 Subscribers that read slower than a --fast replay sends lose messages, as with any fast
 publisher. Replay takes over the endpoints it publishes: stop live publishers of the same
-services first (or use another MSGQ_PREFIX)."""
+services first (or use another MSGQ_PREFIX).
+
+Damaged logs: a file cut short is replayed up to its last complete event (a note on
+stderr says where it ends). Corrupt data stops the replay after every event before it was
+sent: one line on stderr names the file and byte offset, exit 1. With --skip-corrupt the
+replay goes on at the next readable event and the damage skipped (count, files, offsets)
+is listed on stderr at the end."""
 
 EPILOG = """\
 examples:
@@ -35,10 +42,12 @@ examples:
   msgq replay rec1 --exclude modelOutput --start 30   from 30 s in, without modelOutput
   msgq replay rec1 --loop                      over and over, until Ctrl-C
   msgq replay 'rec1/segment-0000[2-4].log.zst' --loops 3   three segments, three times
+  msgq replay damaged/ --skip-corrupt          past corrupt data, listed at the end
   MSGQ_PREFIX=sim msgq replay rec1             into the namespace 'sim'
 
-exit codes: 0 replayed (also when stopped by Ctrl-C/SIGTERM), 1 could not replay (no such
-log, ...), 2 bad command line (unknown service, ...)."""
+exit codes: 0 replayed (also when stopped by SIGTERM), 1 could not replay (no such log,
+nothing readable in it, corrupt data without --skip-corrupt, ...), 2 bad command line
+(unknown service, ...), 130 stopped by Ctrl-C (after printing what was sent)."""
 
 
 _speed = number(float, 0.0, "a positive speed factor", exclusive=True)
@@ -68,6 +77,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--exclude", metavar="A,B", help="all services but these")
     parser.add_argument("--start", type=_seconds, default=0.0, metavar="SECONDS",
                         help="start this many seconds after the first event")
+    parser.add_argument("--skip-corrupt", action="store_true",
+                        help="go on past corrupt data (listed at the end) instead of "
+                             "stopping there")
     parser.add_argument("--json", action="store_true",
                         help="print the summary as JSON instead of a table")
     return parser
@@ -83,8 +95,15 @@ def _names(text: str | None) -> list[str] | None:
     return check_services([text], default_schema().union_fields)
 
 
+def _damage(problem: Any) -> str:
+    return f"{problem} (--skip-corrupt goes on past it)"
+
+
 def run(args: argparse.Namespace) -> int:
     """Replays the logs; prints what was sent."""
+    import signal
+
+    from msgq.logs.reader import LogCorruptionError
     from msgq.logs.replayer import Replayer
 
     services, exclude = _names(args.services), _names(args.exclude)
@@ -93,19 +112,41 @@ def run(args: argparse.Namespace) -> int:
     loop: bool | int = True if args.loop else (args.loops or False)
     try:
         replayer = Replayer(args.logs, speed=args.speed, fast=args.fast, loop=loop,
-                            services=services, exclude=exclude, start_s=args.start)
+                            services=services, exclude=exclude, start_s=args.start,
+                            skip_corrupt=args.skip_corrupt)
+    except LogCorruptionError as e:  # while looking for the first event
+        raise CommandError(f"nothing replayed: {_damage(e.problem)}") from None
     except (FileNotFoundError, ValueError) as e:
         raise CommandError(str(e)) from None
     end = replayer.end_mono_ns
     if end is not None and replayer.origin_ns > end:
         raise UsageError(f"--start {args.start:g} is past the end of the log "
                          f"({(end - replayer.first_mono_ns) / 1e9:.1f} s long)")
-    stats = replayer.run()
+    try:
+        stats = replayer.run()
+    except LogCorruptionError as e:
+        sent = replayer.stats.events
+        raise CommandError(f"{_damage(e.problem)}; {sent:,} event(s) were sent before "
+                           "it") from None
     if args.json:
         print_json(stats.as_dict())
-        return EXIT_OK
-    _print_stats(stats, args)
-    return EXIT_OK
+    else:
+        _print_stats(stats, args)
+    _print_damage(stats)
+    return EXIT_INTERRUPTED if stats.stop_signal == signal.SIGINT else EXIT_OK
+
+
+def _print_damage(stats: Any) -> None:
+    """What the replay read past, on stderr: where files ended early, and (with
+    --skip-corrupt) the corrupt spots skipped."""
+    for problem in stats.truncated:
+        print(f"msgq replay: note: {problem}", file=sys.stderr)
+    if stats.corrupt:
+        files = sorted({p.path for p in stats.corrupt})
+        print(f"msgq replay: skipped {len(stats.corrupt)} corrupt spot(s) in "
+              f"{len(files)} file(s):", file=sys.stderr)
+        for problem in stats.corrupt:
+            print(f"  {problem}", file=sys.stderr)
 
 
 def _print_stats(stats: Any, args: argparse.Namespace) -> None:

@@ -92,6 +92,10 @@ class LogReader:
     recorder writes in arrival order); otherwise segments follow one another.
     ``start_mono_ns``: skip events before this time (whole segments, via the recording
     index, without reading them). ``skip_corrupt``: see the module docstring.
+    ``warn=False``: damage is only listed in ``truncated`` / ``corrupt``, no warning is
+    issued (for tools that report it themselves). ``indexes``: an
+    :class:`~msgq.logs.index.IndexCache` to share between readers of the same recordings
+    (each index is read, and each segment's seal checked, once).
     """
 
     def __init__(
@@ -102,8 +106,13 @@ class LogReader:
         skip_corrupt: bool = False,
         start_mono_ns: int | None = None,
         schema: Schema | None = None,
+        *,
+        warn: bool = True,
+        indexes: IndexCache | None = None,
     ) -> None:
         self.schema = schema or default_schema()
+        self.warn = warn
+        self._indexes = indexes
         self.paths = segment_paths(source)
         self.services = None if services is None else frozenset(services)
         for service in self.services or ():
@@ -125,13 +134,15 @@ class LogReader:
     def _on_problem(self, problem: LogProblem) -> None:
         if problem.kind == "truncated":
             self.truncated.append(problem)
-            warnings.warn(str(problem), TruncatedLogWarning, stacklevel=4)
+            if self.warn:
+                warnings.warn(str(problem), TruncatedLogWarning, stacklevel=4)
             return
         self.corrupt.append(problem)
         if not self.skip_corrupt:
             raise LogCorruptionError(problem)
-        warnings.warn(f"{problem}; skipped to the next readable event", CorruptLogWarning,
-                      stacklevel=4)
+        if self.warn:
+            warnings.warn(f"{problem}; skipped to the next readable event", CorruptLogWarning,
+                          stacklevel=4)
 
     def _identify(self, data: bytes) -> tuple[int, bool, str] | None:
         """(logMonoTime, valid, service) of bytes read_messages split off a stream (so
@@ -169,7 +180,7 @@ class LogReader:
         if self.start_mono_ns is None and self.services is None:
             return self.paths
         keep = []
-        indexes = IndexCache()
+        indexes = self._indexes if self._indexes is not None else IndexCache()
         for path in self.paths:
             entry = indexes.entry(path)
             if entry is not None:

@@ -84,6 +84,7 @@ class RecordStats:
     services: dict[str, ServiceCount] = field(default_factory=dict)
     segments: int = 0
     file_bytes: int = 0  # size of the segment files on disk
+    stop_signal: int | None = None  # the signal that stopped the recording, if one did
 
     @property
     def messages(self) -> int:
@@ -190,6 +191,8 @@ class Recorder:
         self._by_socket: dict[int, _Channel] = {}
         self._poller: Any = None
         self._stop = threading.Event()
+        #: The signal that stopped ``run()`` (None: stopped otherwise, or still running).
+        self.stop_signal: int | None = None
         self._started_at = 0.0
         self._stopped_at: float | None = None
         self._unflushed_since: float | None = None
@@ -272,6 +275,8 @@ class Recorder:
         def on_signal(signum: int, frame: FrameType | None) -> None:
             if signum == signal.SIGINT and self._stop.is_set():
                 raise KeyboardInterrupt  # a second Ctrl-C: stop reading the queues now
+            if self.stop_signal is None:
+                self.stop_signal = signum
             self._stop.set()
 
         previous = {}
@@ -374,4 +379,5 @@ class Recorder:
             services={c.service: c.count for c in self._channels},
             segments=len(segments),
             file_bytes=file_bytes,
+            stop_signal=self.stop_signal,
         )

@@ -14,7 +14,12 @@ possible. Subscribers that read slower than a fast replay sends lose messages as
 would with any fast publisher (on shared memory they count it in their ``resets``).
 
 Skipping to ``start_s`` uses the recording's index: segments that end before it are not
-read at all.
+read at all (only where the index's seal matches the segment files, see
+:mod:`msgq.logs.index`; otherwise the segments are read).
+
+Damage: truncated segments give every complete event (listed in ``stats.truncated``);
+corruption stops the replay with :class:`LogCorruptionError` after every event before it
+was sent, or, with ``skip_corrupt=True``, is skipped (listed in ``stats.corrupt``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 import msgq
 from msgq.logs.index import IndexCache, read_index
 from msgq.logs.reader import LogReader, segment_paths
+from msgq.logs.segment import LogProblem
 from msgq.schemas import Schema, default_schema
 
 __all__ = ["ReplayStats", "Replayer"]
@@ -53,6 +59,9 @@ class ReplayStats:
     late_mean_ms: float = 0.0  # how late sends were against their schedule (timed mode)
     late_max_ms: float = 0.0
     interrupted: bool = False  # stopped before the end
+    stop_signal: int | None = None  # the signal that stopped it (handle_signals)
+    truncated: list[LogProblem] = field(default_factory=list)  # damage read past: the
+    corrupt: list[LogProblem] = field(default_factory=list)  # end of a file / skipped bytes
 
     @property
     def events(self) -> int:
@@ -70,7 +79,14 @@ class ReplayStats:
             "late_max_ms": round(self.late_max_ms, 3),
             "interrupted": self.interrupted,
             "counts": dict(self.counts),
+            "truncated": [_problem_dict(p) for p in self.truncated],
+            "corrupt": [_problem_dict(p) for p in self.corrupt],
         }
+
+
+def _problem_dict(problem: LogProblem) -> dict[str, Any]:
+    return {"path": problem.path, "offset": problem.offset,
+            "file_offset": problem.file_offset, "detail": problem.detail}
 
 
 class Replayer:
@@ -81,7 +97,8 @@ class Replayer:
     until ``stop()``; an int n plays n passes. ``services`` / ``exclude``: which services
     to send (unknown names raise KeyError with close matches). ``start_s``: seconds after
     the first event of the recording to start at. ``progress``: a tqdm bar (on stderr;
-    default: when stdout is a terminal).
+    default: when stdout is a terminal). ``skip_corrupt``: go on past corrupt data (see
+    the module docstring). While ``run()`` goes, ``stats`` is what was sent so far.
     """
 
     def __init__(
@@ -96,6 +113,7 @@ class Replayer:
         *,
         progress: bool | None = None,
         schema: Schema | None = None,
+        skip_corrupt: bool = False,
     ) -> None:
         if not (speed > 0 and math.isfinite(speed)):
             raise ValueError(f"speed must be a positive number, not {speed!r}")
@@ -104,6 +122,10 @@ class Replayer:
         if isinstance(loop, int) and not isinstance(loop, bool) and loop < 1:
             raise ValueError(f"loop must be True, False or a number of passes >= 1, not {loop}")
         self.schema = schema or default_schema()
+        self.skip_corrupt = skip_corrupt
+        self._problems: dict[tuple[str, str, int, int], LogProblem] = {}
+        self._indexes = IndexCache()  # seals checked once, not at every pass
+        self.stats = ReplayStats()
         self.paths = segment_paths(source)
         if not self.paths:
             raise FileNotFoundError(f"no log segments in {source!r}")
@@ -152,7 +174,7 @@ class Replayer:
         logStart) and the end stays unknown (None)."""
         first: int | None = None
         last: int | None = 0
-        indexes = IndexCache()
+        indexes = self._indexes
         for path in self.paths:
             entry = indexes.entry(path)
             if entry is not None and entry.events:
@@ -160,7 +182,11 @@ class Replayer:
                 if last is not None:
                     last = max(last, entry.last_mono_ns)
             else:
-                lo = next((e.mono_ns for e in LogReader(path, schema=self.schema).raw()), None)
+                reader = self._reader(path)
+                try:
+                    lo = next((e.mono_ns for e in reader.raw()), None)
+                finally:
+                    self._note_problems(reader)
                 if lo is None:
                     continue  # an empty segment
                 last = None
@@ -168,6 +194,15 @@ class Replayer:
         if first is None:
             raise ValueError(f"no events in {', '.join(self.paths)}")
         return first, last
+
+    def _reader(self, paths: Any, **kwargs: Any) -> LogReader:
+        return LogReader(paths, schema=self.schema, skip_corrupt=self.skip_corrupt,
+                         warn=False, indexes=self._indexes, **kwargs)
+
+    def _note_problems(self, reader: LogReader) -> None:
+        for problem in [*reader.truncated, *reader.corrupt]:
+            key = (problem.path, problem.kind, problem.offset, problem.file_offset)
+            self._problems.setdefault(key, problem)
 
     def _services_in_log(self) -> set[str]:
         """Services of the wanted set the indexes list (empty when there is no index)."""
@@ -204,13 +239,15 @@ class Replayer:
         if handle_signals is None:
             handle_signals = threading.current_thread() is threading.main_thread()
         previous: dict[int, Any] = {}
+        stats = self.stats = ReplayStats(log_seconds=self.log_seconds)
         if handle_signals:
             def on_signal(signum: int, frame: FrameType | None) -> None:
+                if stats.stop_signal is None:
+                    stats.stop_signal = signum
                 self._stop.set()
 
             for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 previous[signum] = signal.signal(signum, on_signal)
-        stats = ReplayStats(log_seconds=self.log_seconds)
         began = time.monotonic()
         try:
             for service in sorted(self._services_in_log()):
@@ -227,16 +264,13 @@ class Replayer:
             stats.late_mean_ms, stats.late_max_ms = late.mean_ms, late.max_ms
         finally:
             stats.seconds = time.monotonic() - began
+            problems = list(self._problems.values())
+            stats.truncated = [p for p in problems if p.kind == "truncated"]
+            stats.corrupt = [p for p in problems if p.kind != "truncated"]
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self.close()
         return stats
-
-    def _events(self) -> Iterable[Any]:
-        reader = LogReader(self.paths, services=self.services, sort=True,
-                           start_mono_ns=self.origin_ns if self.start_s else None,
-                           schema=self.schema)
-        return reader.raw()
 
     def _play_once(self, stats: ReplayStats, late: _Lateness) -> bool:
         """One pass; False when stopped."""
@@ -246,8 +280,10 @@ class Replayer:
         origin = self.origin_ns
         scale = 1.0 / self.speed
         shown = origin
+        reader = self._reader(self.paths, services=self.services, sort=True,
+                              start_mono_ns=self.origin_ns if self.start_s else None)
         try:
-            events = iter(self._events())
+            events = iter(reader.raw())
             first = next(events, None)  # opening the log is not part of the timing
             if first is None:
                 return not stop.is_set()
@@ -267,6 +303,7 @@ class Replayer:
                     shown = event.mono_ns
             return not stop.is_set()
         finally:
+            self._note_problems(reader)
             if bar is not None:
                 bar.close()
 

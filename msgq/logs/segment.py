@@ -2,17 +2,23 @@
 damage.
 
 Compression is recognised by its magic: zstd (``28 b5 2f fd``), bz2 (``BZh``), else
-uncompressed. The stream is read in chunks (bounded memory whatever the file size).
+uncompressed; when the first bytes are damaged, by a magic one byte off or the file's
+suffix. The stream is read in chunks (bounded memory whatever the file size), and a
+zstd frame's output is held until its checksum verifies (damaged bytes never come out).
 
 Damage is reported as :class:`LogProblem` values with the file and byte offset:
 
 * **truncated**: the file ends inside a message (or inside a zstd frame). Every complete
   message before it is returned.
-* **corrupt**: a zstd frame fails its checksum, or bytes that cannot start a message turn
-  up in the middle. With ``skip_corrupt`` the reader resynchronises — at the next zstd
-  frame (msgq's writer starts every frame on a message boundary) or, within a frame or an
-  uncompressed/bz2 stream, at the next 8-byte-aligned offset where a whole, decodable
-  message starts — and goes on; without it reading stops there.
+* **corrupt**: a zstd frame fails to decode or its checksum, bytes that cannot start a
+  message turn up in the middle, a length runs past the end of the data while whole
+  messages follow, or bytes follow the end of a bz2 stream. With ``skip_corrupt`` the
+  reader resynchronises — at the next zstd frame (msgq's writer starts every frame on a
+  message boundary) or, within a frame or an uncompressed/bz2 stream, at the next
+  8-byte-aligned offset where a whole, decodable message starts and another message (or
+  the end) follows it; when the damage comes right after a message, the search starts
+  inside that message, whose length field may be what was hit — and goes on; without it
+  reading stops there.
 
 Offsets: ``offset`` is the position in the uncompressed stream (the file offset for an
 uncompressed file); ``file_offset`` is where in the file the damaged data is (the start of
@@ -29,13 +35,20 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from msgq.logs.framing import FramingError, message_length
+from msgq.logs.framing import FramingError, message_extent, message_length
 
 __all__ = ["LogProblem", "RawMessage", "compression_of", "read_messages"]
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 BZ2_MAGIC = b"BZh"
 _CHUNK = 1 << 20
+#: Compressed bytes handed to a decompressor at a time: what one call can return stays
+#: bounded (a few hundred MiB at zstd's most extreme ratio), whatever a file holds.
+_ZSTD_FEED = 4096
+_BZ2_FEED = 64 * 1024
+#: Output of one zstd frame held back until its checksum verifies; a larger frame (a
+#: foreign file compressed as one frame) streams past this.
+HOLD_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,23 @@ def compression_of(head: bytes) -> str:
     return "none"
 
 
+def _damaged_magic(head: bytes, path: str) -> str:
+    """The compression of a file by its magic, or, when that was damaged, by a magic one
+    byte off or the file's suffix: a zstd file whose first bytes are hit is then read as
+    zstd (the damaged first frame is skipped), not as garbage of an uncompressed log."""
+    found = compression_of(head)
+    if found != "none":
+        return found
+    near_zstd = len(head) == 4 and sum(a == b for a, b in zip(head, ZSTD_MAGIC, strict=True)) == 3
+    if near_zstd or path.endswith((".zst", ".zstd")):
+        return "zstd"
+    near_bz2 = len(head) == 4 and head[3:4].isdigit() and \
+        sum(a == b for a, b in zip(head[:3], BZ2_MAGIC, strict=True)) == 2
+    if near_bz2 or path.endswith(".bz2"):
+        return "bz2"
+    return "none"
+
+
 @dataclass
 class _Chunk:
     data: bytes
@@ -86,51 +116,74 @@ class _Chunk:
 
 
 def _zstd_chunks(f: BinaryIO) -> Iterator[_Chunk]:
+    """The decompressed output of a file of zstd frames. A frame's output is held back
+    until the frame ends and its checksum verifies (up to HOLD_BYTES of it: a larger,
+    foreign frame streams), so no byte of a damaged frame reaches the caller; a frame the
+    file ends inside gives what it decoded (a crash or a copy cut it short)."""
     dctx = zstandard.ZstdDecompressor()
     pending = b""
-    consumed = 0  # file offset of pending[0]
+    at = 0  # pending[at:] is still to decompress
+    consumed = 0  # file offset of pending[at]
     frame_start = 0
     obj = None
     at_eof = False
+    held: list[bytes] = []
+    held_bytes = 0
     while True:
-        if not pending:
+        if at >= len(pending):
             if at_eof:
                 break
-            pending = f.read(_CHUNK)
+            pending, at = f.read(_CHUNK), 0
             if not pending:
                 at_eof = True
                 break
         if obj is None:
             frame_start = consumed
-            if not pending.startswith(ZSTD_MAGIC[: len(pending)]):
+            rest = pending[at:at + 4]
+            if not ZSTD_MAGIC.startswith(rest):
                 # garbage between frames: corrupt; find the next frame
                 yield _Chunk(b"", consumed, ("corrupt", "bytes that are not a zstd frame"),
                              breaks_after=True)
-                pending, consumed, at_eof = _skip_to_magic(f, pending, consumed, 0)
+                pending, consumed, at_eof = _skip_to_magic(f, pending[at:], consumed, 0)
+                at = 0
                 continue
             obj = dctx.decompressobj()
+        # Small pieces bound what one call returns (a highly compressed frame).
+        piece = pending[at:at + _ZSTD_FEED]
         try:
-            out = obj.decompress(pending)
+            out = obj.decompress(piece)
         except zstandard.ZstdError as e:
-            yield _Chunk(b"", frame_start, ("corrupt", f"zstd frame does not decode ({e})"),
+            dropped = f"; {held_bytes} bytes it decoded dropped" if held_bytes else ""
+            held, held_bytes = [], 0
+            yield _Chunk(b"", frame_start,
+                         ("corrupt", f"zstd frame does not decode ({e}){dropped}"),
                          breaks_after=True)
             obj = None
             # restart the search one byte after the bad frame's magic
             f.seek(frame_start + 1)
-            consumed = frame_start + 1
-            pending, consumed, at_eof = _skip_to_magic(f, b"", consumed, 0)
+            pending, consumed, at_eof = _skip_to_magic(f, b"", frame_start + 1, 0)
+            at = 0
             continue
         if out:
-            yield _Chunk(out, frame_start)
+            held.append(out)
+            held_bytes += len(out)
         if obj.eof:
-            rest = obj.unused_data
-            consumed += len(pending) - len(rest)
-            pending = rest
+            used = len(piece) - len(obj.unused_data)
+            at += used
+            consumed += used
             obj = None
+            if held:
+                yield _Chunk(b"".join(held), frame_start)
+                held, held_bytes = [], 0
         else:
-            consumed += len(pending)
-            pending = b""
+            at += len(piece)
+            consumed += len(piece)
+            if held_bytes >= HOLD_BYTES:
+                yield _Chunk(b"".join(held), frame_start)
+                held, held_bytes = [], 0
     if obj is not None:
+        if held:
+            yield _Chunk(b"".join(held), frame_start)
         yield _Chunk(b"", frame_start, ("truncated", "the file ends inside a zstd frame"))
 
 
@@ -151,32 +204,55 @@ def _skip_to_magic(f: BinaryIO, pending: bytes, consumed: int,
         start = 0
 
 
-def _plain_chunks(f: BinaryIO, compression: str, path: str) -> Iterator[_Chunk]:
-    if compression == "bz2":
-        decompressor = bz2.BZ2Decompressor()
-        while True:
-            data = f.read(_CHUNK)
-            if not data:
-                if not decompressor.eof:
-                    yield _Chunk(b"", 0, ("truncated", "the file ends inside the bz2 stream"))
-                return
-            try:
-                out = decompressor.decompress(data)
-            except OSError as e:
-                yield _Chunk(b"", 0, ("corrupt", f"bz2 stream does not decode ({e})"))
-                return
-            if out:
-                yield _Chunk(out, 0)
-            if decompressor.eof:
-                return
-    else:
-        offset = 0
-        while True:
-            data = f.read(_CHUNK)
+def _bz2_chunks(f: BinaryIO) -> Iterator[_Chunk]:
+    """The decompressed output of a bz2 file (several streams back to back, as parallel
+    compressors write, read as one). Bytes after the last stream that do not start
+    another are corrupt (appended garbage); the file ending inside a stream is a
+    truncation."""
+    decompressor = bz2.BZ2Decompressor()
+    fed = 0  # file bytes handed to the decompressor so far
+    stream_start = 0  # file offset of the current stream
+    while True:
+        if decompressor.eof:
+            data = decompressor.unused_data
+            stream_start = fed - len(data)
+            if len(data) < len(BZ2_MAGIC) + 1:
+                more = f.read(_BZ2_FEED)
+                fed += len(more)
+                data += more
             if not data:
                 return
-            yield _Chunk(data, offset)
-            offset += len(data)
+            if not (data.startswith(BZ2_MAGIC) and data[3:4].isdigit()):
+                yield _Chunk(b"", stream_start,
+                             ("corrupt", "bytes after the end of the bz2 stream"))
+                return
+            decompressor = bz2.BZ2Decompressor()
+        elif decompressor.needs_input:
+            data = f.read(_BZ2_FEED)
+            if not data:
+                yield _Chunk(b"", fed, ("truncated", "the file ends inside a bz2 stream"))
+                return
+            fed += len(data)
+        else:
+            data = b""
+        try:
+            # max_length bounds what one call returns (a highly compressed block)
+            out = decompressor.decompress(data, _CHUNK)
+        except (OSError, EOFError, ValueError) as e:
+            yield _Chunk(b"", stream_start, ("corrupt", f"bz2 stream does not decode ({e})"))
+            return
+        if out:
+            yield _Chunk(out, stream_start)
+
+
+def _raw_chunks(f: BinaryIO) -> Iterator[_Chunk]:
+    offset = 0
+    while True:
+        data = f.read(_CHUNK)
+        if not data:
+            return
+        yield _Chunk(data, offset)
+        offset += len(data)
 
 
 def read_messages(
@@ -208,81 +284,185 @@ def read_messages(
 def _read_open(f: BinaryIO, path: str, on_problem: Callable[[LogProblem], None],
                skip_corrupt: bool, identify: Callable[[bytes], Any]) -> Iterator[RawMessage]:
     f.seek(0)
-    compression = compression_of(f.read(4))
+    compression = _damaged_magic(f.read(4), path)
     f.seek(0)
-    chunks = _zstd_chunks(f) if compression == "zstd" else _plain_chunks(f, compression, path)
+    chunks = _zstd_chunks(f) if compression == "zstd" else \
+        _bz2_chunks(f) if compression == "bz2" else _raw_chunks(f)
     yield from _split(path, chunks, compression, on_problem, skip_corrupt, identify)
 
 
 def _split(path: str, chunks: Iterator[_Chunk], compression: str,
            on_problem: Callable[[LogProblem], None], skip_corrupt: bool,
            identify: Callable[[bytes], Any]) -> Iterator[RawMessage]:
+    """Splits the decompressed stream into messages; reports damage (see the module
+    docstring) and, with ``skip_corrupt``, resynchronises past it."""
     buf = bytearray()
     buf_offset = 0  # uncompressed-stream offset of buf[0]
     stream_offset = 0  # uncompressed bytes seen so far
-    file_offset = 0
-    resyncing = False
+    file_offset = 0  # where in the file buf[0] came from (its zstd frame, for zstd)
+    resyncing = False  # looking for the next message after damage
+    carry = 0  # where in buf the next scan starts (past its end: bytes already stepped over)
+    kept = -1  # 0 when buf starts with the last message read (kept to look back into)
 
     def report(kind: str, offset: int, detail: str) -> None:
         fo = offset if compression == "none" else file_offset
         on_problem(LogProblem(path, kind, offset, fo, detail))
 
-    for chunk in chunks:
-        if chunk.data:
-            if not buf:
-                file_offset = chunk.file_offset
-            buf += chunk.data
-            stream_offset += len(chunk.data)
-        pos = 0
-        while True:
-            try:
-                length = message_length(buf, pos)
-                bad = None
-            except FramingError as e:
-                length, bad = None, str(e)
-            if length is not None:
-                data = bytes(buf[pos:pos + length])
-                identity = identify(data)
-                if identity is not None:
-                    resyncing = False
-                    yield RawMessage(data, buf_offset + pos,
-                                     buf_offset + pos if compression == "none" else file_offset,
-                                     identity)
-                    pos += length
-                    continue
-                bad = "bytes that do not decode as a message"
-            if bad is None:
-                break  # need more data
-            if not resyncing:
-                report("corrupt", buf_offset + pos, bad)
-                if not skip_corrupt:
-                    return
-                resyncing = True
-            pos += 8
-            if pos > len(buf):
-                pos = len(buf)
-                break
-        del buf[:pos]
-        buf_offset += pos
-        if chunk.problem is not None:
-            kind, detail = chunk.problem
-            if kind == "truncated" and not resyncing:
-                if buf:
-                    detail = f"{detail}; {len(buf)} bytes of an unfinished message dropped"
-                report(kind, buf_offset, detail)
-                buf_offset += len(buf)
-                buf.clear()
-            elif kind == "corrupt":
-                file_offset = chunk.file_offset
-                report(kind, stream_offset, detail)
-                if not skip_corrupt:
-                    return
-            if chunk.breaks_after:
-                buf_offset += len(buf)
-                buf.clear()
+    def whole(pos: int) -> tuple[bytes, Any] | str | None:
+        """The message at ``pos`` (its bytes and identity); None when the data ends
+        before it does; why not, when no message starts there."""
+        try:
+            length = message_length(buf, pos)
+        except FramingError as e:
+            return str(e)
+        if length is None:
+            return None
+        data = bytes(buf[pos:pos + length])
+        identity = identify(data)
+        if identity is None:
+            return "bytes that do not decode as a message"
+        return data, identity
+
+    def followed(end: int, final: bool = True) -> bool | None:
+        """A message found while resynchronising counts when another whole message (or
+        the end of the data) follows it: bytes inside a damaged message can look like a
+        message once; twice in a row is improbable. None: undecided until more data
+        comes (the next message is not complete yet)."""
+        if end >= len(buf):
+            return True if final or end == len(buf) else None
+        after = whole(end)
+        if after is None:
+            return False if final else None
+        return isinstance(after, tuple)
+
+    def message_after(pos: int) -> bool:
+        """Whether a whole message starts at an 8-byte step after ``pos``."""
+        return any(isinstance(whole(p), tuple) for p in range(pos + 8, len(buf), 8))
+
+    def fits(start: int, end: int) -> bool:
+        """Whether the message at ``start``, cut at ``end`` and given the one-segment
+        header that says so, is whole and tight: then its header was what the damage hit
+        (its segment count or size), and a message at ``end`` is a real one, not bytes
+        inside it that look like one."""
+        words = (end - start - 8) // 8
+        if words < 1:
+            return False
+        cut = bytearray(buf[start:end])
+        cut[0:8] = (words << 32).to_bytes(8, "little")
+        return message_extent(cut) == words
+
+    def overlapping(previous: int, pos: int) -> bool:
+        """Whether a whole message, followed by another or the end, starts inside the
+        message at ``previous`` (-1: none) where that one, cut there, fits exactly: its
+        length field was wrong."""
+        for p in range(previous + 8, pos, 8) if previous >= 0 else ():
+            found = whole(p)
+            if isinstance(found, tuple) and fits(previous, p) and followed(p + len(found[0])):
+                return True
+        return False
+
+    def scan(final: bool) -> Iterator[RawMessage]:
+        """Yields the messages of buf; leaves in it what may still be completed. ``final``:
+        no more bytes will continue buf."""
+        nonlocal resyncing, carry, buf_offset, kept
+        pos = carry
+        carry = 0
+        previous = kept  # where the message before pos starts, or -1
+        origin = damage = -1  # looking back into the message at origin, damage found after it
+        raw = compression == "none"
+        while pos < len(buf):
+            if not resyncing:  # the common case, inline: message after message
+                try:
+                    length = message_length(buf, pos)
+                except FramingError:
+                    length = 0
+                if length:
+                    data = bytes(buf[pos:pos + length])
+                    identity = identify(data)
+                    if identity is not None:
+                        yield RawMessage(data, buf_offset + pos,
+                                         buf_offset + pos if raw else file_offset, identity)
+                        previous = pos
+                        pos += length
+                        continue
+            found = whole(pos)
+            chained: bool | None = True
+            if isinstance(found, tuple) and resyncing:
+                chained = followed(pos + len(found[0]), final)
+                if chained is None and pos >= damage:
+                    break  # decided when more data has come
+            if isinstance(found, tuple) and (pos >= damage or fits(origin, pos)) and chained:
+                data, identity = found
                 resyncing = False
-        elif chunk.data:
-            file_offset = chunk.file_offset if not buf else file_offset
-    if buf and not resyncing:
-        report("truncated", buf_offset,
-               f"the file ends inside a message ({len(buf)} bytes of it dropped)")
+                yield RawMessage(data, buf_offset + pos,
+                                 buf_offset + pos if compression == "none" else file_offset,
+                                 identity)
+                previous = pos
+                pos += len(data)
+                continue
+            if found is None and not resyncing:
+                if not final or not (message_after(pos) or overlapping(previous, pos)):
+                    break  # more bytes may complete it, or the data was cut inside it
+                found = "a length field that runs past the end of the data"
+            if not resyncing:
+                report("corrupt", buf_offset + pos, str(found))
+                if not skip_corrupt:
+                    raise _StopReadingError
+                resyncing = True
+                if previous >= 0:
+                    # Damage right after a message may be in that message's length field
+                    # (a message a word too long swallows the start of the next one, or
+                    # more): look for the next message from inside it, where it would
+                    # end if its length were right.
+                    origin, damage = previous, pos
+                    pos = previous + 8
+                    continue
+            pos += 8
+        # Uncompressed: the last message stays in buf while reading goes on after it, so
+        # that damage found after it (at the next chunk, or at the end) can look back.
+        keep = previous if compression == "none" and previous >= 0 and not resyncing \
+            and pos <= len(buf) else min(pos, len(buf))
+        carry = pos - keep
+        kept = 0 if keep == previous else -1
+        del buf[:keep]
+        buf_offset += keep
+
+    try:
+        for chunk in chunks:
+            if chunk.data:
+                if not buf:
+                    file_offset = chunk.file_offset
+                buf += chunk.data
+                stream_offset += len(chunk.data)
+            yield from scan(final=chunk.problem is not None)
+            if chunk.problem is not None:
+                kind, detail = chunk.problem
+                if kind == "truncated":
+                    if not resyncing:
+                        if buf:
+                            detail = f"{detail}; {len(buf)} bytes of an unfinished message " \
+                                     "dropped"
+                        report(kind, buf_offset, detail)
+                else:
+                    file_offset = chunk.file_offset
+                    report(kind, stream_offset, detail)
+                    if not skip_corrupt:
+                        return
+                    resyncing = True  # what is left of the stream before it is lost too
+            if chunk.breaks_after or (chunk.problem is not None and chunk.problem[0] ==
+                                      "truncated"):
+                buf_offset += len(buf)
+                buf.clear()
+                carry, kept = 0, -1
+                resyncing = False
+        yield from scan(final=True)
+    except _StopReadingError:
+        return
+    left = len(buf) - carry  # after the message kept to look back into, if any
+    if left > 0 and not resyncing:
+        report("truncated", buf_offset + carry,
+               f"the file ends inside a message ({left} bytes of it dropped)")
+
+
+class _StopReadingError(Exception):
+    """Reading stops at damage (no ``skip_corrupt``)."""

@@ -20,6 +20,7 @@ loses only itself (readers resume at the next one).
 from __future__ import annotations
 
 import bz2
+import hashlib
 import os
 import signal
 import socket
@@ -61,6 +62,13 @@ class _SegmentFile:
             if compression == "zstd" else None
         # 100 kB blocks: a damaged or truncated block loses the least data
         self._bz2 = bz2.BZ2Compressor(1) if compression == "bz2" else None
+        self.sha256 = hashlib.sha256()  # of the bytes written, for the index's seal
+        self.file_bytes = 0
+
+    def _write(self, data: bytes) -> None:
+        self._file.write(data)
+        self.sha256.update(data)
+        self.file_bytes += len(data)
 
     def add(self, data: bytes) -> int:
         self._pending.append(data)
@@ -74,17 +82,17 @@ class _SegmentFile:
         self._pending.clear()
         self._pending_bytes = 0
         if self._zstd is not None:
-            self._file.write(self._zstd.compress(data))
+            self._write(self._zstd.compress(data))
         elif self._bz2 is not None:
-            self._file.write(self._bz2.compress(data))
+            self._write(self._bz2.compress(data))
         else:
-            self._file.write(data)
+            self._write(data)
         self._file.flush()
 
     def close(self) -> None:
         self.flush()
         if self._bz2 is not None:
-            self._file.write(self._bz2.flush())
+            self._write(self._bz2.flush())
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
@@ -221,6 +229,9 @@ class LogWriter:
     def _finish_segment(self) -> None:
         if self._segment is not None:
             self._segment.close()
+            if self._index is not None:
+                self._index.file_bytes = self._segment.file_bytes
+                self._index.seal = self._index.seal_for(self._segment.sha256.hexdigest())
             self._segment = None
             self._write_index()
 
