@@ -414,9 +414,6 @@ def test_ctrl_c_stops_top_with_130() -> None:
     interrupt(proc, 130)
 
 
-@pytest.mark.xfail(strict=True, reason="msgq/cli/bridge.py catches KeyboardInterrupt and "
-                   "returns EXIT_OK; it should return EXIT_INTERRUPTED after printing its "
-                   "counters (outside the logs branch's files)")
 def test_ctrl_c_stops_bridge_with_130() -> None:
     port = str(_free_port())
     proc = _started(["bridge", "connect", "127.0.0.1", "--port", port], "re-publishing")

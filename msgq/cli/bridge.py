@@ -7,7 +7,14 @@ import signal
 import sys
 from typing import Any
 
-from msgq.cli.output import EXIT_OK, UsageError, number, print_json, print_table
+from msgq.cli.output import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    UsageError,
+    number,
+    print_json,
+    print_table,
+)
 
 EPILOG = """\
 examples:
@@ -106,10 +113,11 @@ def run(args: argparse.Namespace) -> int:
     timer = threading.Timer(args.duration, side.stop) if args.duration else None
     if timer is not None:
         timer.start()
+    interrupted = False
     try:
         side.run()
     except KeyboardInterrupt:
-        pass
+        interrupted = True  # the counters still go out; the exit code says Ctrl-C
     finally:
         if timer is not None:
             timer.cancel()
@@ -120,4 +128,4 @@ def run(args: argparse.Namespace) -> int:
         print_json(counts)
     else:
         print_table(("counter", "value"), list(counts.items()) or [("messages", 0)])
-    return EXIT_OK
+    return EXIT_INTERRUPTED if interrupted else EXIT_OK
