@@ -20,6 +20,8 @@ from typing import Any
 from msgq.bridge.wire import (
     COMPRESSION_ZSTD,
     DEFAULT_PORT,
+    FRAME_PARTS,
+    VISION_HWM,
     FrameHeader,
     WireError,
     parse_service_topic,
@@ -64,7 +66,7 @@ class Inbound:
         if vision:
             self._vision_sub = self._zmq.socket(zmq.SUB)
             self._vision_sub.setsockopt(zmq.LINGER, 0)
-            self._vision_sub.setsockopt(zmq.RCVHWM, 4)
+            self._vision_sub.setsockopt(zmq.RCVHWM, VISION_HWM * FRAME_PARTS)
             self._vision_sub.setsockopt(zmq.SUBSCRIBE, b"v")
             self._vision_sub.connect(f"tcp://{host}:{port + 1}")
         self._handlers: dict[Any, Callable[[list[bytes]], None]] = {

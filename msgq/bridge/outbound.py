@@ -16,6 +16,8 @@ from msgq.bridge.wire import (
     COMPRESSION_NONE,
     COMPRESSION_ZSTD,
     DEFAULT_PORT,
+    FRAME_PARTS,
+    VISION_HWM,
     FrameHeader,
     service_topic,
     vision_topic,
@@ -25,10 +27,6 @@ __all__ = ["Outbound"]
 
 #: Messages queued per remote subscriber on the services socket before ZMQ drops.
 SERVICES_HWM = 10_000
-#: Frames queued per remote subscriber (a slow link drops frames, it does not lag).
-VISION_HWM = 4
-#: ZMQ counts a high-water mark in message parts: a frame is topic, header, payload.
-FRAME_PARTS = 3
 
 
 class Outbound:

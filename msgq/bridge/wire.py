@@ -32,6 +32,8 @@ __all__ = [
     "COMPRESSION_NONE",
     "COMPRESSION_ZSTD",
     "DEFAULT_PORT",
+    "FRAME_PARTS",
+    "VISION_HWM",
     "FrameHeader",
     "WireError",
     "parse_service_topic",
@@ -42,6 +44,11 @@ __all__ = [
 
 #: Port of the services socket; VisionIPC frames use the next one.
 DEFAULT_PORT = 8010
+#: Frames queued per remote subscriber, on each side (a slow link drops frames, it does
+#: not lag).
+VISION_HWM = 4
+#: Parts of a frame message (topic, header, frame): ZMQ counts high-water marks in parts.
+FRAME_PARTS = 3
 COMPRESSION_NONE = 0
 COMPRESSION_ZSTD = 1
 _MAGIC = 0x4656514D  # "MQVF" little-endian
