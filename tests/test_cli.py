@@ -414,9 +414,10 @@ def test_ctrl_c_stops_top_with_130() -> None:
     interrupt(proc, 130)
 
 
-@pytest.mark.xfail(strict=True, reason="msgq/cli/bridge.py catches KeyboardInterrupt and "
-                   "returns EXIT_OK; it should return EXIT_INTERRUPTED after printing its "
-                   "counters (outside the logs branch's files)")
+@pytest.mark.xfail(strict=False, reason="msgq/cli/bridge.py catches KeyboardInterrupt in "
+                   "side.run() and returns EXIT_OK (a Ctrl-C just before run() gives 130, "
+                   "so this passes now and then); it should return EXIT_INTERRUPTED after "
+                   "printing its counters; then drop this marker")
 def test_ctrl_c_stops_bridge_with_130() -> None:
     port = str(_free_port())
     proc = _started(["bridge", "connect", "127.0.0.1", "--port", port], "re-publishing")
