@@ -347,10 +347,10 @@ def test_visionipc_announcements_over_zmq_between_processes(
             server.do("frame", frame_id)
             buf = None
             deadline = time.monotonic() + 30
-            while buf is None or buf.frame_id >= 1_000:  # a late probe
+            while buf is None or client.frame_id >= 1_000:  # the announcement of a probe
                 assert time.monotonic() < deadline, f"frame {frame_id} never arrived"
                 buf = client.recv(100)
-            assert buf.frame_id == frame_id and buf.is_current()
+            assert client.frame_id == buf.frame_id == frame_id and buf.is_current()
             assert bytes(buf.data) == frame_bytes(frame_id, size).tobytes()
         assert client.bad_packets == 0
         # The announcements went over ZMQ: no shared-memory queue was made for them.
