@@ -254,15 +254,20 @@ def test_a_publisher_in_another_process_takes_the_endpoint_over(
     first.do("pub", endpoint)
     sub = msgq.sub_sock(endpoint, timeout=100)
     if backend == "zmq":  # delivery starts once the subscription reached the publisher
-        while (msg := sub.receive()) is None:
+        deadline = time.monotonic() + 30
+        while sub.receive() is None:
+            assert time.monotonic() < deadline, "the subscription never joined"
             first.do("send", endpoint, b"probe")
-        assert msg == b"probe"
-        sub.setTimeout(5000)
-        while sub.receive(non_blocking=True) is not None:
+    sub.setTimeout(10_000)
+
+    def receive() -> bytes | None:
+        """The next message that is not a probe still in flight."""
+        while (msg := sub.receive()) == b"probe":
             pass
-    sub.setTimeout(5000)
+        return msg
+
     first.do("send", endpoint, b"from the first")
-    assert sub.receive() == b"from the first"
+    assert receive() == b"from the first"
 
     answer = second.ask("pub", endpoint)
     if backend == "zmq":
@@ -270,7 +275,7 @@ def test_a_publisher_in_another_process_takes_the_endpoint_over(
         # publisher keeps the endpoint.
         assert answer.startswith("MultiplePublishersError"), answer
         first.do("send", endpoint, b"still the first")
-        assert sub.receive() == b"still the first"
+        assert receive() == b"still the first"
         return
     # Shared memory: the newcomer takes over; the first one's next send is refused and
     # the subscriber follows the new publisher without reconnecting.
@@ -279,8 +284,8 @@ def test_a_publisher_in_another_process_takes_the_endpoint_over(
     answer = first.ask("send", endpoint, b"lost")
     assert answer.startswith("MultiplePublishersError"), answer
     second.do("send", endpoint, b"again from the second")
-    assert sub.receive() == b"from the second"
-    assert sub.receive() == b"again from the second"
+    assert receive() == b"from the second"
+    assert receive() == b"again from the second"
     assert sub.receive(non_blocking=True) is None
 
 
@@ -342,10 +347,10 @@ def test_visionipc_announcements_over_zmq_between_processes(
             server.do("frame", frame_id)
             buf = None
             deadline = time.monotonic() + 30
-            while buf is None or buf.frame_id >= 1_000:  # a late probe
+            while buf is None or client.frame_id >= 1_000:  # the announcement of a probe
                 assert time.monotonic() < deadline, f"frame {frame_id} never arrived"
                 buf = client.recv(100)
-            assert buf.frame_id == frame_id and buf.is_current()
+            assert client.frame_id == buf.frame_id == frame_id and buf.is_current()
             assert bytes(buf.data) == frame_bytes(frame_id, size).tobytes()
         assert client.bad_packets == 0
         # The announcements went over ZMQ: no shared-memory queue was made for them.

@@ -41,7 +41,7 @@ def publish_after_handshake(endpoint: str, ready, seed: int, n: int) -> None:
 
 
 def wait_for_probe(sub, ready=None) -> None:
-    sub.setTimeout(5000)
+    sub.setTimeout(60_000)  # starting a process takes long on a loaded machine
     while (msg := sub.receive()) != PROBE:
         assert msg is not None, "publisher never showed up"
     if ready is not None:

@@ -52,7 +52,6 @@ def test_tiny_run_prints_every_path_without_drops(tmp_path: Path) -> None:
     handshakes = document["handshakes"]
     assert handshakes["error"] is None and handshakes["handshakes"] >= 20, handshakes
     assert 0 < handshakes["p50_ms"] <= handshakes["p99_ms"] <= handshakes["max_ms"], handshakes
-    assert handshakes["listener"]["served"] >= handshakes["handshakes"], handshakes
 
 
 def test_bad_options_are_usage_errors() -> None:
