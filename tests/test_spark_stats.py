@@ -213,14 +213,21 @@ def _assert_equal(got: dict[str, Any], want: dict[str, Any]) -> None:
     assert got["gap_factor"] == want["gap_factor"]
 
 
-@pytest.mark.parametrize("gap_factor", [2.5, 1.5])
-def test_log_stats_equal_the_reference(spark: Any, recordings: list[str],
-                                       gap_factor: float) -> None:
+@pytest.fixture(scope="module")
+def reference(spark: Any, recordings: list[str]) -> tuple[Any, dict[str, Any], Any]:
+    """(the msgqlog frame of the recordings, the reference's results, its event rows)."""
     from msgq.spark import read_logs
-    from msgq.spark.analyses import log_stats
 
     df = read_logs(spark, recordings, data=False)
-    want, events = _reference_stats(df, RATES, gap_factor)
+    want, events = _reference_stats(df, RATES, 2.5)
+    return df, want, events
+
+
+def test_log_stats_equal_the_reference(reference: tuple[Any, dict[str, Any], Any],
+                                       recordings: list[str]) -> None:
+    from msgq.spark.analyses import log_stats
+
+    df, want, events = reference
     # the recordings reach what they were made for
     services = {r["service"]: r for r in want["services"]}
     assert services["deviceState"]["count"] > 1 and services["clocks"]["measured_hz"] is None
@@ -229,13 +236,18 @@ def test_log_stats_equal_the_reference(spark: Any, recordings: list[str],
     assert {s["recording"] for s in want["segments"]} == set(recordings)
     assert any(s["count"] == 1 for s in want["segments"])
 
-    stats = log_stats(df, RATES, gap_factor=gap_factor)
+    stats = log_stats(df, RATES, cache=True)
     try:
         _assert_equal(stats.to_dict(), want)
-        if gap_factor == 2.5:
-            for bin_seconds in (1.0, 0.3):
-                got = sorted(tuple(r) for r in stats.timeline(bin_seconds).collect())
-                assert got == _reference_timeline(events, bin_seconds)
+        for bin_seconds in (1.0, 0.3):
+            got = sorted(tuple(r) for r in stats.timeline(bin_seconds).collect())
+            assert got == _reference_timeline(events, bin_seconds)
+        # the frames hold what to_dict() collected
+        got = stats.to_dict()
+        assert sorted((r.asDict() for r in stats.gaps.collect()), key=repr) == \
+            sorted(got["gaps"], key=repr)
+        assert sorted((r.asDict() for r in stats.segments.collect()), key=repr) == \
+            sorted(got["segments"], key=repr)
     finally:
         stats.unpersist()
 
@@ -245,23 +257,26 @@ def test_log_stats_of_a_service_subset_and_the_default_rates(
     from msgq.spark import read_logs
     from msgq.spark.analyses import expected_rates, log_stats
 
-    df = read_logs(spark, recordings[0], services=["can", "gpsLocation"], data=False)
-    want, _ = _reference_stats(df, expected_rates(), 2.5)
-    stats = log_stats(df)
+    df = read_logs(spark, recordings[0], services=["can", "vehicleState", "gpsLocation"],
+                   data=False)
+    want, _ = _reference_stats(df, expected_rates(), 1.5)
+    stats = log_stats(df, gap_factor=1.5)
     try:
         _assert_equal(stats.to_dict(), want)
     finally:
         stats.unpersist()
 
 
-def test_approximate_percentiles_are_close(spark: Any, recordings: list[str]) -> None:
+def test_approximate_percentiles_are_close(
+        reference: tuple[Any, dict[str, Any], Any]) -> None:
     """``approx_percentiles=True``: every other number equal, p50 and p99 within the
     stated error of the exact ones."""
-    from msgq.spark import read_logs
+    import copy
+
     from msgq.spark.analyses import APPROX_RELATIVE_ERROR, log_stats
 
-    df = read_logs(spark, recordings, data=False)
-    want, _ = _reference_stats(df, RATES, 2.5)
+    df, want, _ = reference
+    want = copy.deepcopy(want)
     stats = log_stats(df, RATES, approx_percentiles=True)
     try:
         got = stats.to_dict()
@@ -270,10 +285,9 @@ def test_approximate_percentiles_are_close(spark: Any, recordings: list[str]) ->
     for table in ("services", "segments"):
         for g, w in zip(got[table], want[table], strict=True):
             for key in ("dt_p50_ms", "dt_p99_ms"):
-                if w[key] is None:
-                    assert g[key] is None
+                exact, approx = w.pop(key), g.pop(key)
+                if exact is None:
+                    assert approx is None
                 else:
-                    assert math.isclose(g.pop(key), w.pop(key),
-                                        rel_tol=2 * APPROX_RELATIVE_ERROR, abs_tol=1e-6)
-                    del w[key]
+                    assert math.isclose(approx, exact, rel_tol=APPROX_RELATIVE_ERROR * 1.0001)
             assert g == w
