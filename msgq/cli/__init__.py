@@ -43,6 +43,7 @@ COMMANDS: tuple[str, ...] = (
     "record",
     "replay",
     "logstats",
+    "spark",
     "bridge",
     "bench",
 )
