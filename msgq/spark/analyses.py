@@ -1,6 +1,7 @@
 """Ready analyses of msgq logs in Spark: rates, inter-arrival jitter, gaps, validity and
-size, per service and per segment — DataFrame operations and window functions only, so
-they run wherever the DataFrame does (one machine or a cluster).
+size, per service and per segment, in one pass over the rows (Arrow batches into numpy in
+the executors' Python workers; the stages are described below), so they run wherever
+the DataFrame does (one machine or a cluster).
 
 Definitions (docs/spark.md has them with examples):
 
@@ -13,7 +14,8 @@ Definitions (docs/spark.md has them with examples):
   ``rate_ratio`` = measured / expected.
 * **jitter**: p50, p99 and max of dt in ms. Percentiles are exact, interpolated linearly
   between the two nearest intervals (Spark's ``percentile``, as numpy's default), or
-  approximate with ``approx_percentiles`` (``percentile_approx``, bounded memory).
+  approximate with ``approx_percentiles`` (a logarithmic histogram: within
+  :data:`APPROX_RELATIVE_ERROR`, bounded memory).
 * a **gap** is an interval longer than ``gap_factor`` expected periods (default
   :data:`GAP_FACTOR` = 2.5: two or more messages lost in a row, while a single lost
   message, two periods, with up to half a period of jitter is not a gap).
