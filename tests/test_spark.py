@@ -760,6 +760,81 @@ def test_logstats_reports_bad_paths_before_starting_spark(tmp_path: Path) -> Non
             logstats.run(parser.parse_args(["logstats", *argv]))
 
 
+def test_logstats_fails_when_nothing_is_readable(spark: Any, recording: Recording,
+                                                tmp_path: Path) -> None:
+    """A file that is no log, or a filter that matches nothing, is an error (exit 1 with
+    one line), not an empty report."""
+    from msgq.cli import logstats
+    from msgq.cli.output import CommandError
+
+    not_a_log = tmp_path / "notes.log"
+    not_a_log.write_bytes(random.Random(3).randbytes(3000))
+    parser = argparse.ArgumentParser(prog="msgq")
+    logstats.add_parser(parser.add_subparsers())
+    with pytest.raises(CommandError, match=f"no readable events in {not_a_log}: "
+                                           f"{not_a_log} at byte 0: corrupt: "):
+        logstats.run(parser.parse_args(["logstats", str(not_a_log)]))
+    with pytest.raises(CommandError, match="no events of gyroscope in "):
+        logstats.run(parser.parse_args(["logstats", recording.files[0], "--services",
+                                        "gyroscope"]))
+
+
+def test_logstats_conf_settings_reach_the_session(spark: Any, recording: Recording) -> None:
+    from msgq.cli.output import UsageError
+
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    try:
+        code, _ = _logstats([recording.files[0], "--json",
+                             "--conf", "spark.sql.shuffle.partitions=3",
+                             "--conf", "spark.sql.session.timeZone=UTC"])
+        assert code == 0
+        assert spark.conf.get("spark.sql.shuffle.partitions") == "3"
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
+    from msgq.cli import logstats
+
+    parser = argparse.ArgumentParser(prog="msgq")
+    logstats.add_parser(parser.add_subparsers())
+    with pytest.raises(UsageError, match="--conf takes KEY=VALUE, not 'spark.x'"):
+        logstats.run(parser.parse_args(["logstats", recording.files[0], "--conf", "spark.x"]))
+
+
+def test_a_zip_of_msgq_in_py_files_is_refused(spark: Any, tmp_path: Path) -> None:
+    """--py-files zips cannot carry msgq (compiled extensions, schema files) and would
+    shadow a working installed msgq on the executors: refused before Spark is asked;
+    a zip of other modules is accepted."""
+    import zipfile
+
+    from msgq.spark.session import spark_session
+
+    ours = tmp_path / "deps.zip"
+    with zipfile.ZipFile(ours, "w") as archive:
+        archive.writestr("msgq/__init__.py", "")
+        archive.writestr("helpers.py", "")
+    with pytest.raises(ValueError, match="holds msgq: a zip cannot carry msgq's compiled"):
+        spark_session("local[2]", config={"spark.submit.pyFiles": f"file:{ours}"})
+    other = tmp_path / "helpers.zip"
+    with zipfile.ZipFile(other, "w") as archive:
+        archive.writestr("helpers.py", "")
+    assert spark_session("local[2]", config={"spark.submit.pyFiles": str(other)}) is spark
+
+
+@pytest.mark.slow
+def test_session_drops_only_the_incubator_notice(tmp_path: Path) -> None:
+    """A quiet session (every msgq logstats) never shows the JVM's incubator notice, and
+    whatever else the JVM writes to stderr still shows."""
+    script = ("from msgq.spark.session import spark_session\n"
+              "spark = spark_session('local[1]')\n"
+              "err = spark.sparkContext._jvm.System.err\n"
+              "err.println('a real message from the JVM'); err.flush()\n"
+              "spark.stop()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "a real message from the JVM" in done.stderr, done.stderr
+    assert "Using incubator modules" not in done.stderr, done.stderr
+
+
 def test_logstats_through_the_hadoop_path(stats: Stats, recording: Recording) -> None:
     from msgq.cli import logstats
     from msgq.cli.output import CommandError
@@ -806,7 +881,8 @@ def test_bench_smoke() -> None:
     """``python -m msgq.spark.bench --tiny`` runs end to end (its own Spark sessions, so
     in a process of its own) and every reader sees every event."""
     out = subprocess.run([sys.executable, "-m", "msgq.spark.bench", "--tiny", "--json"],
-                         capture_output=True, text=True, timeout=240, check=True)
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     rows = result["rows"]
     assert len(rows) == 7 and all(r["events_per_s"] > 0 for r in rows)

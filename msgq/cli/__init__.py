@@ -44,6 +44,7 @@ COMMANDS: tuple[str, ...] = (
     "record",
     "replay",
     "logstats",
+    "spark",
     "bridge",
     "bench",
 )

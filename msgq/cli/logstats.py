@@ -25,9 +25,11 @@ than --gap-factor expected periods. The measured rate is intervals / their total
 duration (1 / mean dt).
 
 Spark runs locally on every core (local[*]) unless --master names a cluster; on a
-cluster the executors need msgq installed, and local paths must be at the same paths on
-every executor (shared storage). Spark needs Java 17+ (scripts/ensure_env.sh installs
-it). See docs/spark.md."""
+cluster the executors need msgq (installed, or shipped: msgq spark pack-env), and local
+paths must be at the same paths on every executor (shared storage). Before the job a
+probe task checks that the executors' Python imports msgq. --conf passes any Spark
+setting. Spark needs Java 17+ (scripts/ensure_env.sh installs it). See docs/spark.md.
+No readable event at all (a file that is no log) is an error (exit 1)."""
 
 EPILOG = """\
 examples:
@@ -36,6 +38,10 @@ examples:
   msgq logstats rec --services vehicleState,can --plot rates.png
   msgq logstats rec --json > stats.json
   msgq logstats rec --master spark://head:7077     on a cluster (shared storage)
+  msgq logstats rec --master spark://head:7077 --conf spark.archives=env.tar.gz#environment \
+      --conf spark.pyspark.python=./environment/bin/python
+                                                   executors without msgq: ship this venv
+                                                   (msgq spark pack-env env.tar.gz)
   msgq logstats hdfs://nn/logs/drive1              from HDFS (s3a://, gs://... alike)"""
 
 
@@ -69,11 +75,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="approximate percentiles (bounded memory for huge logs)")
     parser.add_argument("--schema", metavar="FILE.capnp",
                         help="the schema the logs were written with (default msgq's)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting (repeatable), e.g. --conf "
+                             "spark.executor.memory=4g --conf spark.archives=env.tar.gz"
+                             "#environment")
     parser.add_argument("--via", choices=("auto", "source", "hadoop"), default="auto",
                         help="auto (default): local paths and file: URIs with the msgqlog "
                              "source, other URIs through Spark's Hadoop file systems; "
                              "source or hadoop: every PATH that way")
     return parser
+
+
+def _spark_conf(items: list[str]) -> dict[str, str]:
+    """--conf KEY=VALUE ... as a dict (a malformed one is a usage error)."""
+    conf = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise UsageError(f"--conf takes KEY=VALUE, not {item!r}")
+        conf[key.strip()] = value
+    return conf
 
 
 def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
@@ -128,12 +149,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--bin must be positive")
     if args.max_gaps < 0:
         raise UsageError("--max-gaps must be 0 or more")
+    conf = _spark_conf(args.conf)
     files, remote = _check_paths(args.paths, args.via)
     services = _check_services(args.services, args.schema)
     try:
         from msgq.spark import read_logs
         from msgq.spark.analyses import GAP_FACTOR, expected_rates, log_stats
-        from msgq.spark.session import JavaMissingError, spark_session
+        from msgq.spark.session import (
+            ExecutorPythonError,
+            JavaMissingError,
+            probed_executors,
+            spark_session,
+        )
     except ImportError as e:
         raise CommandError(f"{e}; install the spark extra: pip install 'msgq[spark]'") from None
     if sys.stderr.isatty() and not args.json:
@@ -142,9 +169,11 @@ def run(args: argparse.Namespace) -> int:
         print(paint(f"reading {' and '.join(what)} with Spark "
                     f"({args.master or 'local[*]'}) ...", "dim", sys.stderr), file=sys.stderr)
     try:
-        spark = spark_session(args.master, app_name="msgq logstats")
-    except JavaMissingError as e:
+        spark = spark_session(args.master, app_name="msgq logstats", config=conf)
+    except (JavaMissingError, ExecutorPythonError) as e:
         raise CommandError(str(e)) from None
+    except Exception as e:  # a bad master URL or setting: the JVM's reason, one line
+        raise CommandError(f"cannot start Spark: {_first_line(e)}") from None
     try:
         df = read_logs(spark, args.paths, services=services, schema_file=args.schema,
                        data=False, via=args.via)
@@ -156,16 +185,25 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"no log segment files in {' '.join(args.paths)}")
     gap_factor = GAP_FACTOR if args.gap_factor is None else args.gap_factor
     stats = log_stats(df, expected_rates(), gap_factor=gap_factor,
-                      approx_percentiles=args.approx)
+                      approx_percentiles=args.approx, cache=bool(args.plot))
     try:
         result = stats.to_dict()
+        _check_readable(result, args)
         plot = None
         if args.plot:
             plot = _write_plot(stats, result, args.plot, args.bin)
+    except CommandError:
+        raise
+    except Exception as e:  # executors that fail (no msgq, out of memory ...): one line
+        raise CommandError(f"the Spark job failed: {_first_line(e)}") from None
     finally:
         stats.unpersist()
     result = {"paths": list(args.paths), "files": count,
               "master": args.master or "local[*]", **result}
+    executors = probed_executors(spark)
+    if executors is not None:  # what the probe found on a cluster's executors
+        result["executors"] = [{"host": host, "python": python, "version": version}
+                               for host, python, version in executors]
     if plot is not None:
         result["plot"] = plot
     if args.json:
@@ -175,14 +213,32 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_readable(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """No event at all is a failure, saying why: damage (a file that is no log), or a
+    --services filter that matched nothing."""
+    if result["services"]:
+        return
+    paths = " ".join(args.paths)
+    problems = result["problems"]
+    if problems:
+        first = problems[0]
+        where = "" if first["offset"] is None else f" at byte {first['offset']}"
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise CommandError(f"no readable events in {paths}: {first['file']}{where}: "
+                           f"{first['problem']}{more}")
+    if args.services:
+        raise CommandError(f"no events of {args.services} in {paths}")
+    raise CommandError(f"no events in {paths}")
+
+
 def _first_line(error: Exception) -> str:
     """The line of a (Spark, Python or Java) error that says what went wrong."""
     text = str(error).strip()
     for marker in ("Error:", "Exception:"):  # Python's errors, then the JVM's
         for line in text.splitlines():
             if marker in line and "Traceback" not in line:
-                return line.strip().lstrip(": ")
-    return text.splitlines()[0] if text else type(error).__name__
+                return " ".join(line.split()).lstrip(": ")
+    return " ".join(text.splitlines()[0].split()) if text else type(error).__name__
 
 
 def _write_plot(stats: Any, result: dict[str, Any], path: str,

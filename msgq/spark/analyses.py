@@ -1,6 +1,7 @@
 """Ready analyses of msgq logs in Spark: rates, inter-arrival jitter, gaps, validity and
-size, per service and per segment — DataFrame operations and window functions only, so
-they run wherever the DataFrame does (one machine or a cluster).
+size, per service and per segment, in one pass over the rows (Arrow batches into numpy in
+the executors' Python workers; the stages are described below), so they run wherever
+the DataFrame does (one machine or a cluster).
 
 Definitions (docs/spark.md has them with examples):
 
@@ -13,7 +14,8 @@ Definitions (docs/spark.md has them with examples):
   ``rate_ratio`` = measured / expected.
 * **jitter**: p50, p99 and max of dt in ms. Percentiles are exact, interpolated linearly
   between the two nearest intervals (Spark's ``percentile``, as numpy's default), or
-  approximate with ``approx_percentiles`` (``percentile_approx``, bounded memory).
+  approximate with ``approx_percentiles`` (a logarithmic histogram: within
+  :data:`APPROX_RELATIVE_ERROR`, bounded memory).
 * a **gap** is an interval longer than ``gap_factor`` expected periods (default
   :data:`GAP_FACTOR` = 2.5: two or more messages lost in a row, while a single lost
   message, two periods, with up to half a period of jitter is not a gap).
@@ -31,7 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GAP_FACTOR", "LogStats", "expected_rates", "log_stats", "rate_timeline"]
+__all__ = ["APPROX_RELATIVE_ERROR", "GAP_FACTOR", "LogStats", "expected_rates", "log_stats",
+           "rate_timeline"]
 
 #: Default gap threshold, in expected periods.
 GAP_FACTOR = 2.5
@@ -54,71 +57,363 @@ def _recording(sf: Any) -> Any:
     return sf.regexp_extract(sf.col("file"), r"^(.*)/[^/]*$", 1)
 
 
-def _rates_frame(spark: Any, rates: Mapping[str, float | None]) -> Any:
-    from pyspark.sql.types import DoubleType, StringType, StructField, StructType
+# -- the one pass over the rows -------------------------------------------------------------
+#
+# Stage 1 (mapInArrow, no shuffle): each Arrow batch of narrow rows becomes one row per
+# (segment file, service) holding the count, invalid count, byte sum and the events'
+# logMonoTimes packed as int64 bytes; problem rows pass through. A few thousand rows
+# instead of a million: what crosses the shuffle is the timestamps, not Spark rows.
+# Stage 2 (groupBy recording, service + applyInArrow): numpy sorts a recording's
+# timestamps of one service (ties: by file, as the first implementation's window order
+# did; equal times give equal intervals in any order) and computes everything per segment
+# file, the gaps, and a partial for the service (sums and the sorted intervals, or their
+# histogram with approximate percentiles). Stage 3 (groupBy service): partials of all
+# recordings merged. Stages 2 and 3 see small data; stage 2's output is cached (every
+# frame of LogStats is a selection of it), so the logs are read once.
+#
+# The functions below run in the executors' Python workers. They have no annotations:
+# pyspark reads a grouped function's type hints to choose its calling convention.
 
-    schema = StructType([StructField("service", StringType(), False),
-                         StructField("expected_hz", DoubleType(), True)])
-    rows = [(name, None if hz is None else float(hz)) for name, hz in rates.items()]
-    return spark.createDataFrame(rows, schema)
+#: Relative error of approximate percentiles (``approx_percentiles=True``): each is within
+#: this fraction of the exact (interpolated) value.
+APPROX_RELATIVE_ERROR = 0.005
+_GAMMA = (1 + APPROX_RELATIVE_ERROR) / (1 - APPROX_RELATIVE_ERROR)
+_ZERO_BUCKET = -(1 << 62)
+
+_COMPACT_SCHEMA = ("kind string, recording string, file string, segment int, service string, "
+                   "offset bigint, problem string, count bigint, invalid bigint, "
+                   "size_sum bigint, monos binary")
+# what stage 3 merges
+_AGGREGATES = ("expected_hz double, count bigint, segments bigint, first_mono_ns bigint, "
+               "last_mono_ns bigint, intervals bigint, dt_sum_ns bigint, dt_max_ns bigint, "
+               "gap_count bigint, invalid bigint, size_sum bigint")
+# what LogStats publishes per service and per segment, in this order
+_PUBLISHED = ("count bigint, segments bigint, expected_hz double, measured_hz double, "
+              "rate_ratio double, dt_p50_ms double, dt_p99_ms double, dt_max_ms double, "
+              "gaps bigint, invalid bigint, invalid_fraction double, mean_size double, "
+              "first_mono_ns bigint, last_mono_ns bigint, duration_s double, intervals bigint")
+_GAP_COLUMNS = ("start_mono_ns bigint, end_mono_ns bigint, start_s double, "
+                "duration_ms double, missed bigint")
+_PARTIAL_SCHEMA = ("kind string, recording string, file string, segment int, service string, "
+                   "offset bigint, problem string, " + _PUBLISHED + ", dt_sum_ns bigint, "
+                   "dt_max_ns bigint, gap_count bigint, size_sum bigint, dts binary, "
+                   + _GAP_COLUMNS)
+_SERVICE_SCHEMA = "service string, " + _PUBLISHED
 
 
-def _with_dt(frame: Any, keys: list[str]) -> Any:
-    from pyspark.sql import Window
-    from pyspark.sql import functions as sf
-
-    order = Window.partitionBy(*keys).orderBy("logMonoTime", "file", "offset")
-    return frame.withColumn("dt", sf.col("logMonoTime") - sf.lag("logMonoTime").over(order))
+def _names(ddl):
+    return [column.split()[0] for column in ddl.split(", ")]
 
 
-def _is_gap(gap_factor: float) -> Any:
-    from pyspark.sql import functions as sf
+_PARTIAL_COLUMNS = _names(_PARTIAL_SCHEMA)
+_SERVICE_COLUMNS = _names(_SERVICE_SCHEMA)
+_PUBLISHED_COLUMNS = _names(_PUBLISHED)
+_AGGREGATE_COLUMNS = _names(_AGGREGATES)
 
-    return sf.col("dt") > sf.lit(gap_factor * _NS) / sf.col("expected_hz")
+
+def _recording_of(file):
+    """As ``_recording``: the text before the last '/', "" without one."""
+    head, slash, _ = file.rpartition("/")
+    return head if slash else ""
 
 
-def _summarise(frame: Any, keys: list[str], gap_factor: float, approx: bool) -> Any:
-    from pyspark.sql import functions as sf
+def _compact_batches(batches):
+    """Stage 1: narrow rows -> one row per (file, service) of each batch, problems kept."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    schema = _arrow_schema(_COMPACT_SCHEMA)
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        service, mono = batch.column("service"), batch.column("logMonoTime")
+        bad = pc.or_(pc.or_(pc.is_null(service), pc.is_null(mono)),
+                     pc.is_valid(batch.column("problem")))
+        if pc.any(bad).as_py():
+            rows = batch.filter(bad)
+            files = rows.column("file").to_pylist()
+            yield pa.RecordBatch.from_pydict({
+                "kind": ["problem"] * rows.num_rows,
+                "recording": [""] * rows.num_rows,
+                "file": files,
+                "segment": rows.column("segment"),
+                "service": rows.column("service"),
+                "offset": rows.column("offset"),
+                "problem": rows.column("problem"),
+            } | {name: [None] * rows.num_rows for name in ("count", "invalid", "size_sum",
+                                                          "monos")}, schema=schema)
+        good = pc.and_(pc.is_valid(service), pc.is_valid(mono))
+        events = batch if pc.all(good).as_py() else batch.filter(good)
+        if not events.num_rows:
+            continue
+        file_codes = pc.dictionary_encode(events.column("file"))
+        service_codes = pc.dictionary_encode(events.column("service"))
+        key = (file_codes.indices.to_numpy().astype(np.int64) * len(service_codes.dictionary)
+               + service_codes.indices.to_numpy())
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))
+        ends = np.append(starts[1:], len(key))
+        monos = events.column("logMonoTime").to_numpy()[order].astype("<i8")
+        invalid = (~events.column("valid").fill_null(False).to_numpy(zero_copy_only=False))
+        sizes = events.column("size").fill_null(0).to_numpy().astype(np.int64)
+        segments = events.column("segment").to_pylist()
+        first = order[starts]
+        file_names = [file_codes.dictionary[int(file_codes.indices[int(i)].as_py())].as_py()
+                      for i in first]
+        service_names = [service_codes.dictionary[int(service_codes.indices[int(i)].as_py())]
+                         .as_py() for i in first]
+        yield pa.RecordBatch.from_pydict({
+            "kind": ["events"] * len(starts),
+            "recording": [_recording_of(f) for f in file_names],
+            "file": file_names,
+            "segment": [segments[int(i)] for i in first],
+            "service": service_names,
+            "offset": [None] * len(starts),
+            "problem": [None] * len(starts),
+            "count": (ends - starts).tolist(),
+            "invalid": np.add.reduceat(invalid[order].astype(np.int64), starts).tolist(),
+            "size_sum": np.add.reduceat(sizes[order], starts).tolist(),
+            "monos": [monos[a:b].tobytes() for a, b in zip(starts, ends, strict=True)],
+        }, schema=schema)
+
+
+def _arrow_schema(ddl):
+    """The Arrow schema of one of the DDL strings above (pyspark's parser needs a
+    session, which the executors' workers do not have)."""
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
+             "double": pa.float64(), "binary": pa.binary()}
+    return pa.schema([pa.field(name, types[kind]) for name, kind in
+                      (column.split() for column in ddl.split(", "))])
+
+
+def _bucket_values(index):
+    """The value a histogram bucket stands for (within APPROX_RELATIVE_ERROR of all its
+    members)."""
+    import numpy as np
+
+    values = 2 * np.power(_GAMMA, index.astype(np.float64)) / (_GAMMA + 1)
+    return np.where(index == _ZERO_BUCKET, 0.0, values)
+
+
+def _histogram(dts):
+    """(bucket index, count) arrays of non-negative intervals: logarithmic buckets of
+    ratio _GAMMA, zero on its own (a mergeable sketch of bounded size)."""
+    import numpy as np
+
+    index = np.full(len(dts), _ZERO_BUCKET, dtype=np.int64)
+    positive = dts > 0
+    index[positive] = np.ceil(np.log(dts[positive].astype(np.float64)) / math.log(_GAMMA))
+    buckets, counts = np.unique(index, return_counts=True)
+    return buckets, counts.astype(np.int64)
+
+
+def _pack_histogram(buckets, counts):
+    import numpy as np
+
+    return np.concatenate((buckets, counts)).astype("<i8").tobytes()
+
+
+def _unpack_histogram(data):
+    import numpy as np
+
+    packed = np.frombuffer(data, dtype="<i8")
+    half = len(packed) // 2
+    return packed[:half], packed[half:]
+
+
+def _percentiles(at_rank, n):
+    """p50 and p99 of n values, ``at_rank(i)`` the i-th smallest: linear interpolation
+    between the two nearest ranks, the arithmetic of Spark's ``percentile`` (so the
+    results are equal to the last bit)."""
+    if n == 0:
+        return None, None
+    out = []
+    for p in (0.5, 0.99):
+        position = (n - 1) * p
+        lower, higher = math.floor(position), math.ceil(position)
+        low = at_rank(lower)
+        if higher == lower:
+            out.append(float(low))
+            continue
+        high = at_rank(higher)
+        if high == low:
+            out.append(float(low))
+            continue
+        out.append(float(low) + (position - lower) * (float(high) - float(low)))
+    return out[0], out[1]
+
+
+def _exact_percentiles(ordered):
+    return _percentiles(lambda i: int(ordered[i]), len(ordered))
+
+
+def _approx_percentiles(buckets, counts):
+    import numpy as np
+
+    cumulative = np.cumsum(counts)
+    values = _bucket_values(buckets)
+    n = int(cumulative[-1]) if len(cumulative) else 0
+    return _percentiles(lambda i: float(values[np.searchsorted(cumulative, i, "right")]), n)
+
+
+def _interval_stats(dts, hz, gap_factor, approx):
+    """The aggregates of one set of intervals (numpy int64), and what stage 3 merges."""
+    import numpy as np
 
     if approx:
-        quantiles = sf.percentile_approx("dt", [0.5, 0.99], 10000)
+        buckets, counts = _histogram(dts)
+        p50, p99 = _approx_percentiles(buckets, counts)
+        packed = _pack_histogram(buckets, counts)
     else:
-        quantiles = sf.percentile("dt", [0.5, 0.99])
-    gap_count = sf.sum(sf.when(_is_gap(gap_factor), 1).otherwise(0))
-    stats = frame.groupBy(*keys, "expected_hz").agg(
-        sf.count(sf.lit(1)).alias("count"),
-        sf.countDistinct("file").alias("segments"),
-        sf.min("logMonoTime").alias("first_mono_ns"),
-        sf.max("logMonoTime").alias("last_mono_ns"),
-        sf.count("dt").alias("intervals"),
-        sf.sum("dt").alias("dt_sum_ns"),
-        quantiles.alias("dt_quantiles_ns"),
-        sf.max("dt").alias("dt_max_ns"),
-        gap_count.alias("gap_count"),
-        sf.sum(sf.when(sf.col("valid"), 0).otherwise(1)).alias("invalid"),
-        sf.avg("size").alias("mean_size"),
+        ordered = np.sort(dts)
+        p50, p99 = _exact_percentiles(ordered)
+        packed = ordered.astype("<i8").tobytes()
+    gaps = 0 if hz is None else \
+        int(np.count_nonzero(dts.astype(np.float64) > gap_factor * _NS / hz))
+    return {"intervals": len(dts), "dt_sum_ns": int(dts.sum()) if len(dts) else None,
+            "dt_p50_ns": p50, "dt_p99_ns": p99,
+            "dt_max_ns": int(dts.max()) if len(dts) else None, "gap_count": gaps}, packed
+
+
+def _published(row):
+    """Adds the published columns to ``row`` (its aggregates and dt_p50_ns/dt_p99_ns), by
+    the expressions of the first implementation, in the same double arithmetic (so the
+    numbers are equal to the last bit)."""
+    hz, intervals, dt_sum = row["expected_hz"], row["intervals"], row["dt_sum_ns"]
+    measured = intervals * float(_NS) / dt_sum if dt_sum is not None and dt_sum > 0 else None
+    p50, p99 = row.pop("dt_p50_ns"), row.pop("dt_p99_ns")
+    row.update(
+        measured_hz=measured,
+        rate_ratio=None if measured is None or not hz else measured / hz,
+        dt_p50_ms=None if p50 is None else p50 / 1e6,
+        dt_p99_ms=None if p99 is None else p99 / 1e6,
+        dt_max_ms=None if row["dt_max_ns"] is None else row["dt_max_ns"] / 1e6,
+        gaps=None if hz is None else row["gap_count"],
+        invalid_fraction=row["invalid"] / row["count"],
+        mean_size=row["size_sum"] / row["count"],
+        duration_s=(row["last_mono_ns"] - row["first_mono_ns"]) / 1e9,
     )
-    measured = sf.when(sf.col("dt_sum_ns") > 0,
-                      sf.col("intervals") * sf.lit(float(_NS)) / sf.col("dt_sum_ns"))
-    return stats.select(
-        *keys,
-        "count",
-        "segments",
-        "expected_hz",
-        measured.alias("measured_hz"),
-        (measured / sf.col("expected_hz")).alias("rate_ratio"),
-        (sf.col("dt_quantiles_ns")[0] / 1e6).alias("dt_p50_ms"),
-        (sf.col("dt_quantiles_ns")[1] / 1e6).alias("dt_p99_ms"),
-        (sf.col("dt_max_ns") / 1e6).alias("dt_max_ms"),
-        sf.when(sf.col("expected_hz").isNotNull(), sf.col("gap_count")).alias("gaps"),
-        "invalid",
-        (sf.col("invalid") / sf.col("count")).alias("invalid_fraction"),
-        "mean_size",
-        "first_mono_ns",
-        "last_mono_ns",
-        ((sf.col("last_mono_ns") - sf.col("first_mono_ns")) / 1e9).alias("duration_s"),
-        "intervals",
-    )
+    return row
+
+
+def _missed(dt, hz):
+    """Messages lost in a gap: round(dt x rate) - 1, rounding half up on the decimal form
+    of the double (Spark's ``round``)."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    return int(Decimal(repr(dt * hz / 1e9)).quantize(Decimal(1), ROUND_HALF_UP)) - 1
+
+
+def _per_recording(params, table):
+    """Stage 2: the compact rows of one (recording, service) -> its segment rows, gap rows
+    and partial; problem rows pass through."""
+    import numpy as np
+    import pyarrow as pa
+
+    rates, gap_factor, approx = params
+    schema = _arrow_schema(_PARTIAL_SCHEMA)
+    out: dict[str, list[Any]] = {name: [] for name in _PARTIAL_COLUMNS}
+
+    def add(**values):
+        for name in _PARTIAL_COLUMNS:
+            out[name].append(values.get(name))
+
+    if table.num_rows and table.column("kind")[0].as_py() == "problem":
+        for row in table.select(["file", "segment", "offset", "service", "problem"]).to_pylist():
+            add(kind="problem", **row)
+        return pa.Table.from_pydict(out, schema=schema)
+    recording = table.column("recording")[0].as_py()
+    service = table.column("service")[0].as_py()
+    hz = rates.get(service)
+    hz = None if hz is None else float(hz)
+    files = table.column("file").to_pylist()
+    names = sorted(set(files))
+    rank = {name: i for i, name in enumerate(names)}
+    segment_of = dict(zip(files, table.column("segment").to_pylist(), strict=True))
+    pieces = [np.frombuffer(b, dtype="<i8") for b in table.column("monos").to_pylist()]
+    monos = np.concatenate(pieces).astype(np.int64)
+    file_of = np.repeat(np.array([rank[f] for f in files], dtype=np.int64),
+                        [len(p) for p in pieces])
+    counts = table.column("count").to_numpy()
+    invalid = table.column("invalid").to_numpy()
+    size_sum = table.column("size_sum").to_numpy()
+    file_rows = np.array([rank[f] for f in files], dtype=np.int64)
+
+    # per segment file: intervals within the file
+    for i, name in enumerate(names):
+        mine = np.sort(monos[file_of == i])
+        stats, _ = _interval_stats(np.diff(mine), hz, gap_factor, approx)
+        rows = file_rows == i
+        add(kind="segment", recording=recording, file=name, segment=segment_of[name],
+            service=service, **_published(dict(
+                expected_hz=hz, count=len(mine), segments=1, first_mono_ns=int(mine[0]),
+                last_mono_ns=int(mine[-1]), invalid=int(invalid[rows].sum()),
+                size_sum=int(size_sum[rows].sum()), **stats)))
+
+    # the recording: time order, ties by file (the event that ends a gap is the first)
+    order = np.lexsort((file_of, monos))
+    monos, file_of = monos[order], file_of[order]
+    dts = np.diff(monos)
+    stats, packed = _interval_stats(dts, hz, gap_factor, approx)
+    if hz is not None and stats["gap_count"]:
+        for k in np.flatnonzero(dts.astype(np.float64) > gap_factor * _NS / hz):
+            name = names[file_of[k + 1]]
+            dt = int(dts[k])
+            add(kind="gap", recording=recording, file=name, segment=segment_of[name],
+                service=service, expected_hz=hz, start_mono_ns=int(monos[k]),
+                end_mono_ns=int(monos[k + 1]), duration_ms=dt / 1e6, missed=_missed(dt, hz))
+    add(kind="partial", recording=recording, service=service, dts=packed,
+        **_published(dict(expected_hz=hz, count=int(counts.sum()), segments=len(names),
+                          first_mono_ns=int(monos[0]), last_mono_ns=int(monos[-1]),
+                          invalid=int(invalid.sum()), size_sum=int(size_sum.sum()), **stats)))
+    return pa.Table.from_pydict(out, schema=schema)
+
+
+def _service_row(rows, approx):
+    """Stage 3: the partials of one service's recordings (a dict of column lists) -> its
+    published row."""
+    import numpy as np
+
+    if approx:
+        histograms = [_unpack_histogram(b) for b in rows["dts"]]
+        buckets = np.concatenate([h[0] for h in histograms])
+        counts = np.concatenate([h[1] for h in histograms])
+        merged, where = np.unique(buckets, return_inverse=True)
+        p50, p99 = _approx_percentiles(
+            merged, np.bincount(where, weights=counts).astype(np.int64))
+    elif len(rows["dts"]) == 1:  # one recording: its intervals are sorted already
+        p50, p99 = _exact_percentiles(np.frombuffer(rows["dts"][0], dtype="<i8"))
+    else:
+        p50, p99 = _exact_percentiles(np.sort(np.concatenate(
+            [np.frombuffer(b, dtype="<i8") for b in rows["dts"]])))
+    sums = [s for s in rows["dt_sum_ns"] if s is not None]
+    maxima = [m for m in rows["dt_max_ns"] if m is not None]
+    row = _published({
+        "expected_hz": rows["expected_hz"][0],
+        "count": sum(rows["count"]), "segments": sum(rows["segments"]),
+        "first_mono_ns": min(rows["first_mono_ns"]), "last_mono_ns": max(rows["last_mono_ns"]),
+        "intervals": sum(rows["intervals"]), "dt_sum_ns": sum(sums) if sums else None,
+        "dt_p50_ns": p50, "dt_p99_ns": p99, "dt_max_ns": max(maxima) if maxima else None,
+        "gap_count": sum(rows["gap_count"]), "invalid": sum(rows["invalid"]),
+        "size_sum": sum(rows["size_sum"]),
+    })
+    return {"service": rows["service"][0], **{k: row[k] for k in _PUBLISHED_COLUMNS}}
+
+
+def _per_service(params, table):
+    import pyarrow as pa
+
+    row = _service_row(table.to_pydict(), params[2])
+    return pa.Table.from_pylist([row], schema=_arrow_schema(_SERVICE_SCHEMA))
+
+
+def _sort_key(*values: Any) -> tuple[Any, ...]:
+    """Spark's ascending order: nulls first (strings compare as their UTF-8 bytes do)."""
+    return tuple((v is not None, v) for v in values)
 
 
 @dataclass
@@ -126,37 +421,61 @@ class LogStats:
     """The analyses of one set of logs (Spark DataFrames; :meth:`to_dict` collects).
 
     ``services``: one row per service; ``segments``: one row per segment file and
-    service; ``gaps``: one row per gap; ``problems``: damage found while reading.
+    service; ``gaps``: one row per gap; ``problems``: damage found while reading. All
+    four come from ``partials``, computed in one pass over the rows and cached.
     """
 
     services: Any
     segments: Any
     gaps: Any
     problems: Any
-    events: Any  # the event rows (narrow, cached): recording, file, segment, service, ...
+    events: Any  # the event rows (narrow): recording, file, segment, service, logMonoTime...
     gap_factor: float
+    partials: Any = None  # per segment, gap, recording and service: the cached pass
+    cached: tuple[Any, ...] = ()  # what unpersist() drops
 
     def timeline(self, bin_seconds: float = 1.0) -> Any:
-        """Rate over time: see :func:`rate_timeline`."""
+        """Rate over time: see :func:`rate_timeline` (reads the rows again unless
+        ``log_stats(cache=True)`` kept them)."""
         return rate_timeline(self.events, bin_seconds)
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything collected as plain lists of dicts (JSON-ready), sorted."""
-
-        def rows(frame: Any, order: list[str]) -> list[dict[str, Any]]:
-            return [r.asDict() for r in frame.orderBy(*order).collect()]
-
+        """Everything collected as plain lists of dicts (JSON-ready), sorted. Two Spark
+        jobs: the cached pass without the intervals, and the per-service merge."""
+        rows = [r.asDict() for r in self.partials.drop("dts").collect()]
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            by_kind.setdefault(row["kind"], []).append(row)
+        starts: dict[str, int] = {}
+        for row in by_kind.get("partial", []):
+            start = starts.get(row["recording"])
+            if start is None or row["first_mono_ns"] < start:
+                starts[row["recording"]] = row["first_mono_ns"]
+        segment_keys = ["recording", "file", "segment", "service", *_PUBLISHED_COLUMNS]
+        segments = [{k: r[k] for k in segment_keys} for r in by_kind.get("segment", [])]
+        gaps = [{"recording": r["recording"], "file": r["file"], "segment": r["segment"],
+                 "service": r["service"], "start_mono_ns": r["start_mono_ns"],
+                 "end_mono_ns": r["end_mono_ns"],
+                 "start_s": (r["start_mono_ns"] - starts[r["recording"]]) / 1e9,
+                 "duration_ms": r["duration_ms"], "missed": r["missed"]}
+                for r in by_kind.get("gap", [])]
+        problems = [{k: r[k] for k in ("file", "segment", "offset", "service", "problem")}
+                    for r in by_kind.get("problem", [])]
+        services = [r.asDict() for r in self.services.collect()]
         return {
             "gap_factor": self.gap_factor,
-            "services": rows(self.services, ["service"]),
-            "segments": rows(self.segments, ["recording", "segment", "file", "service"]),
-            "gaps": rows(self.gaps, ["recording", "start_mono_ns", "service"]),
-            "problems": rows(self.problems, ["file", "offset"]),
+            "services": sorted(services, key=lambda r: _sort_key(r["service"])),
+            "segments": sorted(segments, key=lambda r: _sort_key(
+                r["recording"], r["segment"], r["file"], r["service"])),
+            "gaps": sorted(gaps, key=lambda r: _sort_key(
+                r["recording"], r["start_mono_ns"], r["service"])),
+            "problems": sorted(problems, key=lambda r: _sort_key(r["file"], r["offset"])),
         }
 
     def unpersist(self) -> None:
-        """Drops the cached event rows."""
-        self.events.unpersist()
+        """Drops what was cached."""
+        for frame in self.cached:
+            frame.unpersist()
 
 
 def log_stats(
@@ -164,52 +483,58 @@ def log_stats(
     rates: Mapping[str, float | None] | None = None,
     gap_factor: float = GAP_FACTOR,
     approx_percentiles: bool = False,
-    cache: bool = True,
+    cache: bool = False,
 ) -> LogStats:
-    """The analyses of a msgqlog DataFrame (see the module docstring).
+    """The analyses of a msgqlog DataFrame (see the module docstring), in one pass over
+    its rows.
 
     ``rates``: service -> expected Hz (None: event-driven); default the registry's.
-    ``cache``: keep the narrow event rows in memory (and disk) so that the logs are read
-    once for every analysis; :meth:`LogStats.unpersist` drops them.
+    ``approx_percentiles``: p50 and p99 from a logarithmic histogram, within
+    :data:`APPROX_RELATIVE_ERROR` (0.5 %) of the exact values, in memory bounded per
+    service; exact percentiles (the default) hold 8 bytes per interval of a service in
+    one Python worker (a service of 100 M events: 800 MB).
+    ``cache``: also keep the narrow event rows (memory and disk) for
+    :meth:`LogStats.timeline`; the statistics never read the rows twice.
+    :meth:`LogStats.unpersist` drops what was cached.
     """
+    from functools import partial
+
     from pyspark import StorageLevel
     from pyspark.sql import functions as sf
 
     if not gap_factor > 0:
         raise ValueError(f"gap_factor must be positive, not {gap_factor}")
-    spark = df.sparkSession
-    rates = expected_rates() if rates is None else rates
+    rates = dict(expected_rates() if rates is None else rates)
     narrow = df.select("file", "segment", "offset", "logMonoTime", "service", "valid", "size",
                        "problem")
+    cached = []
     if cache:
         narrow = narrow.persist(StorageLevel.MEMORY_AND_DISK)
-    problems = narrow.where(sf.col("service").isNull() | sf.col("logMonoTime").isNull()
-                            | sf.col("problem").isNotNull()) \
+        cached.append(narrow)
+    params = (rates, float(gap_factor), bool(approx_percentiles))
+    partials = narrow.mapInArrow(_compact_batches, _COMPACT_SCHEMA) \
+        .groupBy("kind", "recording", "service") \
+        .applyInArrow(partial(_per_recording, params), _PARTIAL_SCHEMA) \
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(partials)
+
+    recording_partials = partials.where(sf.col("kind") == "partial")
+    services = recording_partials.select("service", *_AGGREGATE_COLUMNS, "dts") \
+        .groupBy("service").applyInArrow(partial(_per_service, params), _SERVICE_SCHEMA)
+    segments = partials.where(sf.col("kind") == "segment") \
+        .select("recording", "file", "segment", "service", *_PUBLISHED_COLUMNS)
+    starts = recording_partials.groupBy("recording") \
+        .agg(sf.min("first_mono_ns").alias("recording_start"))
+    gaps = partials.where(sf.col("kind") == "gap").join(starts, "recording").select(
+        "recording", "file", "segment", "service", "start_mono_ns", "end_mono_ns",
+        ((sf.col("start_mono_ns") - sf.col("recording_start")) / 1e9).alias("start_s"),
+        "duration_ms", "missed")
+    problems = partials.where(sf.col("kind") == "problem") \
         .select("file", "segment", "offset", "service", "problem")
     events = narrow.where(sf.col("service").isNotNull() & sf.col("logMonoTime").isNotNull()) \
-        .drop("problem").withColumn("recording", _recording(sf)) \
-        .join(sf.broadcast(_rates_frame(spark, rates)), "service", "left")
-
-    per_recording = _with_dt(events, ["recording", "service"])
-    services = _summarise(per_recording, ["service"], gap_factor, approx_percentiles)
-    segments = _summarise(_with_dt(events, ["file", "service"]),
-                          ["recording", "file", "segment", "service"], gap_factor,
-                          approx_percentiles)
-
-    starts = events.groupBy("recording").agg(sf.min("logMonoTime").alias("recording_start"))
-    gaps = per_recording.where(_is_gap(gap_factor)).join(starts, "recording").select(
-        "recording",
-        "file",
-        "segment",
-        "service",
-        (sf.col("logMonoTime") - sf.col("dt")).alias("start_mono_ns"),
-        sf.col("logMonoTime").alias("end_mono_ns"),
-        ((sf.col("logMonoTime") - sf.col("dt") - sf.col("recording_start")) / 1e9)
-        .alias("start_s"),
-        (sf.col("dt") / 1e6).alias("duration_ms"),
-        (sf.round(sf.col("dt") * sf.col("expected_hz") / 1e9) - 1).cast("long").alias("missed"),
-    )
-    return LogStats(services, segments, gaps, problems, events, gap_factor)
+        .drop("problem").withColumn("recording", _recording(sf))
+    return LogStats(services, segments, gaps, problems, events, gap_factor, partials,
+                    tuple(cached))
 
 
 def rate_timeline(events: Any, bin_seconds: float = 1.0) -> Any:

@@ -21,7 +21,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["DEFAULT_MASTER", "JavaMissingError", "check_java", "spark_session"]
+__all__ = ["DEFAULT_MASTER", "ExecutorPythonError", "JavaMissingError", "check_java",
+           "probe_executors", "probed_executors", "spark_session", "worker_python"]
 
 #: The master used when none is given: every core of this machine.
 DEFAULT_MASTER = "local[*]"
@@ -46,6 +47,16 @@ logger.gateway.level = error
 
 class JavaMissingError(RuntimeError):
     """No Java runtime (17 or newer) to start Spark with."""
+
+
+class ExecutorPythonError(RuntimeError):
+    """The executors' Python cannot run msgq's reader (probe_executors says which
+    interpreter, where, and what to set)."""
+
+
+#: The JVM's notice at start-up when Spark enables an incubator module (the Vector API):
+#: nothing a user can act on, printed on every run. Only this exact line is dropped.
+_INCUBATOR_NOTICE = b"WARNING: Using incubator modules: jdk.incubator.vector"
 
 
 def _java_command() -> str | None:
@@ -92,17 +103,218 @@ def _quiet_log_config() -> str:
     return path
 
 
+def worker_python(config: Mapping[str, str] | None = None) -> str:
+    """The Python interpreter of the Python workers, executors' and driver's alike:
+    ``spark.pyspark.python`` from ``config``, else $PYSPARK_PYTHON, else this process's
+    interpreter (which imports this msgq)."""
+    return ((config or {}).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+            or sys.executable)
+
+
+def _filter_jvm_stderr() -> tuple[int, int]:
+    """Points fd 2 at a pipe (the JVM about to start inherits it) whose lines are copied
+    to the real stderr, less the incubator notice; returns (saved fd 2, pipe read end)."""
+    read_end, write_end = os.pipe()
+    saved = os.dup(2)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    return saved, read_end
+
+
+def _copy_jvm_stderr(read_end: int, target: int) -> None:
+    import threading
+
+    def copy() -> None:
+        with os.fdopen(read_end, "rb") as pipe:
+            for line in pipe:
+                if line.rstrip(b"\r\n") != _INCUBATOR_NOTICE:
+                    os.write(target, line)
+        os.close(target)
+
+    threading.Thread(target=copy, name="msgq-jvm-stderr", daemon=True).start()
+
+
+_PROBE = """
+def probe(_):
+    import socket, sys
+    try:
+        import msgq.spark.datasource
+        error = None
+    except BaseException as e:
+        error = type(e).__name__ + ": " + " ".join(str(e).split())
+    return [(socket.gethostname(), sys.executable, sys.version.split()[0], error)]
+"""
+
+
+def _probe_function() -> Any:
+    # Defined in a namespace that is no importable module, so cloudpickle sends the
+    # function by value: unpickling it needs no msgq on the executor (that is what
+    # it checks).
+    namespace: dict[str, Any] = {"__name__": "msgq_executor_probe"}
+    exec(_PROBE, namespace)
+    return namespace["probe"]
+
+
+def probe_executors(spark: Any, timeout_s: float = 120.0) -> list[tuple[str, str, str]]:
+    """Runs a task per executor core that imports msgq's reader; returns (host, python,
+    version) of each. ExecutorPythonError, one line naming the interpreter that failed
+    and what to set, when a worker cannot start or cannot import msgq, or when no
+    executor ran the tasks within ``timeout_s`` (no free cores on the cluster)."""
+    import threading
+
+    sc = spark.sparkContext
+    python = sc.pythonExec
+    hint = ("set spark.pyspark.python (msgq logstats --conf spark.pyspark.python=PATH) or "
+            "PYSPARK_PYTHON to a Python " + ".".join(map(str, sys.version_info[:2])) +
+            " with msgq[spark] installed at that path on every executor, or ship one with "
+            "spark.archives: msgq spark pack-env (docs/spark.md)")
+    n = max(2, sc.defaultParallelism)
+    outcome: dict[str, Any] = {}
+    group = f"msgq-probe-{os.getpid()}-{id(outcome)}"
+
+    def run() -> None:
+        try:
+            sc.setJobGroup(group, "msgq: probe the executors' Python", True)
+            outcome["rows"] = sc.parallelize(range(n), n) \
+                .mapPartitions(_probe_function()).collect()
+        except BaseException as e:  # reported by the caller
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="msgq-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        sc.cancelJobGroup(group)
+        raise ExecutorPythonError(
+            f"no executor ran msgq's probe task within {timeout_s:g} s: does the cluster "
+            f"({sc.master}) have workers with free cores and memory for this application?")
+    if "error" in outcome:
+        reason = _error_line(outcome["error"])
+        raise ExecutorPythonError(
+            f"the executors could not run a Python task with {python}: {reason}; {hint}")
+    rows = outcome["rows"]
+    for host, executable, _version, error in rows:
+        if error is not None:
+            raise ExecutorPythonError(
+                f"{executable} on executor host {host} cannot import msgq ({error}); {hint}")
+    found = sorted({(host, executable, version) for host, executable, version, _ in rows})
+    _probed[sc.applicationId] = found
+    return found
+
+
+_probed: dict[str, list[tuple[str, str, str]]] = {}
+
+
+def probed_executors(spark: Any) -> list[tuple[str, str, str]] | None:
+    """What :func:`probe_executors` found for this session's application: (host,
+    python, version) of the executors' workers; None when it did not run."""
+    return _probed.get(spark.sparkContext.applicationId)
+
+
+def _error_line(error: BaseException) -> str:
+    """The line of a Spark/Python/Java error that says what went wrong."""
+    text = str(error).strip()
+    missing = re.search(r'Cannot run program "[^"]*": error=\d+, [^\n;]*', text)
+    if missing:  # a Python that is not there: the JVM's words say it best
+        return missing.group(0).strip()
+    for marker in ("Error:", "Exception:", "error="):
+        for line in text.splitlines():
+            if marker in line and "Traceback" not in line:
+                return " ".join(line.split())
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+_PATH_SETTINGS = ("spark.archives", "spark.files", "spark.jars", "spark.submit.pyFiles")
+
+
+def _driver_folder(python: str, settings: dict[str, str]) -> str | None:
+    """For a worker Python given relative to the executors' working folder (the packed
+    venv of spark.archives: ``./environment/bin/python``): a private folder for the
+    driver's JVM to start in, where that path leads to this process's venv. The JVM
+    starts its driver-side Python workers (the data source's planning) in its own
+    working folder with the executors' relative path. None for an absolute or bare
+    interpreter. Local paths of the file settings are made absolute (the JVM resolves
+    them from the folder it starts in)."""
+    if os.path.isabs(python) or "/" not in python:
+        return None
+    top = os.path.normpath(python).split("/")[0]
+    if top in ("", ".", ".."):
+        return None
+    folder = tempfile.mkdtemp(prefix="msgq-spark-driver-")
+    atexit.register(shutil.rmtree, folder, True)
+    os.symlink(sys.prefix, os.path.join(folder, top))
+    if not os.access(os.path.join(folder, python), os.X_OK):
+        raise ExecutorPythonError(
+            f"spark.pyspark.python {python} is relative to the executors' folder (a packed "
+            f"venv of spark.archives); the driver runs the same path in this Python's venv "
+            f"({sys.prefix}), which has no {python.split('/', 1)[1]}: run msgq from a venv")
+    for key in _PATH_SETTINGS:
+        if settings.get(key):
+            settings[key] = ",".join(_absolute(entry) for entry in settings[key].split(","))
+    return folder
+
+
+def _check_py_files(settings: Mapping[str, str]) -> None:
+    """A zip of msgq among spark.submit.pyFiles (--py-files) is refused before Spark
+    starts: executors would import it ahead of a working installed msgq, and a zip can
+    carry neither msgq's compiled extensions nor its schema files (which pycapnp reads
+    from real files). Zips of other modules are left alone."""
+    import zipfile
+
+    for entry in (settings.get("spark.submit.pyFiles") or "").split(","):
+        entry = entry.strip()
+        if not entry or (uri_scheme := re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):", entry)) \
+                and uri_scheme.group(1).lower() != "file":
+            continue
+        path = os.path.expanduser(re.sub(r"^file:(//)?", "", entry) if uri_scheme else entry)
+        if not zipfile.is_zipfile(path):
+            continue
+        with zipfile.ZipFile(path) as archive:
+            if any(name.split("/")[0] == "msgq" for name in archive.namelist()):
+                raise ValueError(
+                    f"{entry} (spark.submit.pyFiles, --py-files) holds msgq: a zip cannot "
+                    "carry msgq's compiled extensions and schema files, and executors "
+                    "would import it instead of an installed msgq; leave it out, and "
+                    "install msgq[spark] on the executors or ship this venv with "
+                    "spark.archives (msgq spark pack-env)")
+
+
+def _absolute(entry: str) -> str:
+    """A comma-list entry of a Spark file setting, a local path made absolute."""
+    entry = entry.strip()
+    if not entry or re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", entry):
+        return entry  # a URI: Spark resolves it
+    path, hash_sign, fragment = entry.partition("#")
+    return os.path.abspath(os.path.expanduser(path)) + hash_sign + fragment
+
+
 def spark_session(
     master: str | None = None,
     app_name: str = "msgq",
     config: Mapping[str, str] | None = None,
     quiet: bool = True,
+    probe: bool | None = None,
 ) -> Any:
     """A SparkSession on ``master`` (default ``local[*]``), the msgqlog source registered.
 
     An active session is returned as it is (Spark allows one per process): stop it first
     to change the master. ``config`` entries override the defaults. ``quiet`` logs errors
-    only (from JVM start-up on, when this call starts the JVM).
+    only (from JVM start-up on, when this call starts the JVM) and drops the JVM's
+    incubator-module notice.
+
+    The Python workers, the executors' and the driver-side process of the data source
+    alike, run :func:`worker_python` (``spark.pyspark.python``, else $PYSPARK_PYTHON,
+    else this interpreter): pyspark otherwise starts ``python3`` from the PATH, which may
+    not have msgq. ``probe`` (default: on for cluster masters) runs
+    :func:`probe_executors` before returning.
+
+    A relative worker Python (``./environment/bin/python``, the packed venv of
+    ``spark.archives``: msgq spark pack-env) is the executors' path; the driver's JVM
+    then starts in a private folder where that path leads to this venv, so the data
+    source's driver-side process finds msgq too (local paths of spark.archives,
+    spark.files, spark.jars and spark.submit.pyFiles are made absolute first). A zip
+    holding msgq among spark.submit.pyFiles is refused (ValueError): it would shadow
+    an installed msgq and cannot carry its extensions and schema files.
     """
     master = master or DEFAULT_MASTER
     if _is_local(master):
@@ -111,6 +323,7 @@ def spark_session(
 
     import msgq.spark
 
+    config = dict(config or {})
     settings: dict[str, str] = {
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -123,21 +336,44 @@ def spark_session(
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.sql.shuffle.partitions": str(max(2, 2 * cores)),
         })
-        # The Python workers must import the msgq this process imports: PySpark takes
-        # their interpreter from PYSPARK_PYTHON (default "python3" on the PATH).
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if quiet and SparkSession.getActiveSession() is None:
+    starting = SparkSession.getActiveSession() is None
+    if starting:
+        # pyspark gives every Python function the interpreter in $PYSPARK_PYTHON when
+        # the context starts (the driver-side planning of a Python data source too);
+        # spark.pyspark.python alone does not reach it.
+        python = worker_python(config)
+        os.environ["PYSPARK_PYTHON"] = python
+        settings["spark.pyspark.python"] = python
+    if quiet and starting:
         settings["spark.driver.extraJavaOptions"] = \
             f"-Dlog4j2.configurationFile=file:{_quiet_log_config()}"
         # pyspark's notice about the pandas release is not the user's concern here
         warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas",
                                 category=FutureWarning)
-    settings.update(config or {})
+    settings.update(config)
+    _check_py_files(settings)
+    folder = _driver_folder(settings["spark.pyspark.python"], settings) if starting else None
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    here = os.getcwd()
+    if folder is not None:
+        os.chdir(folder)  # the JVM starts here and keeps it as its working folder
+    try:
+        if quiet and starting:
+            saved, read_end = _filter_jvm_stderr()
+            try:
+                spark = builder.getOrCreate()
+            finally:
+                os.dup2(saved, 2)
+                _copy_jvm_stderr(read_end, saved)
+        else:
+            spark = builder.getOrCreate()
+    finally:
+        os.chdir(here)
     if quiet:
         spark.sparkContext.setLogLevel("ERROR")
     msgq.spark.register(spark)
+    if probe if probe is not None else not _is_local(master):
+        probe_executors(spark)
     return spark

@@ -1,0 +1,132 @@
+"""``msgq logstats`` on a real Spark standalone cluster: a master and two workers started
+with pyspark's own ``spark-class`` on free ports (tests/spark_cluster.py), the command run
+as a user runs it (its own process, PYSPARK_PYTHON unset). Its results must equal local
+mode's; executors may run this interpreter or a packed copy of this venv
+(``msgq spark pack-env`` + spark.archives); executors that cannot import msgq give one
+line naming the interpreter, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from msgq.spark.standalone import Cluster, start_cluster  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
+
+_NOTICE = "Using incubator modules"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    running = start_cluster(str(tmp_path_factory.mktemp("cluster")), workers=2, cores=1)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from msgq.spark.bench import make_recording
+
+    folder = str(tmp_path_factory.mktemp("cluster-logs") / "recording")
+    make_recording(folder, 12.0, 3.0, drop=0.01)
+    last = sorted(n for n in os.listdir(folder) if n.startswith("segment-"))[-1]
+    with open(os.path.join(folder, last), "r+b") as f:  # damage: a problem row
+        f.truncate(os.path.getsize(os.path.join(folder, last)) // 2)
+    return folder
+
+
+def _msgq(argv: list[str], cwd: Path, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("PYSPARK_PYTHON", None)  # as a user's shell has it
+    return subprocess.run([sys.executable, "-m", "msgq", *argv], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+def _logstats_json(argv: list[str], cwd: Path, cluster: Cluster) -> dict[str, Any]:
+    done = _msgq(["logstats", *argv, "--json"], cwd)
+    if done.returncode != 0:
+        pytest.fail(f"msgq logstats exited {done.returncode}; stderr:\n{done.stderr}\n"
+                    f"cluster logs:\n{cluster.logs()}")
+    assert _NOTICE not in done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def _local_stats(spark: Any, folder: str) -> dict[str, Any]:
+    from msgq.spark import read_logs
+    from msgq.spark.analyses import log_stats
+
+    stats = log_stats(read_logs(spark, folder, data=False))
+    try:
+        return dict(json.loads(json.dumps(stats.to_dict())))
+    finally:
+        stats.unpersist()
+
+
+def _assert_same(doc: dict[str, Any], want: dict[str, Any]) -> None:
+    assert want["services"] and want["problems"] and want["gaps"]
+    for table in ("services", "segments", "gaps", "problems"):
+        assert doc[table] == want[table], table
+
+
+def _executor_folders(cluster: Cluster) -> set[str]:
+    """The worker folders that ran an executor of some application."""
+    out = set()
+    for worker in ("work0", "work1"):
+        root = Path(cluster.folder) / worker
+        if root.is_dir() and any(app.is_dir() and any(app.iterdir())
+                                 for app in root.glob("app-*")):
+            out.add(worker)
+    return out
+
+
+def test_logstats_on_a_standalone_cluster_equals_local_mode(
+        spark: Any, cluster: Cluster, recording: str, tmp_path: Path) -> None:
+    doc = _logstats_json([recording, "--master", cluster.url], tmp_path, cluster)
+    _assert_same(doc, _local_stats(spark, recording))
+    # the executors ran the interpreter of the command (PYSPARK_PYTHON was unset)
+    assert doc["executors"] and all(e["python"] == sys.executable for e in doc["executors"])
+    assert _executor_folders(cluster) == {"work0", "work1"}  # both workers took part
+
+
+def test_executors_from_a_packed_environment(
+        spark: Any, cluster: Cluster, recording: str, tmp_path: Path) -> None:
+    archive = tmp_path / "msgq-env.tar.gz"
+    done = _msgq(["spark", "pack-env", str(archive)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    # the driver's folder has no ./environment: the data source's driver side must
+    # still find msgq, the executors theirs in the unpacked archive
+    doc = _logstats_json([recording, "--master", cluster.url,
+                          "--conf", "spark.archives=msgq-env.tar.gz#environment",
+                          "--conf", "spark.pyspark.python=./environment/bin/python"],
+                         tmp_path, cluster)
+    _assert_same(doc, _local_stats(spark, recording))
+    for executor in doc["executors"]:
+        python = executor["python"]
+        assert python.endswith("/environment/bin/python"), python
+        assert python.startswith(cluster.folder), python  # in a worker's folder
+
+
+def test_executors_without_msgq_fail_in_one_line(cluster: Cluster, recording: str,
+                                                 tmp_path: Path) -> None:
+    # the base interpreter of this venv: the same Python, without msgq (or pyspark)
+    base = os.path.realpath(sys.executable)
+    check = subprocess.run([base, "-c", "import msgq"], capture_output=True, cwd=tmp_path)
+    if check.returncode == 0:
+        pytest.skip(f"{base} imports msgq: no interpreter without it here")
+    done = _msgq(["logstats", recording, "--master", cluster.url,
+                  "--conf", f"spark.pyspark.python={base}"], tmp_path)
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines()
+             if line.strip() and " ERROR " not in line]  # Spark's own log lines aside
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("msgq logstats: error: ") and base in lines[0]
+    assert "spark.pyspark.python" in lines[0] and "Traceback" not in done.stderr
