@@ -312,10 +312,62 @@ def test_overtaken_reader_resets_and_goes_on(endpoint: str) -> None:
 def test_conflate_skips_to_newest_across_wraps(endpoint: str) -> None:
     pub = msgq.pub_sock(endpoint, segment_size=4096)
     sub = msgq.sub_sock(endpoint, conflate=True)
-    for i in range(30):
-        pub.send(b"%04d" % i * 10)
-    assert sub.receive(non_blocking=True) == b"0029" * 10
+    path = shm_backend.queue_path(endpoint)
+    for rnd in range(10):
+        for i in range(300):  # 48 B each: 14,400 bytes, 3.5 rings' worth per round
+            pub.send(b"%04d" % (rnd * 1000 + i) * 10)
+        assert sub.receive(non_blocking=True) == b"%04d" % (rnd * 1000 + 299) * 10
+        assert sub.receive(non_blocking=True) is None
+    assert shm_backend.inspect_queue(path)["write_cycle"] >= 30  # it really wrapped
+
+
+def test_conflate_on_a_lapped_reader_gets_the_newest(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=4096)
+    sub = msgq.sub_sock(endpoint, conflate=True)
+    plain = msgq.sub_sock(endpoint)
+    for i in range(2000):  # laps both readers many times
+        pub.send(b"%05d" % i * 8)
+    assert sub.receive(non_blocking=True) == b"01999" * 8
     assert sub.receive(non_blocking=True) is None
+    msgq.drain_sock_raw(plain)
+    assert plain.resets > 0  # the plain reader was lapped, the conflating one too
+
+
+def _conflate_reader(endpoint: str, ready, out) -> None:
+    sub = msgq.sub_sock(endpoint, conflate=True, timeout=5000)
+    ready.release()
+    msg = sub.receive()
+    while msg is not None and msg != b"stop":
+        out.put(msg)
+        msg = sub.receive()
+
+
+def test_conflate_across_processes(endpoint: str) -> None:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    pub = msgq.pub_sock(endpoint, segment_size=4096)
+    ready, out = ctx.Semaphore(0), ctx.Queue()
+    child = ctx.Process(target=_conflate_reader, args=(endpoint, ready, out))
+    child.start()
+    assert ready.acquire(timeout=10)
+    last = -1
+    for rnd in range(20):
+        for i in range(200):  # wraps the ring between the child's reads
+            pub.send(b"%06d" % (rnd * 1000 + i) * 4)
+        # the child takes whatever is newest; it never sees an older one after a newer
+        msg = out.get(timeout=10)
+        value = int(msg[:6])
+        assert msg == msg[:6] * 4 and value > last
+        last = value
+        while not out.empty():
+            msg = out.get()
+            assert int(msg[:6]) > last
+            last = int(msg[:6])
+    pub.send(b"stop")
+    child.join(10)
+    assert child.exitcode == 0
+    assert last >= 19 * 1000  # it kept up with the newest rounds
 
 
 def test_reserve_writes_in_place(endpoint: str) -> None:

@@ -364,6 +364,8 @@ int msgq_publisher_commit(msgq_publisher *pub) {
   if (ring->flags & MSGQ_FLAG_CHECKSUM)
     prefix |= (uint64_t)msgq_crc32c(ring->data + offset + 8u, size) << 32;
   store_prefix(ring->data + offset, prefix);
+  /* relaxed: published by the write_pointer store below (release). */
+  atomic_store_explicit(&h->last_message, pub->write_pointer, memory_order_relaxed);
 
   int r = publish_write_pointer(pub, make_position(cycle, offset + 8u + (uint32_t)align8(size)));
   if (r < 0) return r;
@@ -535,6 +537,16 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
       if (sub->read_pointer == sub->seen_write_pointer)
         return atomic_load_explicit(&h->superseded, memory_order_relaxed) ? MSGQ_ESUPERSEDED
                                                                             : 0;
+    }
+    if (sub->conflate) {
+      /* Straight to the newest message when the hint is between us and the writer
+       * (also when we were lapped); what is read there is checked as always. */
+      uint64_t newest = atomic_load_explicit(&h->last_message, memory_order_relaxed);
+      if (position_before(sub->read_pointer, newest) &&
+          position_before(newest, sub->seen_write_pointer) &&
+          position_in_range(newest, capacity) &&
+          sub->seen_write_pointer - newest < ((uint64_t)1 << 32))
+        sub->read_pointer = newest;
     }
     const uint32_t rc = position_cycle(sub->read_pointer);
     const uint32_t ro = position_offset(sub->read_pointer);

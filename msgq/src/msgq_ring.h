@@ -113,7 +113,10 @@ typedef struct {
   _Atomic int32_t publisher_pid;
   /* Non-zero once the file was replaced under its name (I6). */
   _Atomic uint32_t superseded;
-  uint8_t pad1[MSGQ_CACHE_LINE - 32];
+  /* Position of the newest published message (a hint for conflating readers, which
+   * jump straight to it; it is checked like any other position). */
+  _Atomic uint64_t last_message;
+  uint8_t pad1[MSGQ_CACHE_LINE - 40];
 
   /* Wake line: subscribers sleep on notify_seq; the publisher bumps it and wakes them
    * only while a waiting bit is set, so a send with nobody asleep makes no syscall. */

@@ -241,18 +241,33 @@ static void test_invalidation_during_copy_is_detected(void) {
 }
 
 static void test_conflate(void) {
+  /* Conflating readers get the newest message: after many wraps of the ring, after being
+   * lapped (they never read while the writer went round several times), and while
+   * reading along. */
   test_queue q = make_queue(1024);
   msgq_publisher pub;
-  msgq_subscriber sub;
+  msgq_subscriber sub, lapped;
   msgq_publisher_init(&pub, &q.ring);
   CHECK(msgq_subscriber_init(&sub, &q.ring, true) == 0);
+  CHECK(msgq_subscriber_init(&lapped, &q.ring, true) == 0);
   uint8_t buf[64];
-  for (uint32_t i = 0; i < 50; i++) CHECK(msgq_publisher_send(&pub, &i, sizeof i) == 0);
   uint32_t got;
-  CHECK(receive(&sub, buf, sizeof buf) == 4);
+  for (uint32_t round = 0; round < 20; round++) {
+    /* 16 bytes each: 200 messages are 3.1 rings' worth, so the writer wraps 3 times */
+    for (uint32_t i = 0; i < 200; i++) {
+      uint32_t v = round * 1000 + i;
+      CHECK(msgq_publisher_send(&pub, &v, sizeof v) == 0);
+    }
+    CHECK(receive(&sub, buf, sizeof buf) == 4);
+    memcpy(&got, buf, 4);
+    CHECK(got == round * 1000 + 199);
+    CHECK(receive(&sub, buf, sizeof buf) == -1);
+  }
+  CHECK((q.ring.header->write_pointer >> 32) >= 60); /* the ring really wrapped */
+  CHECK(receive(&lapped, buf, sizeof buf) == 4); /* lapped 60 times: still the newest */
   memcpy(&got, buf, 4);
-  CHECK(got == 49);
-  CHECK(receive(&sub, buf, sizeof buf) == -1);
+  CHECK(got == 19 * 1000 + 199);
+  CHECK(receive(&lapped, buf, sizeof buf) == -1);
   free_queue(&q);
 }
 
