@@ -251,7 +251,9 @@ def test_dead_sleeping_subscribers_are_reclaimed_without_a_newcomer(endpoint: st
     path = shm_backend.queue_path(endpoint)
     for _round in range(4):
         ready = FORK.Semaphore(0)
-        children = [FORK.Process(target=block_in_receive, args=(endpoint, ready)) for _ in range(20)]
+        children = [
+            FORK.Process(target=block_in_receive, args=(endpoint, ready)) for _ in range(20)
+        ]
         for c in children:
             c.start()
         for _ in children:

@@ -594,3 +594,27 @@ def test_queue_tools_give_way_to_an_opener_holding_the_lock(endpoint: str) -> No
     result = shm_backend.remove_unused_queue(os.fsencode(path))  # unused once unlocked
     assert result["path"] == path and result["removed"]
     assert not os.path.exists(path)
+
+
+def test_msgq_queues_lists_upstream_files_as_foreign(endpoint: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    path = shm_backend.queue_path(endpoint)
+    _write_file(path, _upstream_queue_bytes(64 * 1024))
+    garbage = shm_backend.queue_path(endpoint + "_garbage")
+    _write_file(garbage, b"garbage!" * 1000)
+    proc = subprocess.run(
+        [sys.executable, "-m", "msgq", "queues", "--json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    data = json.loads(proc.stdout)
+    rows = data["queues"] if isinstance(data, dict) else data
+    states = {q["endpoint"]: q["state"] for q in rows}
+    assert states[endpoint] == "foreign"
+    assert states[endpoint + "_garbage"] == "damaged"
+    # and a publisher takes the endpoint over (the old file left for whoever maps it)
+    pub = msgq.pub_sock(endpoint)
+    pub.send(b"ours now")
+    assert shm_backend.inspect_queue(path)["valid"]
