@@ -618,3 +618,39 @@ def test_msgq_queues_lists_upstream_files_as_foreign(endpoint: str) -> None:
     pub = msgq.pub_sock(endpoint)
     pub.send(b"ours now")
     assert shm_backend.inspect_queue(path)["valid"]
+
+
+def test_checksummed_queue_drops_a_message_whose_bytes_were_changed(endpoint: str) -> None:
+    pub = shm_backend.PubSocket()
+    pub.connect(None, endpoint, 4096, checksum=True)
+    sub = msgq.sub_sock(endpoint)
+    assert pub.checksum and sub.checksum
+    assert shm_backend.inspect_queue(shm_backend.queue_path(endpoint))["checksum"]
+    pub.send(b"first message")
+    pub.send(b"second")
+    m = _ring_map(endpoint)
+    m[HEADER_SIZE + 8 + 3] ^= 0x20  # one bit of the first payload, after it was sent
+    m.close()
+    assert sub.receive(non_blocking=True) == b"second"
+    assert sub.checksum_errors == 1
+    buf = bytearray(64)
+    pub.send(b"third")
+    assert sub.receive_into(buf, non_blocking=True) == 5 and buf[:5] == b"third"
+
+
+def test_checksum_from_environment_and_kept_by_a_live_queue(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MSGQ_CHECKSUM", "1")
+    sub = msgq.sub_sock(endpoint)  # the creator picks it
+    assert sub.checksum
+    monkeypatch.delenv("MSGQ_CHECKSUM")
+    pub = shm_backend.PubSocket()
+    pub.connect(None, endpoint, checksum=False)  # a live queue keeps what it has
+    assert pub.checksum
+    pub.send(b"x")
+    assert sub.receive(non_blocking=True) == b"x"
+    sub.close()
+    pub.close()
+    pub.connect(None, endpoint, checksum=False)  # an unused one is replaced
+    assert not pub.checksum
