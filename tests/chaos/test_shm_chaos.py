@@ -2,7 +2,7 @@
 at random moments, and random or targeted writes into a live queue file.
 
 Each test runs for its budget (MSGQ_CHAOS_SECONDS, else a short CI budget; the three
-together stay under 90 s in CI) and reports its trials and outcomes (see conftest.py).
+together stay under 90 s in CI) and reports its trials and outcomes (chaos_support.py).
 Messages carry a generation, a sequence number and the CRC32 of their body, so every
 subscriber checks every message it gets: a torn message is one whose body does not match.
 """
@@ -20,6 +20,8 @@ import time
 import zlib
 
 import pytest
+from chaos_support import budget as chaos_budget
+from chaos_support import report as chaos_report
 
 import msgq
 from msgq import shm_backend
@@ -111,7 +113,7 @@ def _stop_subscribers(endpoint: str, subs, results) -> list[tuple]:
     return out
 
 
-def test_publisher_killed_mid_send(endpoint: str, chaos_budget, chaos_report) -> None:
+def test_publisher_killed_mid_send(endpoint: str) -> None:
     """SIGKILL the publisher at random moments while it sends 1 B - 256 KiB messages;
     three subscribers verify every message and must follow each next publisher."""
     budget = chaos_budget(25)
@@ -166,7 +168,7 @@ def _send_cost_ns(pub, payload: bytes) -> float:
     return statistics.median(runs)
 
 
-def test_subscribers_killed_by_hundreds(endpoint: str, chaos_budget, chaos_report) -> None:
+def test_subscribers_killed_by_hundreds(endpoint: str) -> None:
     """SIGKILL subscribers while connecting, idle and asleep in receive(), in batches;
     with no new subscriber to help, the publisher alone must give every slot and
     waiting bit back, and a send must cost what it cost before."""
@@ -230,7 +232,7 @@ CONTROL_REGIONS = {
 }
 
 
-def test_writes_into_a_live_queue_file(endpoint: str, chaos_budget, chaos_report) -> None:
+def test_writes_into_a_live_queue_file(endpoint: str) -> None:
     """Random and targeted writes into every control region of a live queue file, then
     into the header line and the ring bytes: no signal, no hang, and no torn message
     from control-field damage (with data damage, only no signal and no hang)."""
