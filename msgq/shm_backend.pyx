@@ -190,8 +190,10 @@ def inspect_queue(path) -> dict:
     ``publisher_alive``, ``readers`` (slot, pid, alive of every claimed reader slot),
     ``readers_live``/``readers_claimed``, ``write_pointer`` (``write_cycle`` and
     ``write_offset``), ``bytes_written`` (how far the write pointer has moved through the
-    ring: payloads plus size prefixes, padding and skipped tails at wraps), ``waiters``,
-    ``created_ns`` (the creator's CLOCK_MONOTONIC), ``age_s`` and ``creator_pid``.
+    ring: payloads plus size prefixes, padding and skipped tails at wraps), ``waiters``
+    (subscribers asleep), ``checksum`` (messages carry a CRC32C), ``superseded`` (the
+    file was replaced under its name), ``created_ns`` (the creator's CLOCK_MONOTONIC),
+    ``age_s`` and ``creator_pid``.
 
     Raises ``OSError`` when the file cannot be opened (``FileNotFoundError`` when it is
     gone), and ``BlockingIOError`` while another process holds its lock.

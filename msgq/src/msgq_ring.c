@@ -554,8 +554,18 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
     /* A reader is in the writer's cycle or the one before; anything else is a damaged
      * write_pointer (or ours was reset to one): start again from it. */
     const uint32_t wc = position_cycle(wp);
-    if (ro > capacity - 8u || ro % 8u != 0 || (rc != wc && rc != wc - 1u)) {
+    if (ro > capacity - 8u || ro % 8u != 0) {
       reset_for_corruption(sub);
+      continue;
+    }
+    if (rc != wc && rc != wc - 1u) {
+      /* Two or more cycles behind: lapped (or the writer restarted past a dead send). */
+      if (wc - rc < 0x80000000u) {
+        sub->resets++;
+        reader_reset(sub);
+      } else {
+        reset_for_corruption(sub);
+      }
       continue;
     }
     const uint64_t prefix = load_prefix(ring->data + ro);
