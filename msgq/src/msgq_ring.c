@@ -25,6 +25,8 @@ _Static_assert(MSGQ_READER_SLOTS <= 64, "waiting_readers is a 64-bit mask");
  * Past that the subscriber sleeps. The budget bounds the CPU an idle subscriber burns per
  * wait; MSGQ_WAIT_SPIN_US in the environment overrides the total (0: sleep at once). */
 #define MSGQ_SPIN_NS 2000
+/* Longest single futex sleep of a wait (see msgq_poll). */
+#define MSGQ_MAX_SLEEP_NS 100000000LL
 #define MSGQ_YIELD_NS 10000
 
 static inline uint32_t position_cycle(uint64_t p) { return (uint32_t)(p >> 32); }
@@ -705,6 +707,10 @@ int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *
     wait_n = OS_WAIT_MAX_WORDS;
     if (timeout_ns < 0 || timeout_ns > 1000000) timeout_ns = 1000000;
   }
+  /* A waiting bit cleared by someone else (damage) would hide this sleeper from the
+   * publisher: no sleep lasts longer than MSGQ_MAX_SLEEP_NS, so that costs latency at
+   * worst, never a hang. */
+  if (timeout_ns < 0 || timeout_ns > MSGQ_MAX_SLEEP_NS) timeout_ns = MSGQ_MAX_SLEEP_NS;
 
   _Atomic uint32_t *words[OS_WAIT_MAX_WORDS] = {0};
   uint32_t expected[OS_WAIT_MAX_WORDS] = {0};

@@ -279,12 +279,14 @@ int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy);
 int msgq_subscriber_has_data(msgq_subscriber *sub);
 
 /* Spins briefly, then sleeps until a message may be there, the timeout (< 0: none)
- * or a signal. Returns 1 (data), 0 (timeout) or -EINTR. */
+ * or a signal. Returns 1 (data), 0 (timeout) or -EINTR. One sleep lasts at most 100 ms
+ * (a wake-up lost to a damaged waiting bit costs latency, never a hang), so it may
+ * return 0 before the timeout: callers loop until their own deadline. */
 int msgq_subscriber_wait(msgq_subscriber *sub, int64_t timeout_ns);
 
 /* Waits on n subscribers at once. Sets ready[i] and returns how many have data, 0 on
- * timeout, -EINTR on a signal. Past OS_WAIT_MAX_WORDS subscribers it may return 0
- * early (after at most 1 ms): callers loop until their own deadline. */
+ * timeout, -EINTR on a signal. It may return 0 early (after at most 100 ms, or 1 ms
+ * past OS_WAIT_MAX_WORDS subscribers): callers loop until their own deadline. */
 int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready);
 
 

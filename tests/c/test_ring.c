@@ -272,6 +272,20 @@ static void test_conflate(void) {
   free_queue(&q);
 }
 
+static void test_wait_never_sleeps_unbounded(void) {
+  /* A damaged waiting bit can hide a sleeper from the publisher; a wait without timeout
+   * must still come back (and the caller look again) instead of sleeping for ever. */
+  test_queue q = make_queue(1024);
+  msgq_subscriber sub;
+  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  int64_t start = os_monotonic_ns();
+  CHECK(msgq_subscriber_wait(&sub, -1) == 0);
+  int64_t slept = os_monotonic_ns() - start;
+  CHECK(slept >= 50000000 && slept < 2000000000);
+  CHECK(atomic_load(&q.ring.header->waiting_readers) == 0); /* its bit is gone again */
+  free_queue(&q);
+}
+
 static void test_crc32c(void) {
   CHECK(msgq_crc32c("123456789", 9) == 0xE3069283u);
   CHECK(msgq_crc32c_portable("123456789", 9) == 0xE3069283u);
@@ -767,6 +781,7 @@ int main(void) {
   RUN(test_overtaken_reader_is_reset);
   RUN(test_invalidation_during_copy_is_detected);
   RUN(test_conflate);
+  RUN(test_wait_never_sleeps_unbounded);
   RUN(test_crc32c);
   RUN(test_checksummed_queue_drops_damaged_messages);
   RUN(test_garbage_size_prefixes);
