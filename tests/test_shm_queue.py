@@ -414,7 +414,8 @@ def test_publisher_restart_keeps_subscribers(endpoint: str) -> None:
 
 def test_readers_updated(endpoint: str) -> None:
     pub = msgq.pub_sock(endpoint)
-    assert pub.all_readers_updated() and pub.num_readers == 0
+    # upstream's meaning: every reader, and at least one, has read everything
+    assert not pub.all_readers_updated() and pub.num_readers == 0
     sub = msgq.sub_sock(endpoint)
     assert pub.num_readers == 1
     pub.send(b"x")
