@@ -10,6 +10,7 @@ C_CORE = [
     "msgq/src/queue_file.c",
     "msgq/src/os_wait.c",
     "msgq/src/msgq_errors.c",
+    "msgq/src/crc32c.c",
 ]
 
 extra_compile_args = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-function"]

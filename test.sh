@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: the C unit tests (plain and ASan+UBSan builds) and the pytest suite.
+# Runs every test: the C unit tests (plain, ASan+UBSan and TSan builds), a bounded
+# libFuzzer run of the ring (MSGQ_FUZZ_SECONDS, default 45) and the pytest suite.
 # Installs what it needs first. Extra arguments go to pytest (e.g. ./test.sh -k zmq).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -8,6 +9,18 @@ echo "== C unit tests (plain)"
 .venv/bin/scons -Q test
 echo "== C unit tests (ASan + UBSan)"
 .venv/bin/scons -Q test --sanitize=address
+echo "== C unit tests (ThreadSanitizer; suppressions: the payload byte copies only)"
+.venv/bin/scons -Q test --sanitize=thread
+echo "== libFuzzer on the ring (${MSGQ_FUZZ_SECONDS:-45} s)"
+if command -v clang >/dev/null 2>&1; then
+  .venv/bin/scons -Q fuzz
+  mkdir -p build/fuzz/corpus
+  build/fuzz/fuzz_ring -max_total_time="${MSGQ_FUZZ_SECONDS:-45}" -print_final_stats=1 \
+    -close_fd_mask=1 build/fuzz/corpus 2>&1 | tail -n 12
+else
+  echo "clang is missing (scripts/ensure_env.sh installs it as root): fuzzing skipped" >&2
+  exit 1
+fi
 echo "== ruff"
 .venv/bin/ruff check msgq visionipc schemas tests
 echo "== pytest"

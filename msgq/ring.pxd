@@ -15,6 +15,7 @@ cdef extern from "src/msgq_errors.h" nogil:
         MSGQ_ESIZEMISMATCH
         MSGQ_ENORESERVE
         MSGQ_EBUFFER
+        MSGQ_ESUPERSEDED
     const char *msgq_strerror(int code)
 
 
@@ -24,12 +25,15 @@ cdef extern from "src/msgq_ring.h" nogil:
     const uint64_t MSGQ_MAX_SEGMENT_SIZE
     const unsigned int MSGQ_READER_SLOTS
     const unsigned int MSGQ_LAYOUT_VERSION
+    const unsigned int MSGQ_FLAG_CHECKSUM
 
     ctypedef struct msgq_ring:
         uint32_t capacity
+        uint32_t flags
 
     ctypedef struct msgq_publisher:
         msgq_ring ring
+        uint64_t reclaimed_slots
 
     ctypedef struct msgq_subscriber:
         msgq_ring ring
@@ -37,6 +41,7 @@ cdef extern from "src/msgq_ring.h" nogil:
         bint conflate
         uint64_t resets
         uint64_t corrupt_resets
+        uint64_t checksum_errors
 
     ctypedef struct msgq_queue_info:
         int status
@@ -50,8 +55,9 @@ cdef extern from "src/msgq_ring.h" nogil:
         int32_t publisher_pid
         int publisher_alive
         uint64_t write_pointer
+        uint32_t flags
+        int superseded
         uint32_t num_waiters
-        uint64_t active_readers
         uint32_t readers_claimed
         uint32_t readers_live
         int32_t reader_pids[64]
@@ -68,11 +74,12 @@ cdef extern from "src/msgq_ring.h" nogil:
     int msgq_publisher_commit(msgq_publisher *pub)
     void msgq_publisher_abort(msgq_publisher *pub)
     int msgq_publisher_all_readers_updated(const msgq_publisher *pub)
+    int msgq_publisher_sweep(msgq_publisher *pub)
 
     int msgq_subscriber_init(msgq_subscriber *sub, const msgq_ring *ring, bint conflate)
     void msgq_subscriber_release(msgq_subscriber *sub)
     int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t *size)
-    int msgq_subscriber_consume(msgq_subscriber *sub)
+    int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy)
     int msgq_subscriber_has_data(msgq_subscriber *sub)
     int msgq_subscriber_wait(msgq_subscriber *sub, int64_t timeout_ns)
     int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready)
@@ -91,12 +98,17 @@ cdef extern from "src/queue_file.h" nogil:
     const char *msgq_namespace_prefix()
     unsigned int msgq_queue_file_mode()
     int msgq_queue_path(const char *endpoint, char *out, size_t out_len)
-    int msgq_queue_open(const char *endpoint, uint64_t segment_size, msgq_role role,
-                        msgq_ring *ring, int *locked_fd)
+    int msgq_queue_open(const char *endpoint, uint64_t segment_size, uint32_t create_flags,
+                        msgq_role role, msgq_ring *ring, int *locked_fd)
     void msgq_queue_unlock(int locked_fd)
     void msgq_queue_unmap(msgq_ring *ring)
     int msgq_queue_inspect(const char *path, msgq_queue_info *out)
     int msgq_queue_remove_unused(const char *path, int remove_damaged, msgq_queue_info *out)
+
+
+cdef extern from "src/crc32c.h" nogil:
+    uint32_t msgq_crc32c(const void *data, size_t len)
+    const char *msgq_crc32c_implementation()
 
 
 cdef extern from "src/os_wait.h" nogil:

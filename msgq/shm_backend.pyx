@@ -155,6 +155,8 @@ cdef dict _queue_info_dict(object path, int code, const msgq_queue_info *info):
         "write_offset": offset if valid else None,
         "bytes_written": <uint64_t>cycle * info.capacity + offset if valid else None,
         "waiters": info.num_waiters if valid else None,
+        "checksum": bool(info.flags & MSGQ_FLAG_CHECKSUM) if valid else None,
+        "superseded": bool(info.superseded) if valid else None,
         "readers": readers,
         "readers_claimed": info.readers_claimed,
         "readers_live": info.readers_live,
@@ -188,8 +190,10 @@ def inspect_queue(path) -> dict:
     ``publisher_alive``, ``readers`` (slot, pid, alive of every claimed reader slot),
     ``readers_live``/``readers_claimed``, ``write_pointer`` (``write_cycle`` and
     ``write_offset``), ``bytes_written`` (how far the write pointer has moved through the
-    ring: payloads plus size prefixes, padding and skipped tails at wraps), ``waiters``,
-    ``created_ns`` (the creator's CLOCK_MONOTONIC), ``age_s`` and ``creator_pid``.
+    ring: payloads plus size prefixes, padding and skipped tails at wraps), ``waiters``
+    (subscribers asleep), ``checksum`` (messages carry a CRC32C), ``superseded`` (the
+    file was replaced under its name), ``created_ns`` (the creator's CLOCK_MONOTONIC),
+    ``age_s`` and ``creator_pid``.
 
     Raises ``OSError`` when the file cannot be opened (``FileNotFoundError`` when it is
     gone), and ``BlockingIOError`` while another process holds its lock.
@@ -244,7 +248,32 @@ def remove_unused_queue(path, bint remove_damaged=False) -> dict:
     return result
 
 
-cdef int _open_queue(object endpoint, object segment_size, msgq_role role,
+cdef uint32_t _create_flags(object checksum):
+    """MSGQ_FLAG_* for a queue this process creates: ``checksum``, or when None the
+    MSGQ_CHECKSUM environment variable (1/true/yes)."""
+    if checksum is None:
+        checksum = os.environ.get("MSGQ_CHECKSUM", "").strip().lower() in ("1", "true", "yes")
+    return MSGQ_FLAG_CHECKSUM if checksum else 0
+
+
+def crc32c(data) -> int:
+    """CRC32C of ``data`` (the checksum of checksummed queues), computed by the C core."""
+    cdef Py_buffer view
+    cdef uint32_t c
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        c = msgq_crc32c(view.buf, <size_t>view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return c
+
+
+def crc32c_implementation() -> str:
+    """Which CRC32C this machine uses: "sse4.2", "armv8-crc" or "portable"."""
+    return msgq_crc32c_implementation().decode("ascii")
+
+
+cdef int _open_queue(object endpoint, object segment_size, uint32_t flags, msgq_role role,
                      msgq_ring *ring, int *locked_fd) except -1:
     """Opens the queue; its file stays locked (``*locked_fd``) until the caller has
     registered in it and calls msgq_queue_unlock."""
@@ -260,7 +289,7 @@ cdef int _open_queue(object endpoint, object segment_size, msgq_role role,
     cdef int r
     while True:
         with nogil:
-            r = msgq_queue_open(c_name, size, role, ring, locked_fd)
+            r = msgq_queue_open(c_name, size, flags, role, ring, locked_fd)
         if r != -EAGAIN:  # EWOULDBLOCK on Linux
             break
         PyErr_CheckSignals()  # another opener holds the file lock: let Ctrl-C through
@@ -327,6 +356,8 @@ cdef class PubSocket:
     cdef int busy  # calls in progress without the GIL (other threads may run)
     cdef pid_t owner_pid
     cdef readonly object endpoint
+    cdef object segment_request  # what connect() asked for, to re-open the endpoint
+    cdef object checksum_request
 
     def __cinit__(self):
         self.connected = False
@@ -355,23 +386,35 @@ cdef class PubSocket:
             self.reservation.abort()
         return 0
 
-    def connect(self, context, endpoint, segment_size=0) -> None:
+    def connect(self, context, endpoint, segment_size=0, checksum=None) -> None:
         """Opens (or creates) the queue of ``endpoint`` and becomes its publisher.
 
         A previous publisher of the endpoint loses it: its next ``send`` raises
         ``MultiplePublishersError``. Subscribers already connected stay connected.
         ``segment_size`` 0 means the existing size, or the default for a new queue.
+        ``checksum`` (None: the MSGQ_CHECKSUM environment variable) makes a queue this
+        call creates carry a CRC32C of every message; an unused queue without it is
+        replaced, one in use keeps what it has (see the ``checksum`` property).
         """
         cdef msgq_ring ring
         cdef int locked_fd
         self._check_idle()
-        _open_queue(endpoint, segment_size, MSGQ_ROLE_PUBLISHER, &ring, &locked_fd)
+        _open_queue(endpoint, segment_size, _create_flags(checksum), MSGQ_ROLE_PUBLISHER,
+                    &ring, &locked_fd)
         self._disconnect()
         msgq_publisher_init(&self.pub, &ring)
         msgq_queue_unlock(locked_fd)
         self.owner_pid = getpid()
         self.connected = True
         self.endpoint = endpoint
+        self.segment_request = segment_size
+        self.checksum_request = checksum
+
+    cdef int _follow(self) except -1:
+        """The queue file was replaced under its name (damaged, foreign or re-made):
+        publish into the endpoint's current file from now on."""
+        self.connect(None, self.endpoint, self.segment_request, self.checksum_request)
+        return 0
 
     cdef int _check_connected(self) except -1:
         if not self.connected:
@@ -408,13 +451,17 @@ cdef class PubSocket:
         try:
             if n > 0xFFFFFFFF:
                 _raise(MSGQ_ETOOLARGE, self.endpoint)
-            if n >= NOGIL_COPY_BYTES:
-                self.busy += 1
-                with nogil:
+            for _ in range(3):  # a replaced file: follow it (once, more only under attack)
+                if n >= NOGIL_COPY_BYTES:
+                    self.busy += 1
+                    with nogil:
+                        r = msgq_publisher_send(&self.pub, ptr, <uint32_t>n)
+                    self.busy -= 1
+                else:
                     r = msgq_publisher_send(&self.pub, ptr, <uint32_t>n)
-                self.busy -= 1
-            else:
-                r = msgq_publisher_send(&self.pub, ptr, <uint32_t>n)
+                if r != MSGQ_ESUPERSEDED:
+                    break
+                self._follow()
             if r < 0:
                 if r == MSGQ_ETOOLARGE:
                     raise ValueError(
@@ -442,6 +489,9 @@ cdef class PubSocket:
                 f"endpoint {self.endpoint!r}: message of {size} bytes exceeds the largest "
                 f"this queue takes ({self.max_message_size} bytes)")
         cdef int r = msgq_publisher_reserve(&self.pub, <uint32_t>size, &dst)
+        if r == MSGQ_ESUPERSEDED:
+            self._follow()
+            r = msgq_publisher_reserve(&self.pub, <uint32_t>size, &dst)
         if r < 0:
             _raise(r, self.endpoint)
         cdef Reservation res = Reservation.__new__(Reservation)
@@ -492,6 +542,18 @@ cdef class PubSocket:
     def max_message_size(self) -> int:
         self._check_connected()
         return msgq_ring_max_message_size(self.pub.ring.capacity)
+
+    @property
+    def checksum(self) -> bool:
+        """Whether the queue carries a CRC32C of every message (chosen at creation)."""
+        self._check_connected()
+        return bool(self.pub.ring.flags & MSGQ_FLAG_CHECKSUM)
+
+    @property
+    def reclaimed_slots(self) -> int:
+        """Reader slots of dead subscribers this publisher gave back (its sweeps)."""
+        self._check_connected()
+        return self.pub.reclaimed_slots
 
     def close(self) -> None:
         """Releases the queue (abandoning an open reservation); the socket can connect
@@ -547,7 +609,8 @@ cdef class SubSocket:
         if not isinstance(address, (str, bytes)):
             raise TypeError(f"address must be str or bytes, not {type(address).__name__}")
         self._check_idle()
-        _open_queue(endpoint, segment_size, MSGQ_ROLE_SUBSCRIBER, &ring, &locked_fd)
+        _open_queue(endpoint, segment_size, _create_flags(None), MSGQ_ROLE_SUBSCRIBER,
+                    &ring, &locked_fd)
         self._disconnect()
         r = msgq_subscriber_init(&self.sub, &ring, conflate)
         msgq_queue_unlock(locked_fd)
@@ -601,10 +664,18 @@ cdef class SubSocket:
                            bint non_blocking) except -1:
         """Finds the next message, waiting within the timeout unless ``non_blocking``:
         1 with ``payload``/``size`` pointing into the ring, 0 when there is none."""
-        while not msgq_subscriber_peek(&self.sub, payload, size):
+        cdef int r
+        while True:
+            r = msgq_subscriber_peek(&self.sub, payload, size)
+            if r == 1:
+                return 1
+            if r == MSGQ_ESUPERSEDED:
+                # The file was replaced under its name (damaged, foreign or re-made) and
+                # everything in it was read: go on in the endpoint's current file.
+                self.connect(None, self.endpoint, conflate=self.sub.conflate)
+                continue
             if non_blocking or self.timeout_ns == 0 or not self._wait():
                 return 0
-        return 1
 
     cdef void _copy_out(self, void *dst, const uint8_t *payload, uint32_t size) noexcept:
         """The one copy out of the ring; large ones let other threads run."""
@@ -626,7 +697,7 @@ cdef class SubSocket:
         while self._next_message(&payload, &size, non_blocking):
             msg = PyBytes_FromStringAndSize(NULL, size)
             self._copy_out(PyBytes_AS_STRING(msg), payload, size)
-            if msgq_subscriber_consume(&self.sub):
+            if msgq_subscriber_consume(&self.sub, PyBytes_AS_STRING(msg)):
                 return msg
             # overwritten while copying: the reader was reset; look again
         return None
@@ -650,7 +721,7 @@ cdef class SubSocket:
                         f"message of {size} bytes does not fit a buffer of {view.len} "
                         "bytes; the message stays queued")
                 self._copy_out(view.buf, payload, size)
-                if msgq_subscriber_consume(&self.sub):
+                if msgq_subscriber_consume(&self.sub, view.buf):
                     return size
             return None
         finally:
@@ -675,6 +746,18 @@ cdef class SubSocket:
     def corrupt_resets(self) -> int:
         """Resets caused by out-of-range values found in the shared segment."""
         return self.sub.corrupt_resets
+
+    @property
+    def checksum_errors(self) -> int:
+        """Messages dropped because their bytes did not match their CRC32C (checksummed
+        queues only)."""
+        return self.sub.checksum_errors
+
+    @property
+    def checksum(self) -> bool:
+        """Whether the queue carries a CRC32C of every message (chosen at creation)."""
+        self._check_connected()
+        return bool(self.sub.ring.flags & MSGQ_FLAG_CHECKSUM)
 
     @property
     def segment_size(self) -> int:

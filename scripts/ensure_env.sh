@@ -12,6 +12,8 @@ need_apt=()
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
+# clang builds the libFuzzer target of the ring (test.sh runs it for a bounded time).
+command -v clang >/dev/null 2>&1 || need_apt+=(clang)
 python3 - <<'PY' >/dev/null 2>&1 || need_apt+=(python3-dev)
 import os, sysconfig
 raise SystemExit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)

@@ -110,3 +110,166 @@ def test_killed_subscribers_free_their_slots(endpoint: str) -> None:
     assert not pub.all_readers_updated()
     assert sub.receive() == b"one more"
     assert pub.all_readers_updated()
+
+
+# --- issue 13: hostile processes ------------------------------------------------------------
+
+WAKE_LINE = 128  # wake line, then the reader slots, up to the end of the header
+HEADER_END = 64 * (3 + shm_backend.READER_SLOTS)
+
+
+def _wait_until(condition, timeout: float = 10.0, what: str = "condition") -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def publish_numbered_forever(endpoint: str, started, size: int) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=64 * 1024)
+    started.set()
+    seq = 0
+    while True:
+        # every 8-byte word holds the sequence number: any mix of two messages shows
+        pub.send(struct.pack("<Q", seq) * (size // 8))
+        seq += 1
+
+
+def test_damaged_control_fields_never_deliver_a_torn_message(endpoint: str) -> None:
+    """Item 2: zeroing the wake line (where the active-readers mask was) and every reader
+    slot while a lapped reader copies must not make it deliver overwritten bytes: the
+    reader proves from write_reserve, not from its slot, that its copy is intact."""
+    import mmap
+
+    sub = msgq.sub_sock(endpoint, segment_size=64 * 1024, timeout=5000)
+    started = FORK.Event()
+    child = FORK.Process(target=publish_numbered_forever, args=(endpoint, started, 4096))
+    child.start()
+    try:
+        assert started.wait(10)
+        fd = os.open(shm_backend.queue_path(endpoint), os.O_RDWR)
+        m = mmap.mmap(fd, HEADER_END)
+        os.close(fd)
+        torn = received = 0
+        zeros = bytes(HEADER_END - WAKE_LINE)
+        while received < 3000:
+            m[WAKE_LINE:HEADER_END] = zeros  # every slot, the mask, the waiting bits
+            buf = bytearray(4096)
+            n = sub.receive_into(buf)
+            assert n == 4096, "publisher stopped sending"
+            words = set(struct.unpack("<512Q", buf))
+            torn += len(words) != 1
+            received += 1
+        m.close()
+        assert sub.resets > 0, "the reader was never lapped: the test proved nothing"
+        assert torn == 0
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+
+
+def publish_until_told(endpoint: str, started, stop, sent) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=64 * 1024)
+    started.set()
+    n = 0
+    while not stop.is_set():
+        pub.send(struct.pack("<Q", n))
+        n += 1
+        sent.value = n
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_zeroed_magic_under_live_processes_is_replaced_not_truncated(
+    endpoint: str, attempt: int
+) -> None:
+    """Item 1: with a publisher and a subscriber live, zero the file's magic, then connect
+    a new subscriber. The opener used to re-make the file in place (truncate to 0) under
+    the live mappings, and the publisher died of SIGBUS. Now a new file is renamed into
+    place; the publisher and the old subscriber notice and follow it."""
+    old_sub = msgq.sub_sock(endpoint, segment_size=64 * 1024, timeout=5000)
+    started, stop, sent = FORK.Event(), FORK.Event(), FORK.Value("q", 0)
+    child = FORK.Process(target=publish_until_told, args=(endpoint, started, stop, sent))
+    child.start()
+    try:
+        assert started.wait(10)
+        assert old_sub.receive() is not None
+        path = shm_backend.queue_path(endpoint)
+        old_ino = os.stat(path).st_ino
+        with open(path, "r+b") as f:
+            f.write(bytes(8))
+        new_sub = msgq.sub_sock(endpoint, timeout=5000)
+        assert os.stat(path).st_ino != old_ino
+        assert new_sub.segment_size == 64 * 1024  # the damaged queue's size was kept
+        got = new_sub.receive()
+        assert got is not None, "the publisher did not follow the new file"
+        # the old subscriber reads what is left in the old file, then follows too
+        for _ in range(100000):
+            msg = old_sub.receive()
+            assert msg is not None
+            if shm_backend.inspect_queue(path)["readers_claimed"] == 2:
+                break
+        assert child.is_alive(), f"publisher died: exit code {child.exitcode}"
+        before = sent.value
+        _wait_until(lambda: sent.value > before + 100, what="publisher to keep sending")
+    finally:
+        stop.set()
+        child.join(10)
+        if child.is_alive():
+            os.kill(child.pid, signal.SIGKILL)
+            child.join()
+    assert child.exitcode == 0, f"publisher died: exit code {child.exitcode}"
+
+
+def block_in_receive(endpoint: str, ready) -> None:
+    sub = msgq.sub_sock(endpoint)
+    ready.release()
+    sub.receive()
+
+
+def _send_cost_ns(pub, payload: bytes, n: int = 20000) -> float:
+    import statistics
+    import time
+
+    runs = []
+    for _ in range(5):
+        t = time.perf_counter_ns()
+        for _ in range(n):
+            pub.send(payload)
+        runs.append((time.perf_counter_ns() - t) / n)
+    return statistics.median(runs)
+
+
+def test_dead_sleeping_subscribers_are_reclaimed_without_a_newcomer(endpoint: str) -> None:
+    """Item 3: subscribers killed while asleep in receive() used to keep their slots and
+    their count in num_waiters until a new subscriber reclaimed a slot, and every send
+    made a futex syscall for them. Now the publisher's sweep gives both back."""
+    pub = msgq.pub_sock(endpoint, segment_size=1024 * 1024)
+    payload = bytes(1024)
+    baseline = _send_cost_ns(pub, payload)
+    path = shm_backend.queue_path(endpoint)
+    for _round in range(4):
+        ready = FORK.Semaphore(0)
+        children = [
+            FORK.Process(target=block_in_receive, args=(endpoint, ready)) for _ in range(20)
+        ]
+        for c in children:
+            c.start()
+        for _ in children:
+            assert ready.acquire(timeout=30)
+        _wait_until(lambda: shm_backend.inspect_queue(path)["waiters"] == 20, what="sleepers")
+        for c in children:
+            os.kill(c.pid, signal.SIGKILL)
+        for c in children:
+            c.join()
+
+        def reclaimed() -> bool:
+            pub.send(payload)
+            info = shm_backend.inspect_queue(path)
+            return info["waiters"] == 0 and info["readers_claimed"] == 0
+
+        _wait_until(reclaimed, timeout=5, what="the sweep")
+    assert pub.reclaimed_slots == 80
+    after = _send_cost_ns(pub, payload)
+    assert after < baseline * 1.5 + 50, f"send {after:.0f} ns after 80 deaths vs {baseline:.0f}"

@@ -146,24 +146,15 @@ def _write_file(path: str, data: bytes) -> None:
         f.write(data)
 
 
-@pytest.mark.parametrize(
-    "content, match",
-    [
-        (b"garbage!" * 1000, "not a msgq queue"),
-        (b"\x01", "not a msgq queue"),
-    ],
-    ids=["garbage", "one-byte"],
-)
-def test_garbage_file_is_a_clear_error_and_left_alone(
-    endpoint: str, content: bytes, match: str
-) -> None:
-    path = shm_backend.queue_path(endpoint)
-    _write_file(path, content)
-    for connect in (msgq.sub_sock, msgq.pub_sock):
-        with pytest.raises(msgq.IpcError, match=match):
-            connect(endpoint)
-    with open(path, "rb") as f:
-        assert f.read() == content
+def _upstream_queue_bytes(segment_size: int = 1024 * 1024) -> bytes:
+    """A queue file as upstream msgq (msgq.cc) leaves it under the same name: a 384-byte
+    header (num_readers, write_pointer, write_uid, then 15 read pointers, valids and
+    uids, all uint64) followed by the segment, no magic number."""
+    header = struct.pack("<3Q", 2, (3 << 32) | 1024, 0xABCDEF)
+    header += struct.pack("<15Q", *[(3 << 32) | 512] * 15)
+    header += struct.pack("<15Q", *[1] * 15) + struct.pack("<15Q", *range(15))
+    assert len(header) == 384
+    return header + bytes(range(256)) * (segment_size // 256)
 
 
 def _valid_queue_bytes(endpoint: str) -> bytes:
@@ -173,46 +164,73 @@ def _valid_queue_bytes(endpoint: str) -> bytes:
         return f.read()
 
 
-@pytest.mark.parametrize(
-    "offset, value, match",
-    [
-        (8, struct.pack("<I", 99), "layout version"),
-        (12, struct.pack("<I", 128), "inconsistent"),  # header_size
-        (16, struct.pack("<Q", 1 << 40), "inconsistent"),  # total_size
-        (24, struct.pack("<I", 1 << 30), "inconsistent"),  # capacity
-        (28, struct.pack("<I", 3), "inconsistent"),  # reader slots
-    ],
-    ids=["version", "header_size", "total_size", "capacity", "reader_slots"],
-)
-def test_disagreeing_header_is_a_clear_error(
-    endpoint: str, offset: int, value: bytes, match: str
-) -> None:
+def _damaged(endpoint: str, offset: int, value: bytes) -> bytes:
     data = bytearray(_valid_queue_bytes(endpoint))
     data[offset : offset + len(value)] = value
+    return bytes(data)
+
+
+# Each: what is found under the queue's name, and whether it is a msgq file of this
+# layout (then the replacer marks it superseded; anything else is left byte for byte).
+_FOUND = {
+    "garbage": lambda e: (b"garbage!" * 1000, False),
+    "one-byte": lambda e: (b"\x01", False),
+    "empty": lambda e: (b"", False),
+    "upstream": lambda e: (_upstream_queue_bytes(), False),
+    "random": lambda e: (random.Random(5).randbytes(HEADER_SIZE + 4096), False),
+    "zero-magic": lambda e: (_damaged(e, 0, bytes(8)), True),
+    "version": lambda e: (_damaged(e, 8, struct.pack("<I", 99)), False),
+    "header_size": lambda e: (_damaged(e, 12, struct.pack("<I", 128)), False),
+    "total_size": lambda e: (_damaged(e, 16, struct.pack("<Q", 1 << 40)), False),
+    "capacity": lambda e: (_damaged(e, 24, struct.pack("<I", 1 << 30)), False),
+    "reader_slots": lambda e: (_damaged(e, 28, struct.pack("<I", 3)), True),
+    "truncated": lambda e: (_valid_queue_bytes(e)[: (HEADER_SIZE + 4096) // 2], False),
+}
+
+
+@pytest.mark.parametrize("found", sorted(_FOUND))
+@pytest.mark.parametrize("first", ["publisher", "subscriber"])
+def test_foreign_or_damaged_file_is_replaced_atomically(
+    endpoint: str, found: str, first: str
+) -> None:
+    """Issue 12/13: a file under the queue's name that is not a queue this build can use
+    (upstream msgq's, garbage, a damaged header) no longer blocks the endpoint. A new
+    queue is renamed into place: the old inode is never truncated (whoever still maps it
+    is unharmed) and, unless it is a msgq file of this layout, never written."""
+    content, ours = _FOUND[found](endpoint)
     path = shm_backend.queue_path(endpoint)
-    _write_file(path, bytes(data))
-    with pytest.raises(msgq.IpcError, match=match):
-        msgq.sub_sock(endpoint)
-    with open(path, "rb") as f:
-        assert f.read() == bytes(data)
+    _write_file(path, content)
+    old_fd = os.open(path, os.O_RDONLY)  # a process that still has the old file
+    try:
+        old_ino = os.fstat(old_fd).st_ino
+        if first == "publisher":
+            pub = msgq.pub_sock(endpoint)
+            sub = msgq.sub_sock(endpoint, timeout=1000)
+        else:
+            sub = msgq.sub_sock(endpoint, timeout=1000)
+            pub = msgq.pub_sock(endpoint)
+        assert os.stat(path).st_ino != old_ino
+        assert shm_backend.inspect_queue(path)["valid"]
+        pub.send(b"through")
+        assert sub.receive() == b"through"
+        old = os.pread(old_fd, len(content) + 1, 0)
+        assert len(old) == len(content)  # never truncated
+        if not ours:
+            assert old == content  # never written
+    finally:
+        os.close(old_fd)
+    leftovers = [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".msgq-new")]
+    assert leftovers == []
 
 
-def test_truncated_queue_file_is_a_clear_error(endpoint: str) -> None:
-    data = _valid_queue_bytes(endpoint)
+def test_replaced_damaged_queue_keeps_its_segment_size(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=8192)
+    pub.close()
     path = shm_backend.queue_path(endpoint)
-    _write_file(path, data[: len(data) // 2])
-    with pytest.raises(msgq.IpcError, match="inconsistent"):
-        msgq.sub_sock(endpoint)
-
-
-def test_half_created_queue_is_remade(endpoint: str) -> None:
-    """A creator that died before writing the magic left zeros: the next opener re-makes it."""
-    path = shm_backend.queue_path(endpoint)
-    _write_file(path, bytes(HEADER_SIZE + 4096))
-    pub = msgq.pub_sock(endpoint)
+    with open(path, "r+b") as f:
+        f.write(bytes(8))  # zero the magic
     sub = msgq.sub_sock(endpoint)
-    pub.send(b"ok")
-    assert sub.receive(non_blocking=True) == b"ok"
+    assert sub.segment_size == 8192
 
 
 def _ring_map(endpoint: str) -> mmap.mmap:
@@ -294,10 +312,62 @@ def test_overtaken_reader_resets_and_goes_on(endpoint: str) -> None:
 def test_conflate_skips_to_newest_across_wraps(endpoint: str) -> None:
     pub = msgq.pub_sock(endpoint, segment_size=4096)
     sub = msgq.sub_sock(endpoint, conflate=True)
-    for i in range(30):
-        pub.send(b"%04d" % i * 10)
-    assert sub.receive(non_blocking=True) == b"0029" * 10
+    path = shm_backend.queue_path(endpoint)
+    for rnd in range(10):
+        for i in range(300):  # 48 B each: 14,400 bytes, 3.5 rings' worth per round
+            pub.send(b"%04d" % (rnd * 1000 + i) * 10)
+        assert sub.receive(non_blocking=True) == b"%04d" % (rnd * 1000 + 299) * 10
+        assert sub.receive(non_blocking=True) is None
+    assert shm_backend.inspect_queue(path)["write_cycle"] >= 30  # it really wrapped
+
+
+def test_conflate_on_a_lapped_reader_gets_the_newest(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=4096)
+    sub = msgq.sub_sock(endpoint, conflate=True)
+    plain = msgq.sub_sock(endpoint)
+    for i in range(2000):  # laps both readers many times
+        pub.send(b"%05d" % i * 8)
+    assert sub.receive(non_blocking=True) == b"01999" * 8
     assert sub.receive(non_blocking=True) is None
+    msgq.drain_sock_raw(plain)
+    assert plain.resets > 0  # the plain reader was lapped, the conflating one too
+
+
+def _conflate_reader(endpoint: str, ready, out) -> None:
+    sub = msgq.sub_sock(endpoint, conflate=True, timeout=5000)
+    ready.release()
+    msg = sub.receive()
+    while msg is not None and msg != b"stop":
+        out.put(msg)
+        msg = sub.receive()
+
+
+def test_conflate_across_processes(endpoint: str) -> None:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    pub = msgq.pub_sock(endpoint, segment_size=4096)
+    ready, out = ctx.Semaphore(0), ctx.Queue()
+    child = ctx.Process(target=_conflate_reader, args=(endpoint, ready, out))
+    child.start()
+    assert ready.acquire(timeout=10)
+    last = -1
+    for rnd in range(20):
+        for i in range(200):  # wraps the ring between the child's reads
+            pub.send(b"%06d" % (rnd * 1000 + i) * 4)
+        # the child takes whatever is newest; it never sees an older one after a newer
+        msg = out.get(timeout=10)
+        value = int(msg[:6])
+        assert msg == msg[:6] * 4 and value > last
+        last = value
+        while not out.empty():
+            msg = out.get()
+            assert int(msg[:6]) > last
+            last = int(msg[:6])
+    pub.send(b"stop")
+    child.join(10)
+    assert child.exitcode == 0
+    assert last >= 19 * 1000  # it kept up with the newest rounds
 
 
 def test_reserve_writes_in_place(endpoint: str) -> None:
@@ -533,3 +603,63 @@ def test_queue_tools_give_way_to_an_opener_holding_the_lock(endpoint: str) -> No
     result = shm_backend.remove_unused_queue(os.fsencode(path))  # unused once unlocked
     assert result["path"] == path and result["removed"]
     assert not os.path.exists(path)
+
+
+def test_msgq_queues_lists_upstream_files_as_foreign(endpoint: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    path = shm_backend.queue_path(endpoint)
+    _write_file(path, _upstream_queue_bytes(64 * 1024))
+    garbage = shm_backend.queue_path(endpoint + "_garbage")
+    _write_file(garbage, b"garbage!" * 1000)
+    proc = subprocess.run(
+        [sys.executable, "-m", "msgq", "queues", "--json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    data = json.loads(proc.stdout)
+    rows = data["queues"] if isinstance(data, dict) else data
+    states = {q["endpoint"]: q["state"] for q in rows}
+    assert states[endpoint] == "foreign"
+    assert states[endpoint + "_garbage"] == "damaged"
+    # and a publisher takes the endpoint over (the old file left for whoever maps it)
+    pub = msgq.pub_sock(endpoint)
+    pub.send(b"ours now")
+    assert shm_backend.inspect_queue(path)["valid"]
+
+
+def test_checksummed_queue_drops_a_message_whose_bytes_were_changed(endpoint: str) -> None:
+    pub = shm_backend.PubSocket()
+    pub.connect(None, endpoint, 4096, checksum=True)
+    sub = msgq.sub_sock(endpoint)
+    assert pub.checksum and sub.checksum
+    assert shm_backend.inspect_queue(shm_backend.queue_path(endpoint))["checksum"]
+    pub.send(b"first message")
+    pub.send(b"second")
+    m = _ring_map(endpoint)
+    m[HEADER_SIZE + 8 + 3] ^= 0x20  # one bit of the first payload, after it was sent
+    m.close()
+    assert sub.receive(non_blocking=True) == b"second"
+    assert sub.checksum_errors == 1
+    buf = bytearray(64)
+    pub.send(b"third")
+    assert sub.receive_into(buf, non_blocking=True) == 5 and buf[:5] == b"third"
+
+
+def test_checksum_from_environment_and_kept_by_a_live_queue(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MSGQ_CHECKSUM", "1")
+    sub = msgq.sub_sock(endpoint)  # the creator picks it
+    assert sub.checksum
+    monkeypatch.delenv("MSGQ_CHECKSUM")
+    pub = shm_backend.PubSocket()
+    pub.connect(None, endpoint, checksum=False)  # a live queue keeps what it has
+    assert pub.checksum
+    pub.send(b"x")
+    assert sub.receive(non_blocking=True) == b"x"
+    sub.close()
+    pub.close()
+    pub.connect(None, endpoint, checksum=False)  # an unused one is replaced
+    assert not pub.checksum

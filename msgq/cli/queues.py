@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import stat
+import struct
 from typing import Any
 
 from msgq.cli.output import (
@@ -31,10 +32,14 @@ DESCRIPTION = """\
 List every queue file in the shm folder of the current namespace (MSGQ_PREFIX, else
 OPENPILOT_PREFIX): its segment size, its publisher and whether that process is alive,
 its reader slots (live/claimed), how far its write pointer has moved, and when it was
-created. A file whose header is not a queue this build can read is listed as damaged.
+created. A file whose header is not a queue this build can read is listed as damaged,
+or as foreign when it is a queue file of upstream msgq (same names, another format).
+Publishers and subscribers replace damaged and foreign files with a new queue (renamed
+into place, so a process still using the old file keeps it).
 
 States: live (a live publisher or reader), dead (only dead processes registered),
 unused (nobody registered), unfinished (its creator died while making it), damaged,
+foreign (upstream msgq's format),
 busy (being created or opened right now), unreadable (e.g. permission denied).
 
 There is no "last write" time: the queue does not store one (a clock read per send
@@ -44,7 +49,7 @@ instead: run the command twice and compare, or use 'msgq top' for rates.
 
 --clean removes dead, unused and unfinished queues, deciding under the same file lock
 every publisher and subscriber takes to connect, so none can connect in between; a queue
-with a live publisher or any live reader is never removed. A damaged file is removed
+with a live publisher or any live reader is never removed. A damaged or foreign file is removed
 only when no process has it open or mapped (checked in /proc; kept when that cannot be
 checked). Liveness is kill(pid, 0): a dead process whose pid was reused counts as alive,
 and so does a killed child its parent has not reaped yet."""
@@ -178,12 +183,42 @@ def _describe(endpoint: str, path: str) -> dict[str, Any]:
     if info["state"] == "unfinished":
         # Seen under the file lock: a creator still at work would have held it.
         info["error"] = "empty, or its creator died before writing the header"
+    elif info["state"] == "foreign":
+        info["error"] = "a queue file of upstream msgq (another format)"
     return info
+
+
+#: Upstream msgq's queue file (msgq.cc): num_readers, write_pointer, write_uid, then 15
+#: read pointers, 15 read valids and 15 read uids, all uint64, then the segment.
+_UPSTREAM_READERS = 15
+_UPSTREAM_HEADER = 8 * (3 + 3 * _UPSTREAM_READERS)
+
+
+def _looks_like_upstream_queue(path: str, file_size: int) -> bool:
+    """Whether path holds an upstream msgq queue: its header's reader count and valid
+    flags have the only values upstream writes, and a segment follows."""
+    if file_size <= _UPSTREAM_HEADER:
+        return False
+    try:
+        with open(path, "rb") as f:
+            header = f.read(_UPSTREAM_HEADER)
+    except OSError:
+        return False
+    if len(header) < _UPSTREAM_HEADER:
+        return False
+    fields = struct.unpack(f"<{len(header) // 8}Q", header)
+    num_readers = fields[0]
+    valids = fields[3 + _UPSTREAM_READERS : 3 + 2 * _UPSTREAM_READERS]
+    return num_readers <= _UPSTREAM_READERS and all(v in (0, 1) for v in valids)
 
 
 def _state(info: dict[str, Any]) -> str:
     if not info["valid"]:
-        return "unfinished" if info["unfinished"] else "damaged"
+        if info["unfinished"]:
+            return "unfinished"
+        if info.get("file_size") and _looks_like_upstream_queue(info["path"], info["file_size"]):
+            return "foreign"
+        return "damaged"
     if info["publisher_alive"] or info["readers_live"] > 0:
         return "live"
     if info["publisher_pid"] is not None or info["readers_claimed"] > 0:
@@ -197,6 +232,7 @@ _ROW_COLOUR = {
     "unused": "dim",
     "unfinished": "yellow",
     "damaged": "yellow",
+    "foreign": "yellow",
     "busy": "dim",
     "unreadable": "yellow",
 }
@@ -273,7 +309,11 @@ def _clean(
 ) -> int:
     from msgq.shm_backend import remove_unused_queue
 
-    damaged = [q["path"] for q in queues if q["state"] == "damaged" and q.get("regular_file", True)]
+    damaged = [
+        q["path"]
+        for q in queues
+        if q["state"] in ("damaged", "foreign") and q.get("regular_file", True)
+    ]
     users = _processes_using(damaged) if damaged else {}
     removed: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
@@ -287,8 +327,8 @@ def _clean(
             reason = f"{state}: {q['error']}"
         elif state == "damaged" and not q.get("regular_file", True):
             reason = f"{q['error']}: never removed"
-        elif state == "damaged" and q["path"] in users:
-            reason = f"damaged ({q['error']}); {users[q['path']]}"
+        elif state in ("damaged", "foreign") and q["path"] in users:
+            reason = f"{state} ({q['error']}); {users[q['path']]}"
         if reason is not None:
             kept.append({"endpoint": q["endpoint"], "state": state, "reason": reason})
             continue
@@ -296,7 +336,9 @@ def _clean(
             removed.append({"endpoint": q["endpoint"], "state": state, "why": _why(q)})
             continue
         try:
-            result = remove_unused_queue(q["path"], remove_damaged=state == "damaged")
+            result = remove_unused_queue(
+                q["path"], remove_damaged=state in ("damaged", "foreign")
+            )
         except FileNotFoundError:
             continue  # someone else removed it meanwhile
         except OSError as e:
@@ -342,8 +384,8 @@ def _why(q: dict[str, Any]) -> str:
     state = q["state"]
     if state == "unfinished":
         return "unfinished (its creator died while making it)"
-    if state == "damaged":
-        return f"damaged ({q['error']}), no process has it open"
+    if state in ("damaged", "foreign"):
+        return f"{state} ({q['error']}), no process has it open"
     parts = []
     if q["publisher_pid"] is not None:
         parts.append(f"publisher {q['publisher_pid']} dead")

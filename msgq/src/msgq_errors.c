@@ -26,6 +26,8 @@ const char *msgq_strerror(int code) {
       return "commit without a matching reserve";
     case MSGQ_EBUFFER:
       return "buffer too small for the message";
+    case MSGQ_ESUPERSEDED:
+      return "the queue file was replaced under its name; open the endpoint again";
     default:
       break;
   }

@@ -16,6 +16,7 @@ enum msgq_error {
   MSGQ_ESIZEMISMATCH = -2009, /* queue exists, in use, with another segment size */
   MSGQ_ENORESERVE = -2010,    /* commit without a reservation */
   MSGQ_EBUFFER = -2011,       /* caller's buffer is too small for the message */
+  MSGQ_ESUPERSEDED = -2012,   /* the queue file was replaced: open the endpoint again */
 };
 
 /* A static, human-readable description of a code from this file or of -errno. */

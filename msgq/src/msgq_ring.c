@@ -7,13 +7,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "crc32c.h"
 #include "msgq_errors.h"
 #include "os_wait.h"
 
 _Static_assert(sizeof(msgq_reader_slot) == MSGQ_CACHE_LINE, "reader slot is one line");
 _Static_assert(sizeof(msgq_header) == MSGQ_CACHE_LINE * (3 + MSGQ_READER_SLOTS),
                "header layout");
-_Static_assert(MSGQ_READER_SLOTS <= 64, "active_readers is a 64-bit mask");
+_Static_assert(MSGQ_READER_SLOTS <= 64, "waiting_readers is a 64-bit mask");
 
 /* Before a subscriber sleeps on the futex it looks for data a little longer, because a
  * futex sleep and wake costs tens of microseconds on a virtual machine:
@@ -24,6 +25,8 @@ _Static_assert(MSGQ_READER_SLOTS <= 64, "active_readers is a 64-bit mask");
  * Past that the subscriber sleeps. The budget bounds the CPU an idle subscriber burns per
  * wait; MSGQ_WAIT_SPIN_US in the environment overrides the total (0: sleep at once). */
 #define MSGQ_SPIN_NS 2000
+/* Longest single futex sleep of a wait (see msgq_poll). */
+#define MSGQ_MAX_SLEEP_NS 100000000LL
 #define MSGQ_YIELD_NS 10000
 
 static inline uint32_t position_cycle(uint64_t p) { return (uint32_t)(p >> 32); }
@@ -33,14 +36,22 @@ static inline uint64_t make_position(uint32_t cycle, uint32_t offset) {
 }
 static inline uint64_t align8(uint64_t n) { return (n + 7u) & ~(uint64_t)7u; }
 
-/* Sizes travel as 8-byte little-endian fields; the ring is only shared on one machine,
- * so host order is used, read and written with memcpy (offsets are 8-aligned anyway). */
-static inline int64_t load_size_field(const uint8_t *at) {
-  int64_t v;
+/* Message prefixes are 8-byte fields in host order (the ring is only shared on one
+ * machine), read and written with memcpy (offsets are 8-aligned anyway): the payload
+ * size in the low 32 bits, its CRC32C (checksummed queues) in the high 32 bits. */
+#if defined(__SANITIZE_THREAD__)
+/* A function of its own under TSan, so that tests/c/tsan.supp can name exactly this
+ * load (it races with the publisher by design and is checked by region_intact). */
+#define PREFIX_LOAD_FUNCTION __attribute__((noinline)) static
+#else
+#define PREFIX_LOAD_FUNCTION static inline
+#endif
+PREFIX_LOAD_FUNCTION uint64_t load_prefix(const uint8_t *at) {
+  uint64_t v;
   memcpy(&v, at, sizeof v);
   return v;
 }
-static inline void store_size_field(uint8_t *at, int64_t v) { memcpy(at, &v, sizeof v); }
+static inline void store_prefix(uint8_t *at, uint64_t v) { memcpy(at, &v, sizeof v); }
 
 /* --- Segment ---------------------------------------------------------------------- */
 
@@ -68,10 +79,11 @@ static uint64_t random_token(void) {
   return t == 0 ? 1 : t;
 }
 
-int msgq_ring_format(void *mem, size_t size) {
+int msgq_ring_format(void *mem, size_t size, uint32_t flags) {
   if (size < (size_t)MSGQ_HEADER_SIZE + MSGQ_MIN_SEGMENT_SIZE) return MSGQ_EBADSIZE;
   uint64_t capacity = size - MSGQ_HEADER_SIZE;
   if (capacity > MSGQ_MAX_SEGMENT_SIZE || capacity % 8u != 0) return MSGQ_EBADSIZE;
+  if (flags & ~MSGQ_KNOWN_FLAGS) return MSGQ_EBADSIZE;
   msgq_header *h = mem;
   memset(h, 0, sizeof *h);
   h->layout_version = MSGQ_LAYOUT_VERSION;
@@ -81,6 +93,7 @@ int msgq_ring_format(void *mem, size_t size) {
   h->num_reader_slots = MSGQ_READER_SLOTS;
   h->created_ns = (uint64_t)os_monotonic_ns();
   h->creator_pid = (int32_t)getpid();
+  h->flags = flags;
   /* release: an opener that sees the magic sees the whole header above. */
   atomic_store_explicit(&h->magic, MSGQ_MAGIC, memory_order_release);
   return 0;
@@ -104,6 +117,7 @@ static int validate_header(const msgq_header *h, size_t size) {
   if (h->total_size != size || (uint64_t)h->header_size + h->capacity != size)
     return MSGQ_EGEOMETRY;
   if (h->capacity < MSGQ_MIN_SEGMENT_SIZE || h->capacity % 8u != 0) return MSGQ_EGEOMETRY;
+  if (h->flags & ~MSGQ_KNOWN_FLAGS) return MSGQ_EGEOMETRY;
   return 0;
 }
 
@@ -115,16 +129,15 @@ int msgq_ring_attach(msgq_ring *ring, void *mem, size_t size) {
   ring->header = h;
   ring->data = (uint8_t *)mem + h->header_size;
   ring->capacity = h->capacity;
+  ring->flags = h->flags;
   ring->map_size = size;
   return 0;
 }
 
 int msgq_ring_live_readers(const msgq_ring *ring) {
   const msgq_header *h = ring->header;
-  uint64_t mask = atomic_load_explicit(&h->active_readers, memory_order_acquire);
   int live = 0;
   for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++) {
-    if (!(mask & (1ULL << i))) continue;
     int32_t pid = atomic_load_explicit(&h->readers[i].owner_pid, memory_order_relaxed);
     if (pid > 0 && os_process_alive(pid)) live++;
   }
@@ -147,17 +160,17 @@ int msgq_ring_inspect(const void *mem, size_t size, msgq_queue_info *out) {
   out->capacity = h->capacity;
   out->created_ns = h->created_ns;
   out->creator_pid = h->creator_pid;
+  out->flags = h->flags;
   /* The mutable fields are a snapshot: each load is atomic, together they are not (the
    * queue keeps running). Relaxed loads suffice for a report; nothing is dereferenced. */
   out->write_pointer = atomic_load_explicit(&h->write_pointer, memory_order_relaxed);
+  out->superseded = atomic_load_explicit(&h->superseded, memory_order_relaxed) != 0;
   out->publisher_pid = atomic_load_explicit(&h->publisher_pid, memory_order_relaxed);
   out->publisher_alive = out->publisher_pid > 0 && os_process_alive(out->publisher_pid);
-  out->num_waiters = atomic_load_explicit(&h->num_waiters, memory_order_relaxed);
-  out->active_readers = atomic_load_explicit(&h->active_readers, memory_order_relaxed);
+  out->num_waiters = (uint32_t)__builtin_popcountll(
+      atomic_load_explicit(&h->waiting_readers, memory_order_relaxed));
   for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++) {
     int32_t pid = atomic_load_explicit(&h->readers[i].owner_pid, memory_order_relaxed);
-    /* Any owned slot counts, active bit or not: a subscriber dies between clearing its
-     * bit and its pid in release, and a live one sets its bit only after claiming. */
     if (pid <= 0) continue;
     out->reader_pids[i] = pid;
     out->readers_claimed++;
@@ -169,25 +182,58 @@ int msgq_ring_inspect(const void *mem, size_t size, msgq_queue_info *out) {
 
 /* --- Publisher -------------------------------------------------------------------- */
 
+/* Whether position a is before b (cycle-aware: positions are compared by their
+ * distance, so a 32-bit cycle count that wraps keeps its order). */
+static inline bool position_before(uint64_t a, uint64_t b) { return (int64_t)(a - b) < 0; }
+
+/* A position this ring can hold: 8-aligned and leaving room for the wrap marker. */
+static inline bool position_in_range(uint64_t p, uint32_t capacity) {
+  return position_offset(p) <= capacity - 8u && position_offset(p) % 8u == 0;
+}
+
 void msgq_publisher_init(msgq_publisher *pub, const msgq_ring *ring) {
   memset(pub, 0, sizeof *pub);
   pub->ring = *ring;
   pub->token = random_token();
+  pub->pid = (int32_t)getpid();
   msgq_header *h = ring->header;
-  atomic_store_explicit(&h->publisher_pid, (int32_t)getpid(), memory_order_relaxed);
+  atomic_store_explicit(&h->publisher_pid, pub->pid, memory_order_relaxed);
   atomic_store_explicit(&h->publisher_token, pub->token, memory_order_seq_cst);
   uint64_t wp = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
-  /* A value left by a dead or hostile writer: restart at the beginning of the next
-   * cycle, which invalidates every reader still behind (they reset, never misread). */
-  if (position_offset(wp) > ring->capacity - 8u || position_offset(wp) % 8u != 0) {
+  uint64_t reserve = atomic_load_explicit(&h->write_reserve, memory_order_acquire);
+  /* A send left half-done by a dead publisher (or an abandoned reservation) leaves
+   * write_reserve ahead of write_pointer: we go on from write_pointer (nothing past it
+   * was published) and never announce less than that reserve, so readers still judge
+   * the bytes it may have overwritten as overwritten (I2, I3). Values no publisher can
+   * have left (out of range, reserve behind wp or more than a cycle ahead) come from a
+   * hostile writer: restart two cycles past both, so that every reader is at least two
+   * cycles behind (never intact) and jumps forward instead of misreading. */
+  pub->reserve_high = wp;
+  if (reserve != wp) {
+    bool sane = position_in_range(wp, ring->capacity) &&
+                position_offset(reserve) <= ring->capacity &&
+                !position_before(reserve, wp) && reserve - wp <= ((uint64_t)2 << 32);
+    if (sane) {
+      pub->reserve_high = reserve;
+    } else {
+      uint32_t cycle = position_cycle(wp);
+      if ((uint32_t)(position_cycle(reserve) - cycle) < 0x80000000u)
+        cycle = position_cycle(reserve);
+      wp = make_position(cycle + 2u, 0);
+      pub->reserve_high = wp;
+      /* The reserve first (I2): a reader that sees the new wp sees it too. */
+      atomic_store_explicit(&h->write_reserve, wp, memory_order_release);
+      atomic_store_explicit(&h->write_pointer, wp, memory_order_release);
+    }
+  } else if (!position_in_range(wp, ring->capacity)) {
     wp = make_position(position_cycle(wp) + 2u, 0);
+    pub->reserve_high = wp;
+    atomic_store_explicit(&h->write_reserve, wp, memory_order_release);
     atomic_store_explicit(&h->write_pointer, wp, memory_order_release);
   }
   pub->write_pointer = wp;
-  /* Unknown positions: force a reload on first use by pretending they are two cycles
-   * behind (never "safe" under the cycle test below). */
-  for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++)
-    pub->known_read_pointer[i] = make_position(position_cycle(wp) - 2u, 0);
+  pub->sends_to_clock_check = MSGQ_SWEEP_CHECK_SENDS;
+  pub->next_sweep_ns = 0; /* the first check sweeps */
 }
 
 void msgq_publisher_release(msgq_publisher *pub) {
@@ -196,61 +242,94 @@ void msgq_publisher_release(msgq_publisher *pub) {
     atomic_store_explicit(&h->publisher_pid, 0, memory_order_relaxed);
 }
 
-/* Clears the valid bit of every reader whose unread bytes lie in [start, start + len)
- * of the writer's current cycle (I3). Readers in the current cycle are behind the writer
- * and cannot be there; readers in the previous cycle at or past start + len are not
- * reached yet. Cached positions avoid touching the readers' cache lines on most sends. */
-static void invalidate_overtaken_readers(msgq_publisher *pub, uint32_t cycle,
-                                         uint32_t start, uint32_t len) {
-  msgq_header *h = pub->ring.header;
-  uint64_t mask = atomic_load_explicit(&h->active_readers, memory_order_acquire);
-  const uint64_t end = (uint64_t)start + len;
-  bool cleared_any = false;
-  while (mask) {
-    unsigned i = (unsigned)__builtin_ctzll(mask);
-    mask &= mask - 1;
-    uint64_t known = pub->known_read_pointer[i];
-    if (position_cycle(known) == cycle) continue;
-    if (position_cycle(known) == cycle - 1u && position_offset(known) >= end) continue;
+/* Announces that the bytes up to `end` (a position) may be written now (I2). Never
+ * lower than an earlier announcement: an aborted reservation may have written further
+ * than the next one will. */
+static inline void announce_reserve(msgq_publisher *pub, uint64_t end) {
+  if (end > pub->reserve_high) pub->reserve_high = end;
+  atomic_store_explicit(&pub->ring.header->write_reserve, pub->reserve_high,
+                        memory_order_relaxed);
+  /* release fence (seqlock writer): the reserve store is ordered before every store of
+   * ring bytes that follows; pairs with the acquire fence in region_intact. */
+  atomic_thread_fence(memory_order_release);
+}
 
-    msgq_reader_slot *slot = &h->readers[i];
-    /* Bounded: a reader resets only when it is behind, so two tries are the normal
-     * most; the bound only matters against a process scribbling on the slot. */
-    for (int attempt = 0; attempt < 64; attempt++) {
-      /* seq_cst: pairs with the seq_cst store of valid_word in reader_reset (I6): if we
-       * still see the old word, the reader's reset will see our last commit. */
-      uint32_t word = atomic_load_explicit(&slot->valid_word, memory_order_seq_cst);
-      uint64_t rp = atomic_load_explicit(&slot->read_pointer, memory_order_acquire);
-      /* Invalid: it resets to a write_pointer at or past this send's start (I6). The
-       * cached lower bound stays as it is: still a lower bound, so nothing is assumed. */
-      if (!(word & 1u)) break;
-      uint32_t rc = position_cycle(rp), ro = position_offset(rp);
-      if (rc == cycle || (rc == cycle - 1u && ro >= end)) {
-        pub->known_read_pointer[i] = rp;
-        break;
-      }
-      /* Overtaken (or nonsense): invalidate, but only the epoch we looked at (I4). */
-      if (atomic_compare_exchange_strong_explicit(&slot->valid_word, &word, word & ~1u,
-                                                  memory_order_seq_cst,
-                                                  memory_order_seq_cst)) {
-        cleared_any = true;
-        break;
-      }
-      /* The reader changed epoch meanwhile (it reset): look at it again. */
+/* Takes slot i over from `expected` (a dead pid, or 0) and frees it with its waiting
+ * bit (I5). Returns 1 when it did. */
+static int reclaim_slot(msgq_header *h, unsigned i, int32_t expected, int32_t me) {
+  msgq_reader_slot *slot = &h->readers[i];
+  if (!atomic_compare_exchange_strong_explicit(&slot->owner_pid, &expected, me,
+                                               memory_order_acq_rel,
+                                               memory_order_relaxed))
+    return 0;
+  atomic_fetch_and_explicit(&h->waiting_readers, ~(1ULL << i), memory_order_acq_rel);
+  /* release: the cleared bit is visible before the slot can be claimed again. */
+  atomic_store_explicit(&slot->owner_pid, 0, memory_order_release);
+  return 1;
+}
+
+int msgq_publisher_sweep(msgq_publisher *pub) {
+  msgq_header *h = pub->ring.header;
+  int freed = 0;
+  uint64_t waiting = atomic_load_explicit(&h->waiting_readers, memory_order_relaxed);
+  for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++) {
+    int32_t pid = atomic_load_explicit(&h->readers[i].owner_pid, memory_order_relaxed);
+    if (pid > 0) {
+      if (pid != pub->pid && !os_process_alive(pid)) freed += reclaim_slot(h, i, pid, pub->pid);
+    } else if (pid == 0 && (waiting & (1ULL << i))) {
+      /* A waiting bit without an owner (damage): taking the free slot first makes sure
+       * no subscriber is in it while the bit is cleared. */
+      reclaim_slot(h, i, 0, pub->pid);
+    } else if (pid < 0) {
+      freed += reclaim_slot(h, i, pid, pub->pid); /* nonsense owner: free it */
     }
   }
-  if (cleared_any) {
-    /* The clears must be visible before the payload bytes that overwrite the reader's
-     * data (seqlock writer side; pairs with the acquire fence in consume). */
-    atomic_thread_fence(memory_order_release);
+  pub->reclaimed_slots += (uint64_t)freed;
+  return freed;
+}
+
+/* The bounded share of the sweep each send pays (I5): a counter decrement, and a clock
+ * read every MSGQ_SWEEP_CHECK_SENDS sends or on a send that wakes sleepers. */
+static inline void maybe_sweep(msgq_publisher *pub, bool woke) {
+  if (--pub->sends_to_clock_check != 0 && !woke) return;
+  pub->sends_to_clock_check = MSGQ_SWEEP_CHECK_SENDS;
+  int64_t now = os_monotonic_ns();
+  if (now < pub->next_sweep_ns) return;
+  pub->next_sweep_ns = now + MSGQ_SWEEP_INTERVAL_NS;
+  msgq_publisher_sweep(pub);
+}
+
+static inline int check_owner(msgq_publisher *pub) {
+  msgq_header *h = pub->ring.header;
+  if (atomic_load_explicit(&h->publisher_token, memory_order_relaxed) != pub->token)
+    return MSGQ_ENOTOWNER;
+  if (atomic_load_explicit(&h->superseded, memory_order_relaxed)) return MSGQ_ESUPERSEDED;
+  return 0;
+}
+
+/* Stores our write position. Another publisher that took over changes the token (the
+ * caller checked it); a write_pointer that differs from ours while the token is still
+ * ours was written by someone else: ours is the truth, so it is stored anyway. */
+static inline int publish_write_pointer(msgq_publisher *pub, uint64_t next) {
+  msgq_header *h = pub->ring.header;
+  uint64_t expected = pub->write_pointer;
+  /* seq_cst: publishes the bytes below next (release, I1) and orders this store before
+   * the waiting_readers load in commit (I4). */
+  if (!atomic_compare_exchange_strong_explicit(&h->write_pointer, &expected, next,
+                                               memory_order_seq_cst,
+                                               memory_order_relaxed)) {
+    if (atomic_load_explicit(&h->publisher_token, memory_order_relaxed) != pub->token)
+      return MSGQ_ENOTOWNER;
+    atomic_store_explicit(&h->write_pointer, next, memory_order_seq_cst);
   }
+  pub->write_pointer = next;
+  return 0;
 }
 
 int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
   msgq_ring *ring = &pub->ring;
-  msgq_header *h = ring->header;
-  if (atomic_load_explicit(&h->publisher_token, memory_order_relaxed) != pub->token)
-    return MSGQ_ENOTOWNER;
+  int r = check_owner(pub);
+  if (r < 0) return r;
   if (size > msgq_ring_max_message_size(ring->capacity)) return MSGQ_ETOOLARGE;
 
   const uint32_t total = 8u + (uint32_t)align8(size);
@@ -258,23 +337,17 @@ int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
   uint32_t offset = position_offset(pub->write_pointer);
 
   if ((uint64_t)offset + total + 8u > ring->capacity) {
-    /* Not enough room before the end (keeping 8 bytes for a marker): the rest of this
-     * cycle is skipped. Readers of the previous cycle still beyond offset would be two
-     * cycles behind after the wrap, so they are invalidated now. */
-    invalidate_overtaken_readers(pub, cycle, offset, ring->capacity - offset);
-    store_size_field(ring->data + offset, MSGQ_WRAP_MARKER);
+    /* Not enough room before the end (keeping 8 bytes for the marker): the rest of this
+     * cycle is skipped. The reserve covers the marker and the message after the wrap. */
+    announce_reserve(pub, make_position(cycle + 1u, total));
+    store_prefix(ring->data + offset, MSGQ_WRAP_MARKER);
+    r = publish_write_pointer(pub, make_position(cycle + 1u, 0));
+    if (r < 0) return r;
     cycle += 1u;
     offset = 0;
-    uint64_t wrapped = make_position(cycle, 0);
-    uint64_t expected = pub->write_pointer;
-    /* release: the marker is visible to a reader that sees the new cycle. */
-    if (!atomic_compare_exchange_strong_explicit(&h->write_pointer, &expected, wrapped,
-                                                 memory_order_acq_rel,
-                                                 memory_order_relaxed))
-      return MSGQ_ENOTOWNER;
-    pub->write_pointer = wrapped;
+  } else {
+    announce_reserve(pub, make_position(cycle, offset + total));
   }
-  invalidate_overtaken_readers(pub, cycle, offset, total);
   pub->reserved = true;
   pub->reserved_size = size;
   *payload = ring->data + offset + 8u;
@@ -289,24 +362,23 @@ int msgq_publisher_commit(msgq_publisher *pub) {
   const uint32_t size = pub->reserved_size;
   const uint32_t cycle = position_cycle(pub->write_pointer);
   const uint32_t offset = position_offset(pub->write_pointer);
-  store_size_field(ring->data + offset, (int64_t)size);
+  uint64_t prefix = size;
+  if (ring->flags & MSGQ_FLAG_CHECKSUM)
+    prefix |= (uint64_t)msgq_crc32c(ring->data + offset + 8u, size) << 32;
+  store_prefix(ring->data + offset, prefix);
+  /* relaxed: published by the write_pointer store below (release). */
+  atomic_store_explicit(&h->last_message, pub->write_pointer, memory_order_relaxed);
 
-  uint64_t expected = pub->write_pointer;
-  uint64_t next = make_position(cycle, offset + 8u + (uint32_t)align8(size));
-  /* seq_cst: publishes the payload and size (release, I1) and orders this store before
-   * the num_waiters load below (pairs with the seq_cst increment in subscriber_wait:
-   * either we see the waiter, or the waiter sees this write_pointer). The exchange
-   * fails only when another publisher moved the pointer: we no longer own the queue. */
-  if (!atomic_compare_exchange_strong_explicit(&h->write_pointer, &expected, next,
-                                               memory_order_seq_cst,
-                                               memory_order_relaxed))
-    return MSGQ_ENOTOWNER;
-  pub->write_pointer = next;
+  int r = publish_write_pointer(pub, make_position(cycle, offset + 8u + (uint32_t)align8(size)));
+  if (r < 0) return r;
 
-  if (atomic_load_explicit(&h->num_waiters, memory_order_seq_cst) != 0) {
+  bool woke = false;
+  if (atomic_load_explicit(&h->waiting_readers, memory_order_seq_cst) != 0) {
     atomic_fetch_add_explicit(&h->notify_seq, 1u, memory_order_release);
     os_wake_all(&h->notify_seq);
+    woke = true;
   }
+  maybe_sweep(pub, woke);
   return 0;
 }
 
@@ -323,17 +395,14 @@ int msgq_publisher_send(msgq_publisher *pub, const void *data, uint32_t size) {
 int msgq_publisher_all_readers_updated(const msgq_publisher *pub) {
   const msgq_header *h = pub->ring.header;
   uint64_t wp = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
-  uint64_t mask = atomic_load_explicit(&h->active_readers, memory_order_acquire);
   unsigned live = 0;
   for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++) {
-    if (!(mask & (1ULL << i))) continue;
     const msgq_reader_slot *slot = &h->readers[i];
     int32_t pid = atomic_load_explicit(&slot->owner_pid, memory_order_relaxed);
     if (pid <= 0 || !os_process_alive(pid)) continue;
     live++;
-    uint32_t word = atomic_load_explicit(&slot->valid_word, memory_order_acquire);
     uint64_t rp = atomic_load_explicit(&slot->read_pointer, memory_order_acquire);
-    if (!(word & 1u) || rp != wp) return 0;
+    if (rp != wp) return 0;
   }
   /* Upstream's meaning: every reader, and at least one, has read everything. */
   return live > 0;
@@ -341,36 +410,52 @@ int msgq_publisher_all_readers_updated(const msgq_publisher *pub) {
 
 /* --- Subscriber ------------------------------------------------------------------- */
 
-#ifdef MSGQ_TESTING
-void (*msgq_test_reset_hook)(void);
-#endif
+/* Whether the bytes [start, end) of cycle rc, read before this call, are intact (I3).
+ * The acquire fence orders the reads of those bytes before the reload of write_reserve
+ * (seqlock reader side; pairs with the release fence in announce_reserve). */
+static inline bool region_intact(const msgq_header *h, uint32_t rc, uint32_t start) {
+  atomic_thread_fence(memory_order_acquire);
+  uint64_t reserve = atomic_load_explicit(&h->write_reserve, memory_order_relaxed);
+  uint32_t ahead = position_cycle(reserve) - rc;
+  return ahead == 0 || (ahead == 1 && position_offset(reserve) <= start);
+}
 
-/* Jumps to the current write position with a fresh epoch (seed protocol "reset reader";
- * I2, I4). Messages between the old position and here are lost to this reader. */
+
+/* write_pointer as a reader may use it: acquire (pairs with the release in the
+ * publisher's store, I1), and not past write_reserve, which the publisher always
+ * stores first (I2). A write_pointer past it was written by someone else: it is
+ * ignored (`fallback` is returned) until the publisher's next send stores both again,
+ * so a scribbled write_pointer cannot make a reader take unwritten bytes for messages. */
+static inline uint64_t load_write_pointer(const msgq_header *h, uint64_t fallback) {
+  uint64_t wp = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
+  uint64_t reserve = atomic_load_explicit(&h->write_reserve, memory_order_relaxed);
+  return position_before(reserve, wp) ? fallback : wp;
+}
+
+/* A write_pointer behind our position by less than two cycles was moved back by
+ * someone else (damage): it is treated as our own position, so nothing is delivered
+ * twice. One further off (either way) is followed: it is the writer's after a restart
+ * (msgq_publisher_init), or garbage that the writer's next send replaces. */
+static inline uint64_t not_behind(uint64_t wp, uint64_t rp) {
+  if (position_before(wp, rp) && rp - wp < ((uint64_t)2 << 32)) return rp;
+  return wp;
+}
+
+/* Reloads the write position a reader compares itself with. */
+static inline void refresh_write_pointer(msgq_subscriber *sub) {
+  sub->seen_write_pointer =
+      not_behind(load_write_pointer(sub->ring.header, sub->seen_write_pointer),
+                 sub->read_pointer);
+}
+
+/* Jumps to the current write position. Messages between the old position and here are
+ * lost to this reader. */
 static void reader_reset(msgq_subscriber *sub) {
   msgq_header *h = sub->ring.header;
-  msgq_reader_slot *slot = &h->readers[sub->slot];
-  /* acquire: whatever made us reset (a cleared bit) is ordered before the loads below. */
-  atomic_thread_fence(memory_order_acquire);
-  uint64_t wp = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
-#ifdef MSGQ_TESTING
-  if (msgq_test_reset_hook) msgq_test_reset_hook(); /* a preemption right here */
-#endif
-  atomic_store_explicit(&slot->read_pointer, wp, memory_order_relaxed);
-  uint32_t epoch = (sub->valid_word >> 1) + 1u;
-  sub->valid_word = (epoch << 1) | 1u;
-  /* seq_cst store, then seq_cst reload of write_pointer (I6): a publisher send that still
-   * saw the old word started after a commit this reload sees, so we start at or past the
-   * beginning of what that send overwrites, never inside it. The publisher that sees the
-   * new word also sees a read_pointer at least as far as the one stored above. */
-  atomic_store_explicit(&slot->valid_word, sub->valid_word, memory_order_seq_cst);
-  uint64_t wp_now = atomic_load_explicit(&h->write_pointer, memory_order_seq_cst);
-  if (wp_now != wp) {
-    wp = wp_now;
-    atomic_store_explicit(&slot->read_pointer, wp, memory_order_release);
-  }
+  uint64_t wp = not_behind(load_write_pointer(h, sub->read_pointer), sub->read_pointer);
   sub->read_pointer = wp;
   sub->seen_write_pointer = wp;
+  atomic_store_explicit(&h->readers[sub->slot].read_pointer, wp, memory_order_relaxed);
 }
 
 static bool claim_slot(msgq_header *h, unsigned i, int32_t expected_pid, int32_t me) {
@@ -379,9 +464,8 @@ static bool claim_slot(msgq_header *h, unsigned i, int32_t expected_pid, int32_t
                                                memory_order_acq_rel,
                                                memory_order_relaxed))
     return false;
-  /* A dead owner may have died asleep: take its share of num_waiters back. */
-  if (atomic_exchange_explicit(&slot->waiting, 0u, memory_order_acq_rel))
-    atomic_fetch_sub_explicit(&h->num_waiters, 1u, memory_order_acq_rel);
+  /* A dead owner may have died asleep: its waiting bit is ours to clear now (I5). */
+  atomic_fetch_and_explicit(&h->waiting_readers, ~(1ULL << i), memory_order_acq_rel);
   return true;
 }
 
@@ -399,18 +483,13 @@ int msgq_subscriber_init(msgq_subscriber *sub, const msgq_ring *ring, bool confl
     if (claim_slot(h, i, 0, me)) sub->slot = (int)i;
   for (unsigned i = 0; i < MSGQ_READER_SLOTS && sub->slot < 0; i++) {
     int32_t pid = atomic_load_explicit(&h->readers[i].owner_pid, memory_order_relaxed);
-    if (pid > 0 && pid != me && !os_process_alive(pid) && claim_slot(h, i, pid, me))
+    if (pid != 0 && pid != me && (pid < 0 || !os_process_alive(pid)) &&
+        claim_slot(h, i, pid, me))
       sub->slot = (int)i;
   }
   if (sub->slot < 0) return MSGQ_ENOSLOT;
-
-  msgq_reader_slot *slot = &h->readers[sub->slot];
-  sub->valid_word = atomic_load_explicit(&slot->valid_word, memory_order_relaxed) & ~1u;
-  /* The bit first, then the reset: every send that does not look at this slot started
-   * before the reset's reload of write_pointer, so we start past what it writes (I6). */
-  atomic_fetch_or_explicit(&h->active_readers, 1ULL << sub->slot, memory_order_seq_cst);
+  sub->read_pointer = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
   reader_reset(sub);
-  sub->resets = 0;
   return 0;
 }
 
@@ -418,25 +497,27 @@ void msgq_subscriber_release(msgq_subscriber *sub) {
   if (sub->slot < 0) return;
   msgq_header *h = sub->ring.header;
   msgq_reader_slot *slot = &h->readers[sub->slot];
-  atomic_fetch_and_explicit(&h->active_readers, ~(1ULL << sub->slot), memory_order_acq_rel);
-  if (atomic_exchange_explicit(&slot->waiting, 0u, memory_order_acq_rel))
-    atomic_fetch_sub_explicit(&h->num_waiters, 1u, memory_order_acq_rel);
-  atomic_store_explicit(&slot->owner_pid, 0, memory_order_release);
+  atomic_fetch_and_explicit(&h->waiting_readers, ~(1ULL << sub->slot), memory_order_acq_rel);
+  int32_t me = (int32_t)getpid();
+  /* Only when still ours: a slot taken from us (damage) is left to its new owner. */
+  atomic_compare_exchange_strong_explicit(&slot->owner_pid, &me, 0, memory_order_release,
+                                          memory_order_relaxed);
   sub->slot = -1;
 }
 
 static inline void store_read_pointer(msgq_subscriber *sub, uint64_t rp) {
   sub->read_pointer = rp;
-  /* release: the publisher may reuse bytes behind rp only after our copy is done. */
+  /* relaxed: a report only (I3); nothing is ever decided from it about safety. */
   atomic_store_explicit(&sub->ring.header->readers[sub->slot].read_pointer, rp,
-                        memory_order_release);
+                        memory_order_relaxed);
 }
 
 int msgq_subscriber_has_data(msgq_subscriber *sub) {
   if (sub->read_pointer != sub->seen_write_pointer) return 1;
-  sub->seen_write_pointer =
-      atomic_load_explicit(&sub->ring.header->write_pointer, memory_order_acquire);
-  return sub->read_pointer != sub->seen_write_pointer;
+  const msgq_header *h = sub->ring.header;
+  refresh_write_pointer(sub);
+  if (sub->read_pointer != sub->seen_write_pointer) return 1;
+  return atomic_load_explicit(&h->superseded, memory_order_relaxed) != 0;
 }
 
 static void reset_for_corruption(msgq_subscriber *sub) {
@@ -447,48 +528,68 @@ static void reset_for_corruption(msgq_subscriber *sub) {
 
 int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t *size) {
   msgq_ring *ring = &sub->ring;
-  msgq_reader_slot *slot = &ring->header->readers[sub->slot];
+  const msgq_header *h = ring->header;
   const uint32_t capacity = ring->capacity;
 
-  for (;;) {
-    if (!msgq_subscriber_has_data(sub)) return 0;
-
-    /* Seed protocol step 2 before step 1's value is trusted: the valid bit is checked
-     * after loading the size so a size from an overwritten region is never used. */
+  /* Bounded even against a segment rewritten all the time: a conflating reader skips at
+   * most every message of two cycles (8 bytes each at least). */
+  for (uint32_t step = 0; step < capacity / 4u + 16u; step++) {
+    if (sub->read_pointer == sub->seen_write_pointer) {
+      refresh_write_pointer(sub);
+      if (sub->read_pointer == sub->seen_write_pointer)
+        return atomic_load_explicit(&h->superseded, memory_order_relaxed) ? MSGQ_ESUPERSEDED
+                                                                            : 0;
+    }
+    if (sub->conflate) {
+      /* Straight to the newest message when the hint is between us and the writer
+       * (also when we were lapped); what is read there is checked as always. */
+      uint64_t newest = atomic_load_explicit(&h->last_message, memory_order_relaxed);
+      if (position_before(sub->read_pointer, newest) &&
+          position_before(newest, sub->seen_write_pointer) &&
+          position_in_range(newest, capacity) &&
+          sub->seen_write_pointer - newest < ((uint64_t)1 << 32))
+        sub->read_pointer = newest;
+    }
     const uint32_t rc = position_cycle(sub->read_pointer);
     const uint32_t ro = position_offset(sub->read_pointer);
+    const uint64_t wp = sub->seen_write_pointer;
+    /* A reader is in the writer's cycle or the one before; anything else is a damaged
+     * write_pointer (or ours was reset to one): start again from it. */
+    const uint32_t wc = position_cycle(wp);
     if (ro > capacity - 8u || ro % 8u != 0) {
       reset_for_corruption(sub);
       continue;
     }
-    const int64_t msg_size = load_size_field(ring->data + ro);
-    /* acquire: the size load above happens before the valid check below. */
-    atomic_thread_fence(memory_order_acquire);
-    if (atomic_load_explicit(&slot->valid_word, memory_order_relaxed) != sub->valid_word) {
+    if (rc != wc && rc != wc - 1u) {
+      /* Two or more cycles behind: lapped (or the writer restarted past a dead send). */
+      if (wc - rc < 0x80000000u) {
+        sub->resets++;
+        reader_reset(sub);
+      } else {
+        reset_for_corruption(sub);
+      }
+      continue;
+    }
+    const uint64_t prefix = load_prefix(ring->data + ro);
+    /* The prefix is only trusted once the bytes it came from are known intact (I3). */
+    if (!region_intact(h, rc, ro)) {
       sub->resets++;
       reader_reset(sub);
       continue;
     }
-
-    /* A valid reader is in the writer's cycle or the one before (I3). */
-    const uint32_t wc = position_cycle(sub->seen_write_pointer);
-    if (rc != wc && rc != wc - 1u) {
-      reset_for_corruption(sub);
-      continue;
-    }
-    if (msg_size == MSGQ_WRAP_MARKER) {
+    if (prefix == MSGQ_WRAP_MARKER) {
       store_read_pointer(sub, make_position(rc + 1u, 0));
       continue;
     }
+    const uint32_t msg_size = (uint32_t)prefix;
     /* The message and the 8 reserved bytes must fit before the end of the ring, and
      * it must end at or before what the publisher has published in this cycle. */
-    if (msg_size < 0 || (uint64_t)msg_size + 16u > (uint64_t)capacity - ro) {
+    if ((uint64_t)msg_size + 16u > (uint64_t)capacity - ro ||
+        (!(ring->flags & MSGQ_FLAG_CHECKSUM) && (prefix >> 32) != 0)) {
       reset_for_corruption(sub);
       continue;
     }
-    const uint64_t next =
-        make_position(rc, ro + 8u + (uint32_t)align8((uint64_t)msg_size));
-    const uint64_t wp = sub->seen_write_pointer;
+    const uint64_t next = make_position(rc, ro + 8u + (uint32_t)align8(msg_size));
     if (position_cycle(wp) == rc && position_offset(next) > position_offset(wp)) {
       reset_for_corruption(sub);
       continue;
@@ -500,31 +601,37 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
         store_read_pointer(sub, next);
         continue;
       }
-      sub->seen_write_pointer =
-          atomic_load_explicit(&ring->header->write_pointer, memory_order_acquire);
+      refresh_write_pointer(sub);
       if (next != sub->seen_write_pointer) {
         store_read_pointer(sub, next);
         continue;
       }
     }
     sub->next_read_pointer = next;
+    sub->peeked_size = msg_size;
+    sub->peeked_checksum = (uint32_t)(prefix >> 32);
     *payload = ring->data + ro + 8u;
-    *size = (uint32_t)msg_size;
+    *size = msg_size;
     return 1;
   }
+  return 0;
 }
 
-int msgq_subscriber_consume(msgq_subscriber *sub) {
-  msgq_reader_slot *slot = &sub->ring.header->readers[sub->slot];
-  /* acquire: the caller's copy (plain loads) happens before this re-check of the valid
-   * bit (seed protocol step 5; seqlock reader side). */
-  atomic_thread_fence(memory_order_acquire);
-  if (atomic_load_explicit(&slot->valid_word, memory_order_relaxed) != sub->valid_word) {
+int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy) {
+  const msgq_header *h = sub->ring.header;
+  /* The caller's copy (plain loads) happens before the reload in region_intact. */
+  if (!region_intact(h, position_cycle(sub->read_pointer),
+                     position_offset(sub->read_pointer))) {
     sub->resets++;
     reader_reset(sub);
     return 0;
   }
   store_read_pointer(sub, sub->next_read_pointer);
+  if ((sub->ring.flags & MSGQ_FLAG_CHECKSUM) &&
+      (copy == NULL || msgq_crc32c(copy, sub->peeked_size) != sub->peeked_checksum)) {
+    sub->checksum_errors++;
+    return 0;
+  }
   return 1;
 }
 
@@ -532,20 +639,16 @@ int msgq_subscriber_consume(msgq_subscriber *sub) {
 static uint32_t begin_wait(msgq_subscriber *sub) {
   msgq_header *h = sub->ring.header;
   uint32_t seq = atomic_load_explicit(&h->notify_seq, memory_order_acquire);
-  /* seq_cst: pairs with the seq_cst write_pointer exchange in commit (Dekker): after
-   * this increment, has_data() below sees the new write_pointer or the publisher sees
-   * num_waiters > 0 and bumps notify_seq after the value read above. The count goes up
-   * before the slot's flag: dying in between leaks one count (a wasted wake syscall),
-   * never a missing one (a lost wake-up for another sleeper). */
-  atomic_fetch_add_explicit(&h->num_waiters, 1u, memory_order_seq_cst);
-  atomic_store_explicit(&h->readers[sub->slot].waiting, 1u, memory_order_release);
+  /* seq_cst: pairs with the seq_cst write_pointer store in commit (I4, Dekker): after
+   * this, has_data() sees the new write_pointer or the publisher sees our bit and bumps
+   * notify_seq after the value read above. */
+  atomic_fetch_or_explicit(&h->waiting_readers, 1ULL << sub->slot, memory_order_seq_cst);
   return seq;
 }
 
 static void end_wait(msgq_subscriber *sub) {
   msgq_header *h = sub->ring.header;
-  if (atomic_exchange_explicit(&h->readers[sub->slot].waiting, 0u, memory_order_acq_rel))
-    atomic_fetch_sub_explicit(&h->num_waiters, 1u, memory_order_release);
+  atomic_fetch_and_explicit(&h->waiting_readers, ~(1ULL << sub->slot), memory_order_release);
 }
 
 static int check_all(msgq_subscriber *const *subs, int n, uint8_t *ready) {
@@ -604,6 +707,10 @@ int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *
     wait_n = OS_WAIT_MAX_WORDS;
     if (timeout_ns < 0 || timeout_ns > 1000000) timeout_ns = 1000000;
   }
+  /* A waiting bit cleared by someone else (damage) would hide this sleeper from the
+   * publisher: no sleep lasts longer than MSGQ_MAX_SLEEP_NS, so that costs latency at
+   * worst, never a hang. */
+  if (timeout_ns < 0 || timeout_ns > MSGQ_MAX_SLEEP_NS) timeout_ns = MSGQ_MAX_SLEEP_NS;
 
   _Atomic uint32_t *words[OS_WAIT_MAX_WORDS] = {0};
   uint32_t expected[OS_WAIT_MAX_WORDS] = {0};

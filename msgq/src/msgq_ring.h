@@ -2,38 +2,53 @@
  *
  * Layout of a queue (all offsets from the start of the mapping):
  *
- *   0      struct msgq_header      magic, version, geometry (immutable after creation),
- *                                  then the publisher line, the wake line, and
- *                                  MSGQ_READER_SLOTS reader slots, each on its own
+ *   0      struct msgq_header      magic, version, geometry, flags (immutable after
+ *                                  creation), then the publisher line, the wake line,
+ *                                  and MSGQ_READER_SLOTS reader slots, each on its own
  *                                  cache line.
  *   header_size                    the data ring, `capacity` bytes.
  *
- * Messages in the ring are an 8-byte little-endian signed size, then the payload padded
- * to 8 bytes. A size of -1 is the wrap marker: the next message starts at offset 0. The
- * writer always leaves 8 bytes at the end of the ring so the marker fits.
+ * Messages in the ring are an 8-byte prefix, then the payload padded to 8 bytes. The
+ * prefix holds the payload size in its low 32 bits and, in a queue created with
+ * MSGQ_FLAG_CHECKSUM, the CRC32C of the payload in its high 32 bits (else 0). A prefix
+ * of all ones is the wrap marker: the next message starts at offset 0. The writer always
+ * leaves 8 bytes at the end of the ring so the marker fits.
  *
- * Positions (write_pointer, read_pointer) pack a 32-bit cycle count above a 32-bit byte
- * offset so both change in one atomic 64-bit store.
+ * Positions (write_pointer, write_reserve, read positions) pack a 32-bit cycle count
+ * above a 32-bit byte offset so both change in one atomic 64-bit store.
  *
  * Invariants the code relies on:
- *  I1 write_pointer only moves forward; everything in [read position, write_pointer) of a
- *     valid reader is complete, because the payload and its size are stored before the
+ *  I1 write_pointer only moves forward; everything in [read position, write_pointer) of
+ *     a reader is complete, because the payload and its prefix are stored before the
  *     release store of write_pointer that covers them.
- *  I2 A reader position only moves forward (a reset jumps to the current write_pointer).
- *  I3 Before overwriting bytes that a reader in the previous cycle has not read yet, the
- *     writer clears that reader's valid bit; the reader re-checks the bit after copying a
- *     message and discards the copy when it was cleared (seqlock pattern).
- *  I4 valid_word carries an epoch above the valid bit. A reader that resets bumps the
- *     epoch, and the writer clears the bit only with a compare-exchange against the
- *     word it observed, so an invalidation decided from an old read position can never
- *     hit a reader that has since reset or a new subscriber that took the slot.
- *  I5 A subscriber sleeps only after counting itself in num_waiters (seq_cst) and
+ *  I2 Before the publisher writes a byte (payload, prefix or wrap marker) it stores
+ *     write_reserve = the position just past the last byte of that send, followed by a
+ *     release fence (seqlock writer side). write_reserve >= write_pointer, and the
+ *     bytes of cycle c at offsets below offset(write_reserve) may have been
+ *     overwritten by cycle c + 1 once cycle(write_reserve) == c + 1.
+ *  I3 A reader owns its position (process memory; the copy in its slot is only a report
+ *     for the publisher and tools). After reading a prefix, and again after copying a
+ *     payload, it issues an acquire fence and reloads write_reserve: the bytes
+ *     [start, end) it read in cycle rc are intact when write_reserve is in cycle rc, or
+ *     in cycle rc + 1 at an offset <= start. Otherwise they may be overwritten: the copy
+ *     is discarded and the reader jumps to write_pointer. No other field (slot, mask,
+ *     wake line) takes part in that decision, so no damage to them can make a reader
+ *     deliver overwritten bytes (seqlock reader side; pairs with I2's fence).
+ *  I4 A subscriber sleeps only after setting its bit in waiting_readers (seq_cst) and
  *     re-checking for data; the publisher stores write_pointer (seq_cst) before it loads
- *     num_waiters. One of them sees the other, so no wake-up is lost.
- *  I6 A reset stores its new epoch (seq_cst), then reloads write_pointer (seq_cst); the
- *     publisher loads valid_word seq_cst. A send that still saw the old word started at
- *     or before the position the reset reader settles on, so it never overwrites what
- *     that reader will read. docs/ring.md has the full argument and the crash windows.
+ *     waiting_readers. One of them sees the other, so no wake-up is lost. A bit belongs
+ *     to a slot, so a subscriber that dies asleep leaves its own bit set and nothing
+ *     else; whoever reclaims the slot clears it.
+ *  I5 A slot is reclaimed only by a process that first takes it over with a
+ *     compare-exchange of owner_pid (from a dead pid, or 0 for a stray waiting bit), so a
+ *     live subscriber never loses its slot or its waiting bit. The publisher sweeps the
+ *     slots for dead owners at most every MSGQ_SWEEP_INTERVAL_NS, checking the clock only
+ *     every MSGQ_SWEEP_CHECK_SENDS sends or on a send that wakes sleepers, so the cost
+ *     per send stays bounded however many subscribers die.
+ *  I6 superseded != 0 says this file was replaced under its name (queue_file.c): the
+ *     publisher stops sending into it (MSGQ_ESUPERSEDED) and a subscriber that has read
+ *     everything in it reports MSGQ_ESUPERSEDED, so both re-open the endpoint.
+ *     docs/ring.md has the argument and the crash windows.
  *
  * Every value read from the segment is untrusted: offsets, sizes and the header are
  * bounds-checked, and a bad value resets the reader instead of reading out of bounds. */
@@ -47,7 +62,7 @@
 #include <sys/types.h>
 
 #define MSGQ_MAGIC 0x31474e5251475351ULL /* "QSGQRNG1" little-endian */
-#define MSGQ_LAYOUT_VERSION 1u
+#define MSGQ_LAYOUT_VERSION 2u
 #define MSGQ_READER_SLOTS 64u
 #define MSGQ_CACHE_LINE 64u
 
@@ -57,19 +72,23 @@
 /* Largest ring the 32-bit offsets can address (a multiple of 8). */
 #define MSGQ_MAX_SEGMENT_SIZE 0xFFFFFFF8u
 
-#define MSGQ_WRAP_MARKER ((int64_t)-1)
+#define MSGQ_WRAP_MARKER UINT64_MAX
+
+/* Header flags, chosen at creation. */
+#define MSGQ_FLAG_CHECKSUM 1u /* every message carries the CRC32C of its payload */
+#define MSGQ_KNOWN_FLAGS MSGQ_FLAG_CHECKSUM
+
+/* Dead-subscriber sweep of the publisher (I5). */
+#define MSGQ_SWEEP_INTERVAL_NS 20000000LL /* 20 ms */
+#define MSGQ_SWEEP_CHECK_SENDS 64u
 
 typedef struct {
-  /* Written by the subscriber that owns the slot; read by the publisher. */
+  /* Written by the subscriber that owns the slot (a report of how far it has read, for
+   * all_readers_updated and tools; never used to decide what is safe to read). */
   _Atomic uint64_t read_pointer;
-  /* epoch << 1 | valid. The subscriber sets it; the publisher clears the valid bit
-   * with a compare-exchange (I4). */
-  _Atomic uint32_t valid_word;
   /* Process id of the subscriber holding the slot; 0 = free. */
   _Atomic int32_t owner_pid;
-  /* 1 while the subscriber sleeps in a wait (counted in num_waiters). */
-  _Atomic uint32_t waiting;
-  uint8_t pad[MSGQ_CACHE_LINE - 20];
+  uint8_t pad[MSGQ_CACHE_LINE - 12];
 } msgq_reader_slot;
 
 typedef struct {
@@ -82,21 +101,29 @@ typedef struct {
   uint32_t num_reader_slots;
   uint64_t created_ns;
   int32_t creator_pid;
-  uint8_t pad0[MSGQ_CACHE_LINE - 44];
+  uint32_t flags; /* MSGQ_FLAG_* */
+  uint8_t pad0[MSGQ_CACHE_LINE - 48];
 
   /* Publisher line. */
   _Atomic uint64_t write_pointer;
+  /* End of the bytes the publisher may be writing right now (I2). */
+  _Atomic uint64_t write_reserve;
   /* Token of the publisher that owns the queue; a new publisher overwrites it. */
   _Atomic uint64_t publisher_token;
   _Atomic int32_t publisher_pid;
-  uint8_t pad1[MSGQ_CACHE_LINE - 20];
+  /* Non-zero once the file was replaced under its name (I6). */
+  _Atomic uint32_t superseded;
+  /* Position of the newest published message (a hint for conflating readers, which
+   * jump straight to it; it is checked like any other position). */
+  _Atomic uint64_t last_message;
+  uint8_t pad1[MSGQ_CACHE_LINE - 40];
 
   /* Wake line: subscribers sleep on notify_seq; the publisher bumps it and wakes them
-   * only while num_waiters > 0, so a send with nobody asleep makes no syscall. */
+   * only while a waiting bit is set, so a send with nobody asleep makes no syscall. */
   _Atomic uint32_t notify_seq;
-  _Atomic uint32_t num_waiters;
-  /* Bit i set while reader slot i is in use (claimed, possibly by a dead process). */
-  _Atomic uint64_t active_readers;
+  uint32_t reserved0;
+  /* Bit i set while the subscriber in slot i sleeps (I4). */
+  _Atomic uint64_t waiting_readers;
   uint8_t pad2[MSGQ_CACHE_LINE - 16];
 
   msgq_reader_slot readers[MSGQ_READER_SLOTS];
@@ -109,12 +136,14 @@ typedef struct {
   msgq_header *header;
   uint8_t *data; /* header_size bytes after header */
   uint32_t capacity;
+  uint32_t flags; /* copied at attach: the segment cannot change them later */
   size_t map_size;
 } msgq_ring;
 
-/* Formats `size` bytes at mem as an empty queue (size = header + capacity). Returns 0 or
- * MSGQ_EBADSIZE. The magic is stored last, with release. */
-int msgq_ring_format(void *mem, size_t size);
+/* Formats `size` bytes at mem as an empty queue (size = header + capacity) with the
+ * given MSGQ_FLAG_* flags. Returns 0 or MSGQ_EBADSIZE. The magic is stored last, with
+ * release. */
+int msgq_ring_format(void *mem, size_t size, uint32_t flags);
 
 /* Validates the header of a mapping of `size` bytes and fills ring. Returns 0,
  * MSGQ_EBADMAGIC, MSGQ_EVERSION or MSGQ_EGEOMETRY. Never reads past size. */
@@ -147,8 +176,9 @@ typedef struct {
   int32_t publisher_pid;    /* 0: no publisher (none yet, or it closed cleanly) */
   int publisher_alive;      /* publisher_pid names a process that exists */
   uint64_t write_pointer;   /* cycle << 32 | byte offset */
-  uint32_t num_waiters;
-  uint64_t active_readers;  /* mask of slots in use */
+  uint32_t flags;           /* MSGQ_FLAG_* */
+  int superseded;           /* the file was replaced under its name */
+  uint32_t num_waiters;     /* subscribers asleep (bits set in waiting_readers) */
   uint32_t readers_claimed; /* slots holding a pid (live or dead) */
   uint32_t readers_live;    /* of those, pids of processes that exist */
   int32_t reader_pids[MSGQ_READER_SLOTS];  /* owner of each slot; 0 = free */
@@ -168,22 +198,30 @@ int msgq_ring_inspect(const void *mem, size_t size, msgq_queue_info *out);
 typedef struct {
   msgq_ring ring;
   uint64_t token;
+  int32_t pid;
   uint64_t write_pointer; /* local copy of the shared one (we are its only writer) */
+  uint64_t reserve_high;  /* highest write_reserve announced (I2) */
   /* Reservation in progress: payload size and where its size prefix goes. */
   bool reserved;
   uint32_t reserved_size;
-  /* Last read position seen per reader slot; positions only move forward (I2), so a
-   * reader already seen in the writer's cycle needs no reload until the writer wraps. */
-  uint64_t known_read_pointer[MSGQ_READER_SLOTS];
+  /* Dead-subscriber sweep (I5): sends left before the next look at the clock, and the
+   * monotonic time of the next sweep. */
+  uint32_t sends_to_clock_check;
+  int64_t next_sweep_ns;
+  uint64_t reclaimed_slots; /* statistics: dead subscribers' slots given back */
 } msgq_publisher;
 
 /* Takes ownership of the ring: later sends of any previous publisher fail with
- * MSGQ_ENOTOWNER. Subscribers already connected keep their place and keep receiving. */
+ * MSGQ_ENOTOWNER. Subscribers already connected keep their place and keep receiving.
+ * When the previous publisher died inside a send (write_reserve ahead of
+ * write_pointer) or the pointers are out of range, the write position moves two cycles
+ * on, so every reader jumps forward instead of reading what that send left half-done. */
 void msgq_publisher_init(msgq_publisher *pub, const msgq_ring *ring);
 /* Gives up ownership (when still the owner) so the queue no longer counts as in use. */
 void msgq_publisher_release(msgq_publisher *pub);
 
-/* Copies size bytes into the ring and publishes them. */
+/* Copies size bytes into the ring and publishes them. Returns 0, MSGQ_ETOOLARGE,
+ * MSGQ_ENOTOWNER or MSGQ_ESUPERSEDED (the file was replaced: open the endpoint again). */
 int msgq_publisher_send(msgq_publisher *pub, const void *data, uint32_t size);
 
 /* Reserves room for a size-byte message and returns where to write it; nothing is
@@ -191,6 +229,10 @@ int msgq_publisher_send(msgq_publisher *pub, const void *data, uint32_t size);
 int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload);
 int msgq_publisher_commit(msgq_publisher *pub);
 void msgq_publisher_abort(msgq_publisher *pub);
+
+/* Gives back the slots (and waiting bits) of subscribers whose process is gone. Called
+ * by sends on their own schedule (I5); callable directly. Returns how many it freed. */
+int msgq_publisher_sweep(msgq_publisher *pub);
 
 /* 1 when every live subscriber, and at least one, has read everything sent (upstream's
  * meaning); 0 otherwise, including when no live subscriber is connected. */
@@ -204,14 +246,16 @@ typedef struct {
   msgq_ring ring;
   int slot;
   bool conflate;
-  uint32_t valid_word; /* what our slot's valid_word holds while we are valid */
-  uint64_t read_pointer;
+  uint64_t read_pointer;       /* ours alone (I3) */
   uint64_t seen_write_pointer; /* cached; reloaded only when we caught up with it */
   /* The message handed out by peek, committed by consume. */
   uint64_t next_read_pointer;
+  uint32_t peeked_size;
+  uint32_t peeked_checksum;
   /* Statistics. */
-  uint64_t resets;         /* times this reader was overtaken and jumped forward */
-  uint64_t corrupt_resets; /* resets caused by an out-of-range value in the segment */
+  uint64_t resets;          /* times this reader was overtaken and jumped forward */
+  uint64_t corrupt_resets;  /* resets caused by an out-of-range value in the segment */
+  uint64_t checksum_errors; /* messages dropped because their CRC32C did not match */
 } msgq_subscriber;
 
 /* Claims a reader slot (a free one, else one whose owner process is dead) and starts
@@ -220,28 +264,30 @@ int msgq_subscriber_init(msgq_subscriber *sub, const msgq_ring *ring, bool confl
 void msgq_subscriber_release(msgq_subscriber *sub);
 
 /* Finds the next message (the newest one when conflating). Returns 1 with *payload and
- * *size pointing into the ring, 0 when there is none. The caller copies the bytes out,
- * then calls msgq_subscriber_consume(). */
+ * *size pointing into the ring, 0 when there is none, MSGQ_ESUPERSEDED when there is
+ * none and the file was replaced (open the endpoint again). The caller copies the bytes
+ * out, then calls msgq_subscriber_consume() with its copy. */
 int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t *size);
-/* Returns 1 when the copy taken since peek is intact and advances past it; 0 when the
- * publisher overwrote it meanwhile (the reader was reset; discard the copy). */
-int msgq_subscriber_consume(msgq_subscriber *sub);
-/* 1 when a message is waiting (cheap; no side effects except caching). */
+/* Returns 1 when the copy taken since peek is intact and advances past it; 0 when it
+ * must be discarded: the publisher may have overwritten it meanwhile (the reader jumped
+ * forward, I3), or, in a checksummed queue, `copy` does not match the message's CRC32C
+ * (the message is skipped and counted in checksum_errors). `copy` is the caller's copy
+ * of the payload (NULL only in a queue without checksums). */
+int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy);
+/* 1 when a message is waiting, or when the file was replaced (so that waits end and the
+ * next peek reports it); cheap, no side effects except caching. */
 int msgq_subscriber_has_data(msgq_subscriber *sub);
 
 /* Spins briefly, then sleeps until a message may be there, the timeout (< 0: none)
- * or a signal. Returns 1 (data), 0 (timeout) or -EINTR. */
+ * or a signal. Returns 1 (data), 0 (timeout) or -EINTR. One sleep lasts at most 100 ms
+ * (a wake-up lost to a damaged waiting bit costs latency, never a hang), so it may
+ * return 0 before the timeout: callers loop until their own deadline. */
 int msgq_subscriber_wait(msgq_subscriber *sub, int64_t timeout_ns);
 
 /* Waits on n subscribers at once. Sets ready[i] and returns how many have data, 0 on
- * timeout, -EINTR on a signal. Past OS_WAIT_MAX_WORDS subscribers it may return 0
- * early (after at most 1 ms): callers loop until their own deadline. */
+ * timeout, -EINTR on a signal. It may return 0 early (after at most 100 ms, or 1 ms
+ * past OS_WAIT_MAX_WORDS subscribers): callers loop until their own deadline. */
 int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready);
 
-#ifdef MSGQ_TESTING
-/* Test builds only: called inside a reader reset, between its load of write_pointer and
- * its stores, to replay a reader preempted there. */
-extern void (*msgq_test_reset_hook)(void);
-#endif
 
 #endif

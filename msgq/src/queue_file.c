@@ -2,6 +2,7 @@
 #include "queue_file.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,8 @@
  * lock; open the path again. Never returned to callers (outside the errno and MSGQ_E*
  * ranges). */
 #define QUEUE_FILE_REMOVED (-3001)
+/* Internal: the file at the path must be replaced by a new queue (open_locked). */
+#define QUEUE_FILE_REPLACE (-3002)
 
 int msgq_validate_name(const char *name) {
   if (name == NULL) return MSGQ_EBADNAME;
@@ -130,85 +133,160 @@ static void *map_queue(int fd, size_t size) {
   return mmap(NULL, size, PROT_READ | PROT_WRITE, flags, fd, 0);
 }
 
-/* Sizes the file and formats an empty queue in it. fd is locked by the caller. */
-static int create_queue(int fd, uint64_t capacity, msgq_ring *ring) {
+/* Whether a header that failed validation still has this build's layout apart from
+ * its magic or flags (a damaged queue of ours, not a foreign file): only then may the
+ * replacer write into it (the superseded mark), and its capacity is worth keeping. */
+static int ours_shaped(const msgq_header *h, size_t size) {
+  return size >= MSGQ_HEADER_SIZE && h->layout_version == MSGQ_LAYOUT_VERSION &&
+         h->header_size == MSGQ_HEADER_SIZE && h->total_size == size &&
+         (uint64_t)h->header_size + h->capacity == size &&
+         h->capacity >= MSGQ_MIN_SEGMENT_SIZE && h->capacity % 8u == 0;
+}
+
+static atomic_uint tmp_counter;
+
+/* Makes a complete queue in a new file next to `path`, under a name no endpoint can
+ * have (a leading dot), then makes it visible under `path` in one step: rename(2) over
+ * the old file when `replace`, else link(2), which fails with EEXIST when another opener
+ * created the endpoint first. A half-made queue is therefore never visible under an
+ * endpoint's name, and a file that may be mapped is never truncated: a replaced file
+ * keeps its inode for whoever still maps it. On success returns 0 with the new file's
+ * fd locked (LOCK_EX) in *fd_out and ring attached. Returns QUEUE_FILE_REMOVED when
+ * link found the name taken (open it instead), or a negative error. */
+static int publish_new_queue(const char *path, uint64_t capacity, uint32_t flags,
+                             int replace, msgq_ring *ring, int *fd_out) {
+  char tmp[MSGQ_MAX_PATH_LEN + 64];
+  const char *slash = strrchr(path, '/');
+  int dir_len = slash ? (int)(slash - path) : 0;
+  int n = snprintf(tmp, sizeof tmp, "%.*s/.msgq-new-%d-%u", dir_len, slash ? path : ".",
+                   (int)getpid(), atomic_fetch_add(&tmp_counter, 1u));
+  if (n < 0 || (size_t)n >= sizeof tmp) return -ENAMETOOLONG;
+  mode_t mode = msgq_queue_file_mode();
+  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+  if (fd < 0) return -errno;
+  (void)fchmod(fd, mode); /* exactly the requested mode, whatever the umask */
+  (void)flock(fd, LOCK_EX); /* nobody else knows this file yet: never blocks */
   size_t size = (size_t)MSGQ_HEADER_SIZE + capacity;
-  if (ftruncate(fd, 0) != 0 || ftruncate(fd, (off_t)size) != 0) return -errno;
+  int r = 0;
+  void *mem = MAP_FAILED;
+  if (ftruncate(fd, (off_t)size) != 0) r = -errno;
 #if defined(__linux__)
   /* Reserve every page now: a full /dev/shm is then ENOSPC here, not SIGBUS in the
    * middle of a send. */
-  int fr = posix_fallocate(fd, 0, (off_t)size);
-  if (fr != 0 && fr != EOPNOTSUPP && fr != EINVAL) {
-    (void)ftruncate(fd, 0); /* give the pages back; the next opener starts afresh */
-    return -fr;
+  if (r == 0) {
+    int fr = posix_fallocate(fd, 0, (off_t)size);
+    if (fr != 0 && fr != EOPNOTSUPP && fr != EINVAL) r = -fr;
   }
 #endif
-  void *mem = map_queue(fd, size);
-  if (mem == MAP_FAILED) return -errno;
-  int r = msgq_ring_format(mem, size);
+  if (r == 0) {
+    mem = map_queue(fd, size);
+    if (mem == MAP_FAILED) r = -errno;
+  }
+  if (r == 0) r = msgq_ring_format(mem, size, flags);
   if (r == 0) r = msgq_ring_attach(ring, mem, size);
-  if (r < 0) munmap(mem, size);
-  return r;
+  if (r == 0) {
+    if (replace) {
+      if (rename(tmp, path) != 0) r = -errno;
+    } else if (link(tmp, path) != 0) {
+      r = errno == EEXIST ? QUEUE_FILE_REMOVED : -errno;
+    }
+  }
+  (void)unlink(tmp); /* after rename: already gone; after link: the second name */
+  if (r < 0) {
+    if (mem != MAP_FAILED) munmap(mem, size);
+    memset(ring, 0, sizeof *ring);
+    close(fd);
+    return r;
+  }
+  *fd_out = fd;
+  return 0;
 }
 
-/* A live process uses the queue: its publisher, or the owner of any claimed reader slot
- * (active bit or not). The one rule for re-making a queue at another size and for
- * removing it (msgq_queue_remove_unused). */
+/* Marks a replaced file of ours superseded (I6 of msgq_ring.h) and wakes its sleepers,
+ * so that the processes still mapping it re-open the endpoint. mem maps `size` bytes of
+ * a file that was validated as ours_shaped (or fully valid). */
+static void mark_superseded(void *mem, size_t size) {
+  msgq_header *h = mem;
+  if (!ours_shaped(h, size)) return;
+  atomic_store_explicit(&h->superseded, 1u, memory_order_seq_cst);
+  atomic_fetch_add_explicit(&h->notify_seq, 1u, memory_order_release);
+  os_wake_all(&h->notify_seq);
+}
+
+/* A live process uses the queue: its publisher, or the owner of any claimed reader slot.
+ * The one rule for re-making a queue at another size and for removing it
+ * (msgq_queue_remove_unused). */
 static int queue_in_use(const msgq_queue_info *info) {
   return info->publisher_alive || info->readers_live > 0;
 }
 
-static int open_locked(int fd, uint64_t requested, enum msgq_role role, msgq_ring *ring) {
+/* Judges the existing file behind the locked fd. Returns 0 with ring attached to it,
+ * QUEUE_FILE_REMOVED (open the path again), a negative error, or QUEUE_FILE_REPLACE
+ * with *capacity and *flags set for the queue that must take its place. When it returns
+ * QUEUE_FILE_REPLACE with *old_mem set, that mapping (*old_size bytes) is the old file,
+ * to be marked superseded once the new one is in place. */
+static int open_locked(int fd, uint64_t requested, uint32_t want_flags, enum msgq_role role,
+                       msgq_ring *ring, uint64_t *capacity, uint32_t *flags,
+                       void **old_mem, size_t *old_size) {
   struct stat st;
+  *old_mem = NULL;
   if (fstat(fd, &st) != 0) return -errno;
   if (!S_ISREG(st.st_mode)) return MSGQ_EBADMAGIC;
-  /* Removed while we waited for the lock: registering in it would leave us on a file
-   * that later openers of the endpoint never see. */
+  /* Removed or replaced while we waited for the lock: registering in it would leave us
+   * on a file that later openers of the endpoint never see. */
   if (st.st_nlink == 0) return QUEUE_FILE_REMOVED;
   if (foreign_owner_refused(st.st_uid)) return -EPERM;
-  uint64_t new_capacity = requested ? requested : MSGQ_DEFAULT_SEGMENT_SIZE;
+  *capacity = requested ? requested : MSGQ_DEFAULT_SEGMENT_SIZE;
+  *flags = want_flags;
 
-  if (st.st_size == 0) return create_queue(fd, new_capacity, ring);
-
+  /* Too small for any header: an unfinished file of an older build, or not ours. */
+  if ((size_t)st.st_size < MSGQ_HEADER_SIZE) return QUEUE_FILE_REPLACE;
   size_t size = (size_t)st.st_size;
-  uint64_t magic = 0;
-  ssize_t got = pread(fd, &magic, sizeof magic, 0);
-  if (got < 0) return -errno;
-  if (got < (ssize_t)sizeof magic) return MSGQ_EBADMAGIC;
-  /* We hold the lock, so nobody is initializing: a zero magic is a creator that died
-   * after sizing the file and before finishing the header. Re-make it. */
-  if (magic == 0) return create_queue(fd, new_capacity, ring);
-
-  /* Not pre-faulted yet: the size comes from a file that may be hostile. */
+  /* Not pre-faulted yet: the size comes from a file that may be hostile. Nobody
+   * truncates a queue file (they are replaced, never re-sized), so reading the mapping
+   * cannot fault past the end. */
   void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (mem == MAP_FAILED) return -errno;
   int r = msgq_ring_attach(ring, mem, size);
-  if (r < 0) {
-    munmap(mem, size);
-    return r;
+  if (r < 0 || atomic_load_explicit(&ring->header->superseded, memory_order_relaxed)) {
+    /* Damaged (magic, version, geometry), foreign (another program's file under our
+     * name), or marked superseded though it still has the name (damage): replace it.
+     * A damaged queue of ours keeps its capacity unless a size was asked for. */
+    const msgq_header *h = mem;
+    if (requested == 0 && ours_shaped(h, size)) *capacity = h->capacity;
+    memset(ring, 0, sizeof *ring);
+    *old_mem = mem;
+    *old_size = size;
+    return QUEUE_FILE_REPLACE;
   }
 #if defined(MADV_POPULATE_WRITE)
   (void)madvise(mem, size, MADV_POPULATE_WRITE); /* a valid queue: fault it in now */
 #endif
-  if (requested == 0 || requested == ring->capacity || role == MSGQ_ROLE_SUBSCRIBER)
+  if (role == MSGQ_ROLE_SUBSCRIBER ||
+      ((requested == 0 || requested == ring->capacity) && want_flags == ring->flags))
     return 0;
-  /* A publisher wants another size: re-make an unused queue; adopt a live one that is at
-   * least as large (every message it meant to send fits); refuse a smaller live one. */
+  /* A publisher wants another size or other flags: replace an unused queue; adopt a
+   * live one that is at least as large (every message it meant to send fits, the flags
+   * stay as they are); refuse a smaller live one. */
   msgq_queue_info info;
   (void)msgq_ring_inspect(ring->header, ring->map_size, &info); /* attached: valid */
   if (!queue_in_use(&info)) {
-    msgq_queue_unmap(ring);
-    return create_queue(fd, new_capacity, ring);
+    if (requested == 0) *capacity = ring->capacity;
+    memset(ring, 0, sizeof *ring);
+    *old_mem = mem;
+    *old_size = size;
+    return QUEUE_FILE_REPLACE;
   }
-  if (ring->capacity >= requested) return 0;
+  if (requested == 0 || ring->capacity >= requested) return 0;
   msgq_queue_unmap(ring);
   return MSGQ_ESIZEMISMATCH;
 }
 
-int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role role,
-                    msgq_ring *ring, int *locked_fd) {
+int msgq_queue_open(const char *endpoint, uint64_t segment_size, uint32_t create_flags,
+                    enum msgq_role role, msgq_ring *ring, int *locked_fd) {
   memset(ring, 0, sizeof *ring);
   if (locked_fd) *locked_fd = -1;
+  if (create_flags & ~MSGQ_KNOWN_FLAGS) return MSGQ_EBADSIZE;
   uint64_t requested = 0;
   if (segment_size) {
     int64_t cap = msgq_ring_capacity_for(segment_size);
@@ -222,38 +300,58 @@ int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role 
   r = msgq_ensure_queue_dir(dir, sizeof dir);
   if (r < 0) return r;
 
-  mode_t mode = msgq_queue_file_mode();
   int64_t give_up = os_monotonic_ns() + LOCK_WAIT_NS;
   for (;;) {
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
-    if (fd >= 0) {
-      (void)fchmod(fd, mode); /* exactly the requested mode, whatever the umask */
-    } else if (errno == EEXIST) {
-      fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT) {
+      /* A new endpoint: made complete, then linked into place. */
+      uint64_t capacity = requested ? requested : MSGQ_DEFAULT_SEGMENT_SIZE;
+      r = publish_new_queue(path, capacity, create_flags, 0, ring, &fd);
+      if (r == QUEUE_FILE_REMOVED) continue; /* another opener made it first: open it */
+      if (r < 0) return r;
+    } else if (fd < 0) {
+      return -errno;
+    } else {
+      /* A caller blocked behind a stuck lock holder gets control back (-EAGAIN) to
+       * check for signals and try again. */
+      r = lock_until(fd, LOCK_EX, give_up);
+      if (r < 0) {
+        close(fd);
+        return r;
+      }
+      uint64_t capacity = 0;
+      uint32_t flags = 0;
+      void *old_mem;
+      size_t old_size = 0;
+      r = open_locked(fd, requested, create_flags, role, ring, &capacity, &flags, &old_mem,
+                      &old_size);
+      if (r == QUEUE_FILE_REPLACE) {
+        /* Still under the old file's lock: every other opener of it waits, then finds
+         * it unlinked (st_nlink 0) and opens the path again, reaching the new file. */
+        int new_fd = -1;
+        r = publish_new_queue(path, capacity, flags, 1, ring, &new_fd);
+        if (r == 0 && old_mem) mark_superseded(old_mem, old_size);
+        if (old_mem) munmap(old_mem, old_size);
+        msgq_queue_unlock(fd);
+        if (r < 0) return r;
+        fd = new_fd;
+      } else if (r == QUEUE_FILE_REMOVED) {
+        msgq_queue_unlock(fd);
+        /* The next open finds the endpoint's current file; past the deadline the
+         * caller gets control back first (-EAGAIN), as when waiting for the lock. */
+        if (os_monotonic_ns() >= give_up) return -EAGAIN;
+        continue;
+      } else if (r < 0) {
+        msgq_queue_unlock(fd);
+        return r;
+      }
     }
-    if (fd < 0) return -errno;
-
-    /* A caller blocked behind a stuck lock holder gets control back (-EAGAIN) to check
-     * for signals and try again. */
-    r = lock_until(fd, LOCK_EX, give_up);
-    if (r < 0) {
-      close(fd);
-      return r;
-    }
-    r = open_locked(fd, requested, role, ring);
-    if (r == QUEUE_FILE_REMOVED) {
+    if (locked_fd == NULL) {
       msgq_queue_unlock(fd);
-      /* The next open creates the endpoint's queue afresh; past the deadline the
-       * caller gets control back first (-EAGAIN), as when waiting for the lock. */
-      if (os_monotonic_ns() >= give_up) return -EAGAIN;
-      continue;
-    }
-    if (r < 0 || locked_fd == NULL) {
-      msgq_queue_unlock(fd);
-      return r;
+      return 0;
     }
     *locked_fd = fd;
-    return r;
+    return 0;
   }
 }
 

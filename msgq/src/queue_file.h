@@ -17,10 +17,19 @@
  *    process uses it (no live publisher, no live subscriber); when one does, it adopts
  *    the existing size if that is at least as large, else MSGQ_ESIZEMISMATCH.
  *
- * Creation and validation happen under flock(LOCK_EX) on the file, so an opener never
- * sees a half-made header, and a file whose creator died before finishing (magic still
- * zero) is re-made by the next opener. An opener that finds, once it holds the lock,
- * that the file was removed meanwhile (msgq_queue_remove_unused) opens the path again. */
+ * A queue file is never truncated or re-sized once it has a name: a new queue is made
+ * complete in a file with a hidden name and then linked (new endpoint) or renamed
+ * (replacing an old file) into place, so no half-made queue is ever visible under an
+ * endpoint's name, and a process that still maps a replaced file keeps a valid mapping
+ * (no SIGBUS). Validation and replacement happen under flock(LOCK_EX) on the existing
+ * file. A file is replaced when its header is damaged or foreign (bad magic, another
+ * layout version, inconsistent sizes: another program's file left under our name, a
+ * queue whose header was scribbled on), when it is marked superseded, and when a
+ * publisher wants another segment size or other flags and no live process uses it. A
+ * replaced file of ours is marked superseded and its sleepers are woken, so the
+ * processes still on it re-open the endpoint (MSGQ_ESUPERSEDED from send and peek);
+ * a foreign file is left untouched. An opener that finds, once it holds the lock, that
+ * the file was removed or replaced meanwhile opens the path again. */
 #ifndef MSGQ_QUEUE_FILE_H
 #define MSGQ_QUEUE_FILE_H
 
@@ -59,12 +68,14 @@ const char *msgq_namespace_prefix(void);
 mode_t msgq_queue_file_mode(void);
 
 /* Opens (creating when needed) and maps the queue of endpoint under the segment size
- * rule above. On success fills ring; release with msgq_queue_unmap(). With locked_fd,
+ * rule above. create_flags (MSGQ_FLAG_*) are the flags of a queue this call creates; a
+ * publisher whose flags differ from an unused queue's replaces it, a live one is adopted
+ * with its flags (ring->flags says which). On success fills ring; release with msgq_queue_unmap(). With locked_fd,
  * the queue file stays locked (its fd in *locked_fd) until msgq_queue_unlock(): the
  * caller registers (claims a reader slot, takes ownership) under the same lock, so a
  * publisher re-creating an unused queue can never miss a process that just opened it. */
-int msgq_queue_open(const char *endpoint, uint64_t segment_size, enum msgq_role role,
-                    msgq_ring *ring, int *locked_fd);
+int msgq_queue_open(const char *endpoint, uint64_t segment_size, uint32_t create_flags,
+                    enum msgq_role role, msgq_ring *ring, int *locked_fd);
 /* Besides the codes above it returns -EAGAIN when another opener held the file lock for
  * 50 ms (call again after checking for signals), and -EPERM when the file or the prefix
  * folder belongs to another user while MSGQ_SHM_MODE does not share queues. */

@@ -22,7 +22,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   uint8_t *mem = aligned_alloc(64, total);
   if (!mem) return 0;
   memset(mem, 0, total);
-  msgq_ring_format(mem, total);
+  msgq_ring_format(mem, total, size && data[0] % 2 ? MSGQ_FLAG_CHECKSUM : 0);
 
   /* First byte: how much of the input overwrites the segment (header and ring alike);
    * the rest is the operation script. */
@@ -54,16 +54,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (size_t pc = 0; pc + 2 < size; pc += 3) {
     uint8_t op = data[pc] % 4, a = data[pc + 1], b = data[pc + 2];
     if (op == 0) {
-      if (msgq_publisher_send(&pub, payload, (uint32_t)a * 2u) != 0)
+      if (msgq_publisher_send(&pub, payload, (uint32_t)a * 2u) != 0) {
+        atomic_store(&ring.header->superseded, 0);
         msgq_publisher_init(&pub, &ring);
+      }
     } else if (op == 1 || op == 2) {
       msgq_subscriber *sub = &subs[op - 1];
       if (!live[op - 1]) continue;
       const uint8_t *p;
       uint32_t n;
-      if (msgq_subscriber_peek(sub, &p, &n)) {
+      if (msgq_subscriber_peek(sub, &p, &n) == 1) {
         if (n <= sizeof out) memcpy(out, p, n);
-        msgq_subscriber_consume(sub);
+        msgq_subscriber_consume(sub, n <= sizeof out ? out : NULL);
       }
     } else {
       /* Scribble one byte anywhere in the live part of the segment. */
