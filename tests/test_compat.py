@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
+import shutil
 from collections.abc import Iterator
 from enum import IntEnum
 from pathlib import Path
@@ -126,9 +128,19 @@ def check_signature(name: str, ours: inspect.Signature, upstream: inspect.Signat
 @pytest.fixture(scope="module")
 def instances() -> Iterator[dict[str, Any]]:
     """Real objects for the property rows: a VisionIPC server, a connected client and a
-    received buffer, a fake-events handle."""
+    received buffer, a fake-events handle (in a namespace of their own: this fixture
+    outlives the per-test one)."""
     from msgq.visionipc import VisionIpcClient, VisionIpcServer
 
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MSGQ_PREFIX", f"compat_{os.getpid()}")
+        yield from _instances(VisionIpcServer, VisionIpcClient)
+    shutil.rmtree(os.path.join(os.environ.get("MSGQ_SHM_DIR", "/dev/shm"),
+                               f"compat_{os.getpid()}"), ignore_errors=True)
+
+
+def _instances(server_class: Any, client_class: Any) -> Iterator[dict[str, Any]]:
+    VisionIpcServer, VisionIpcClient = server_class, client_class  # noqa: N806
     server = VisionIpcServer("compat_check")
     server.create_buffers(0, 2, 16, 8)
     server.start_listener()
