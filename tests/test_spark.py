@@ -878,13 +878,16 @@ def test_logstats_through_the_hadoop_path(stats: Stats, recording: Recording) ->
 
 @pytest.mark.slow
 def test_bench_smoke() -> None:
-    """``python -m msgq.spark.bench --tiny`` runs end to end (its own Spark sessions, so
-    in a process of its own) and every reader sees every event."""
+    """``python -m msgq.spark.bench --tiny`` runs end to end (its own Spark sessions and
+    msgq logstats processes) and every reader sees every event."""
     out = subprocess.run([sys.executable, "-m", "msgq.spark.bench", "--tiny", "--json"],
-                         capture_output=True, text=True, timeout=240)
+                         capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     rows = result["rows"]
     assert len(rows) == 7 and all(r["events_per_s"] > 0 for r in rows)
     assert len({r["events"] for r in rows}) == 1  # every reader read the same events
-    assert set(result["speedup_1_to_2_cores"]) == {"raw", "typed"}
+    assert result["identical_results"] is True
+    assert set(result["targets"]) == {"logstats_local2_vs_loop",
+                                      "logstats_speedup_local1_to_local2",
+                                      "typed_events_per_s_per_core"}

@@ -23,17 +23,27 @@ Helpers for running msgq's Spark pipeline (msgq logstats, msgq.spark) on a clust
 
 See docs/spark.md ("On a cluster")."""
 
+EPILOG = """\
+examples:
+  msgq spark pack-env msgq-env.tar.gz            this venv, msgq included, for executors
+  msgq logstats /shared/rec --master spark://head:7077 \\
+      --conf spark.archives=msgq-env.tar.gz#environment \\
+      --conf spark.pyspark.python=./environment/bin/python"""
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Registers ``msgq spark``."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "spark", help="cluster helpers for the Spark pipeline (pack-env)",
-        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="spark_command", metavar="<action>", required=True)
     pack = actions.add_parser("pack-env", help="this venv, msgq included, as a tar.gz for "
                                                "spark.archives",
                               description="Pack this virtual environment (msgq included) "
-                                          "for spark.archives; see msgq spark --help.")
+                                          "for spark.archives; see msgq spark --help.",
+                              epilog="examples:\n  msgq spark pack-env msgq-env.tar.gz",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     pack.add_argument("output", metavar="OUT.tar.gz", help="the archive to write")
     return parser
 

@@ -1,19 +1,22 @@
-"""Benchmark of the msgqlog Spark source: ``python -m msgq.spark.bench``.
+"""Benchmark of msgq's Spark pipeline: ``python -m msgq.spark.bench`` (``msgq bench spark``).
 
 Writes a recording of the 20 services of a controller-style process at their registry
-rates (realistic list sizes), then reads it back:
+rates (realistic list sizes, jittered times, outages making gaps; 1300 simulated s by
+default: about 1 M events in 22 segments of 60 s), then, in one run:
 
-* with a plain Python loop over the LogReader — peeked only (``raw()``), decoded by
-  pycapnp (``for event in LogReader``), and decoded and turned into rows by the same
-  converters the source uses;
-* with the data source in local Spark sessions of 1 and 2 executor cores
-  (``local[1]``, ``local[2]``), raw columns only and with every service decoded into
-  typed columns. Every row is materialised (the ``noop`` writer), after a warm-up read
-  that starts the Python workers.
+* a plain single-process loop over the LogReader (pycapnp decode of every event) — the
+  baseline;
+* ``msgq logstats`` as a user runs it (its own process, JVM start-up included) on
+  ``local[1]``, ``local[2]`` and a standalone cluster of two one-core workers started
+  here with pyspark's ``spark-class`` (its start-up not counted); their results must be
+  identical;
+* reading the recording into a DataFrame (every row materialised by the ``noop``
+  writer) with the raw columns and with every service decoded into typed columns, in
+  ``local[1]`` and ``local[2]`` sessions.
 
-Prints one table: events/s, events/s per core and the ratio to the LogReader loop that
-does the same work, then the speed-up from 1 to 2 cores. ``--seconds`` sizes the
-recording (the default run takes about a minute); ``--tiny`` is a smoke run.
+Prints one table (wall time, events/s, events/s per core, ratio to the loop), the
+targets of issue 17 with what was measured, and the load average before and after.
+``--tiny`` is the smoke run the tests use; ``--no-cluster`` leaves the cluster out.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,31 +36,50 @@ from msgq.tables import format_table
 __all__ = ["main", "make_recording"]
 
 
-def make_recording(folder: str, seconds: float, rotate_seconds: float) -> int:
+def make_recording(folder: str, seconds: float, rotate_seconds: float,
+                   jitter: float = 0.05, drop: float = 0.001, seed: int = 17) -> int:
     """Writes ``seconds`` of simulated time of the benchmark's services at their
-    registry rates to ``folder``; returns the number of events written."""
+    registry rates to ``folder``; returns the number of events written. Each event is
+    ``jitter`` periods early or late at most (uniform); with probability ``drop`` an
+    outage of 1 to 4 messages starts (two or more lost: a gap); one in 50 is invalid:
+    the analyses see realistic intervals, not one repeated value. Seeded: the same
+    arguments write the same recording."""
+    import heapq
+    import random
+
     from msgq.logs import LogWriter
     from msgq.messaging.bench import SERVICES, filled_message
     from msgq.schemas import SERVICE_LIST
 
+    rng = random.Random(seed)
     builders = {s: filled_message(s) for s in SERVICES}
     periods = {s: int(1e9 / SERVICE_LIST[s].frequency) for s in SERVICES}
     start = 1_000_000_000
-    due = dict.fromkeys(SERVICES, start)
     end = start + int(seconds * 1e9)
+    # (time sent, nominal time, service): nominal times are exact multiples of the period
+    due = [(start, start, s) for s in SERVICES]
+    lost = dict.fromkeys(SERVICES, 0)
+    heapq.heapify(due)
     written = 0
     with LogWriter(folder, rotate_seconds=rotate_seconds) as writer:
-        while True:
-            service = min(due, key=due.__getitem__)
-            t = due[service]
+        while due:
+            t, nominal, service = heapq.heappop(due)
             if t >= end:
-                break
+                continue
+            nominal += periods[service]
+            heapq.heappush(due, (nominal + int(rng.uniform(-jitter, jitter) * periods[service]),
+                                 nominal, service))
+            if lost[service]:
+                lost[service] -= 1
+                continue
+            if rng.random() < drop:  # an outage of 1 to 4 messages (2 or more: a gap)
+                lost[service] = rng.randint(0, 3)
+                continue
             msg = builders[service]
             msg.logMonoTime = t
             msg.valid = written % 50 != 0
             writer.write(msg.to_bytes())
             msg.clear_write_flag()
-            due[service] = t + periods[service]
             written += 1
     return written
 
@@ -72,12 +95,6 @@ def _time(fn: Callable[[], int], repeat: int) -> tuple[int, float]:
     return count, best
 
 
-def _reader_raw(folder: str) -> int:
-    from msgq.logs import LogReader
-
-    return sum(1 for _ in LogReader(folder).raw())
-
-
 def _reader_decode(folder: str) -> int:
     from msgq.logs import LogReader
 
@@ -88,40 +105,25 @@ def _reader_decode(folder: str) -> int:
     return count
 
 
-def _reader_rows(folder: str) -> int:
-    """Decode and convert every event the way the source's typed columns do."""
-    from msgq.logs import LogReader
-    from msgq.schemas import default_schema
-    from msgq.spark.capnp_types import member_plan
-
-    root = default_schema().event.schema
-    plans: dict[str, Any] = {}
-    count = 0
-    for event in LogReader(folder):
-        service = event.which()
-        plan = plans.get(service)
-        if plan is None:
-            plan = plans[service] = (root.fields[service], member_plan(root, service))
-        field, type_plan = plan
-        value = event._get_by_field(field)
-        if type_plan is not None and type_plan.convert is not None:
-            type_plan.convert(value)
-        count += 1
-    return count
-
-
-def _spark_runs(folder: str, cores: int, services: Sequence[str],
-                repeat: int) -> dict[str, tuple[int, float]]:
+def _spark_reads(folder: str, cores: int, services: Sequence[str],
+                 repeat: int) -> dict[str, tuple[int, float]]:
+    """(events, best seconds) of materialising the raw and the typed DataFrame, and the
+    seconds the session took to start (JVM included)."""
     from msgq.spark import read_logs
     from msgq.spark.session import spark_session
 
+    t0 = time.perf_counter()
     spark = spark_session(f"local[{cores}]", app_name="msgq spark bench")
+    results = {"session": (0, time.perf_counter() - t0)}
     try:
-        results = {}
-        for name, decode in (("raw", False), ("typed", True)):
-            df = read_logs(spark, folder, services=services if decode else None,
-                           decode=decode)
-            df.write.format("noop").mode("overwrite").save()  # warm-up: workers, imports
+        first = sorted(os.path.join(folder, n) for n in os.listdir(folder)
+                       if n.startswith("segment-"))[0]
+        for name, decode, data in (("raw", False, False), ("typed", True, False)):
+            options = {"services": services if decode else None, "decode": decode,
+                       "data": data}
+            # warm-up on one segment: starts the Python workers, loads the schema
+            read_logs(spark, first, **options).write.format("noop").mode("overwrite").save()
+            df = read_logs(spark, folder, **options)
 
             def materialise(df: Any = df) -> int:
                 df.write.format("noop").mode("overwrite").save()
@@ -129,61 +131,131 @@ def _spark_runs(folder: str, cores: int, services: Sequence[str],
 
             _, seconds = _time(materialise, repeat)
             results[name] = (df.count(), seconds)
+            _note(f"read {name} local[{cores}]: {seconds:.1f} s")
         return results
     finally:
         spark.stop()
 
 
-def run(seconds: float, rotate_seconds: float, repeat: int,
+def _logstats(folder: str, master: str) -> tuple[dict[str, Any], float]:
+    """(the JSON of msgq logstats FOLDER --master MASTER, its wall seconds): the command
+    as a user runs it, in its own process, JVM start-up included."""
+    env = dict(os.environ)
+    env.pop("PYSPARK_PYTHON", None)
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "msgq", "logstats", folder, "--master",
+                           master, "--json"], capture_output=True, text=True, env=env,
+                          timeout=1800)
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"msgq logstats --master {master} failed:\n{done.stderr}")
+    _note(f"msgq logstats --master {master}: {seconds:.1f} s")
+    return json.loads(done.stdout), seconds
+
+
+def _note(text: str) -> None:
+    """Progress on stderr (the table comes at the end, on stdout)."""
+    load = " ".join(f"{v:.1f}" for v in os.getloadavg())
+    print(f"  {text} (load {load})", file=sys.stderr, flush=True)
+
+
+def _same_results(docs: list[dict[str, Any]]) -> bool:
+    tables = ("services", "segments", "gaps", "problems")
+    return all({t: d[t] for t in tables} == {t: docs[0][t] for t in tables} for d in docs)
+
+
+def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True,
         folder: str | None = None) -> dict[str, Any]:
-    """Runs every measurement; returns the rows as dicts (and the recording's size)."""
+    """Runs every measurement; returns the rows as dicts, the targets and the load."""
     from msgq.messaging.bench import SERVICES
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="msgq-spark-bench-") as tmp:
         folder = folder or os.path.join(tmp, "recording")
         written = make_recording(folder, seconds, rotate_seconds)
         files = sorted(n for n in os.listdir(folder) if n.startswith("segment-"))
-        loops = {
-            "raw": _time(lambda: _reader_raw(folder), repeat),
-            "decode": _time(lambda: _reader_decode(folder), repeat),
-            "typed": _time(lambda: _reader_rows(folder), repeat),
-        }
-        services = (*SERVICES, "logStart")  # every event, as the loops read them
-        spark = {cores: _spark_runs(folder, cores, services, repeat) for cores in (1, 2)}
-    rows = []
+        size = sum(os.path.getsize(os.path.join(folder, n)) for n in files)
+        _note(f"{written} events written")
+        loop = _time(lambda: _reader_decode(folder), repeat)
+        _note(f"LogReader loop: {loop[1]:.1f} s")
+        stats: dict[str, tuple[dict[str, Any], float]] = {}
+        for cores in (1, 2):
+            stats[f"local[{cores}]"] = _logstats(folder, f"local[{cores}]")
+        cluster_start = None
+        if cluster:
+            from msgq.spark.standalone import start_cluster
 
-    def add(what: str, cores: int, events: int, secs: float, baseline: float | None) -> None:
-        rate = events / secs
-        rows.append({"what": what, "cores": cores, "events": events, "seconds": secs,
+            t0 = time.perf_counter()
+            running = start_cluster(os.path.join(tmp, "cluster"), workers=2, cores=1)
+            cluster_start = time.perf_counter() - t0
+            try:
+                stats["standalone"] = _logstats(folder, running.url)
+            finally:
+                running.stop()
+        services = (*SERVICES, "logStart")  # every event, as the loop reads them
+        reads = {cores: _spark_reads(folder, cores, services, repeat) for cores in (1, 2)}
+    rows: list[dict[str, Any]] = []
+    events, loop_seconds = loop
+
+    def add(what: str, cores: int, count: int, secs: float) -> None:
+        rate = count / secs
+        rows.append({"what": what, "cores": cores, "events": count, "seconds": secs,
                      "events_per_s": rate, "events_per_s_per_core": rate / cores,
-                     "vs_loop": None if baseline is None else rate / cores / baseline})
+                     "vs_loop": secs / loop_seconds})
 
-    add("LogReader.raw() loop (peek, no decode)", 1, *loops["raw"], None)
-    add("LogReader loop (pycapnp decode)", 1, *loops["decode"], None)
-    add("LogReader loop + typed rows", 1, *loops["typed"], None)
-    raw_rate = loops["raw"][0] / loops["raw"][1]
-    typed_rate = loops["typed"][0] / loops["typed"][1]
-    for cores in (1, 2):
-        add(f"msgqlog raw columns, local[{cores}]", cores, *spark[cores]["raw"], raw_rate)
-    for cores in (1, 2):
-        add(f"msgqlog typed columns, local[{cores}]", cores, *spark[cores]["typed"],
-            typed_rate)
-    speedup = {kind: spark[1][kind][1] / spark[2][kind][1] for kind in ("raw", "typed")}
-    return {"events_written": written, "segments": len(files), "rows": rows,
-            "speedup_1_to_2_cores": speedup, "cpu_count": os.cpu_count()}
+    add("LogReader loop (pycapnp decode), one process", 1, events, loop_seconds)
+    for name, (doc, secs) in stats.items():
+        label = "standalone, 2 workers x 1 core" if name == "standalone" else name
+        add(f"msgq logstats, {label}", 2 if name != "local[1]" else 1,
+            sum(r["count"] for r in doc["services"]), secs)
+    for kind, label in (("raw", "raw columns (data=false)"), ("typed", "typed columns")):
+        for cores in (1, 2):
+            add(f"read {label}, local[{cores}]", cores, *reads[cores][kind])
+    l1, l2 = stats["local[1]"][1], stats["local[2]"][1]
+    typed = reads[1]["typed"][0] / reads[1]["typed"][1]  # one core: the per-core rate
+    return {
+        "events_written": written, "segments": len(files), "bytes": size,
+        "cpu_count": os.cpu_count(), "rows": rows,
+        "jvm_start_s": reads[1]["session"][1],  # the first session of this process
+        "cluster_start_s": cluster_start,
+        "identical_results": _same_results([doc for doc, _ in stats.values()]),
+        "targets": {
+            "logstats_local2_vs_loop": l2 / loop_seconds,  # <= 3
+            "logstats_speedup_local1_to_local2": l1 / l2,  # >= 1.6
+            "typed_events_per_s_per_core": typed,  # >= 50,000
+        },
+        "load_before": load_before, "load_after": os.getloadavg(),
+    }
 
 
 def _table(result: dict[str, Any]) -> str:
-    rows: list[tuple[str, ...]] = [("reader", "cores", "events", "s", "events/s",
-                                    "events/s/core", "per core vs loop")]
+    rows: list[tuple[str, ...]] = [("what", "cores", "events", "wall s", "events/s",
+                                    "events/s/core", "x loop time")]
     for r in result["rows"]:
         rows.append((r["what"], str(r["cores"]), str(r["events"]), f"{r['seconds']:.2f}",
                      f"{r['events_per_s']:,.0f}", f"{r['events_per_s_per_core']:,.0f}",
-                     "-" if r["vs_loop"] is None else f"{r['vs_loop']:.2f}x"))
-    s = result["speedup_1_to_2_cores"]
-    return (f"{result['events_written']} events written in {result['segments']} segments "
-            f"(+ a logStart each); {result['cpu_count']} CPUs\n" + format_table(rows) +
-            f"\nspeed-up local[1] -> local[2]: raw {s['raw']:.2f}x, typed {s['typed']:.2f}x")
+                     f"{r['vs_loop']:.2f}"))
+    t = result["targets"]
+    start = result["cluster_start_s"]
+
+    def load(values: Sequence[float]) -> str:
+        return " ".join(f"{v:.2f}" for v in values)
+
+    return "\n".join([
+        f"{result['events_written']} events written in {result['segments']} segments "
+        f"(+ a logStart each), {result['bytes'] / 1e6:.1f} MB; {result['cpu_count']} CPUs; "
+        f"load average {load(result['load_before'])} before, "
+        f"{load(result['load_after'])} after",
+        format_table(rows),
+        f"JVM start-up (a session): {result['jvm_start_s']:.1f} s"
+        + ("" if start is None else f"; cluster start-up (not counted): {start:.1f} s"),
+        f"logstats results identical on every master: "
+        f"{'yes' if result['identical_results'] else 'NO'}",
+        f"targets: logstats local[2] = {t['logstats_local2_vs_loop']:.2f}x the loop's time "
+        f"(<= 3); local[1] -> local[2] speed-up {t['logstats_speedup_local1_to_local2']:.2f}x "
+        f"(>= 1.6); typed columns {t['typed_events_per_s_per_core']:,.0f} events/s on one "
+        f"core (>= 50,000)",
+    ])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -191,26 +263,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m msgq.spark.bench",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=90.0,
-                        help="simulated seconds of recording (default 90: ~70k events)")
-    parser.add_argument("--rotate", type=float, default=15.0,
-                        help="segment length in simulated seconds (default 15)")
-    parser.add_argument("--repeat", type=int, default=3, help="best of N runs (default 3)")
+    parser.add_argument("--seconds", type=float, default=1300.0,
+                        help="simulated seconds of recording (default 1300: ~1 M events)")
+    parser.add_argument("--rotate", type=float, default=60.0,
+                        help="segment length in simulated seconds (default 60)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="best of N runs of the loop and of the reads (default 1)")
+    parser.add_argument("--no-cluster", action="store_true",
+                        help="leave out the standalone cluster")
     parser.add_argument("--tiny", action="store_true",
-                        help="a smoke run: 4 simulated seconds in 2 segments")
+                        help="a smoke run: 4 simulated seconds in 2 segments, no cluster")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     seconds, rotate, repeat = (4.0, 2.0, 1) if args.tiny else \
         (args.seconds, args.rotate, args.repeat)
     if seconds <= 0 or rotate <= 0 or repeat < 1:
         parser.error("--seconds and --rotate must be positive, --repeat at least 1")
-    result = run(seconds, rotate, repeat)
+    result = run(seconds, rotate, repeat, cluster=not (args.tiny or args.no_cluster))
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()
     else:
         print(_table(result))
-    return 0
+    return 0 if result["identical_results"] else 1
 
 
 if __name__ == "__main__":

@@ -104,6 +104,7 @@ def start_cluster(folder: str, workers: int = 2, cores: int = 1, memory: str = "
     master counts them all alive. Stop it with :meth:`Cluster.stop`."""
     import pyspark
 
+    os.makedirs(folder, exist_ok=True)
     port, web = free_port(), free_port()
     cluster = Cluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web}", folder)
     env = dict(os.environ, SPARK_HOME=os.path.dirname(pyspark.__file__),
