@@ -26,6 +26,7 @@ from msgq.visionipc import (
     VisionIpcClient,
     VisionIpcServer,
 )
+from msgq.visionipc.bench import hostile_clients
 from msgq.visionipc.buffer import BufferGeometry
 from msgq.visionipc.handshake import (
     KIND_BUFFERS,
@@ -110,53 +111,14 @@ def test_parsers_accept_only_what_round_trips() -> None:
 # --------------------------------------------------------------------------- hostile clients
 
 
-def hostile_clients(path: str, seed: int, count: int, silent: int, done) -> None:
-    """Child: ``count`` connections doing everything but a proper handshake, while
-    ``silent`` more connections sit there saying nothing."""
-    rng = random.Random(seed)
-    quiet = []
-    for _ in range(silent):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        s.connect(path)
-        quiet.append(s)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    request = encode_request(KIND_BUFFERS, 0)
-    for i in range(count):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            s.connect(path)
-            kind = i % 6
-            if kind == 0:
-                s.send(rng.randbytes(rng.randrange(0, 80)))
-            elif kind == 1:  # a valid request with one byte changed
-                msg = bytearray(request)
-                msg[rng.randrange(len(msg))] ^= 1 + rng.randrange(255)
-                s.send(bytes(msg))
-            elif kind == 2:  # oversized
-                s.send(rng.randbytes(rng.randrange(17, 60000)))
-            elif kind == 3:  # leaves before speaking
-                pass
-            elif kind == 4:  # leaves in the middle: asks, never reads the answer
-                s.send(request)
-            else:  # tries to pass file descriptors
-                fds = array.array("i", [devnull] * rng.randrange(1, 8))
-                s.sendmsg([rng.randbytes(16)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-        except OSError:
-            pass  # the server may close first; that is its right
-        finally:
-            s.close()
-    for s in quiet:
-        s.close()
-    done.set()
-
-
 @pytest.mark.multiprocess
 def test_a_good_client_is_served_while_hostile_clients_connect(
         server: VisionIpcServer) -> None:
     # How fast it is served meanwhile is measured by python -m msgq.visionipc.bench (its
     # handshake table); here: every good handshake completes, within a generous deadline.
     done = SPAWN.Event()
-    fuzzer = SPAWN.Process(target=hostile_clients, args=(server.socket_path, 11, 3000, 400, done))
+    fuzzer = SPAWN.Process(target=hostile_clients,
+                           args=(server.socket_path, 11, 3000, 400, None, done))
     fuzzer.start()
     worst, handshakes = 0.0, 0
     try:

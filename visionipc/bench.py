@@ -424,10 +424,13 @@ def _percentile(sorted_values: list[float], pct: float) -> float:
 # --------------------------------------------------------------------------- handshakes
 
 
-def _hostile_clients(path: str, seed: int, count: int, silent: int, connected: Any,
-                     done: Any) -> None:
+def hostile_clients(path: str, seed: int, count: int, silent: int, connected: Any = None,
+                    done: Any = None) -> None:
     """Client process: ``silent`` connections that say nothing (held until the end), then
-    ``count`` connections doing everything but a proper handshake."""
+    ``count`` connections doing everything but a proper handshake (random bytes, a request
+    with a byte changed, oversized, leaving before speaking, asking and never reading,
+    passing file descriptors). Sets ``connected`` once the silent ones are in and
+    ``done`` at the end (events, when given). Also used by the safety tests."""
     import array
     import random
     import socket
@@ -444,7 +447,8 @@ def _hostile_clients(path: str, seed: int, count: int, silent: int, connected: A
             s.close()
             continue
         quiet.append(s)
-    connected.set()
+    if connected is not None:
+        connected.set()
     devnull = os.open(os.devnull, os.O_RDONLY)
     request = encode_request(KIND_BUFFERS, 0)
     for i in range(count):
@@ -473,7 +477,8 @@ def _hostile_clients(path: str, seed: int, count: int, silent: int, connected: A
     for s in quiet:
         s.close()
     os.close(devnull)
-    done.set()
+    if done is not None:
+        done.set()
 
 
 @dataclass
@@ -502,7 +507,7 @@ def run_handshakes(ctx: BaseContext, hostile: int, silent: int) -> HandshakeResu
         server.create_buffers(0, 3, 64, 32)
         server.start_listener()
         connected, done = ctx.Event(), ctx.Event()
-        proc = ctx.Process(target=_hostile_clients,
+        proc = ctx.Process(target=hostile_clients,
                            args=(server.socket_path, 11, hostile, silent, connected, done),
                            daemon=True)
         proc.start()
