@@ -10,7 +10,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["MSGQ", "ProgramFailedError", "expect_exit", "interrupt", "run_cli", "run_program"]
+__all__ = [
+    "MSGQ",
+    "ProgramFailedError",
+    "asleep_in_the_kernel",
+    "expect_exit",
+    "interrupt",
+    "run_cli",
+    "run_program",
+    "wait_until_asleep",
+]
 
 #: The msgq command as users run it, from this interpreter.
 MSGQ = [sys.executable, "-m", "msgq"]
@@ -67,3 +76,22 @@ def interrupt(proc: subprocess.Popen[str], expect: int | Sequence[int],
                             + f"\n(still running {timeout} s after signal {signum})") from None
     expect_exit(proc.args, proc.returncode, expect, out, err)  # type: ignore[arg-type]
     return out or "", err or ""
+
+
+def asleep_in_the_kernel(pid: int) -> bool:
+    """Whether the main thread of process ``pid`` is in an interruptible sleep (a
+    blocking system call: a futex, a poll, a file lock)."""
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+def wait_until_asleep(pid: int, timeout: float = 30) -> None:
+    """Waits until process ``pid`` blocks in the kernel (instead of sleeping a guessed
+    time before signalling it)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not asleep_in_the_kernel(pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} never blocked")
+        time.sleep(0.005)

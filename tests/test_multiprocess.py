@@ -14,6 +14,7 @@ import textwrap
 import time
 
 import pytest
+from helpers import wait_until_asleep
 
 import msgq
 
@@ -160,13 +161,6 @@ BLOCKED_CHILD = textwrap.dedent("""
 """)
 
 
-def asleep_in_the_kernel(pid: int) -> bool:
-    """Whether the main thread of process ``pid`` is in an interruptible sleep (a
-    blocking system call: the futex or poll of a blocking receive)."""
-    with open(f"/proc/{pid}/task/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "S"
-
-
 @pytest.mark.parametrize("call", ["receive", "poll"])
 def test_ctrl_c_interrupts_blocking_call(backend: str, endpoint: str, call: str) -> None:
     proc = subprocess.Popen(
@@ -178,10 +172,7 @@ def test_ctrl_c_interrupts_blocking_call(backend: str, endpoint: str, call: str)
     try:
         assert proc.stdout.readline().strip() == "ready"
         # After "ready" the child's only blocking system call is the one under test.
-        deadline = time.monotonic() + 30
-        while not asleep_in_the_kernel(proc.pid):
-            assert time.monotonic() < deadline, "the child never blocked"
-            time.sleep(0.005)
+        wait_until_asleep(proc.pid)
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         caught, inner = proc.stdout.readline().split()

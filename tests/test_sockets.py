@@ -78,15 +78,23 @@ def test_zero_timeout_does_not_block(backend: str, endpoint: str) -> None:
     sub = msgq.sub_sock(endpoint, timeout=0)
     start = time.monotonic()
     assert sub.receive() is None
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 2.0  # returns at once (generous: a loaded machine)
 
 
 def test_conflate_returns_only_newest(backend: str, endpoint: str) -> None:
-    pub, sub = connect_pair(endpoint, conflate=True, timeout=1000)
+    pub, sub = connect_pair(endpoint, conflate=True, timeout=5000)
     for i in range(20):
         pub.send(b"msg%d" % i)
-    time.sleep(0.05)  # let ZMQ deliver; shared memory has them already
-    assert sub.receive() == b"msg19"
+    # Shared memory has them all already; ZMQ may still deliver: each receive returns the
+    # newest that has arrived, never an older one after it, and msg19 last.
+    got = [sub.receive()]
+    while got[-1] != b"msg19":
+        assert got[-1] is not None, got
+        got.append(sub.receive())
+    numbers = [int(m[3:]) for m in got if m.startswith(b"msg")]  # (a late ZMQ probe first)
+    assert numbers == sorted(set(numbers)) and len(got) < 20
+    if backend == "msgq":
+        assert got == [b"msg19"]
     assert sub.receive(non_blocking=True) is None
 
 
@@ -108,11 +116,15 @@ def test_every_subscriber_gets_every_message(backend: str, endpoint: str) -> Non
 
 
 def test_drain_sock_raw(backend: str, endpoint: str) -> None:
-    pub, sub = connect_pair(endpoint)
+    pub, sub = connect_pair(endpoint, timeout=5000)
     for i in range(5):
         pub.send(b"%d" % i)
-    time.sleep(0.05)
-    assert msgq.drain_sock_raw(sub, wait_for_one=True) == [b"0", b"1", b"2", b"3", b"4"]
+    got = msgq.drain_sock_raw(sub, wait_for_one=True)  # all of them on shared memory
+    while len(got) < 5:  # ZMQ may still be delivering
+        more = msgq.drain_sock_raw(sub, wait_for_one=True)
+        assert more, got
+        got += more
+    assert got == [b"0", b"1", b"2", b"3", b"4"]
     assert msgq.drain_sock_raw(sub) == []
 
 
