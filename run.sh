@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on its embedded defaults. Installs what it needs first.
 #   ./run.sh                      the end-to-end demo: a simulated robot, health view,
-#                                 recording, lockstep replay, Spark statistics (~1 min)
+#                                 recording, lockstep replay, Spark statistics (~45 s)
 #   ./run.sh [demo] [ARGS]        the same, with demo options (see --help)
 #   ./run.sh throughput [ARGS]    a publisher and subscribers at full speed
 #   ./run.sh bench [ARGS]         the benchmark tables (msgq bench: core, visionipc, ...)
