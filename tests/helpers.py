@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "interrupt",
     "run_cli",
     "run_program",
+    "wait_until",
     "wait_until_asleep",
 ]
 
@@ -85,13 +86,21 @@ def asleep_in_the_kernel(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "S"
 
 
-def wait_until_asleep(pid: int, timeout: float = 30) -> None:
-    """Waits until process ``pid`` blocks in the kernel (instead of sleeping a guessed
-    time before signalling it)."""
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0,
+               what: str = "condition", interval: float = 0.002) -> None:
+    """Waits until ``condition()`` holds (the test's synchronisation, instead of a sleep);
+    TimeoutError naming ``what`` after ``timeout`` seconds."""
     import time
 
     deadline = time.monotonic() + timeout
-    while not asleep_in_the_kernel(pid):
+    while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"process {pid} never blocked")
-        time.sleep(0.005)
+            raise TimeoutError(f"{what} not reached within {timeout} s")
+        time.sleep(interval)
+
+
+def wait_until_asleep(pid: int, timeout: float = 30) -> None:
+    """Waits until process ``pid`` blocks in the kernel (instead of sleeping a guessed
+    time before signalling it)."""
+    wait_until(lambda: asleep_in_the_kernel(pid), timeout, f"process {pid} blocking",
+               interval=0.005)

@@ -12,10 +12,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import wait_until
 
 pytestmark = pytest.mark.multiprocess
 
@@ -45,15 +46,6 @@ ROBOT = textwrap.dedent("""
         i += 1
         time.sleep(max(0.0, start + i / 100 - time.monotonic()))
 """)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 30.0,
-               what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout} s")
-        time.sleep(0.005)
 
 
 def _free_port_pair() -> int:

@@ -10,6 +10,7 @@ import struct
 import zlib
 
 import pytest
+from helpers import wait_until
 
 import msgq
 from msgq import shm_backend
@@ -118,15 +119,6 @@ WAKE_LINE = 128  # wake line, then the reader slots, up to the end of the header
 HEADER_END = 64 * (3 + shm_backend.READER_SLOTS)
 
 
-def _wait_until(condition, timeout: float = 10.0, what: str = "condition") -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
-
-
 def publish_numbered_forever(endpoint: str, started, size: int) -> None:
     pub = msgq.pub_sock(endpoint, segment_size=64 * 1024)
     started.set()
@@ -212,7 +204,7 @@ def test_zeroed_magic_under_live_processes_is_replaced_not_truncated(
                 break
         assert child.is_alive(), f"publisher died: exit code {child.exitcode}"
         before = sent.value
-        _wait_until(lambda: sent.value > before + 100, what="publisher to keep sending")
+        wait_until(lambda: sent.value > before + 100, what="publisher to keep sending")
     finally:
         stop.set()
         child.join(10)
@@ -258,7 +250,7 @@ def test_dead_sleeping_subscribers_are_reclaimed_without_a_newcomer(endpoint: st
             c.start()
         for _ in children:
             assert ready.acquire(timeout=30)
-        _wait_until(lambda: shm_backend.inspect_queue(path)["waiters"] == 20, what="sleepers")
+        wait_until(lambda: shm_backend.inspect_queue(path)["waiters"] == 20, what="sleepers")
         for c in children:
             os.kill(c.pid, signal.SIGKILL)
         for c in children:
@@ -269,7 +261,7 @@ def test_dead_sleeping_subscribers_are_reclaimed_without_a_newcomer(endpoint: st
             info = shm_backend.inspect_queue(path)
             return info["waiters"] == 0 and info["readers_claimed"] == 0
 
-        _wait_until(reclaimed, timeout=5, what="the sweep")
+        wait_until(reclaimed, timeout=5, what="the sweep")
     assert pub.reclaimed_slots == 80
     after = _send_cost_ns(pub, payload)
     assert after < baseline * 1.5 + 50, f"send {after:.0f} ns after 80 deaths vs {baseline:.0f}"

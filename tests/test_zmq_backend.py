@@ -7,6 +7,7 @@ autouse fixture in conftest), which also moves its ports (the prefix is hashed i
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import random
 import signal
@@ -15,9 +16,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import zmq
+from helpers import wait_until
 
 import msgq
 from msgq import zmq_backend
@@ -36,14 +39,6 @@ def zmq_selected(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
                  "MSGQ_ZMQ_BIND", "MSGQ_ZMQ_SNDHWM", "MSGQ_ZMQ_RCVHWM", "MSGQ_ZMQ_LINGER"):
         monkeypatch.delenv(name, raising=False)
     yield
-
-
-def wait_until(condition, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout} s")
-        time.sleep(0.002)
 
 
 def subscribed_pair(endpoint: str, **sub_kwargs: object) -> tuple[object, object]:
@@ -410,6 +405,26 @@ def test_conflating_subscriber_after_poll_gets_the_newest(endpoint: str) -> None
     assert sub.receive(non_blocking=True) == b"new"
 
 
+@contextlib.contextmanager
+def subscriber_meeting_garbage(endpoint: str) -> Iterator[tuple[str, Any]]:
+    """A program that is not ZMQ listens on the port of an endpoint named after
+    ``endpoint`` and answers every connection with bytes that are not ZMTP; yields that
+    name and a subscriber (timeout 300 ms) that has counted the garbage as dropped. The
+    program leaves when the block ends."""
+    name, server = hold_port(endpoint, "127.0.0.1", listening=True)
+    stop = threading.Event()
+    thread = spew_garbage_on(server, stop)
+    try:
+        sub = msgq.sub_sock(name, timeout=300)
+        wait_until(lambda: sub.receive(non_blocking=True) is None and sub.dropped_messages > 0,
+                   what="the foreign frames counted as dropped")
+        yield name, sub
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
 def spew_garbage_on(server: socket.socket, stop: threading.Event) -> threading.Thread:
     """A thread answering every connection to ``server`` with bytes that are not ZMTP."""
 
@@ -432,35 +447,17 @@ def spew_garbage_on(server: socket.socket, stop: threading.Event) -> threading.T
 
 
 def test_non_zmq_server_on_the_port_does_not_break_a_subscriber(endpoint: str) -> None:
-    endpoint, server = hold_port(endpoint, "127.0.0.1", listening=True)
-    stop = threading.Event()
-    thread = spew_garbage_on(server, stop)
-    try:
-        sub = msgq.sub_sock(endpoint, timeout=300)
-        # libzmq takes such a byte stream for a legacy ZMTP 1.0 peer and parses frames out
-        # of it; the subscriber drops them, since they lack ZMTP 3 metadata: it did read
-        # the foreign frames (they are counted), and returned none of them.
+    # libzmq takes such a byte stream for a legacy ZMTP 1.0 peer and parses frames out of
+    # it; the subscriber drops them, since they lack ZMTP 3 metadata: it did read the
+    # foreign frames (they are counted), and returns none of them.
+    with subscriber_meeting_garbage(endpoint) as (_, sub):
         assert sub.receive() is None
-        wait_until(lambda: sub.receive(non_blocking=True) is None and sub.dropped_messages > 0,
-                   what="the foreign frames counted as dropped")
-    finally:
-        stop.set()
-        thread.join(5)
-        server.close()
+        assert sub.receive(non_blocking=True) is None and sub.dropped_messages > 0
 
 
 def test_subscriber_reaches_the_publisher_after_a_non_zmq_server_left(endpoint: str) -> None:
-    endpoint, server = hold_port(endpoint, "127.0.0.1", listening=True)
-    stop = threading.Event()
-    thread = spew_garbage_on(server, stop)
-    try:
-        sub = msgq.sub_sock(endpoint, timeout=300)
-        wait_until(lambda: sub.receive(non_blocking=True) is None and sub.dropped_messages > 0,
-                   what="the foreign frames counted as dropped")
-    finally:
-        stop.set()
-        thread.join(5)
-        server.close()
+    with subscriber_meeting_garbage(endpoint) as (endpoint, sub):
+        pass
     # The program leaves and a real publisher takes the port: the subscriber reconnects
     # by itself (as it does after a publisher restart) and gets its messages.
     pub = msgq.pub_sock(endpoint)
