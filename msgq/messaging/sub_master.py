@@ -79,7 +79,6 @@ class SubMaster:
         self.ignore_alive = list(ignore_alive or [])
         self.ignore_average_freq = list(ignore_avg_freq or [])
         self.ignore_valid = list(ignore_valid or [])
-        self._ignore_freq = set(self.ignore_alive) | set(self.ignore_average_freq)
         self.simulation = os.environ.get("SIMULATION", "0") not in ("", "0")
 
         if poll is not None:
@@ -215,7 +214,7 @@ class SubMaster:
         event-driven services and before two messages)."""
         return {s: (t.rate if (t := self.freq_tracker.get(s)) else 0.0) for s in self.services}
 
-    def _all(self, flags: dict[str, bool], ignore: list[str],
+    def _all(self, flags: dict[str, bool], ignore: Sequence[str],
              service_list: Iterable[str] | None) -> bool:
         names = self.services if service_list is None else service_list
         return all(flags[s] for s in names if s not in ignore)
@@ -228,7 +227,8 @@ class SubMaster:
         """Whether every service arrives at its expected rate, leaving out ignore_alive
         services (as cereal does: a service that need not be alive need not keep its rate)
         and ignore_avg_freq services."""
-        return self._all(self.freq_ok, self._ignore_freq, service_list)
+        return self._all(self.freq_ok, [*self.ignore_alive, *self.ignore_average_freq],
+                         service_list)
 
     def all_valid(self, service_list: Iterable[str] | None = None) -> bool:
         """Whether every service not in ignore_valid sent valid=True last."""
