@@ -186,6 +186,19 @@ def test_truncated_raw_file_reports_the_offset(tmp_path: Path) -> None:
     assert problem.offset == os.path.getsize(path) + 5 - len(events[-1])
 
 
+def read_until_corrupt(path: str, reader: LogReader | None = None,
+                       ) -> tuple[list[bytes], LogCorruptionError]:
+    """The events (logStart left out) a reader of ``path`` returns before it raises
+    LogCorruptionError, and that error; fails the test if it never raises."""
+    reader = reader or LogReader(path)
+    got: list[bytes] = []
+    with pytest.raises(LogCorruptionError) as info:
+        for e in reader.raw():
+            if e.service != "logStart":
+                got.append(e.data)
+    return got, info.value
+
+
 def _read_raw_reader(reader: LogReader) -> list[bytes]:
     return [e.data for e in reader.raw() if e.service != "logStart"]
 
@@ -200,16 +213,11 @@ def test_corruption_in_the_middle(tmp_path: Path, compression: str) -> None:
     with open(path, "r+b") as f:
         f.seek(size // 2)
         f.write(b"\xff" * 64)
-    reader = LogReader(path)
-    got: list[bytes] = []
-    with pytest.raises(LogCorruptionError) as info:
-        for e in reader.raw():
-            if e.service != "logStart":
-                got.append(e.data)
-    message = str(info.value)
+    got, error = read_until_corrupt(path)
+    message = str(error)
     assert path in message and "byte" in message and "skip_corrupt" in message
     assert 0 < len(got) < 4000 and got == events[:len(got)]
-    problem = info.value.problem
+    problem = error.problem
     assert abs(problem.file_offset - size // 2) < (16 * 1024 if compression == "zstd" else 1024)
 
     skipping = LogReader(path, skip_corrupt=True)
@@ -380,11 +388,8 @@ def test_a_length_field_past_the_end_is_corruption_not_truncation(tmp_path: Path
     data[at + 4:at + 8] = (1 << 24).to_bytes(4, "little")  # segment 0: 128 MiB
     Path(path).write_bytes(bytes(data))
     reader = LogReader(path)
-    got: list[bytes] = []
-    with pytest.raises(LogCorruptionError, match="runs past the end"):
-        for e in reader.raw():
-            if e.service != "logStart":
-                got.append(e.data)
+    got, error = read_until_corrupt(path, reader)
+    assert "runs past the end" in str(error)
     assert got == events[:50] and reader.truncated == []
     skipping = LogReader(path, skip_corrupt=True)
     assert _quiet_raw(skipping) == events[:50] + events[51:]
@@ -400,14 +405,9 @@ def test_garbage_after_the_log_is_reported_for_every_compression(tmp_path: Path)
         size = os.path.getsize(path)
         with open(path, "ab") as f:
             f.write(bytes(range(7, 250)) * 3)
-        reader = LogReader(path)
-        got: list[bytes] = []
-        with pytest.raises(LogCorruptionError) as info:
-            for e in reader.raw():
-                if e.service != "logStart":
-                    got.append(e.data)
+        got, error = read_until_corrupt(path)
         assert got == events, compression  # every event before the garbage
-        assert info.value.problem.file_offset == size, compression
+        assert error.problem.file_offset == size, compression
         skipping = LogReader(path, skip_corrupt=True)
         assert _quiet_raw(skipping) == events and len(skipping.corrupt) == 1
 
