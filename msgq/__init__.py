@@ -2,14 +2,24 @@
 
 The socket API of upstream msgq/cereal: ``Context``, ``PubSocket``, ``SubSocket`` and
 ``Poller`` construct sockets of the backend the environment selects (see
-:mod:`msgq.backend`), plus the helpers ``pub_sock``, ``sub_sock`` and ``drain_sock_raw``.
+:mod:`msgq.sockets`), plus the helpers ``pub_sock``, ``sub_sock`` and ``drain_sock_raw``
+and upstream's fake-event functions.
+
+The package's layers, lowest first (each imports only from layers below it; the order is
+written once, in ``tests/test_layers.py``, which checks it):
+
+1. foundation — :mod:`msgq.errors`, :mod:`msgq.tables`, :mod:`msgq.clock`
+2. the Event layer — :mod:`msgq.schemas` (registry, framing, schema, events)
+3. the queue namespace — the extension :mod:`msgq.shm_backend`, then :mod:`msgq.queues`
+4. backends — :mod:`msgq.zmq_backend`, :mod:`msgq.fake_events`
+5. the socket factory — :mod:`msgq.sockets`, then this package
+6. services — :mod:`msgq.messaging`, :mod:`msgq.logs`, :mod:`msgq.visionipc`
+7. tools — :mod:`msgq.lockstep`, :mod:`msgq.bridge`, :mod:`msgq.spark`
+8. programs — :mod:`msgq.bench`, :mod:`msgq.demo`, :mod:`msgq.cli`
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from msgq.backend import BACKENDS, backend_name, select_backend
 from msgq.errors import IpcError, MultiplePublishersError
 from msgq.fake_events import (
     Event,
@@ -21,7 +31,18 @@ from msgq.fake_events import (
     toggle_fake_events,
     wait_for_one_event,
 )
-from msgq.protocol import Context, Poller, ProcessContext, PubSocket, SubSocket
+from msgq.schemas.schema import NO_TRAVERSAL_LIMIT
+from msgq.schemas.services import find_service
+from msgq.sockets import (
+    BACKENDS,
+    Context,
+    Poller,
+    ProcessContext,
+    PubSocket,
+    SubSocket,
+    backend_name,
+    select_backend,
+)
 
 __all__ = [
     "BACKENDS",
@@ -48,9 +69,6 @@ __all__ = [
     "wait_for_one_event",
 ]
 
-#: Traversal limit that disables pycapnp's message traversal check (upstream constant).
-NO_TRAVERSAL_LIMIT = 2**64 - 1
-
 #: The process-wide context sockets made by pub_sock/sub_sock connect with. It chooses no
 #: backend, so ``import msgq`` never fails on the environment.
 context = ProcessContext()
@@ -59,15 +77,13 @@ context = ProcessContext()
 def _registry_segment_size(endpoint: str | bytes, segment_size: int) -> int:
     """``segment_size``, or the registry's queue size of ``endpoint`` when it is 0."""
     if segment_size == 0:
-        from msgq.schemas.services import find_service
-
         service = find_service(endpoint) if isinstance(endpoint, (str, bytes)) else None
         if service is not None:
             return service.queue_size
     return segment_size
 
 
-def pub_sock(endpoint: str, segment_size: int = 0) -> Any:
+def pub_sock(endpoint: str, segment_size: int = 0) -> PubSocket:
     """A connected publisher of ``endpoint``.
 
     ``segment_size`` 0 means: the service registry's queue size for a registry service,
@@ -80,12 +96,12 @@ def pub_sock(endpoint: str, segment_size: int = 0) -> Any:
 
 def sub_sock(
     endpoint: str,
-    poller: Any = None,
+    poller: Poller | None = None,
     addr: str = "127.0.0.1",
     conflate: bool = False,
     timeout: int | None = None,
     segment_size: int = 0,
-) -> Any:
+) -> SubSocket:
     """A connected subscriber of ``endpoint``.
 
     ``addr`` is the publisher's host (ZMQ backend), ``conflate`` keeps only the newest
@@ -107,7 +123,7 @@ def sub_sock(
     return sock
 
 
-def drain_sock_raw(sock: Any, wait_for_one: bool = False) -> list[bytes]:
+def drain_sock_raw(sock: SubSocket, wait_for_one: bool = False) -> list[bytes]:
     """Every message waiting on ``sock`` (after blocking for the first one when
     ``wait_for_one``)."""
     messages: list[bytes] = []

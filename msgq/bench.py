@@ -1550,7 +1550,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     prefix = f"bench_{os.getpid()}"
     os.environ["MSGQ_PREFIX"] = prefix
-    from msgq.shm_backend import queue_dir
+    from msgq.queues import queue_dir
 
     run_dir = queue_dir(create=True)  # the prefix folder msgq's queues go to
 

@@ -1,4 +1,7 @@
-"""Exceptions shared by every backend."""
+"""The exceptions every layer shares: socket failures and undecodable messages.
+
+Layer: the bottom; imports nothing.
+"""
 
 
 class IpcError(Exception):
@@ -17,3 +20,7 @@ def readers_timeout(endpoint: object, timeout: float, readers: int) -> TimeoutEr
                             f"{timeout:g} s")
     return TimeoutError(f"endpoint {endpoint!r}: {readers} subscriber(s) connected but not "
                         f"every one read everything within {timeout:g} s")
+
+
+class MessageDecodeError(ValueError):
+    """Bytes that are not a valid Event (what pycapnp reported is in the message)."""

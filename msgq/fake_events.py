@@ -2,7 +2,7 @@
 
 Upstream msgq/cereal API and semantics. A :class:`SocketEventHandle` for an endpoint owns
 two :class:`Event` s, ``recv_called`` and ``recv_ready``, and an ``enabled`` flag. When
-``CEREAL_FAKE=1``, subscribers are wrapped (:mod:`msgq.fake_sockets`): while their
+``CEREAL_FAKE=1``, subscribers are wrapped (:mod:`msgq.sockets`): while their
 endpoint's handle is enabled, ``receive()`` first sets ``recv_called``, waits for
 ``recv_ready``, clears it, and only then receives.
 
@@ -53,8 +53,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from msgq.names import fnv1a_64
-from msgq.shm_backend import process_alive, queue_dir, queue_file_mode, validate_endpoint
+from msgq.queues import fnv1a_64, process_alive, queue_dir, queue_file_mode, validate_endpoint
 
 __all__ = [
     "Event",
@@ -597,7 +596,7 @@ def fake_event_handle(
 
 
 class SocketEventGate:
-    """What a wrapped subscriber does before each receive (see :mod:`msgq.fake_sockets`)."""
+    """What a wrapped subscriber does before each receive (see :mod:`msgq.sockets`)."""
 
     def __init__(self, endpoint: str, identifier: str) -> None:
         self._view = _StateView(_Names(endpoint, identifier))

@@ -103,16 +103,26 @@ def queue_dir(bint create=False) -> str:
                   else msgq_queue_dir(out, MSGQ_MAX_PATH_LEN))
     if r < 0:
         if r == MSGQ_EBADNAME:
-            raise ValueError(f"prefix {namespace_prefix()!r} (MSGQ_PREFIX/OPENPILOT_PREFIX): "
+            raise ValueError(f"prefix {_raw_prefix()!r} (MSGQ_PREFIX/OPENPILOT_PREFIX): "
                              f"{msgq_strerror(r).decode()}")
         raise IpcError(f"queue folder: {msgq_strerror(r).decode()}")
     return out.decode("utf-8")
 
 
-def namespace_prefix() -> str:
-    """The namespace prefix (MSGQ_PREFIX, else OPENPILOT_PREFIX), or "" when unset."""
+cdef str _raw_prefix():
     cdef const char *p = msgq_namespace_prefix()
     return p.decode("utf-8", "replace") if p != NULL else ""
+
+
+def namespace_prefix() -> str:
+    """The namespace prefix (MSGQ_PREFIX, else OPENPILOT_PREFIX), or "" when unset;
+    ValueError when it is not a valid name."""
+    prefix = _raw_prefix()
+    if prefix and msgq_validate_name(prefix.encode("utf-8")) < 0:
+        raise ValueError(
+            f"prefix {prefix!r} (MSGQ_PREFIX/OPENPILOT_PREFIX) is not a valid name: use "
+            "1-100 characters from A-Z a-z 0-9 _ - .")
+    return prefix
 
 
 def process_alive(int pid) -> bool:

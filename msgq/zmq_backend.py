@@ -70,8 +70,14 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     ) from e
 
 from msgq.errors import IpcError, MultiplePublishersError, readers_timeout
-from msgq.names import fnv1a_64, namespace_prefix
-from msgq.shm_backend import MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, validate_endpoint
+from msgq.queues import (
+    MAX_SEGMENT_SIZE,
+    MIN_SEGMENT_SIZE,
+    fnv1a_64,
+    namespace_prefix,
+    validate_endpoint,
+)
+from msgq.schemas import services
 
 __all__ = [
     "DEFAULT_BASE_PORT",
@@ -188,8 +194,6 @@ def endpoint_port(endpoint: str | bytes, prefix: str | None = None) -> int:
             f"MSGQ_ZMQ_BASE_PORT={base} with MSGQ_ZMQ_PORT_SPAN={span} goes past port 65535; "
             "lower one of them")
     if not prefix:
-        from msgq.schemas import services
-
         service = services.find_service(name)
         if service is not None and service.port is not None:
             offset = service.port - services.BASE_PORT

@@ -20,7 +20,7 @@ import msgq.cli
 import msgq.cli.bench
 from msgq.cli import main
 from msgq.cli.output import human_age, human_bytes, paint, use_colour
-from msgq.shm_backend import queue_dir, queue_path
+from msgq.queues import queue_dir, queue_path
 
 pytestmark = pytest.mark.multiprocess
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import msgq
-from msgq import fake_sockets, shm_backend, zmq_backend
+from msgq import shm_backend, sockets, zmq_backend
 from msgq.messaging import PubMaster, SubMaster, new_message
 
 COMPAT = Path(__file__).resolve().parent.parent / "docs" / "compat.md"
@@ -28,8 +28,8 @@ STATUSES = {"same", "extended", "renamed", "differs"}
 BACKEND_CLASSES: dict[str, list[Any]] = {
     "Context": [shm_backend.Context, zmq_backend.Context],
     "PubSocket": [shm_backend.PubSocket, zmq_backend.PubSocket],
-    "SubSocket": [shm_backend.SubSocket, zmq_backend.SubSocket, fake_sockets.FakeSubSocket],
-    "Poller": [shm_backend.Poller, zmq_backend.Poller, fake_sockets.FakePoller],
+    "SubSocket": [shm_backend.SubSocket, zmq_backend.SubSocket, sockets.FakeSubSocket],
+    "Poller": [shm_backend.Poller, zmq_backend.Poller, sockets.FakePoller],
 }
 
 
@@ -74,7 +74,7 @@ def resolve(name: str) -> list[Any]:
             targets = BACKEND_CLASSES[rest[0]]
             rest = rest[1:]
             if not rest:  # the constructor: the fake layer wraps a made socket instead
-                targets = [t for t in targets if t.__module__ != fake_sockets.__name__]
+                targets = [t for t in targets if t.__module__ != sockets.__name__]
         else:
             targets = [obj]
         out = []

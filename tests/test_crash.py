@@ -13,7 +13,7 @@ import pytest
 from helpers import wait_until
 
 import msgq
-from msgq import shm_backend
+from msgq import queues
 
 pytestmark = [pytest.mark.crash, pytest.mark.multiprocess]
 
@@ -85,13 +85,13 @@ def test_killed_subscribers_free_their_slots(endpoint: str) -> None:
         ready = FORK.Semaphore(0)
         children = [
             FORK.Process(target=hold_reader_slot, args=(endpoint, ready, i % 2 == 0))
-            for i in range(shm_backend.READER_SLOTS)
+            for i in range(queues.READER_SLOTS)
         ]
         for c in children:
             c.start()
         for _ in children:
             assert ready.acquire(timeout=30)
-        assert pub.num_readers == shm_backend.READER_SLOTS
+        assert pub.num_readers == queues.READER_SLOTS
         if round_no == 0:  # live subscribers are never evicted for a new one
             with pytest.raises(msgq.IpcError, match="reader slots"):
                 msgq.sub_sock(endpoint)
@@ -116,7 +116,7 @@ def test_killed_subscribers_free_their_slots(endpoint: str) -> None:
 # --- issue 13: hostile processes ------------------------------------------------------------
 
 WAKE_LINE = 128  # wake line, then the reader slots, up to the end of the header
-HEADER_END = 64 * (3 + shm_backend.READER_SLOTS)
+HEADER_END = 64 * (3 + queues.READER_SLOTS)
 
 
 def publish_numbered_forever(endpoint: str, started, size: int) -> None:
@@ -141,7 +141,7 @@ def test_damaged_control_fields_never_deliver_a_torn_message(endpoint: str) -> N
     child.start()
     try:
         assert started.wait(10)
-        fd = os.open(shm_backend.queue_path(endpoint), os.O_RDWR)
+        fd = os.open(queues.queue_path(endpoint), os.O_RDWR)
         m = mmap.mmap(fd, HEADER_END)
         os.close(fd)
         torn = received = 0
@@ -187,7 +187,7 @@ def test_zeroed_magic_under_live_processes_is_replaced_not_truncated(
     try:
         assert started.wait(10)
         assert old_sub.receive() is not None
-        path = shm_backend.queue_path(endpoint)
+        path = queues.queue_path(endpoint)
         old_ino = os.stat(path).st_ino
         with open(path, "r+b") as f:
             f.write(bytes(8))
@@ -200,7 +200,7 @@ def test_zeroed_magic_under_live_processes_is_replaced_not_truncated(
         for _ in range(100000):
             msg = old_sub.receive()
             assert msg is not None
-            if shm_backend.inspect_queue(path)["readers_claimed"] == 2:
+            if queues.inspect_queue(path)["readers_claimed"] == 2:
                 break
         assert child.is_alive(), f"publisher died: exit code {child.exitcode}"
         before = sent.value
@@ -240,7 +240,7 @@ def test_dead_sleeping_subscribers_are_reclaimed_without_a_newcomer(endpoint: st
     pub = msgq.pub_sock(endpoint, segment_size=1024 * 1024)
     payload = bytes(1024)
     baseline = _send_cost_ns(pub, payload)
-    path = shm_backend.queue_path(endpoint)
+    path = queues.queue_path(endpoint)
     for _round in range(4):
         ready = FORK.Semaphore(0)
         children = [
@@ -250,7 +250,7 @@ def test_dead_sleeping_subscribers_are_reclaimed_without_a_newcomer(endpoint: st
             c.start()
         for _ in children:
             assert ready.acquire(timeout=30)
-        wait_until(lambda: shm_backend.inspect_queue(path)["waiters"] == 20, what="sleepers")
+        wait_until(lambda: queues.inspect_queue(path)["waiters"] == 20, what="sleepers")
         for c in children:
             os.kill(c.pid, signal.SIGKILL)
         for c in children:
@@ -258,7 +258,7 @@ def test_dead_sleeping_subscribers_are_reclaimed_without_a_newcomer(endpoint: st
 
         def reclaimed() -> bool:
             pub.send(payload)
-            info = shm_backend.inspect_queue(path)
+            info = queues.inspect_queue(path)
             return info["waiters"] == 0 and info["readers_claimed"] == 0
 
         wait_until(reclaimed, timeout=5, what="the sweep")

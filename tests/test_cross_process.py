@@ -325,7 +325,7 @@ def test_pub_master_and_sub_master_over_zmq(zmq_1: None, workers: list[Worker]) 
 
 def test_visionipc_announcements_over_zmq_between_processes(
         zmq_1: None, workers: list[Worker]) -> None:
-    from msgq import shm_backend, zmq_backend
+    from msgq import queues, zmq_backend
     from msgq.visionipc import VisionIpcClient, get_endpoint_name
 
     w, h = 64, 48
@@ -356,7 +356,7 @@ def test_visionipc_announcements_over_zmq_between_processes(
         # The announcements went over ZMQ: no shared-memory queue was made for them.
         endpoint = get_endpoint_name("camerad", 0)
         assert zmq_backend.endpoint_port(endpoint) > 0
-        assert not os.path.exists(shm_backend.queue_path(endpoint))
+        assert not os.path.exists(queues.queue_path(endpoint))
     finally:
         client.close()
 

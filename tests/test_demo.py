@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import msgq
-from msgq import shm_backend
+from msgq import queues
 
 pytestmark = pytest.mark.multiprocess
 
@@ -27,7 +27,7 @@ def test_demo_reports_every_message_and_keeps_the_callers_queues(endpoint: str) 
     assert published > 0
     for name, received, _rate, _mbs, lost, damaged in rows:
         assert (int(received), int(lost), int(damaged)) == (published, 0, 0), name
-    assert os.path.exists(shm_backend.queue_path(endpoint))  # the demo used its own prefix
+    assert os.path.exists(queues.queue_path(endpoint))  # the demo used its own prefix
     mine.send(b"still here")
 
 

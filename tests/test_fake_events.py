@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import pytest
 
 import msgq
-from msgq import fake_events, shm_backend
-from msgq.fake_sockets import FakePoller, FakeSubSocket
+from msgq import fake_events, queues
+from msgq.sockets import FakePoller, FakeSubSocket
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,7 +40,7 @@ def fake_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def fake_files(endpoint: str | None = None) -> list[str]:
     """The fake-event files in this test's queue folder (of one endpoint if given)."""
-    folder = os.path.dirname(shm_backend.queue_path("x"))
+    folder = os.path.dirname(queues.queue_path("x"))
     try:
         names = os.listdir(folder)
     except FileNotFoundError:

@@ -10,6 +10,7 @@ import pytest
 
 import msgq
 from msgq import schemas
+from msgq.queues import MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE
 from msgq.schemas import services as registry_module
 from msgq.schemas.services import (
     MAX_QUEUE_SIZE,
@@ -19,7 +20,6 @@ from msgq.schemas.services import (
     ServiceRegistry,
     derive_queue_size,
 )
-from msgq.shm_backend import MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE
 
 
 def test_every_service_is_a_member_of_the_event_union() -> None:
@@ -95,7 +95,7 @@ def test_zmq_backend_uses_registry_ports_without_prefix() -> None:
 
 def test_registered_custom_registry_sizes_plain_sockets() -> None:
     custom = ServiceRegistry([Service("myBigThing", True, 50.0, 200_000)])
-    assert msgq.pub_sock("myBigThing").segment_size == msgq.shm_backend.DEFAULT_SEGMENT_SIZE
+    assert msgq.pub_sock("myBigThing").segment_size == msgq.queues.DEFAULT_SEGMENT_SIZE
     registry_module.register(custom)
     try:
         sock = msgq.pub_sock("myBigThing")

@@ -14,7 +14,7 @@ import pytest
 from helpers import wait_until_asleep
 
 import msgq
-from msgq import shm_backend
+from msgq import queues, shm_backend
 
 pytestmark = pytest.mark.usefixtures("shm")
 
@@ -25,7 +25,7 @@ def shm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ZMQ", raising=False)
 
 
-HEADER_SIZE = 64 * (3 + shm_backend.READER_SLOTS)
+HEADER_SIZE = 64 * (3 + queues.READER_SLOTS)
 
 
 # --- sizes ------------------------------------------------------------------------------
@@ -47,13 +47,13 @@ def test_oversized_message_is_value_error(endpoint: str) -> None:
 def test_segment_size_out_of_range(endpoint: str, size: int) -> None:
     with pytest.raises(ValueError, match="segment"):
         msgq.pub_sock(endpoint, segment_size=size)
-    assert not os.path.exists(shm_backend.queue_path(endpoint))
+    assert not os.path.exists(queues.queue_path(endpoint))
 
 
 def test_default_segment_size(endpoint: str) -> None:
     pub = msgq.pub_sock(endpoint)
-    assert pub.segment_size == shm_backend.DEFAULT_SEGMENT_SIZE
-    assert os.path.getsize(shm_backend.queue_path(endpoint)) == HEADER_SIZE + pub.segment_size
+    assert pub.segment_size == queues.DEFAULT_SEGMENT_SIZE
+    assert os.path.getsize(queues.queue_path(endpoint)) == HEADER_SIZE + pub.segment_size
 
 
 def test_subscriber_adopts_existing_segment_size(endpoint: str) -> None:
@@ -75,7 +75,7 @@ def test_publisher_needing_larger_ring_than_live_queue_is_refused(endpoint: str)
 def test_publisher_adopts_larger_live_queue(endpoint: str) -> None:
     sub = msgq.sub_sock(endpoint)  # default size, created first
     pub = msgq.pub_sock(endpoint, segment_size=8192)
-    assert pub.segment_size == shm_backend.DEFAULT_SEGMENT_SIZE
+    assert pub.segment_size == queues.DEFAULT_SEGMENT_SIZE
     pub.send(b"fits")
     assert sub.receive(non_blocking=True) == b"fits"
 
@@ -95,13 +95,13 @@ def test_publisher_with_other_size_recreates_unused_queue(endpoint: str) -> None
 
 def test_queue_file_mode_is_private_by_default(endpoint: str) -> None:
     msgq.pub_sock(endpoint)
-    assert stat.S_IMODE(os.stat(shm_backend.queue_path(endpoint)).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(queues.queue_path(endpoint)).st_mode) == 0o600
 
 
 def test_queue_file_mode_from_environment(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MSGQ_SHM_MODE", "0640")
     msgq.pub_sock(endpoint)
-    assert stat.S_IMODE(os.stat(shm_backend.queue_path(endpoint)).st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(queues.queue_path(endpoint)).st_mode) == 0o640
 
 
 def test_prefixes_isolate_queues(
@@ -110,11 +110,11 @@ def test_prefixes_isolate_queues(
     monkeypatch.setenv("MSGQ_PREFIX", prefix + "_a")
     pub_a = msgq.pub_sock(endpoint)
     sub_a = msgq.sub_sock(endpoint)
-    path_a = shm_backend.queue_path(endpoint)
+    path_a = queues.queue_path(endpoint)
     monkeypatch.delenv("MSGQ_PREFIX")
     monkeypatch.setenv("OPENPILOT_PREFIX", prefix + "_b")  # the upstream name works too
     sub_b = msgq.sub_sock(endpoint)
-    path_b = shm_backend.queue_path(endpoint)
+    path_b = queues.queue_path(endpoint)
     assert path_a != path_b and prefix + "_b" in path_b
     pub_a.send(b"only a")
     assert sub_a.receive(non_blocking=True) == b"only a"
@@ -161,7 +161,7 @@ def _upstream_queue_bytes(segment_size: int = 1024 * 1024) -> bytes:
 def _valid_queue_bytes(endpoint: str) -> bytes:
     pub = msgq.pub_sock(endpoint, segment_size=4096)
     pub.close()
-    with open(shm_backend.queue_path(endpoint), "rb") as f:
+    with open(queues.queue_path(endpoint), "rb") as f:
         return f.read()
 
 
@@ -199,7 +199,7 @@ def test_foreign_or_damaged_file_is_replaced_atomically(
     queue is renamed into place: the old inode is never truncated (whoever still maps it
     is unharmed) and, unless it is a msgq file of this layout, never written."""
     content, ours = _FOUND[found](endpoint)
-    path = shm_backend.queue_path(endpoint)
+    path = queues.queue_path(endpoint)
     _write_file(path, content)
     old_fd = os.open(path, os.O_RDONLY)  # a process that still has the old file
     try:
@@ -211,7 +211,7 @@ def test_foreign_or_damaged_file_is_replaced_atomically(
             sub = msgq.sub_sock(endpoint, timeout=1000)
             pub = msgq.pub_sock(endpoint)
         assert os.stat(path).st_ino != old_ino
-        assert shm_backend.inspect_queue(path)["valid"]
+        assert queues.inspect_queue(path)["valid"]
         pub.send(b"through")
         assert sub.receive() == b"through"
         old = os.pread(old_fd, len(content) + 1, 0)
@@ -227,7 +227,7 @@ def test_foreign_or_damaged_file_is_replaced_atomically(
 def test_replaced_damaged_queue_keeps_its_segment_size(endpoint: str) -> None:
     pub = msgq.pub_sock(endpoint, segment_size=8192)
     pub.close()
-    path = shm_backend.queue_path(endpoint)
+    path = queues.queue_path(endpoint)
     with open(path, "r+b") as f:
         f.write(bytes(8))  # zero the magic
     sub = msgq.sub_sock(endpoint)
@@ -235,7 +235,7 @@ def test_replaced_damaged_queue_keeps_its_segment_size(endpoint: str) -> None:
 
 
 def _ring_map(endpoint: str) -> mmap.mmap:
-    fd = os.open(shm_backend.queue_path(endpoint), os.O_RDWR)
+    fd = os.open(queues.queue_path(endpoint), os.O_RDWR)
     try:
         return mmap.mmap(fd, 0)
     finally:
@@ -313,13 +313,13 @@ def test_overtaken_reader_resets_and_goes_on(endpoint: str) -> None:
 def test_conflate_skips_to_newest_across_wraps(endpoint: str) -> None:
     pub = msgq.pub_sock(endpoint, segment_size=4096)
     sub = msgq.sub_sock(endpoint, conflate=True)
-    path = shm_backend.queue_path(endpoint)
+    path = queues.queue_path(endpoint)
     for rnd in range(10):
         for i in range(300):  # 48 B each: 14,400 bytes, 3.5 rings' worth per round
             pub.send(b"%04d" % (rnd * 1000 + i) * 10)
         assert sub.receive(non_blocking=True) == b"%04d" % (rnd * 1000 + 299) * 10
         assert sub.receive(non_blocking=True) is None
-    assert shm_backend.inspect_queue(path)["write_cycle"] >= 30  # it really wrapped
+    assert queues.inspect_queue(path)["write_cycle"] >= 30  # it really wrapped
 
 
 def test_conflate_on_a_lapped_reader_gets_the_newest(endpoint: str) -> None:
@@ -435,7 +435,7 @@ def test_readers_updated(endpoint: str) -> None:
 
 
 def test_reader_slots_are_bounded_and_reused(endpoint: str) -> None:
-    subs = [msgq.sub_sock(endpoint) for _ in range(shm_backend.READER_SLOTS)]
+    subs = [msgq.sub_sock(endpoint) for _ in range(queues.READER_SLOTS)]
     with pytest.raises(msgq.IpcError, match="reader slots"):
         msgq.sub_sock(endpoint)
     subs.pop().close()
@@ -547,7 +547,7 @@ def test_prefix_folder_symlink_is_refused(endpoint: str, prefix: str, tmp_path) 
 def test_queue_file_of_another_user_is_refused(endpoint: str) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to make a file owned by another user")
-    path = shm_backend.queue_path(endpoint)
+    path = queues.queue_path(endpoint)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o666)
     os.close(fd)
@@ -563,7 +563,7 @@ def test_connect_blocked_on_a_stuck_lock_holder_answers_ctrl_c(endpoint: str) ->
     import sys
 
     msgq.pub_sock(endpoint, segment_size=4096).close()
-    fd = os.open(shm_backend.queue_path(endpoint), os.O_RDWR)
+    fd = os.open(queues.queue_path(endpoint), os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)  # like an opener stopped in a debugger
     try:
         child = subprocess.Popen(
@@ -589,19 +589,19 @@ def test_queue_tools_give_way_to_an_opener_holding_the_lock(endpoint: str) -> No
     import fcntl
 
     msgq.pub_sock(endpoint, segment_size=4096).close()
-    path = shm_backend.queue_path(endpoint)
+    path = queues.queue_path(endpoint)
     fd = os.open(path, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)  # an opener creating or registering right now
     try:
         with pytest.raises(BlockingIOError):
-            shm_backend.inspect_queue(path)
-        result = shm_backend.remove_unused_queue(os.fsencode(path))
+            queues.inspect_queue(path)
+        result = queues.remove_unused_queue(os.fsencode(path))
         assert result["path"] == path and not result["removed"]
         assert "another process" in result["kept_because"]
     finally:
         os.close(fd)
     assert os.path.exists(path)
-    result = shm_backend.remove_unused_queue(os.fsencode(path))  # unused once unlocked
+    result = queues.remove_unused_queue(os.fsencode(path))  # unused once unlocked
     assert result["path"] == path and result["removed"]
     assert not os.path.exists(path)
 
@@ -611,9 +611,9 @@ def test_msgq_queues_lists_upstream_files_as_foreign(endpoint: str) -> None:
     import subprocess
     import sys
 
-    path = shm_backend.queue_path(endpoint)
+    path = queues.queue_path(endpoint)
     _write_file(path, _upstream_queue_bytes(64 * 1024))
-    garbage = shm_backend.queue_path(endpoint + "_garbage")
+    garbage = queues.queue_path(endpoint + "_garbage")
     _write_file(garbage, b"garbage!" * 1000)
     proc = subprocess.run(
         [sys.executable, "-m", "msgq", "queues", "--json"],
@@ -627,7 +627,7 @@ def test_msgq_queues_lists_upstream_files_as_foreign(endpoint: str) -> None:
     # and a publisher takes the endpoint over (the old file left for whoever maps it)
     pub = msgq.pub_sock(endpoint)
     pub.send(b"ours now")
-    assert shm_backend.inspect_queue(path)["valid"]
+    assert queues.inspect_queue(path)["valid"]
 
 
 def test_checksummed_queue_drops_a_message_whose_bytes_were_changed(endpoint: str) -> None:
@@ -635,7 +635,7 @@ def test_checksummed_queue_drops_a_message_whose_bytes_were_changed(endpoint: st
     pub.connect(None, endpoint, 4096, checksum=True)
     sub = msgq.sub_sock(endpoint)
     assert pub.checksum and sub.checksum
-    assert shm_backend.inspect_queue(shm_backend.queue_path(endpoint))["checksum"]
+    assert queues.inspect_queue(queues.queue_path(endpoint))["checksum"]
     pub.send(b"first message")
     pub.send(b"second")
     m = _ring_map(endpoint)

@@ -755,7 +755,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     own_prefix = not (os.environ.get("MSGQ_PREFIX") or os.environ.get("OPENPILOT_PREFIX"))
     if own_prefix:
         os.environ["MSGQ_PREFIX"] = f"vipcbench_{os.getpid()}"
-    from msgq.shm_backend import queue_dir
+    from msgq.queues import queue_dir
 
     prefix_dir = queue_dir()
     ctx = _context()

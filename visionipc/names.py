@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from msgq.shm_backend import queue_dir, validate_endpoint
+from msgq.queues import queue_dir, validate_endpoint
 
 __all__ = [
     "MAX_STREAM_ID",

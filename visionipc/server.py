@@ -25,7 +25,7 @@ import numpy as np
 
 import msgq
 from msgq.errors import IpcError
-from msgq.shm_backend import queue_file_mode
+from msgq.queues import queue_file_mode
 
 from .buffer import MAX_DIMENSION, BufferGeometry, VisionBuf, allocate_buffer
 from .frame_copy import copy_into

@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from msgq.backend import backend_name
 from msgq.cli.output import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILURE,
@@ -33,6 +32,7 @@ from msgq.cli.output import (
     print_error,
 )
 from msgq.errors import IpcError
+from msgq.sockets import backend_name
 
 __all__ = ["COMMANDS", "CommandParser", "build_parser", "main"]
 

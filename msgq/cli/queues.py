@@ -3,7 +3,7 @@ remove the ones nobody alive uses.
 
 Only files named ``msgq_<endpoint>`` (a valid endpoint name) in the namespace's queue
 folder are queues; other files there (fake-event files, VisionIPC sockets) are not ours to
-list. Headers are read by the C core without connecting (``shm_backend.inspect_queue``):
+list. Headers are read by the C core without connecting (``queues.inspect_queue``):
 read-only, never registering, bounds-checked, so a damaged or foreign file is reported,
 never trusted.
 """
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _queue_folder() -> tuple[str, str]:
-    from msgq.shm_backend import namespace_prefix, queue_dir
+    from msgq.queues import namespace_prefix, queue_dir
 
     try:
         return queue_dir(), namespace_prefix()
@@ -125,7 +125,7 @@ def _queue_folder() -> tuple[str, str]:
 
 def _queue_files(folder: str) -> list[tuple[str, str]]:
     """(endpoint, path) of every ``msgq_<endpoint>`` entry of folder, by endpoint."""
-    from msgq.shm_backend import QUEUE_FILE_PREFIX, validate_endpoint
+    from msgq.queues import QUEUE_FILE_PREFIX, validate_endpoint
 
     try:
         names = os.listdir(folder)
@@ -157,7 +157,7 @@ _KIND_OF_FILE = {
 def _describe(endpoint: str, path: str) -> dict[str, Any]:
     """The inspect_queue dict of one file with its endpoint and ``state`` added; a file
     that vanished meanwhile gets state "gone"."""
-    from msgq.shm_backend import inspect_queue
+    from msgq.queues import inspect_queue
 
     base: dict[str, Any] = {"endpoint": endpoint, "path": path}
     try:
@@ -307,7 +307,7 @@ def _print_list(folder: str, prefix: str, queues: list[dict[str, Any]]) -> None:
 def _clean(
     folder: str, prefix: str, queues: list[dict[str, Any]], dry_run: bool, as_json: bool
 ) -> int:
-    from msgq.shm_backend import remove_unused_queue
+    from msgq.queues import remove_unused_queue
 
     damaged = [
         q["path"]

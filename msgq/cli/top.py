@@ -107,7 +107,7 @@ class _Watcher:
 
 def _queue_info(service: str) -> dict[str, Any] | None:
     """The queue header of ``service`` (shared-memory backend), or None."""
-    from msgq.shm_backend import inspect_queue, queue_path
+    from msgq.queues import inspect_queue, queue_path
 
     try:
         info = inspect_queue(queue_path(service))
@@ -166,7 +166,7 @@ def _print(rows: list[dict[str, Any]], interval: float, show_all: bool) -> None:
                       "yes" if r["alive"] else "no",
                       "-" if r["publisher_pid"] is None else r["publisher_pid"]))
         colours.append(None if r["alive"] else "red")
-    from msgq.names import namespace_prefix
+    from msgq.queues import namespace_prefix
 
     prefix = namespace_prefix() or "-"
     print(paint(f"msgq top — namespace {prefix}, {len(shown)} services with a publisher, "
@@ -179,9 +179,9 @@ def _print(rows: list[dict[str, Any]], interval: float, show_all: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Samples and prints until Ctrl-C (or once)."""
-    from msgq.backend import backend_name
     from msgq.cli.services import check_services
     from msgq.schemas import SERVICE_LIST
+    from msgq.sockets import backend_name
 
     services = check_services([args.services]) if args.services else list(SERVICE_LIST)
     shm = backend_name() == "msgq"
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         if shm:
             # Subscribing makes a queue: watch only services that already have one (a
             # publisher started since the last sample is picked up here).
-            from msgq.shm_backend import queue_path
+            from msgq.queues import queue_path
 
             watcher.watch([s for s in services if os.path.exists(queue_path(s))])
         else:

@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.pop("OPENPILOT_PREFIX", None)
     os.environ["MSGQ_BACKEND"] = "msgq"
     os.environ.pop("ZMQ", None)
-    from msgq.shm_backend import queue_dir
+    from msgq.queues import queue_dir
 
     run_dir = queue_dir(create=True)
     out = os.path.abspath(os.path.join(args.out, time.strftime("run-%Y%m%d-%H%M%S")))

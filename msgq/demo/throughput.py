@@ -26,7 +26,7 @@ import zlib
 from dataclasses import asdict, dataclass
 
 import msgq
-from msgq import shm_backend
+from msgq import queues
 from msgq.tables import format_table
 
 HEADER = struct.Struct("<QI")  # sequence number, crc32 of the body
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in [pub, *subs]:
             if p.is_alive():
                 p.kill()
-        shutil.rmtree(shm_backend.queue_dir(), ignore_errors=True)
+        shutil.rmtree(queues.queue_dir(), ignore_errors=True)
 
     reports.sort(key=lambda r: r.name)
     sent = published[1] if published else 0

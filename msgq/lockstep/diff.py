@@ -238,7 +238,7 @@ def _compare_values(a: Any, b: Any, names: tuple[str, ...], shown: str,
 
 
 def _decoded(data: bytes, schema: Schema) -> dict[str, Any] | None:
-    from msgq.messaging.events import log_from_bytes
+    from msgq.schemas.events import log_from_bytes
 
     try:
         return dict(log_from_bytes(data, schema.event).to_dict())
@@ -282,7 +282,7 @@ def canonical_bytes(data: bytes, ignore: Iterable[str] = DEFAULT_IGNORE,
         if _is_pattern(path):
             raise ValueError(f"ignore path {path!r}: patterns are not supported in bytes "
                              "mode; name the fields")
-    from msgq.messaging.events import log_from_bytes
+    from msgq.schemas.events import log_from_bytes
 
     schema = schema or default_schema()
     builder = log_from_bytes(data, schema.event).as_builder()

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import msgq
-from msgq import fake_events, shm_backend
+from msgq import fake_events, queues
 from msgq.lockstep.clock import CLOCK_ENV, ClockFile
 from msgq.logs import LogEvent, LogReader
 from msgq.schemas import Schema, default_schema
@@ -121,7 +121,7 @@ class OutputEvent:
     @property
     def event(self) -> Any:
         """The decoded Event (a pycapnp reader)."""
-        from msgq.messaging.events import log_from_bytes
+        from msgq.schemas.events import log_from_bytes
 
         return log_from_bytes(self.data, (self.schema or default_schema()).event)
 
@@ -185,7 +185,7 @@ def _to_input(item: Any, schema: Schema) -> InputEvent:
         data = bytes(item)
         identity = schema.layout.identify(data)
         if identity is None:
-            from msgq.messaging.events import MessageDecodeError
+            from msgq.schemas.events import MessageDecodeError
 
             raise MessageDecodeError(f"{len(data)} bytes are not exactly one valid Event")
         return InputEvent(identity[2], identity[0], data)
@@ -503,9 +503,9 @@ class LockstepProcess:
     def _start(self) -> list[OutputEvent]:
         self._workdir = tempfile.mkdtemp(prefix=f"msgq-lockstep-{os.getpid()}-")
         with self._namespace_env():
-            self.queue_dir = shm_backend.queue_dir(create=False)
+            self.queue_dir = queues.queue_dir(create=False)
             self._made_queue_dir = not os.path.exists(self.queue_dir)
-            shm_backend.queue_dir(create=True)
+            queues.queue_dir(create=True)
             self._handle = msgq.fake_event_handle(self.trigger, identifier=self.identifier,
                                                   enable=True)
             self._called = self._handle.recv_called_event
@@ -841,7 +841,7 @@ def remove_stale_runs(shm_dir: str | None = None, temp_dir: str | None = None) -
         for name in names:
             match = pattern.search(name)
             path = os.path.join(folder, name)
-            owner_gone = match is not None and not shm_backend.process_alive(int(match.group(1)))
+            owner_gone = match is not None and not queues.process_alive(int(match.group(1)))
             if owner_gone and os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
@@ -865,7 +865,7 @@ class _StepPlan:
         self.seen: dict[str, int] = {}
 
     def _log_start(self, event: InputEvent) -> None:
-        from msgq.messaging.events import log_from_bytes
+        from msgq.schemas.events import log_from_bytes
 
         try:
             start = log_from_bytes(event.data, self._schema.event).logStart

@@ -97,7 +97,7 @@ def sequenced_message(service: str, seq: int, mono_ns: int | None = None) -> byt
 def sequence_number(data: bytes, service: str) -> int:
     """The sequence number in an Event made by :func:`sequenced_message` (decoded with
     pycapnp)."""
-    from msgq.messaging.events import decode_event
+    from msgq.schemas.events import decode_event
 
     msg = decode_event(data)
     return int(getattr(getattr(msg, service), RECORD_SERVICES[service]))

@@ -150,7 +150,7 @@ class LogReader:
         return self.schema.layout.identify(data, True)
 
     def _decode(self, data: bytes) -> Any:
-        from msgq.messaging.events import MessageDecodeError, decode_event
+        from msgq.schemas.events import MessageDecodeError, decode_event
 
         try:
             return decode_event(data, self.schema)

@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from msgq.logs.framing import FramingError, message_extent, message_length
+from msgq.schemas.framing import FramingError, message_extent, message_length
 
 __all__ = ["LogProblem", "RawMessage", "compression_of", "read_messages"]
 

@@ -162,7 +162,7 @@ class LogWriter:
                             f"{type(event).__name__}")
         identity = self.schema.layout.identify(data)
         if identity is None:
-            from msgq.messaging.events import MessageDecodeError
+            from msgq.schemas.events import MessageDecodeError
 
             raise MessageDecodeError(f"{len(data)} bytes are not exactly one valid Event")
         self.write_checked(data, identity[0], identity[2])

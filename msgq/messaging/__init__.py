@@ -7,7 +7,7 @@ Written once against the socket protocol, so it runs on every backend.
 
 Sockets made by ``pub_sock``/``sub_sock`` for a registry service get the registry's queue
 size. Messages received by the ``recv_*``/``drain_sock`` helpers are decoded with a
-traversal limit proportional to their size (see :mod:`msgq.messaging.events`); bytes
+traversal limit proportional to their size (see :mod:`msgq.schemas.events`); bytes
 that are not an Event raise :class:`MessageDecodeError` there (SubMaster counts and skips
 them instead).
 """
@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 from msgq import NO_TRAVERSAL_LIMIT, drain_sock_raw, pub_sock, sub_sock
-from msgq.messaging.events import MessageDecodeError, decode_event, log_from_bytes, new_message
 from msgq.messaging.frequency import FrequencyTracker
 from msgq.messaging.pub_master import PubMaster
 from msgq.messaging.sub_master import SubMaster
 from msgq.schemas import SERVICE_LIST, default_schema
+from msgq.schemas.events import MessageDecodeError, decode_event, log_from_bytes, new_message
 
 __all__ = [
     "NO_TRAVERSAL_LIMIT",

@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["MSGQ_PREFIX"] = f"bench_messaging_{os.getpid()}"
     os.environ["MSGQ_BACKEND"] = "msgq"
     os.environ.pop("ZMQ", None)
-    from msgq.shm_backend import queue_dir
+    from msgq.queues import queue_dir
 
     run_dir = queue_dir(create=True)
     try:

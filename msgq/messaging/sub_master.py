@@ -24,10 +24,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgq
-from msgq.lockstep import clock
-from msgq.messaging.events import MessageDecodeError, decode_event
+from msgq import clock
 from msgq.messaging.frequency import FrequencyTracker
 from msgq.schemas import Schema, default_schema
+from msgq.schemas.events import MessageDecodeError, decode_event
 from msgq.tables import format_table
 
 __all__ = ["ALIVE_PERIODS", "SubMaster"]

@@ -377,7 +377,7 @@ class _SegmentRead:
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self.schema = _load_schema(options.schema_file, options.root)
         self.decoders = _decoders_for(options)
-        from msgq.messaging.events import decode_event
+        from msgq.schemas.events import decode_event
 
         self._decode_event = decode_event
         self._typed_types = [self.arrow_schema.field(i).type

@@ -24,7 +24,7 @@ from chaos_support import budget as chaos_budget
 from chaos_support import report as chaos_report
 
 import msgq
-from msgq import shm_backend
+from msgq import queues
 
 pytestmark = [pytest.mark.crash, pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -174,7 +174,7 @@ def test_subscribers_killed_by_hundreds(endpoint: str) -> None:
     waiting bit back, and a send must cost what it cost before."""
     budget = chaos_budget(20)
     pub = msgq.pub_sock(endpoint, segment_size=SEGMENT)
-    path = shm_backend.queue_path(endpoint)
+    path = queues.queue_path(endpoint)
     payload = bytes(1024)
     _send_cost_ns(pub, payload)  # warm up: first pass over the ring, caches
     before = _send_cost_ns(pub, payload)
@@ -206,7 +206,7 @@ def test_subscribers_killed_by_hundreds(endpoint: str) -> None:
         t_end = time.monotonic() + 2.0
         while True:
             pub.send(payload)
-            info = shm_backend.inspect_queue(path)
+            info = queues.inspect_queue(path)
             if info["waiters"] == 0 and info["readers_claimed"] == 0:
                 break
             if time.monotonic() > t_end:
@@ -228,7 +228,7 @@ def test_subscribers_killed_by_hundreds(endpoint: str) -> None:
 CONTROL_REGIONS = {
     "publisher line": (64, 128),  # write_pointer, write_reserve, token, pid, superseded, ...
     "wake line": (128, 192),  # notify_seq, waiting_readers
-    "reader slots": (192, 64 * (3 + shm_backend.READER_SLOTS)),
+    "reader slots": (192, 64 * (3 + queues.READER_SLOTS)),
 }
 
 
@@ -242,7 +242,7 @@ def test_writes_into_a_live_queue_file(endpoint: str) -> None:
     pub = FORK.Process(target=publish_hashed, args=(endpoint, 0, 4096, started))
     pub.start()
     assert started.wait(10)
-    path = shm_backend.queue_path(endpoint)
+    path = queues.queue_path(endpoint)
     fd = os.open(path, os.O_RDWR)
     m = mmap.mmap(fd, 0)
     os.close(fd)
@@ -272,12 +272,12 @@ def test_writes_into_a_live_queue_file(endpoint: str) -> None:
     subs, results = _start_subscribers(endpoint, 2, hang_s=10.0)
     data_writes = 0
     deadline = time.monotonic() + budget * 0.3
-    capacity = len(m) - 64 * (3 + shm_backend.READER_SLOTS)
+    capacity = len(m) - 64 * (3 + queues.READER_SLOTS)
     while time.monotonic() < deadline:
         if rng.random() < 0.05:
             at = rng.randrange(0, 56)
         else:
-            at = 64 * (3 + shm_backend.READER_SLOTS) + rng.randrange(0, capacity - 8)
+            at = 64 * (3 + queues.READER_SLOTS) + rng.randrange(0, capacity - 8)
         m[at : at + 8] = rng.randbytes(8)
         data_writes += 1
         time.sleep(rng.uniform(0, 0.002))

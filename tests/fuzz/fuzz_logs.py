@@ -23,9 +23,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zstandard  # noqa: E402
 from harness import main, sabotaged  # noqa: E402
 
-from msgq.logs import framing, segment  # noqa: E402
+from msgq.logs import segment  # noqa: E402
 from msgq.messaging import new_message  # noqa: E402
-from msgq.schemas import default_schema  # noqa: E402
+from msgq.schemas import (
+    default_schema,  # noqa: E402
+    framing,  # noqa: E402
+)
 
 LAYOUT = default_schema().layout
 if sabotaged():

@@ -10,6 +10,9 @@ A log stream is Cap'n Proto messages back to back in the standard (unpacked) enc
 
 Everything here treats the bytes as untrusted: a length field that points past the data
 or is implausibly large is reported, never followed.
+
+Layer: the Event layer; imports the standard library and :mod:`msgq.errors` only (the
+schema an :class:`EventLayout` was made from decodes what peeking cannot).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from typing import Any
+
+from msgq.errors import MessageDecodeError
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -164,7 +169,7 @@ class EventLayout:
         """``(logMonoTime, valid, service)`` when ``message`` is exactly one well-framed
         Event (no bytes missing, none left over), else None. Peeked from the bytes, or —
         when laid out in a way :meth:`peek` does not follow — decoded with the bounded
-        decoder (:func:`msgq.messaging.events.decode_event`). ``framed``: the caller knows
+        decoder (:meth:`msgq.schemas.Schema.decode`). ``framed``: the caller knows
         the framing adds up already (a log reader that split ``message`` off a stream)."""
         if not framed:
             try:
@@ -175,10 +180,8 @@ class EventLayout:
         peeked = self.peek(message)
         if peeked is not None:
             return peeked
-        from msgq.messaging.events import MessageDecodeError, decode_event
-
         try:
-            msg = decode_event(message, self.schema)
+            msg = self.schema.decode(message)
         except MessageDecodeError:
             return None
         return int(msg.logMonoTime), bool(msg.valid), str(msg.which())

@@ -1,0 +1,53 @@
+"""Making and parsing Event messages: ``new_message``, ``log_from_bytes`` (trusted bytes,
+no traversal limit, as upstream) and ``decode_event`` (bytes from other processes, the
+bounded decoder of :meth:`msgq.schemas.Schema.decode`).
+
+Layer: the Event layer (over :mod:`msgq.clock`, whose time stamps new messages).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgq import clock
+from msgq.errors import MessageDecodeError
+from msgq.schemas.schema import NO_TRAVERSAL_LIMIT, Schema, default_schema, read_struct
+from msgq.schemas.services import unknown_service_error
+
+__all__ = [
+    "NO_TRAVERSAL_LIMIT",
+    "MessageDecodeError",
+    "decode_event",
+    "log_from_bytes",
+    "new_message",
+]
+
+
+def new_message(service: str | None = None, size: int | None = None,
+                schema: Schema | None = None, **kwargs: Any) -> Any:
+    """A new Event builder: ``logMonoTime`` = now (ns; CLOCK_MONOTONIC, or the replayed time
+    under the lockstep harness, see :mod:`msgq.clock`), ``valid`` False, ``kwargs`` set as
+    fields; with ``service``, that union member is initialised (``size`` elements when it
+    is a list). Unknown service → KeyError with close matches."""
+    schema = schema or default_schema()
+    kwargs.setdefault("logMonoTime", clock.monotonic_ns())
+    kwargs.setdefault("valid", False)
+    msg = schema.event.new_message(**kwargs)
+    if service is not None:
+        if service not in schema.union_fields:
+            raise unknown_service_error(service, schema.union_fields)
+        schema.init_payload(msg, service, size)
+    return msg
+
+
+def log_from_bytes(dat: bytes, struct: Any = None) -> Any:
+    """The Event (or ``struct``) reader over ``dat``, without a traversal limit (trusted
+    bytes). Raises pycapnp's error on malformed bytes."""
+    return read_struct(struct if struct is not None else default_schema().event, dat,
+                       NO_TRAVERSAL_LIMIT)
+
+
+def decode_event(data: bytes, schema: Schema | None = None) -> Any:
+    """The Event reader over ``data`` (bytes from another process), with a traversal limit
+    proportional to its size. Malformed bytes → :class:`MessageDecodeError`."""
+    return (schema or default_schema()).decode(data)
