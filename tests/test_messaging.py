@@ -481,7 +481,7 @@ def test_messaging_bench_prints_its_table() -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "msgq.messaging.bench", "--ticks", "50"],
+    out = subprocess.run([sys.executable, "-m", "msgq.bench.messaging", "--ticks", "50"],
                          capture_output=True, text=True, timeout=120, check=True)
     lines = out.stdout.splitlines()
     assert any(line.startswith("SubMaster.update, all 20 new") for line in lines)

@@ -20,8 +20,8 @@ import pytest
 from helpers import MSGQ, interrupt, run_cli, run_program
 
 import msgq
+from msgq.bench.logs import sequence_number, sequenced_message
 from msgq.logs import LogReader, LogWriter, read_index
-from msgq.logs.bench import sequence_number, sequenced_message
 from msgq.logs.recorder import Recorder, default_services
 from msgq.logs.replayer import Replayer
 from msgq.messaging import new_message
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.multiprocess
 PUBLISH = textwrap.dedent("""
     import sys, time
     import msgq
-    from msgq.logs.bench import sequenced_message
+    from msgq.bench.logs import sequenced_message
     from msgq.messaging import new_message
     service, count, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     pub = msgq.pub_sock(service)
@@ -350,7 +350,7 @@ def test_replay_loop_stops_on_ctrl_c(tmp_path: Path) -> None:
 def test_bench_tiny_run(tmp_path: Path) -> None:
     out_json = tmp_path / "bench.json"
     proc = run_program(
-        [sys.executable, "-m", "msgq.logs.bench", "--read-seconds", "1", "--repeat", "1",
+        [sys.executable, "-m", "msgq.bench.logs", "--read-seconds", "1", "--repeat", "1",
          "--compressions", "zstd,none", "--rates", "1000", "--seconds", "0.2",
          "--json", str(out_json)])
     assert "read LogReader.raw()" in proc.stdout and "record 1,000/s" in proc.stdout

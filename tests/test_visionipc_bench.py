@@ -20,7 +20,7 @@ def test_tiny_run_prints_every_path_without_drops(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "msgq.visionipc.bench",
+        "msgq.bench.visionipc",
         "--sizes",
         "64x48",
         "--clients",
@@ -58,7 +58,7 @@ def test_bad_options_are_usage_errors() -> None:
     for args in (["--sizes", "64by48"], ["--paths", "carrier-pigeon"], ["--buffers", "1"],
                  ["--hostile", "-1"]):
         proc = subprocess.run(
-            [sys.executable, "-m", "msgq.visionipc.bench", *args],
+            [sys.executable, "-m", "msgq.bench.visionipc", *args],
             capture_output=True,
             text=True,
             timeout=60,

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from msgq.bench.visionipc import hostile_clients
 from msgq.visionipc import (
     HandshakeError,
     NotAllowedError,
@@ -26,7 +27,6 @@ from msgq.visionipc import (
     VisionIpcClient,
     VisionIpcServer,
 )
-from msgq.visionipc.bench import hostile_clients
 from msgq.visionipc.buffer import BufferGeometry
 from msgq.visionipc.handshake import (
     KIND_BUFFERS,
@@ -114,7 +114,7 @@ def test_parsers_accept_only_what_round_trips() -> None:
 @pytest.mark.multiprocess
 def test_a_good_client_is_served_while_hostile_clients_connect(
         server: VisionIpcServer) -> None:
-    # How fast it is served meanwhile is measured by python -m msgq.visionipc.bench (its
+    # How fast it is served meanwhile is measured by python -m msgq.bench.visionipc (its
     # handshake table); here: every good handshake completes, within a generous deadline.
     done = SPAWN.Event()
     fuzzer = SPAWN.Process(target=hostile_clients,

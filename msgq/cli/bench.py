@@ -17,10 +17,10 @@ from msgq.cli.output import EXIT_FAILURE, EXIT_OK, CommandError, UsageError, pai
 
 #: suite -> (module with main(argv), what it measures). "all" runs them in this order.
 SUITES: dict[str, tuple[str, str]] = {
-    "core": ("msgq.bench", "msgq pub/sub: throughput and round trips against its peers"),
-    "visionipc": ("msgq.visionipc.bench", "VisionIPC: frames through shared buffers"),
-    "messaging": ("msgq.messaging.bench", "SubMaster.update and PubMaster.send per call"),
-    "logs": ("msgq.logs.bench", "log read throughput and the zero-drop record rate"),
+    "core": ("msgq.bench.core", "msgq pub/sub: throughput and round trips against its peers"),
+    "visionipc": ("msgq.bench.visionipc", "VisionIPC: frames through shared buffers"),
+    "messaging": ("msgq.bench.messaging", "SubMaster.update and PubMaster.send per call"),
+    "logs": ("msgq.bench.logs", "log read throughput and the zero-drop record rate"),
     "spark": ("msgq.spark.bench", "the msgqlog Spark source vs a LogReader loop, 1 and 2 cores"),
 }
 
@@ -29,10 +29,10 @@ Run the benchmark programs and print their tables.
 
   core       python -m msgq.bench: msgq's throughput and round-trip latency against
              pyzmq, kickmsg and iceoryx2, each end in its own process
-  visionipc  python -m msgq.visionipc.bench: VisionIPC frame rates and latency
-  messaging  python -m msgq.messaging.bench: SubMaster.update / PubMaster.send cost,
+  visionipc  python -m msgq.bench.visionipc: VisionIPC frame rates and latency
+  messaging  python -m msgq.bench.messaging: SubMaster.update / PubMaster.send cost,
              with the Cap'n Proto share
-  logs       python -m msgq.logs.bench: LogReader events/s and MB/s, and the rate the
+  logs       python -m msgq.bench.logs: LogReader events/s and MB/s, and the rate the
              recorder keeps up with, without drops
   spark      python -m msgq.spark.bench: events/s decoded per core by the Spark data
              source against a plain LogReader loop, and the 1 -> 2 core speed-up

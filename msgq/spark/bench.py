@@ -47,8 +47,8 @@ def make_recording(folder: str, seconds: float, rotate_seconds: float,
     import heapq
     import random
 
+    from msgq.bench.fixtures import SERVICES, filled_message
     from msgq.logs import LogWriter
-    from msgq.messaging.bench import SERVICES, filled_message
     from msgq.schemas import SERVICE_LIST
 
     rng = random.Random(seed)
@@ -167,7 +167,7 @@ def _same_results(docs: list[dict[str, Any]]) -> bool:
 def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True,
         folder: str | None = None) -> dict[str, Any]:
     """Runs every measurement; returns the rows as dicts, the targets and the load."""
-    from msgq.messaging.bench import SERVICES
+    from msgq.bench.fixtures import SERVICES
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="msgq-spark-bench-") as tmp:

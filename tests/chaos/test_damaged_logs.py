@@ -41,8 +41,8 @@ import pytest
 import zstandard
 
 import msgq
+from msgq.bench.logs import sequenced_message
 from msgq.logs import LogCorruptionError, LogReader, LogWriter
-from msgq.logs.bench import sequenced_message
 
 pytestmark = pytest.mark.chaos
 

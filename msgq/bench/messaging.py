@@ -1,4 +1,4 @@
-"""Benchmark of the messaging layer: ``python -m msgq.messaging.bench``.
+"""The messaging suite: ``python -m msgq.bench.messaging`` (``msgq bench messaging``).
 
 Prints one table: the cost per call of ``SubMaster.update`` over 20 services and of
 ``PubMaster.send``, with the share of it spent in Cap'n Proto (decoding on the
@@ -23,52 +23,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from msgq.bench.fixtures import SERVICES, filled_message
 from msgq.tables import format_table
 
-__all__ = ["SERVICES", "filled_message", "main", "run"]
+__all__ = ["main", "run"]
 
-# 20 services of the registry a controller-style process subscribes to.
-SERVICES = (
-    "gyroscope", "accelerometer", "magnetometer", "temperatureSensor", "gpsLocation",
-    "can", "vehicleState", "controlCommand", "controllerState", "plan", "modelOutput",
-    "radarState", "localization", "calibration", "driverMonitoring", "roadCameraState",
-    "deviceState", "powerState", "managerState", "clocks",
-)
 UPDATE_HZ = 100.0
-
-
-def filled_message(service: str) -> Any:
-    """A realistic message of ``service`` (lists filled the way a live system fills them)."""
-    from msgq.messaging import new_message
-
-    if service == "can":
-        msg = new_message("can", 24, valid=True)
-        for i, frame in enumerate(msg.can):
-            frame.address = 0x100 + i
-            frame.dat = bytes(range(8))
-            frame.bus = i % 3
-        return msg
-    msg = new_message(service, valid=True)
-    if service == "modelOutput":
-        m = msg.modelOutput
-        for name in ("x", "y", "z", "std"):
-            setattr(m.path, name, [0.5 * i for i in range(33)])
-        lanes = m.init("laneLines", 4)
-        for lane in lanes:
-            lane.x = [float(i) for i in range(33)]
-            lane.y = [0.1 * i for i in range(33)]
-        m.init("leads", 3)
-        m.init("objects", 16)
-    elif service == "plan":
-        for name in ("t", "x", "y", "speeds", "accels", "curvatures"):
-            setattr(msg.plan, name, [0.1 * i for i in range(33)])
-    elif service == "managerState":
-        procs = msg.managerState.init("processes", 24)
-        for i, p in enumerate(procs):
-            p.name = f"process{i}"
-            p.pid = 1000 + i
-            p.running = True
-    return msg
 
 
 def _percentiles(samples: list[float]) -> tuple[float, float, float]:
@@ -170,9 +130,9 @@ def run(ticks: int) -> list[tuple[str, ...]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m msgq.messaging.bench``."""
+    """Entry point of ``python -m msgq.bench.messaging``."""
     parser = argparse.ArgumentParser(
-        prog="python -m msgq.messaging.bench",
+        prog="python -m msgq.bench.messaging",
         description="Cost of SubMaster.update (20 services) and PubMaster.send per call.")
     parser.add_argument("--ticks", type=int, default=5000,
                         help="calls measured per row (default 5000)")

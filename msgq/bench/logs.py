@@ -1,6 +1,6 @@
 """Logs benchmark: how fast logs read, and how fast the recorder keeps up. One table.
 
-Run ``python -m msgq.logs.bench`` (``--help`` for the options; ``--quick`` for a short
+Run ``python -m msgq.bench.logs`` (``--help`` for the options; ``--quick`` for a short
 run). What is measured:
 
 * **read** — a recording of realistic mixed traffic is generated (every ``should_log``
@@ -558,7 +558,7 @@ def _context() -> BaseContext:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m msgq.logs.bench",
+        prog="python -m msgq.bench.logs",
         description="Read throughput of LogReader and the rate the recorder keeps up with.",
     )
     parser.add_argument("--quick", action="store_true",

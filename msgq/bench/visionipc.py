@@ -1,6 +1,6 @@
 """Frame rate and latency of VisionIPC, printed as one table.
 
-Run ``python -m msgq.visionipc.bench`` (``--help`` lists the options). For each frame size
+Run ``python -m msgq.bench.visionipc`` (``--help`` lists the options). For each frame size
 and number of client processes, the same frames go through three paths:
 
 * **copy** — ``server.send(stream, frame)``: one copy into the next shared buffer;
@@ -681,9 +681,9 @@ def _paths(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m msgq.visionipc.bench``."""
+    """The command line of ``python -m msgq.bench.visionipc``."""
     parser = argparse.ArgumentParser(
-        prog="python -m msgq.visionipc.bench",
+        prog="python -m msgq.bench.visionipc",
         description="Frames/s and send-to-receive latency of VisionIPC (copying send, "
         "zero-copy send) and of a plain msgq socket, for NV12 frames.",
     )
@@ -744,7 +744,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m msgq.visionipc.bench``."""
+    """Entry point of ``python -m msgq.bench.visionipc``."""
     args = build_parser().parse_args(argv)
     if args.buffers < 2 or args.repeat < 1 or args.seconds <= 0:
         print("--buffers must be >= 2, --repeat >= 1, --seconds > 0", file=sys.stderr)

@@ -1,0 +1,164 @@
+"""The core benchmark's table: one row per (test, payload, subscribers or CPUs,
+backend), ratios to the reference backend, and numbered footnotes.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+
+from msgq.bench.peers import (
+    BACKENDS,
+    KIB,
+    MIB,
+    PACE_SLEEP_S,
+    PACE_YIELDS,
+    REFERENCE,
+    RTT_WARMUP,
+    WARM_FRACTION,
+    WARM_MAX_S,
+    WARM_MIN_S,
+    WARM_RING_FROM,
+)
+from msgq.bench.runner import Measurement
+
+# --------------------------------------------------------------------------- table
+
+
+def fmt_size(size: int) -> str:
+    if size >= MIB and size % MIB == 0:
+        return f"{size // MIB} MiB"
+    if size >= KIB and size % KIB == 0:
+        return f"{size // KIB} KiB"
+    return f"{size} B"
+
+
+def _fmt_num(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return ""
+    return f"{value:,.{digits}f}"
+
+
+class Notes:
+    """Numbered footnotes, one number per distinct text."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def ref(self, text: str) -> str:
+        if text not in self.texts:
+            self.texts.append(text)
+        return f"[{self.texts.index(text) + 1}]"
+
+
+TEST_LABEL = {"throughput": "throughput", "recv_into": "recv_into", "rtt": "round trip"}
+
+
+def render_table(
+    cells: dict[tuple[str, int, int], dict[str, Measurement]],
+    backends: Sequence[str],
+    skipped: dict[str, str],
+    geometry_note: str,
+) -> str:
+    """The one table: a row per (test, payload, subs/CPUs, backend), then footnotes."""
+    notes = Notes()
+    header = [
+        "test",
+        "payload",
+        "subs/cpus",
+        "backend",
+        "msgs/s",
+        "MB/s",
+        "p50 µs",
+        "p99 µs",
+        "drops",
+        "× pyzmq",
+    ]
+    rows: list[list[str] | None] = []
+    last_kind = None
+    for (kind, size, n), by_backend in cells.items():
+        if last_kind is not None:
+            rows.append(None)  # separator
+        last_kind = kind
+        ref = by_backend.get(REFERENCE)
+        for name in backends:
+            m = by_backend.get(name)
+            if m is None:
+                continue
+            n_label = f"{n} sub{'s' if n > 1 else ''}" if kind != "rtt" else f"{n} cpu"
+            row = [TEST_LABEL[kind], fmt_size(size), n_label, name, "", "", "", "", "", ""]
+            if m.error is not None and m.msgs_per_s is None and m.p50_us is None:
+                reason = m.error.splitlines()[0] if m.error else "failed"
+                label = "n/a" if m.detail.get("not_applicable") else "error"
+                row[4] = f"{label} {notes.ref(f'{name}: {reason}')}"
+                rows.append(row)
+                continue
+            if kind == "rtt":
+                row[6] = _fmt_num(m.p50_us, 1)
+                row[7] = _fmt_num(m.p99_us, 1)
+                row[8] = "-"
+                if ref is not None and ref.p50_us and m.p50_us:
+                    row[9] = f"{ref.p50_us / m.p50_us:.2f}"
+            else:
+                row[4] = _fmt_num(m.msgs_per_s)
+                row[5] = _fmt_num(m.mb_per_s, 1)
+                row[8] = str(m.drops)
+                if m.bad:
+                    bad = f"{name}: {m.bad} torn, wrong-size or repeated messages"
+                    row[8] += f" {notes.ref(bad)}"
+                if ref is not None and ref.msgs_per_s and m.msgs_per_s is not None:
+                    row[9] = f"{m.msgs_per_s / ref.msgs_per_s:.2f}"
+            for key, what in (
+                ("resets", "reader resets (overtaken by the writer)"),
+                ("lost", "messages its subscribers report lost"),
+            ):
+                if m.detail.get(key):
+                    row[3] += " " + notes.ref(f"{name}: {m.detail[key]} {what}")
+            if "failed_runs" in m.detail:
+                row[3] += " " + notes.ref(
+                    f"{name}: {m.detail['failed_runs']} run(s) failed: {m.detail['first_error']}"
+                )
+            rows.append(row)
+    widths = [len(h) for h in header]
+    for row in rows:
+        if row is not None:
+            widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    right = {4, 5, 6, 7, 8, 9}
+
+    def line(cols: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cols, widths, strict=True))
+        ).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    out = [line(header), rule]
+    for row in rows:
+        out.append("" if row is None else line(row))
+    paragraphs = [
+        "msgs/s, MB/s: received per subscriber per second (mean over the subscribers; "
+        "MB = 10^6 payload bytes), median of the repeats.",
+        "drops: sequence gaps seen by the subscribers, summed over subscribers and repeats "
+        "(must be 0).",
+        "p50/p99 µs: round trip (A publishes ping, B receives it and publishes it back as "
+        "pong); 1 cpu: A and B pinned to the same CPU, 2 cpu: one CPU each.",
+        "× pyzmq: msgs/s ÷ pyzmq's msgs/s; round trips: pyzmq's p50 ÷ this p50. Same row, "
+        "same run; > 1 means faster than pyzmq.",
+        "Pacing (every backend alike): each subscriber stores its count of messages in a "
+        "shared array; the publisher stays at most W messages ahead of the slowest one "
+        f"(sched_yield() {PACE_YIELDS} times, then {PACE_SLEEP_S * 1e6:.0f} µs sleeps while "
+        "it waits). " + geometry_note,
+        f"Untimed warm-up first: throughput runs {WARM_FRACTION:.0%} of the run (at least "
+        f"{WARM_MIN_S} s), round trips {RTT_WARMUP} round trips; for payloads from "
+        f"{fmt_size(WARM_RING_FROM)} also at least one msgq segment's worth of payload (a "
+        f"fresh ring's pages fault in on first use; throughput: at most {WARM_MAX_S:g} s).",
+    ]
+    paragraphs += [
+        f"{name}: waits: {BACKENDS[name].wait_note}; I/O: {BACKENDS[name].io_note}."
+        for name in backends
+    ]
+    paragraphs += [f"skipped {name}: {why}" for name, why in skipped.items()]
+    paragraphs += [f"[{i}] {text}" for i, text in enumerate(notes.texts, 1)]
+    out.append("")
+    out += [textwrap.fill(p, width=100, subsequent_indent="    ") for p in paragraphs]
+    return "\n".join(out)
