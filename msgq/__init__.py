@@ -5,17 +5,22 @@ The socket API of upstream msgq/cereal: ``Context``, ``PubSocket``, ``SubSocket`
 :mod:`msgq.sockets`), plus the helpers ``pub_sock``, ``sub_sock`` and ``drain_sock_raw``
 and upstream's fake-event functions.
 
-The package's layers, lowest first (each imports only from layers below it; the order is
-written once, in ``tests/test_layers.py``, which checks it):
+The package's layers, lowest first (each imports only from layers below it, and the
+packages of one layer do not import each other; the order is written once, in
+``tests/test_layers.py``, which checks it):
 
-1. foundation — :mod:`msgq.errors`, :mod:`msgq.tables`, :mod:`msgq.clock`
+1. foundation — :mod:`msgq.errors`, :mod:`msgq.tables`, then :mod:`msgq.clock`
 2. the Event layer — :mod:`msgq.schemas` (registry, framing, schema, events)
 3. the queue namespace — the extension :mod:`msgq.shm_backend`, then :mod:`msgq.queues`
 4. backends — :mod:`msgq.zmq_backend`, :mod:`msgq.fake_events`
 5. the socket factory — :mod:`msgq.sockets`, then this package
 6. services — :mod:`msgq.messaging`, :mod:`msgq.logs`, :mod:`msgq.visionipc`
 7. tools — :mod:`msgq.lockstep`, :mod:`msgq.bridge`, :mod:`msgq.spark`
-8. programs — :mod:`msgq.bench`, :mod:`msgq.demo`, :mod:`msgq.cli`
+8. programs — :mod:`msgq.bench`, :mod:`msgq.demo` (over ``msgq.cli.output``), then
+   :mod:`msgq.cli`
+
+Layer: the package — over the socket factory (:mod:`msgq.sockets`), the fake-event
+backend and the Event layer's registry; the services, tools and programs build on it.
 """
 
 from __future__ import annotations

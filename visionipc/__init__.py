@@ -5,6 +5,9 @@ descriptors to clients over a Unix socket and announces every filled buffer with
 packet on the msgq endpoint ``get_endpoint_name(name, stream)``. A
 :class:`VisionIpcClient` maps the buffers read-only and gets each frame without a copy.
 Design, wire formats and limits: ``docs/visionipc.md``.
+
+Layer: a service (``msgq.visionipc``) — over the package's sockets (the per-frame
+packets travel on msgq), the queue namespace (names, file modes), the errors and numpy.
 """
 
 from __future__ import annotations

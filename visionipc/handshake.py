@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from msgq.errors import IpcError
 
 from .buffer import MAX_BUFFER_SIZE, BufferGeometry
+from .peers import peer_credentials, server_trusted
 
 __all__ = [
     "KIND_BUFFERS",
@@ -286,8 +287,6 @@ def exchange(path: str, kind: int, stream: int, timeout_s: float) -> BuffersRepl
 
 
 def _exchange_once(path: str, kind: int, stream: int, deadline: float) -> BuffersReply | ListReply:
-    from .peers import peer_credentials, server_trusted
-
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     fds: list[int] = []
     try:

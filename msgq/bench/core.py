@@ -64,6 +64,7 @@ from msgq.bench.peers import (
 from msgq.bench.report import TEST_LABEL, fmt_size, render_table
 from msgq.bench.runner import Measurement, Runner, median_of
 from msgq.cli.output import number
+from msgq.queues import queue_dir
 
 # --------------------------------------------------------------------------- command line
 
@@ -262,7 +263,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     prefix = f"bench_{os.getpid()}"
     os.environ["MSGQ_PREFIX"] = prefix
-    from msgq.queues import queue_dir
 
     run_dir = queue_dir(create=True)  # the prefix folder msgq's queues go to
 

@@ -49,6 +49,14 @@ from dataclasses import asdict, dataclass
 from multiprocessing.context import BaseContext
 from typing import Any
 
+import msgq
+from msgq.logs import LogReader, LogWriter
+from msgq.logs.recorder import Recorder
+from msgq.logs.replayer import Replayer
+from msgq.logs.writer import COMPRESSIONS
+from msgq.messaging import new_message
+from msgq.schemas import SERVICE_LIST, default_schema
+from msgq.schemas.events import decode_event
 from msgq.tables import format_table
 
 __all__ = [
@@ -83,8 +91,6 @@ MB = 1e6
 def sequenced_message(service: str, seq: int, mono_ns: int | None = None) -> bytes:
     """An Event of ``service`` (one of RECORD_SERVICES) carrying ``seq``, built with
     pycapnp."""
-    from msgq.messaging import new_message
-
     kwargs = {} if mono_ns is None else {"logMonoTime": mono_ns}
     msg = new_message(service, valid=True, **kwargs)
     payload = getattr(msg, service)
@@ -97,8 +103,6 @@ def sequenced_message(service: str, seq: int, mono_ns: int | None = None) -> byt
 def sequence_number(data: bytes, service: str) -> int:
     """The sequence number in an Event made by :func:`sequenced_message` (decoded with
     pycapnp)."""
-    from msgq.schemas.events import decode_event
-
     msg = decode_event(data)
     return int(getattr(getattr(msg, service), RECORD_SERVICES[service]))
 
@@ -204,9 +208,6 @@ def _fill(builder: Any, rng: random.Random, list_len: int, data_len: int, depth:
 
 def _payloads(service: str, rng: random.Random, variants: int) -> list[Any]:
     """``variants`` filled payload readers of ``service``."""
-    from msgq.messaging import new_message
-    from msgq.schemas import default_schema
-
     list_len, data_len = _SHAPES.get(service, (4, 8))
     out = []
     for _ in range(variants):
@@ -225,9 +226,6 @@ def _payloads(service: str, rng: random.Random, variants: int) -> list[Any]:
 def mixed_events(seconds: float, seed: int = 0, start_ns: int = 10**9) -> Iterator[bytes]:
     """Encoded Events of every ``should_log`` service with a rate (except logStart), at
     their registry rates over ``seconds`` of log time, in time order."""
-    from msgq.messaging import new_message
-    from msgq.schemas import SERVICE_LIST
-
     rng = random.Random(seed)
     rates = {name: s.frequency for name, s in SERVICE_LIST.items()
              if s.should_log and s.frequency >= 1 and name != "logStart"}
@@ -252,8 +250,6 @@ def write_mixed_recording(folder: str, seconds: float, compression: str = "zstd"
 
 
 def _write(folder: str, events: list[bytes], compression: str) -> tuple[int, int]:
-    from msgq.logs import LogWriter
-
     with LogWriter(folder, compression=compression) as writer:
         for data in events:
             writer.write(data)
@@ -317,8 +313,6 @@ class RecordResult:
 
 def _time_read(folder: str, mode: str) -> tuple[int, int, float]:
     """(events, bytes of events, seconds) of one pass over the recording."""
-    from msgq.logs import LogReader
-
     reader = LogReader(folder)
     n = size = 0
     start = time.perf_counter()
@@ -350,8 +344,6 @@ def bench_read(workdir: str, seconds: float, compressions: Sequence[str], repeat
 
 def _time_replay(folder: str) -> tuple[int, float]:
     """(events sent, seconds) of one fast replay of the recording."""
-    from msgq.logs.replayer import Replayer
-
     start = time.perf_counter()
     stats = Replayer(folder, fast=True).run(handle_signals=False)
     return stats.events, time.perf_counter() - start
@@ -379,8 +371,6 @@ def bench_replay(workdir: str, compressions: Sequence[str], repeat: int
 def _record_child(folder: str, services: list[str], compression: str, ready: Any,
                   stop: Any, results: Any) -> None:
     """Runs a Recorder until ``stop`` is set; puts its counts on ``results``."""
-    from msgq.logs.recorder import Recorder
-
     try:
         recorder = Recorder(folder, services, compression=compression)
 
@@ -399,8 +389,6 @@ def _record_child(folder: str, services: list[str], compression: str, ready: Any
 def _publish_child(services: list[str], rate: int, seconds: float, results: Any) -> None:
     """Sends ``rate * seconds`` sequence-numbered messages round-robin over ``services``
     at ``rate`` per second; puts (sent per service, seconds) on ``results``."""
-    import msgq
-
     try:
         templates = [SequencedTemplate(s) for s in services]
         pubs = [msgq.pub_sock(s) for s in services]
@@ -430,8 +418,6 @@ def _publish_child(services: list[str], rate: int, seconds: float, results: Any)
 def _check_log(folder: str, services: list[str], sent: int) -> tuple[int, int, int]:
     """(logged, extra, bytes) of the recording: sequence numbers 0..sent-1 of every
     service, each once and in order."""
-    from msgq.logs import LogReader
-
     templates = {s: SequencedTemplate(s) for s in services}
     expected = dict.fromkeys(services, 0)
     logged = extra = size = 0
@@ -598,7 +584,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the benchmark and prints its table; returns the exit code."""
     args = parse_args(argv)
-    from msgq.logs.writer import COMPRESSIONS
 
     for c in [*args.compression_list, args.record_compression]:
         if c not in COMPRESSIONS:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -24,6 +25,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from msgq.bench.fixtures import SERVICES, filled_message
+from msgq.messaging import PubMaster, SubMaster, decode_event
+from msgq.queues import queue_dir
+from msgq.schemas import SERVICE_LIST
 from msgq.tables import format_table
 
 __all__ = ["main", "run"]
@@ -41,8 +45,6 @@ def _time_updates(sm: Any, ticks: int, publish: Callable[[int], list[bytes]]) ->
         list[float], float]:
     """µs per ``sm.update(0)`` over ``ticks`` ticks, and the µs spent decoding what those
     updates read (measured separately on the same bytes)."""
-    from msgq.messaging import decode_event
-
     samples: list[float] = []
     decode_ns = 0
     for tick in range(ticks):
@@ -59,9 +61,6 @@ def _time_updates(sm: Any, ticks: int, publish: Callable[[int], list[bytes]]) ->
 
 def run(ticks: int) -> list[tuple[str, ...]]:
     """Runs every measurement; returns the table rows (header first)."""
-    from msgq.messaging import PubMaster, SubMaster
-    from msgq.schemas import SERVICE_LIST
-
     rows: list[tuple[str, ...]] = [
         ("operation", "msgs/call", "bytes/call", "mean µs", "p50 µs", "p99 µs", "capnp share")]
     pm = PubMaster(SERVICES)
@@ -142,14 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["MSGQ_PREFIX"] = f"bench_messaging_{os.getpid()}"
     os.environ["MSGQ_BACKEND"] = "msgq"
     os.environ.pop("ZMQ", None)
-    from msgq.queues import queue_dir
 
     run_dir = queue_dir(create=True)
     try:
         rows = run(args.ticks)
     finally:
-        import shutil
-
         shutil.rmtree(run_dir, ignore_errors=True)
     print(f"messaging layer, shared-memory backend, {args.ticks} calls per row "
           f"(python {sys.version.split()[0]})")

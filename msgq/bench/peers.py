@@ -17,6 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import zmq
+
+import msgq
+
 KIB = 1024
 MIB = 1024 * KIB
 
@@ -194,7 +198,6 @@ class MsgqBackend(Backend):
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         super().__init__(run_dir, prefix)
-        import msgq
 
         self.module = msgq.select_backend(self.module_name)
         self.context = self.module.Context()
@@ -203,8 +206,6 @@ class MsgqBackend(Backend):
     @classmethod
     def unavailable(cls) -> str | None:
         try:
-            import msgq
-
             if cls.module_name not in msgq.BACKENDS:
                 return f"msgq has no {cls.module_name!r} backend (msgq.BACKENDS)"
             msgq.select_backend(cls.module_name)
@@ -281,7 +282,6 @@ class PyzmqBackend(Backend):
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         super().__init__(run_dir, prefix)
-        import zmq
 
         self.zmq = zmq
         self.context = zmq.Context()
@@ -289,8 +289,6 @@ class PyzmqBackend(Backend):
 
     @classmethod
     def version(cls) -> str:
-        import zmq
-
         return f"{zmq.__version__} (libzmq {zmq.zmq_version()})"
 
     def _address(self, topic: str) -> str:
@@ -352,7 +350,7 @@ class KickmsgBackend(Backend):
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         super().__init__(run_dir, prefix)
-        import kickmsg
+        import kickmsg  # an optional peer: imported only when it is measured
 
         self.kickmsg = kickmsg
         self.node = kickmsg.Node(f"bench{os.getpid()}", prefix)
@@ -435,7 +433,7 @@ class Iceoryx2Backend(Backend):
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         super().__init__(run_dir, prefix)
-        import iceoryx2
+        import iceoryx2  # an optional peer: imported only when it is measured
 
         self.iox = iceoryx2
         iceoryx2.set_log_level_from_env_or(iceoryx2.LogLevel.Error)

@@ -48,13 +48,16 @@ one client): copying send 4 444 fps @ 1928x1208 and 1 176 fps @ 3840x2160 with p
 from __future__ import annotations
 
 import argparse
+import array
 import ctypes
 import importlib.metadata
 import json
 import multiprocessing
 import os
 import platform
+import random
 import shutil
+import socket
 import statistics
 import sys
 import time
@@ -66,7 +69,11 @@ from typing import Any
 
 import numpy as np
 
+import msgq
+from msgq.queues import queue_dir
 from msgq.tables import format_table as format_rows
+from msgq.visionipc import VisionIpcClient, VisionIpcServer
+from msgq.visionipc.handshake import KIND_BUFFERS, encode_request
 
 PATHS: tuple[str, ...] = ("copy", "zero-copy", "socket")
 PATH_LABELS = {"copy": "copy", "zero-copy": "zero-copy", "socket": "msgq socket"}
@@ -151,7 +158,6 @@ def _stamp_ok(frame: memoryview | np.ndarray, frame_id: int) -> bool:
 def _vipc_client(name: str, index: int, board: Board, ready: Any, env: dict[str, str]) -> None:
     """A VisionIPC client process: receive until END, check stamps, count, time."""
     os.environ.update(env)
-    from msgq.visionipc import VisionIpcClient
 
     client = VisionIpcClient(name, 0, False)
     client.connect(True)
@@ -192,7 +198,6 @@ def _socket_client(
 ) -> None:
     """A plain msgq subscriber process: receive_into one buffer until END."""
     os.environ.update(env)
-    import msgq
 
     sub = msgq.sub_sock(endpoint, segment_size=segment)
     sub.setTimeout(RECV_TIMEOUT_MS)
@@ -243,15 +248,11 @@ class _Sender:
         self.segment = 0
         self.stamps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         if path == "socket":
-            import msgq
-
             # Room for the pacing window and the markers, with headroom.
             self.segment = -(-(buffers + 2) * (self.size + 64) // (1 << 20)) << 20
             self.pub = msgq.pub_sock(self.endpoint, self.segment)
             self.stamp = self.source[8:16].view("<u8")
         else:
-            from msgq.visionipc import VisionIpcServer
-
             self.server = VisionIpcServer(name)
             self.server.create_buffers(0, buffers, width, height)
             self.server.start_listener()
@@ -431,11 +432,6 @@ def hostile_clients(path: str, seed: int, count: int, silent: int, connected: An
     with a byte changed, oversized, leaving before speaking, asking and never reading,
     passing file descriptors). Sets ``connected`` once the silent ones are in and
     ``done`` at the end (events, when given). Also used by the safety tests."""
-    import array
-    import random
-    import socket
-
-    from msgq.visionipc.handshake import KIND_BUFFERS, encode_request
 
     rng = random.Random(seed)
     quiet = []
@@ -498,8 +494,6 @@ class HandshakeResult:
 def run_handshakes(ctx: BaseContext, hostile: int, silent: int) -> HandshakeResult:
     """Times good clients' ``connect`` while a process makes ``hostile`` bad connections
     and holds ``silent`` quiet ones (at least MIN_HANDSHAKES, and until it is done)."""
-    from msgq.visionipc import VisionIpcClient, VisionIpcServer
-
     name = f"h{os.getpid()}_{uuid.uuid4().hex[:8]}"
     result = HandshakeResult(hostile, silent)
     times: list[float] = []
@@ -755,7 +749,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     own_prefix = not (os.environ.get("MSGQ_PREFIX") or os.environ.get("OPENPILOT_PREFIX"))
     if own_prefix:
         os.environ["MSGQ_PREFIX"] = f"vipcbench_{os.getpid()}"
-    from msgq.queues import queue_dir
 
     prefix_dir = queue_dir()
     ctx = _context()

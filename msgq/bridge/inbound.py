@@ -17,6 +17,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import zmq
+import zstandard
+
+import msgq
 from msgq.bridge.wire import (
     COMPRESSION_ZSTD,
     DEFAULT_PORT,
@@ -28,6 +32,8 @@ from msgq.bridge.wire import (
     parse_vision_topic,
     service_topic,
 )
+from msgq.schemas import SERVICE_LIST, default_schema
+from msgq.visionipc import VisionIpcServer
 
 __all__ = ["FRAME_BUFFERS", "Inbound"]
 
@@ -45,9 +51,6 @@ class Inbound:
 
     def __init__(self, address: str, port: int = DEFAULT_PORT,
                  services: list[str] | None = None, vision: bool = True) -> None:
-        import zmq
-
-        from msgq.schemas import SERVICE_LIST, default_schema
 
         self._registry = SERVICE_LIST
         self._layout = default_schema().layout
@@ -87,8 +90,6 @@ class Inbound:
 
     def run(self) -> None:
         """Re-publishes until :meth:`stop`."""
-        import zmq
-
         while not self._stop.is_set():
             for sock, _ in self._poller.poll(100):
                 handle = self._handlers[sock]
@@ -100,8 +101,6 @@ class Inbound:
                     handle(parts)
 
     def _on_service(self, parts: list[bytes]) -> None:
-        import msgq
-
         try:
             if len(parts) != 2:
                 raise WireError("a service message has 2 parts")
@@ -148,8 +147,6 @@ class Inbound:
         self.counts["frames"] += 1
 
     def _decompress(self, data: bytes, size: int) -> bytes:
-        import zstandard
-
         if self._decompressor is None:
             self._decompressor = zstandard.ZstdDecompressor()
         try:
@@ -158,8 +155,6 @@ class Inbound:
             raise WireError(f"frame does not decompress: {e}") from None
 
     def _serve(self, name: str, stream: int, h: FrameHeader, frame: bytes) -> None:
-        from msgq.visionipc import VisionIpcServer
-
         geometry = (h.width, h.height, h.stride, h.uv_offset, h.size)
         server = self._servers.get(name)
         if server is not None and self._geometry.get((name, stream), geometry) != geometry:

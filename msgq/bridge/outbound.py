@@ -12,6 +12,10 @@ import threading
 from collections import Counter
 from typing import Any
 
+import zmq
+import zstandard
+
+import msgq
 from msgq.bridge.wire import (
     COMPRESSION_NONE,
     COMPRESSION_ZSTD,
@@ -22,6 +26,7 @@ from msgq.bridge.wire import (
     service_topic,
     vision_topic,
 )
+from msgq.visionipc import VisionIpcClient
 
 __all__ = ["Outbound"]
 
@@ -38,9 +43,6 @@ class Outbound:
     def __init__(self, services: list[str], vision: list[tuple[str, list[int]]] | None = None,
                  bind: str = "*", port: int = DEFAULT_PORT, compression: str = "none",
                  level: int = 1) -> None:
-        import zmq
-
-        import msgq
 
         if compression not in ("none", "zstd"):
             raise ValueError("compression must be 'none' or 'zstd'")
@@ -62,8 +64,6 @@ class Outbound:
                          for name, streams in (vision or []) for stream in streams]
 
     def _bind(self, bind: str, port: int, hwm: int) -> Any:
-        import zmq
-
         sock = self._zmq.socket(zmq.PUB)
         sock.setsockopt(zmq.SNDHWM, hwm)
         sock.setsockopt(zmq.LINGER, 0)
@@ -92,14 +92,9 @@ class Outbound:
                     self.counts["messages"] += 1
 
     def _forward_stream(self, name: str, stream: int) -> None:
-        import zmq
-
-        from msgq.visionipc import VisionIpcClient
 
         compressor = None
         if self.compression == "zstd":
-            import zstandard
-
             compressor = zstandard.ZstdCompressor(level=self.level)
         topic = vision_topic(name, stream)
         client = VisionIpcClient(name, stream, conflate=True)

@@ -9,6 +9,11 @@ Each subcommand is a module ``msgq.cli.<name>`` with two functions:
   it raises ``CommandError`` for a failure the user can act on.
 
 Adding a subcommand is adding its module name to COMMANDS.
+
+Layer: the command line, the top — it may import every layer. Subcommands import what
+would slow every other command's start-up (the bridge, pycapnp) inside ``run``, with a
+comment saying so. ``msgq.cli.output`` (messages, exit codes, argument types, tables) sits
+lower, under the benchmark and demo programs that share it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -90,8 +96,6 @@ class CommandParser(argparse.ArgumentParser):
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("msgq")
     except Exception:  # not installed as a distribution (e.g. run from a source tree)
         return "unknown"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 from typing import Any
 
 from msgq.cli.output import (
@@ -15,6 +16,8 @@ from msgq.cli.output import (
     print_json,
     print_table,
 )
+from msgq.cli.services import check_services
+from msgq.schemas import SERVICE_LIST
 
 EPILOG = """\
 examples:
@@ -85,11 +88,9 @@ def _vision_specs(specs: list[str]) -> list[tuple[str, list[int]]]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs one side until Ctrl-C, SIGTERM or --duration."""
-    import threading
-
+    # Here, not at the top: the bridge loads pyzmq, VisionIPC and numpy (0.2 s), which
+    # every other command and `msgq --help` would pay for at start-up.
     from msgq.bridge import DEFAULT_PORT, Inbound, Outbound
-    from msgq.cli.services import check_services
-    from msgq.schemas import SERVICE_LIST
 
     port = DEFAULT_PORT if args.port is None else args.port
     if not 1 <= port < 65535:

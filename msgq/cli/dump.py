@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import base64
+import difflib
 import json
 import re
 import sys
 import time
 from typing import Any
 
+import msgq
 from msgq.cli.output import EXIT_FAILURE, EXIT_OK, UsageError, number, print_error
+from msgq.cli.services import check_services
+from msgq.schemas import MessageDecodeError, decode_event, new_message
 
 EPILOG = """\
 examples:
@@ -70,8 +74,6 @@ def _field_names(value: Any) -> tuple[str, ...] | None:
 def _walk(payload: Any, path: str, service: str) -> Any:
     """The value at dotted ``path`` under ``payload``; a one-line UsageError naming the
     fields that do exist when a part of the path is not one."""
-    import difflib
-
     value = payload
     where = service
     for part in path.split("."):
@@ -98,8 +100,6 @@ def _kind(value: Any) -> str:
 def check_values_path(services: list[str], path: str) -> None:
     """Fails (one line, exit 2) before anything is received when ``path`` names no field
     of a service's payload (checked on an empty message of each service)."""
-    from msgq.messaging import new_message
-
     for service in services:
         _walk(getattr(new_message(service), service), path, service)
 
@@ -126,9 +126,7 @@ def _reason(error: BaseException) -> str:
 
 
 def _format(args: argparse.Namespace, service: str, data: bytes) -> str:
-    import capnp
-
-    from msgq.messaging import MessageDecodeError, decode_event
+    import capnp  # for its exception type; loading pycapnp would slow every command's start
 
     if args.raw:
         return f"{service} {data.hex()}"
@@ -153,9 +151,6 @@ def _format(args: argparse.Namespace, service: str, data: bytes) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Prints messages until --count, --timeout or Ctrl-C."""
-    import msgq
-    from msgq.cli.services import check_services
-
     services = check_services(args.services)
     if args.values:
         check_values_path(services, args.values)

@@ -27,6 +27,14 @@ from msgq.cli.output import (
     print_json,
     print_table,
 )
+from msgq.queues import (
+    QUEUE_FILE_PREFIX,
+    inspect_queue,
+    namespace_prefix,
+    queue_dir,
+    remove_unused_queue,
+    validate_endpoint,
+)
 
 DESCRIPTION = """\
 List every queue file in the shm folder of the current namespace (MSGQ_PREFIX, else
@@ -115,8 +123,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _queue_folder() -> tuple[str, str]:
-    from msgq.queues import namespace_prefix, queue_dir
-
     try:
         return queue_dir(), namespace_prefix()
     except ValueError as e:  # an invalid MSGQ_PREFIX / OPENPILOT_PREFIX
@@ -125,8 +131,6 @@ def _queue_folder() -> tuple[str, str]:
 
 def _queue_files(folder: str) -> list[tuple[str, str]]:
     """(endpoint, path) of every ``msgq_<endpoint>`` entry of folder, by endpoint."""
-    from msgq.queues import QUEUE_FILE_PREFIX, validate_endpoint
-
     try:
         names = os.listdir(folder)
     except FileNotFoundError:
@@ -157,8 +161,6 @@ _KIND_OF_FILE = {
 def _describe(endpoint: str, path: str) -> dict[str, Any]:
     """The inspect_queue dict of one file with its endpoint and ``state`` added; a file
     that vanished meanwhile gets state "gone"."""
-    from msgq.queues import inspect_queue
-
     base: dict[str, Any] = {"endpoint": endpoint, "path": path}
     try:
         mode = os.lstat(path).st_mode
@@ -307,8 +309,6 @@ def _print_list(folder: str, prefix: str, queues: list[dict[str, Any]]) -> None:
 def _clean(
     folder: str, prefix: str, queues: list[dict[str, Any]], dry_run: bool, as_json: bool
 ) -> int:
-    from msgq.queues import remove_unused_queue
-
     damaged = [
         q["path"]
         for q in queues

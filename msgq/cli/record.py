@@ -19,6 +19,8 @@ from msgq.cli.output import (
     print_json,
     print_table,
 )
+from msgq.cli.services import check_services
+from msgq.logs.recorder import Recorder
 
 DESCRIPTION = """\
 Subscribe to SERVICE(s) (default: every service the registry marks should_log) through
@@ -87,8 +89,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _services(args: argparse.Namespace) -> list[str] | None:
-    from msgq.cli.services import check_services
-
     services = check_services(args.services)
     if not services:
         return None
@@ -100,8 +100,6 @@ def _services(args: argparse.Namespace) -> list[str] | None:
 
 def run(args: argparse.Namespace) -> int:
     """Records until --duration, Ctrl-C or SIGTERM; prints the counts."""
-    from msgq.logs.recorder import Recorder
-
     services = _services(args)
     try:
         recorder = Recorder(args.output, services, rotate_seconds=args.rotate_seconds,

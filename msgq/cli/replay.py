@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Any
 
@@ -15,6 +16,10 @@ from msgq.cli.output import (
     print_json,
     print_table,
 )
+from msgq.cli.services import check_services
+from msgq.logs.reader import LogCorruptionError
+from msgq.logs.replayer import Replayer
+from msgq.schemas import default_schema
 
 DESCRIPTION = """\
 Publish the events of LOG(s) on their services: each as the bytes in the log
@@ -89,8 +94,6 @@ def _names(text: str | None) -> list[str] | None:
     """The services of a --services/--exclude list: members of the logs' schema."""
     if text is None:
         return None
-    from msgq.cli.services import check_services
-    from msgq.schemas import default_schema
 
     return check_services([text], default_schema().union_fields)
 
@@ -101,10 +104,6 @@ def _damage(problem: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Replays the logs; prints what was sent."""
-    import signal
-
-    from msgq.logs.reader import LogCorruptionError
-    from msgq.logs.replayer import Replayer
 
     services, exclude = _names(args.services), _names(args.exclude)
     if services is not None and "logStart" in services:

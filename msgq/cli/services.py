@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from msgq.cli.output import UsageError
+from msgq.schemas import SERVICE_LIST
+from msgq.schemas.services import unknown_service_error
 
 __all__ = ["check_services"]
 
@@ -14,11 +16,7 @@ def check_services(names: Iterable[str], known: Collection[str] | None = None) -
     as ``--services a,b`` gives them; blanks ignored), without duplicates, each one of
     ``known`` (default: the registry's services, ``SERVICE_LIST``); an unknown one is a
     UsageError that names the closest (``unknown service 'x'; did you mean ...``)."""
-    from msgq.schemas.services import unknown_service_error
-
     if known is None:
-        from msgq.schemas import SERVICE_LIST
-
         known = SERVICE_LIST
     checked = [n for n in dict.fromkeys(n.strip() for item in names for n in item.split(","))
                if n]

@@ -18,7 +18,12 @@ import sys
 import time
 from typing import Any
 
+import msgq
 from msgq.cli.output import EXIT_OK, human_bytes, number, paint, print_json, print_table
+from msgq.cli.services import check_services
+from msgq.queues import inspect_queue, namespace_prefix, queue_path
+from msgq.schemas import SERVICE_LIST
+from msgq.sockets import backend_name
 
 EPILOG = """\
 examples:
@@ -57,8 +62,6 @@ class _Watcher:
     """Subscriptions to the watched services and what they received."""
 
     def __init__(self, addr: str) -> None:
-        import msgq
-
         self.addr = addr
         self.poller = msgq.Poller()
         self.sockets: dict[str, Any] = {}
@@ -69,8 +72,6 @@ class _Watcher:
 
     def watch(self, services: list[str]) -> None:
         """Subscribes to those of ``services`` not watched yet."""
-        import msgq
-
         for s in services:
             if s in self.sockets:
                 continue
@@ -107,8 +108,6 @@ class _Watcher:
 
 def _queue_info(service: str) -> dict[str, Any] | None:
     """The queue header of ``service`` (shared-memory backend), or None."""
-    from msgq.queues import inspect_queue, queue_path
-
     try:
         info = inspect_queue(queue_path(service))
     except OSError:
@@ -117,8 +116,6 @@ def _queue_info(service: str) -> dict[str, Any] | None:
 
 
 def _sample(watcher: _Watcher, interval: float, shm: bool) -> list[dict[str, Any]]:
-    from msgq.schemas import SERVICE_LIST
-
     services = list(watcher.sockets)
     watcher.reset()
     start = time.monotonic()
@@ -166,7 +163,6 @@ def _print(rows: list[dict[str, Any]], interval: float, show_all: bool) -> None:
                       "yes" if r["alive"] else "no",
                       "-" if r["publisher_pid"] is None else r["publisher_pid"]))
         colours.append(None if r["alive"] else "red")
-    from msgq.queues import namespace_prefix
 
     prefix = namespace_prefix() or "-"
     print(paint(f"msgq top — namespace {prefix}, {len(shown)} services with a publisher, "
@@ -179,10 +175,6 @@ def _print(rows: list[dict[str, Any]], interval: float, show_all: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Samples and prints until Ctrl-C (or once)."""
-    from msgq.cli.services import check_services
-    from msgq.schemas import SERVICE_LIST
-    from msgq.sockets import backend_name
-
     services = check_services([args.services]) if args.services else list(SERVICE_LIST)
     shm = backend_name() == "msgq"
     watcher = _Watcher(args.addr)

@@ -28,6 +28,12 @@ from typing import Any
 
 from msgq.demo.robot import CAMERA_NAME, CAMERA_SIZE, PROCESSES, start_robot
 from msgq.demo.robot import SERVICES as ROBOT_SERVICES
+from msgq.lockstep import example_controller, run_lockstep
+from msgq.lockstep.diff import diff_outputs
+from msgq.logs import Recorder
+from msgq.messaging import SubMaster
+from msgq.queues import queue_dir
+from msgq.visionipc import VisionIpcClient
 
 __all__ = ["main"]
 
@@ -40,8 +46,6 @@ def _say(text: str) -> None:
 
 def _record(folder: str, seconds: float, ready: Any, results: Any) -> None:
     """Child process: records every should_log service for ``seconds``."""
-    from msgq.logs import Recorder
-
     recorder = Recorder(folder, rotate_seconds=max(2.0, seconds / 4))
     stats = recorder.run(duration=seconds, handle_signals=False, on_ready=ready.set)
     results.put({"messages": stats.messages, "drops": stats.drops, "bad": stats.bad,
@@ -51,9 +55,6 @@ def _record(folder: str, seconds: float, ready: Any, results: Any) -> None:
 
 def _watch(seconds: float, live: bool) -> dict[str, Any]:
     """The health view: SubMaster and camera client until the robot stops."""
-    from msgq.messaging import SubMaster
-    from msgq.visionipc import VisionIpcClient
-
     sm = SubMaster(list(ROBOT_SERVICES), poll="vehicleState")
     camera = VisionIpcClient(CAMERA_NAME, 0, conflate=False)
     frames: list[int] = []
@@ -86,9 +87,6 @@ def _watch(seconds: float, live: bool) -> dict[str, Any]:
 
 
 def _lockstep(recording: str) -> dict[str, Any]:
-    from msgq.lockstep import example_controller, run_lockstep
-    from msgq.lockstep.diff import diff_outputs
-
     def replay() -> Any:
         return run_lockstep(example_controller.main, recording, "vehicleState",
                             CONTROLLER_OUTPUTS,
@@ -137,7 +135,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.pop("OPENPILOT_PREFIX", None)
     os.environ["MSGQ_BACKEND"] = "msgq"
     os.environ.pop("ZMQ", None)
-    from msgq.queues import queue_dir
 
     run_dir = queue_dir(create=True)
     out = os.path.abspath(os.path.join(args.out, time.strftime("run-%Y%m%d-%H%M%S")))

@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from msgq.messaging import PubMaster, new_message
+from msgq.visionipc import VisionIpcServer
+
 __all__ = ["CAMERA_NAME", "CAMERA_SIZE", "PROCESSES", "SERVICES", "VehicleModel", "start_robot"]
 
 #: VisionIPC name and (width, height) of the simulated road camera.
@@ -99,8 +102,6 @@ def _run_loop(rates: dict[str, float], publish: Callable[[str, float, int], None
 
 def run_sensors(seconds: float) -> None:
     """IMU, magnetometer, temperature and GNSS."""
-    from msgq.messaging import PubMaster, new_message
-
     pm = PubMaster(list(SENSOR_RATES))
     car = VehicleModel()
     rng = np.random.default_rng(1)
@@ -144,8 +145,6 @@ def run_sensors(seconds: float) -> None:
 
 def run_vehicle(seconds: float) -> None:
     """Vehicle state, CAN, device, power, processes and clocks."""
-    from msgq.messaging import PubMaster, new_message
-
     pm = PubMaster(list(VEHICLE_RATES))
     car = VehicleModel()
 
@@ -198,9 +197,6 @@ def run_vehicle(seconds: float) -> None:
 def run_camera(seconds: float, fps: float = 20.0) -> None:
     """The road camera: NV12 frames through VisionIPC (written in place, zero copy) and
     their metadata and encoder index on roadCameraState / roadEncodeIdx."""
-    from msgq.messaging import PubMaster, new_message
-    from msgq.visionipc import VisionIpcServer
-
     width, height = CAMERA_SIZE
     server = VisionIpcServer(CAMERA_NAME)
     server.create_buffers(0, 4, width, height)

@@ -10,12 +10,16 @@ trigger event at a time, and compare what it publishes.
 * :mod:`msgq.lockstep.pytest_plugin` — the ``lockstep`` fixture;
 * :mod:`msgq.lockstep.example_controller` — an example service.
 
-See docs/lockstep.md. Only the clock is imported eagerly (it needs nothing but the
-standard library); the rest loads on first use.
+See docs/lockstep.md. Only the clock is imported eagerly (:mod:`msgq.clock` plus
+``new_message``); the rest loads on first use.
+
+Layer: a tool — over the services (:mod:`msgq.logs`), the package's sockets, the
+fake-event backend, the queue namespace, the Event layer and the clock.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from msgq.lockstep import clock
@@ -89,7 +93,6 @@ def __getattr__(name: str) -> Any:
     home = _HOME.get(name)
     if home is None:
         raise AttributeError(f"module 'msgq.lockstep' has no attribute {name!r}")
-    import importlib
 
     value = getattr(importlib.import_module(f"msgq.lockstep.{home}"), name)
     globals()[name] = value

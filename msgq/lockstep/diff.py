@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Generic, TypeVar
 
+from msgq.lockstep.harness import LockstepResult, StepOutput
 from msgq.schemas import Schema, default_schema
+from msgq.schemas.events import log_from_bytes
 
 __all__ = [
     "DEFAULT_IGNORE",
@@ -170,8 +172,6 @@ _Group = tuple[Any, list[tuple[str, bytes]]]
 
 def _groups(stream: Any, schema: Schema) -> list[_Group]:
     """(label, [(service, bytes)]) per step; one group labelled None for a flat list."""
-    from msgq.lockstep.harness import LockstepResult, StepOutput
-
     def events(items: Iterable[Any]) -> list[tuple[str, bytes]]:
         return [_event_bytes(e, schema) for e in items]
 
@@ -238,8 +238,6 @@ def _compare_values(a: Any, b: Any, names: tuple[str, ...], shown: str,
 
 
 def _decoded(data: bytes, schema: Schema) -> dict[str, Any] | None:
-    from msgq.schemas.events import log_from_bytes
-
     try:
         return dict(log_from_bytes(data, schema.event).to_dict())
     except Exception:
@@ -282,7 +280,6 @@ def canonical_bytes(data: bytes, ignore: Iterable[str] = DEFAULT_IGNORE,
         if _is_pattern(path):
             raise ValueError(f"ignore path {path!r}: patterns are not supported in bytes "
                              "mode; name the fields")
-    from msgq.schemas.events import log_from_bytes
 
     schema = schema or default_schema()
     builder = log_from_bytes(data, schema.event).as_builder()

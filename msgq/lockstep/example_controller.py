@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from msgq.lockstep import clock
+from msgq.messaging import PubMaster, SubMaster, new_message
 
 __all__ = ["INPUTS", "OUTPUTS", "TRIGGER", "Controller", "Pid", "Tuning", "main",
            "rate_limit"]
@@ -131,8 +132,6 @@ class Controller:
     def step(self, sm: Any, now_ns: int) -> tuple[Any, Any]:
         """One control step at ``now_ns``: returns the controlCommand and controllerState
         Event builders (stamped ``now_ns``)."""
-        from msgq.messaging import new_message
-
         tuning = self.tuning
         dt = self.dt(now_ns)
         self.last_ns = now_ns
@@ -202,7 +201,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(default %(default)s)")
     args = parser.parse_args(argv)
 
-    from msgq.messaging import PubMaster, SubMaster
 
     sm = SubMaster(list(INPUTS), poll=TRIGGER)
     pm = PubMaster(list(OUTPUTS))

@@ -26,6 +26,9 @@ See docs/lockstep.md for how to write a service that replays deterministically.
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
+import importlib.util
 import os
 import pickle
 import re
@@ -47,6 +50,8 @@ from msgq import fake_events, queues
 from msgq.lockstep.clock import CLOCK_ENV, ClockFile
 from msgq.logs import LogEvent, LogReader
 from msgq.schemas import Schema, default_schema
+from msgq.schemas.events import MessageDecodeError, log_from_bytes
+from msgq.schemas.services import unknown_service_error
 
 __all__ = [
     "InputEvent",
@@ -121,8 +126,6 @@ class OutputEvent:
     @property
     def event(self) -> Any:
         """The decoded Event (a pycapnp reader)."""
-        from msgq.schemas.events import log_from_bytes
-
         return log_from_bytes(self.data, (self.schema or default_schema()).event)
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,8 +188,6 @@ def _to_input(item: Any, schema: Schema) -> InputEvent:
         data = bytes(item)
         identity = schema.layout.identify(data)
         if identity is None:
-            from msgq.schemas.events import MessageDecodeError
-
             raise MessageDecodeError(f"{len(data)} bytes are not exactly one valid Event")
         return InputEvent(identity[2], identity[0], data)
     if hasattr(item, "which") and hasattr(item, "to_bytes"):  # an Event builder
@@ -248,8 +249,6 @@ _child_main(sys.argv[1])
 
 def _die_with_parent(parent_pid: int) -> None:
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (AttributeError, OSError):
         pass
@@ -260,8 +259,6 @@ def _die_with_parent(parent_pid: int) -> None:
 def _load_main_module(path: str) -> None:
     """Imports the parent's ``__main__`` script as ``__mp_main__`` (its ``if __name__ ==
     "__main__"`` block does not run), so callables defined there unpickle."""
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("__mp_main__", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import the main script {path!r}")
@@ -277,7 +274,6 @@ def _child_main(payload_path: str) -> None:
         pickle.load(f)  # sys.path, already applied
         spec = pickle.load(f)
     _die_with_parent(spec["parent_pid"])
-    import faulthandler
 
     faulthandler.enable()
     if hasattr(faulthandler, "register"):  # the harness asks for the stacks on timeout
@@ -355,8 +351,6 @@ def _signal_name(code: int | None) -> str:
 
 def _check_service(schema: Schema, service: str) -> str:
     if service not in schema.union_fields:
-        from msgq.schemas.services import unknown_service_error
-
         raise unknown_service_error(service, schema.union_fields)
     return service
 
@@ -865,8 +859,6 @@ class _StepPlan:
         self.seen: dict[str, int] = {}
 
     def _log_start(self, event: InputEvent) -> None:
-        from msgq.schemas.events import log_from_bytes
-
         try:
             start = log_from_bytes(event.data, self._schema.event).logStart
             self.wall_offset_ns = int(start.wallTimeNs) - int(start.monoTimeNs)

@@ -49,7 +49,7 @@ class Lockstep:
     def run(self, target: Callable[..., Any] | Sequence[str], inputs: Any, trigger: str,
             outputs: Iterable[str], **kwargs: Any) -> LockstepResult:
         """:func:`msgq.lockstep.run_lockstep` with the fixture's defaults."""
-        from msgq.lockstep.harness import run_lockstep
+        from msgq.lockstep.harness import run_lockstep  # lazy: see the module doc
 
         return run_lockstep(target, inputs, trigger, outputs, **{**self.defaults, **kwargs})
 
@@ -57,7 +57,7 @@ class Lockstep:
               outputs: Iterable[str] = (), **kwargs: Any) -> LockstepProcess:
         """A started :class:`msgq.lockstep.LockstepProcess` (closed at teardown); what
         it published before its first receive is in ``process.startup``."""
-        from msgq.lockstep.harness import LockstepProcess
+        from msgq.lockstep.harness import LockstepProcess  # lazy: see the module doc
 
         options = {**self.defaults, **kwargs}
         options.pop("max_steps", None)
@@ -69,13 +69,13 @@ class Lockstep:
 
     def diff(self, a: Any, b: Any, **kwargs: Any) -> OutputDiff:
         """:func:`msgq.lockstep.diff_outputs`."""
-        from msgq.lockstep.diff import diff_outputs
+        from msgq.lockstep.diff import diff_outputs  # lazy: see the module doc
 
         return diff_outputs(a, b, **kwargs)
 
     def assert_equal(self, a: Any, b: Any, **kwargs: Any) -> None:
         """:func:`msgq.lockstep.assert_outputs_equal`."""
-        from msgq.lockstep.diff import assert_outputs_equal
+        from msgq.lockstep.diff import assert_outputs_equal  # lazy: see the module doc
 
         assert_outputs_equal(a, b, **kwargs)
 

@@ -8,6 +8,10 @@
 * :class:`Recorder` / :class:`Replayer` — record live services, replay logs in real time.
 
 The file format is described in docs/logs.md.
+
+Layer: a service — over the package's sockets (recorder, replayer), the Event layer
+(framing, ``EventLayout``, decoding) and zstandard; it does not import ``msgq.messaging``,
+its peer.
 """
 
 from msgq.logs.index import SegmentIndex, read_index

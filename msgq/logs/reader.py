@@ -25,6 +25,8 @@ from typing import Any
 from msgq.logs.index import IndexCache
 from msgq.logs.segment import LogProblem, read_messages
 from msgq.schemas import Schema, default_schema
+from msgq.schemas.events import MessageDecodeError, decode_event
+from msgq.schemas.services import unknown_service_error
 
 __all__ = ["LogCorruptionError", "LogEvent", "LogReader", "TruncatedLogWarning",
            "segment_paths"]
@@ -125,8 +127,6 @@ class LogReader:
 
     def _check_member(self, service: str) -> None:
         if service not in self.schema.union_fields:
-            from msgq.schemas.services import unknown_service_error
-
             raise unknown_service_error(service, self.schema.union_fields)
 
     # -- problems -------------------------------------------------------------------
@@ -150,8 +150,6 @@ class LogReader:
         return self.schema.layout.identify(data, True)
 
     def _decode(self, data: bytes) -> Any:
-        from msgq.schemas.events import MessageDecodeError, decode_event
-
         try:
             return decode_event(data, self.schema)
         except MessageDecodeError:

@@ -39,7 +39,8 @@ from typing import Any
 
 import msgq
 from msgq.logs.writer import LogWriter
-from msgq.schemas import Schema, default_schema
+from msgq.schemas import SERVICE_LIST, Schema, default_schema
+from msgq.schemas.services import unknown_service_error
 
 __all__ = ["RecordStats", "Recorder", "ServiceCount", "default_services"]
 
@@ -57,8 +58,6 @@ def default_services(registry: Any = None) -> list[str]:
     service of ``registry`` (default: :data:`msgq.schemas.SERVICE_LIST`) except
     ``logStart``, which the log writes itself at the start of every segment."""
     if registry is None:
-        from msgq.schemas import SERVICE_LIST
-
         registry = SERVICE_LIST
     return [name for name, s in registry.items() if s.should_log and name != "logStart"]
 
@@ -169,8 +168,6 @@ class Recorder:
         self.services: list[str] = list(dict.fromkeys(names))  # unique, in order
         for name in self.services:
             if name not in self.schema.union_fields:
-                from msgq.schemas.services import unknown_service_error
-
                 raise unknown_service_error(name, self.schema.union_fields)
             if name == "logStart":
                 raise ValueError("logStart is not recorded: the log writes its own at the "

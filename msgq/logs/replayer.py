@@ -36,11 +36,14 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from tqdm import tqdm
+
 import msgq
 from msgq.logs.index import IndexCache, read_index
 from msgq.logs.reader import LogReader, segment_paths
 from msgq.logs.segment import LogProblem
 from msgq.schemas import Schema, default_schema
+from msgq.schemas.services import unknown_service_error
 
 __all__ = ["ReplayStats", "Replayer"]
 
@@ -141,8 +144,6 @@ class Replayer:
             exclude = [exclude]
         for name in [*(services or ()), *(exclude or ())]:
             if name not in known:
-                from msgq.schemas.services import unknown_service_error
-
                 raise unknown_service_error(name, known)
         wanted = set(known if services is None else services)
         wanted -= set(exclude or ())
@@ -310,7 +311,6 @@ class Replayer:
     def _progress_bar(self, stats: ReplayStats) -> Any:
         if not self.progress:
             return None
-        from tqdm import tqdm
 
         desc = "replay" if self.passes == 1 else f"replay, pass {stats.passes + 1}"
         total = round(stats.log_seconds, 1)

@@ -26,6 +26,7 @@ import signal
 import socket
 import time
 import uuid
+from importlib.metadata import version
 from types import FrameType, TracebackType
 from typing import Any, BinaryIO
 
@@ -33,6 +34,7 @@ import zstandard
 
 from msgq.logs.index import SegmentIndex, write_index
 from msgq.schemas import Schema, default_schema
+from msgq.schemas.events import MessageDecodeError
 
 __all__ = ["COMPRESSIONS", "LogWriter", "close_on_termination"]
 
@@ -42,8 +44,6 @@ COMPRESSIONS = {"zstd": ".log.zst", "bz2": ".log.bz2", "none": ".log"}
 
 def _msgq_version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("msgq")
     except Exception:
         return "unknown"
@@ -162,8 +162,6 @@ class LogWriter:
                             f"{type(event).__name__}")
         identity = self.schema.layout.identify(data)
         if identity is None:
-            from msgq.schemas.events import MessageDecodeError
-
             raise MessageDecodeError(f"{len(data)} bytes are not exactly one valid Event")
         self.write_checked(data, identity[0], identity[2])
 

@@ -10,6 +10,9 @@ size. Messages received by the ``recv_*``/``drain_sock`` helpers are decoded wit
 traversal limit proportional to their size (see :mod:`msgq.schemas.events`); bytes
 that are not an Event raise :class:`MessageDecodeError` there (SubMaster counts and skips
 them instead).
+
+Layer: a service — over the package's sockets, the Event layer (schemas, events) and
+the clock; it imports neither ``msgq.logs`` nor ``msgq.visionipc``, its peers.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@
 
 docs/spark.md describes the columns, options and analyses. Importing this package does
 not import pyspark; the functions do.
+
+Layer: a tool — over the services (:mod:`msgq.logs`: the segment reader) and the Event
+layer; pyspark, pyarrow, pandas and numpy are imported inside the functions that use them
+(the ``spark`` extra is optional, and the executors' Python workers import only what a
+task needs).
 """
 
 from __future__ import annotations

@@ -1,0 +1,267 @@
+"""The package's layers point one way: every import of msgq's own modules goes to a lower
+layer (or stays inside its own unit), no import cycle exists, and a function-local import
+says why it is not at the top.
+
+The layer order is written once, here (README's Layout section and ``msgq/__init__.py``
+draw it). The check reads the source with :mod:`ast` (Cython files: their Python-level
+``import`` lines), so it sees function-local imports too, and skips ``if TYPE_CHECKING:``
+blocks, which never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Folders of the source tree and the package each becomes (setup.py's package_dir).
+FOLDERS = {"msgq": "msgq", "visionipc": "msgq.visionipc", "schemas": "msgq.schemas"}
+
+#: Lowest first. A module belongs to the unit that is the longest prefix of its name
+#: ("msgq" alone is the package's __init__). A unit imports its own modules and units of
+#: lower layers; units of one layer are peers and do not import each other.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("msgq.errors", "msgq.tables")),
+    ("clock", ("msgq.clock",)),
+    ("events", ("msgq.schemas",)),
+    ("extension", ("msgq.shm_backend",)),
+    ("queue namespace", ("msgq.queues",)),
+    ("backends", ("msgq.zmq_backend", "msgq.fake_events")),
+    ("socket factory", ("msgq.sockets",)),
+    ("package", ("msgq",)),
+    ("services", ("msgq.messaging", "msgq.logs", "msgq.visionipc")),
+    ("tools", ("msgq.lockstep", "msgq.bridge", "msgq.spark")),
+    ("program output", ("msgq.cli.output",)),
+    ("programs", ("msgq.bench", "msgq.demo")),
+    ("command line", ("msgq.cli",)),
+    ("entry point", ("msgq.__main__",)),
+]
+
+UNIT_LAYER = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # importing module
+    target: str  # imported msgq module
+    path: Path
+    line: int
+    local: bool  # inside a function
+    commented: bool  # a comment on its line or right above
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    parts = [FOLDERS[rel.parts[0]].split(".")] + [list(rel.parts[1:])]
+    names = parts[0] + parts[1]
+    names[-1] = names[-1].rsplit(".", 1)[0]
+    if names[-1] == "__init__":
+        names.pop()
+    return ".".join(names)
+
+
+def source_files() -> list[Path]:
+    files = []
+    for folder in FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".pyx") and "__pycache__" not in path.parts:
+                files.append(path)
+    return files
+
+
+MODULES = {module_name(p): p for p in source_files()}
+
+
+def unit_of(module: str) -> str | None:
+    best = None
+    for unit in UNIT_LAYER:
+        if (module == unit or module.startswith(unit + ".")) and unit != "msgq":
+            if best is None or len(unit) > len(best):
+                best = unit
+    if best is None and module == "msgq":
+        return "msgq"
+    return best
+
+
+def resolve(module: str, name: str) -> str:
+    """The msgq module an import names: ``from msgq import clock`` is msgq.clock when that
+    is a module, else the package."""
+    candidate = f"{module}.{name}"
+    return candidate if candidate in MODULES else module
+
+
+def _commented(lines: list[str], line: int) -> bool:
+    text = lines[line - 1]
+    above = lines[line - 2].strip() if line >= 2 else ""
+    return "#" in text or above.startswith("#")
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports_of(path: Path) -> Iterator[Import]:
+    source = module_name(path)
+    text = path.read_text()
+    lines = text.splitlines()
+    package = source if path.name.startswith("__init__.") else source.rsplit(".", 1)[0]
+    if path.suffix == ".pyx":
+        for i, line in enumerate(lines, 1):
+            m = re.match(r"\s*(?:from\s+([\w.]+)\s+import\s+([\w, ]+)|import\s+([\w.]+))", line)
+            if m and "cimport" not in line:
+                targets = ([resolve(m.group(1), n.strip()) for n in m.group(2).split(",")]
+                           if m.group(1) else [m.group(3)])
+                for target in targets:
+                    if target.split(".")[0] == "msgq":
+                        yield Import(source, target, path, i, line.startswith(" "),
+                                     _commented(lines, i))
+        return
+
+    def visit(node: ast.AST, local: bool) -> Iterator[Import]:
+        for child in ast.iter_child_nodes(node):
+            if _is_type_checking(child):
+                continue
+            inner = local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.name.split(".")[0] == "msgq":
+                        yield Import(source, alias.name, path, child.lineno, local,
+                                     _commented(lines, child.lineno))
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")
+                    base = base[:len(base) - (child.level - 1)]
+                    module = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    module = child.module or ""
+                if module.split(".")[0] == "msgq":
+                    for alias in child.names:
+                        yield Import(source, resolve(module, alias.name), path, child.lineno,
+                                     local, _commented(lines, child.lineno))
+            yield from visit(child, inner)
+
+    yield from visit(ast.parse(text), False)
+
+
+ALL_IMPORTS = [imp for path in MODULES.values() for imp in imports_of(path)]
+
+
+def _where(imp: Import) -> str:
+    return f"{imp.path.relative_to(ROOT)}:{imp.line}"
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(m for m in MODULES if unit_of(m) is None)
+    assert not unplaced, f"place these modules in LAYERS of {__file__}: {unplaced}"
+    assert len(MODULES) > 60  # the walk found the tree
+
+
+def test_imports_point_down():
+    wrong = []
+    for imp in ALL_IMPORTS:
+        if imp.target not in MODULES:
+            wrong.append(f"{_where(imp)}: {imp.target} is not a module of msgq")
+            continue
+        src, dst = unit_of(imp.source), unit_of(imp.target)
+        if src == dst:
+            continue
+        src_layer, dst_layer = UNIT_LAYER[src], UNIT_LAYER[dst]
+        if dst_layer > src_layer:
+            wrong.append(f"{_where(imp)}: {imp.source} ({LAYERS[src_layer][0]}) imports "
+                         f"{imp.target} ({LAYERS[dst_layer][0]}), a higher layer")
+        elif dst_layer == src_layer:
+            wrong.append(f"{_where(imp)}: {imp.source} imports its peer {imp.target} "
+                         f"(both {LAYERS[src_layer][0]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def _parents(module: str) -> set[str]:
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def test_no_import_cycles():
+    # Importing a submodule runs its parent packages first, but those edges are implicit:
+    # the graph holds the imports the code writes, function-local ones included.
+    edges: dict[str, set[str]] = {}
+    for imp in ALL_IMPORTS:
+        if imp.target != imp.source and imp.target not in _parents(imp.source):
+            edges.setdefault(imp.source, set()).add(imp.target)
+    assert _cycles(edges) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_function_local_imports_say_why():
+    """A function-local import (of anything) is for an optional or expensive dependency,
+    and a comment on its line or right above says which."""
+    silent = []
+    for path in MODULES.values():
+        if path.suffix != ".py":
+            continue
+        lines = path.read_text().splitlines()
+
+        def visit(node: ast.AST, local: bool, lines: list[str] = lines,
+                  path: Path = path) -> None:
+            for child in ast.iter_child_nodes(node):
+                inner = local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+                if local and isinstance(child, (ast.Import, ast.ImportFrom)) and \
+                        not _commented(lines, child.lineno):
+                    silent.append(f"{path.relative_to(ROOT)}:{child.lineno}: "
+                                  f"{lines[child.lineno - 1].strip()}")
+                visit(child, inner)
+
+        visit(ast.parse("\n".join(lines)), False)
+    assert not silent, "function-local imports without a reason:\n" + "\n".join(silent)
+
+
+@pytest.mark.parametrize("folder", sorted({p.parent for p in MODULES.values()
+                                           if p.name == "__init__.py"}))
+def test_every_folder_says_what_it_may_import(folder: Path):
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+    assert "Layer:" in doc, f"{folder.relative_to(ROOT)}/__init__.py: no 'Layer:' paragraph"
