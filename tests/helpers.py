@@ -1,5 +1,7 @@
-"""Running programs from tests so that a failure shows why: the command, its exit code,
-its stdout and its stderr (``subprocess.run(check=True)`` shows none of the output)."""
+"""What tests share, imported by name (``from helpers import ...``; fixtures stay in
+conftest.py): running programs so that a failure shows why (the command, its exit code,
+its stdout and its stderr: ``subprocess.run(check=True)`` shows none of the output),
+waiting for conditions, and connecting socket pairs on any backend."""
 
 from __future__ import annotations
 
@@ -7,17 +9,23 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import msgq
 
 __all__ = [
     "MSGQ",
     "ProgramFailedError",
     "asleep_in_the_kernel",
+    "connect_pair",
     "expect_exit",
     "interrupt",
+    "receive_all",
     "run_cli",
     "run_program",
+    "sync_subscriber",
     "wait_until",
     "wait_until_asleep",
 ]
@@ -90,8 +98,6 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30.0,
                what: str = "condition", interval: float = 0.002) -> None:
     """Waits until ``condition()`` holds (the test's synchronisation, instead of a sleep);
     TimeoutError naming ``what`` after ``timeout`` seconds."""
-    import time
-
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -104,3 +110,51 @@ def wait_until_asleep(pid: int, timeout: float = 30) -> None:
     time before signalling it)."""
     wait_until(lambda: asleep_in_the_kernel(pid), timeout, f"process {pid} blocking",
                interval=0.005)
+
+
+def connect_pair(endpoint: str, **sub_kwargs: object) -> tuple[object, object]:
+    """A subscriber, then a publisher, of ``endpoint``, returned once they are connected
+    (see :func:`sync_subscriber`), the subscriber empty."""
+    sub = msgq.sub_sock(endpoint, **sub_kwargs)  # type: ignore[arg-type]
+    pub = msgq.pub_sock(endpoint)
+    sync_subscriber(pub, sub, conflate=bool(sub_kwargs.get("conflate")))
+    sub.setTimeout(sub_kwargs.get("timeout", -1))  # type: ignore[attr-defined]
+    return pub, sub
+
+
+def sync_subscriber(pub: object, sub: object, conflate: bool = False) -> None:
+    """Sends numbered probes until ``sub`` gets one (ZMQ subscriptions take a moment to
+    reach the publisher), then drains every probe, including those still in flight."""
+    deadline = time.monotonic() + 10
+    sent = 0
+    while True:
+        sent += 1
+        pub.send(b"__probe__%d" % sent)  # type: ignore[attr-defined]
+        msg = sub.receive(non_blocking=True)  # type: ignore[attr-defined]
+        if msg is not None:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError("subscriber never connected")
+        time.sleep(0.01)
+    last = b"__probe__%d" % sent
+    sub.setTimeout(10_000)  # type: ignore[attr-defined]
+    while msg != last and not conflate:  # probes arrive in order
+        msg = sub.receive()  # type: ignore[attr-defined]
+        if msg is None:
+            raise TimeoutError(f"probe {last!r} never arrived")
+    while sub.receive(non_blocking=True) is not None:  # type: ignore[attr-defined]
+        pass
+
+
+def receive_all(sub: object, count: int, timeout_s: float = 10.0) -> list[bytes]:
+    """Exactly ``count`` messages from ``sub`` (blocking receives within timeout_s)."""
+    out: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    sub.setTimeout(100)  # type: ignore[attr-defined]
+    while len(out) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"received {len(out)} of {count} messages")
+        msg = sub.receive()  # type: ignore[attr-defined]
+        if msg is not None:
+            out.append(msg)
+    return out

@@ -10,7 +10,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import sync_subscriber
+from helpers import sync_subscriber
 
 import msgq
 from msgq import messaging

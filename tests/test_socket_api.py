@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import connect_pair
+from helpers import connect_pair
 
 import msgq
 
@@ -102,3 +102,33 @@ def test_unknown_backend_is_one_line_and_exit_2_in_the_cli(
     helped = subprocess.run([sys.executable, "-m", "msgq", "--help"],
                             capture_output=True, text=True)
     assert helped.returncode == 0 and "usage: msgq" in helped.stdout, helped.stderr
+
+
+@pytest.mark.parametrize("kind", ["Context", "PubSocket", "SubSocket", "Poller"])
+def test_every_implementation_has_the_whole_protocol(kind: str) -> None:
+    """The protocol's abstract classes list the surface every backend shares; the backend
+    classes (registered, not inherited, so no ABC check runs) and the fake wrappers must
+    each have all of it."""
+    from msgq import sockets
+
+    protocol = getattr(sockets, kind)
+    backends = [sockets.select_backend(name) for name in msgq.BACKENDS]
+    instances = [getattr(module, kind)() for module in backends]  # not connected
+    if kind in ("SubSocket", "Poller"):
+        instances.append(getattr(sockets, f"Fake{kind}")(getattr(backends[0], kind)()))
+    assert protocol.__abstractmethods__
+    for obj in instances:
+        cls = type(obj)
+        missing = sorted(protocol.__abstractmethods__ - set(dir(obj)))
+        assert not missing, f"{cls.__module__}.{cls.__qualname__} lacks {missing}"
+        assert isinstance(obj, protocol)
+        if kind in ("PubSocket", "SubSocket"):
+            obj.close()
+
+
+def test_socket_helpers_are_typed_with_the_protocol() -> None:
+    import typing
+
+    hints = typing.get_type_hints(msgq.pub_sock)
+    assert hints["return"] is msgq.PubSocket
+    assert typing.get_type_hints(msgq.sub_sock)["return"] is msgq.SubSocket

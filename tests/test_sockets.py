@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import connect_pair, receive_all, sync_subscriber
+from helpers import connect_pair, receive_all, sync_subscriber
 
 import msgq
 

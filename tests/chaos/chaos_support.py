@@ -1,7 +1,6 @@
 """Shared pieces of the chaos matrix (tests/chaos): the time budget of each test and the
-table of trials and outcomes that scripts/chaos.sh prints. A plain module, not a
-conftest.py: tests/conftest.py is imported by name (``from conftest import ...``) and a
-second conftest module would shadow it.
+table of trials and outcomes that scripts/chaos.sh prints. A plain module imported by name,
+as tests/helpers.py is: a second conftest.py would shadow the first.
 
 Every chaos test runs for ``budget(ci_seconds)`` seconds: MSGQ_CHAOS_SECONDS when set
 (the long profile of ``scripts/chaos.sh --minutes N``), else its own short CI budget. A

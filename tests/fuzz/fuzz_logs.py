@@ -1,4 +1,4 @@
-"""Fuzzes the log framing and segment reader (``msgq/logs/framing.py``,
+"""Fuzzes the log framing and segment reader (``schemas/framing.py``,
 ``msgq/logs/segment.py``): the bytes of a segment file, raw or (chosen by the first
 byte) compressed with zstd, in one frame or two, or bz2, so that mutations reach the
 message splitting inside compressed data too.
