@@ -25,7 +25,7 @@ backend and the Event layer's registry; the services, tools and programs build o
 
 from __future__ import annotations
 
-from msgq.errors import IpcError, MultiplePublishersError
+from msgq.errors import IpcError, MessageOverwritten, MultiplePublishersError
 from msgq.fake_events import (
     Event,
     SocketEventHandle,
@@ -54,6 +54,7 @@ __all__ = [
     "Context",
     "Event",
     "IpcError",
+    "MessageOverwritten",
     "MultiplePublishersError",
     "NO_TRAVERSAL_LIMIT",
     "Poller",

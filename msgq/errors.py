@@ -8,6 +8,12 @@ class IpcError(Exception):
     """A system-level failure of a socket: the endpoint and the OS reason are in the message."""
 
 
+class MessageOverwritten(IpcError):  # noqa: N818 (reads as what happened, like StopIteration)
+    """The publisher may have overwritten a message while a reader used it in place
+    (``SubSocket.receive_view``): what was read from it may be torn and must be
+    discarded."""
+
+
 class MultiplePublishersError(IpcError):
     """Another publisher took over the endpoint; this publisher may no longer send."""
 

@@ -16,6 +16,7 @@ cdef extern from "src/msgq_errors.h" nogil:
         MSGQ_ENORESERVE
         MSGQ_EBUFFER
         MSGQ_ESUPERSEDED
+        MSGQ_ECHECKSUM
     const char *msgq_strerror(int code)
 
 
@@ -80,6 +81,7 @@ cdef extern from "src/msgq_ring.h" nogil:
     void msgq_subscriber_release(msgq_subscriber *sub)
     int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t *size)
     int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy)
+    int msgq_subscriber_release_view(msgq_subscriber *sub)
     int msgq_subscriber_has_data(msgq_subscriber *sub)
     int msgq_subscriber_wait(msgq_subscriber *sub, int64_t timeout_ns)
     int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready)

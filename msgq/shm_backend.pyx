@@ -3,7 +3,13 @@
 ring in ``msgq/src``. Thin by design: the protocol lives in C, the API shape in Python
 (``msgq/__init__.py``); this module only converts arguments, errors and the GIL."""
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (
+    PyBUF_SIMPLE,
+    PyBUF_WRITABLE,
+    PyBuffer_FillInfo,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
@@ -17,7 +23,7 @@ from msgq.ring cimport *
 
 import os
 
-from msgq.errors import IpcError, MultiplePublishersError, readers_timeout
+from msgq.errors import IpcError, MessageOverwritten, MultiplePublishersError, readers_timeout
 
 cdef extern from "Python.h":
     object PyMemoryView_FromMemory(char *mem, Py_ssize_t size, int flags)
@@ -578,6 +584,8 @@ cdef class SubSocket:
     cdef msgq_subscriber sub
     cdef bint connected
     cdef int busy  # calls in progress without the GIL (other threads may run)
+    cdef int exports  # buffers exported by this socket's message views (the ring is in them)
+    cdef bint view_open  # a receive_view block holds the next message
     cdef pid_t owner_pid
     cdef int64_t timeout_ns
     cdef readonly object endpoint
@@ -585,6 +593,8 @@ cdef class SubSocket:
     def __cinit__(self):
         self.connected = False
         self.busy = 0
+        self.exports = 0
+        self.view_open = False
         self.timeout_ns = -1
         self.endpoint = None
 
@@ -604,6 +614,17 @@ cdef class SubSocket:
             raise IpcError(f"endpoint {self.endpoint!r}: another thread is receiving or "
                            "polling on this socket; close or reconnect it when that call "
                            "has returned")
+        if self.exports or self.view_open:
+            raise IpcError(f"endpoint {self.endpoint!r}: a view of a message in this "
+                           "socket's queue is still in use (a receive_view block, or a "
+                           "memoryview taken from one); release it before closing or "
+                           "reconnecting")
+        return 0
+
+    cdef int _check_no_view(self) except -1:
+        if self.view_open:
+            raise RuntimeError(f"endpoint {self.endpoint!r}: a receive_view block holds "
+                               "the next message; leave it before receiving again")
         return 0
 
     def connect(self, context, endpoint, address=b"127.0.0.1", bint conflate=False,
@@ -704,6 +725,7 @@ cdef class SubSocket:
         cdef uint32_t size
         cdef bytes msg
         self._check_connected()
+        self._check_no_view()
         while self._next_message(&payload, &size, non_blocking):
             msg = PyBytes_FromStringAndSize(NULL, size)
             self._copy_out(PyBytes_AS_STRING(msg), payload, size)
@@ -720,6 +742,7 @@ cdef class SubSocket:
         cdef const uint8_t *payload
         cdef uint32_t size
         self._check_connected()
+        self._check_no_view()
         try:
             PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE | PyBUF_WRITABLE)
         except (BufferError, ValueError) as e:
@@ -736,6 +759,24 @@ cdef class SubSocket:
             return None
         finally:
             PyBuffer_Release(&view)
+
+    def receive_view(self, bint non_blocking=False) -> MessageView:
+        """The next message where it lies in shared memory, without a copy::
+
+            with sub.receive_view() as view:   # a read-only memoryview, or None
+                use(view)                      # as receive: None on timeout/no message
+
+        Leaving the block checks that the publisher did not overwrite the message while
+        it was in use; if it may have, :class:`msgq.MessageOverwritten` is raised (the
+        bytes read may be torn: discard what was computed from them). The rule: finish
+        with the bytes, or copy them out, inside the block; a view kept after it reads
+        whatever the ring holds by then. The message is taken when the block is entered
+        (blocking within the socket's timeout unless ``non_blocking``); other receives
+        on this socket raise RuntimeError inside the block, and ``close`` raises
+        IpcError while any memoryview of the message is alive."""
+        self._check_connected()
+        self._check_no_view()
+        return MessageView(self, non_blocking)
 
     def has_data(self) -> bool:
         """True when ``receive(non_blocking=True)`` would return a message."""
@@ -779,6 +820,78 @@ cdef class SubSocket:
         another thread is inside a call on it."""
         self._check_idle()
         self._disconnect()
+
+
+cdef class MessageView:
+    """The context manager of :meth:`SubSocket.receive_view`: entering takes the next
+    message and gives a read-only memoryview of it in the ring (or None); leaving ends
+    its use and raises :class:`msgq.MessageOverwritten` when the publisher may have
+    overwritten it meanwhile (or, in a checksummed queue, it does not match its CRC32C).
+    While any memoryview of it is alive the socket's mapping stays (close raises)."""
+    cdef SubSocket sock
+    cdef bint non_blocking
+    cdef bint holding
+    cdef const uint8_t *payload
+    cdef uint32_t size
+    cdef object view
+
+    def __cinit__(self, SubSocket sock, bint non_blocking):
+        self.sock = sock
+        self.non_blocking = non_blocking
+        self.holding = False
+        self.view = None
+
+    def __enter__(self):
+        cdef SubSocket sock = self.sock
+        if self.holding or self.view is not None:
+            raise RuntimeError("a message view is entered once")
+        sock._check_connected()
+        sock._check_no_view()
+        sock.view_open = True
+        try:
+            if not sock._next_message(&self.payload, &self.size, self.non_blocking):
+                sock.view_open = False
+                return None
+        except BaseException:
+            sock.view_open = False
+            raise
+        self.holding = True
+        self.view = memoryview(self)
+        return self.view
+
+    def __exit__(self, exc_type, exc, tb):
+        cdef int r
+        if not self.holding:
+            return False
+        self.holding = False
+        try:
+            self.view.release()  # the block's own view; slices taken from it stay valid
+        except BufferError:
+            pass  # something (numpy, say) holds a buffer of it: it keeps the ring mapped
+        r = msgq_subscriber_release_view(&self.sock.sub)
+        self.sock.view_open = False
+        if exc_type is not None or r == 1:
+            return False  # the block's own exception goes on unchanged
+        if r == MSGQ_ECHECKSUM:
+            raise MessageOverwritten(
+                f"endpoint {self.sock.endpoint!r}: the {self.size}-byte message viewed did "
+                "not match its CRC32C (counted in checksum_errors); discard what was "
+                "computed from it")
+        raise MessageOverwritten(
+            f"endpoint {self.sock.endpoint!r}: the publisher may have overwritten the "
+            f"{self.size}-byte message while it was viewed (this subscriber fell a ring "
+            "behind); discard what was computed from it")
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("a message view is read-only")
+        if not self.holding:
+            raise BufferError("the message view is not open")
+        PyBuffer_FillInfo(buffer, self, <void *>self.payload, self.size, 1, flags)
+        self.sock.exports += 1
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        self.sock.exports -= 1
 
 
 cdef class Poller:

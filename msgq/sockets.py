@@ -234,6 +234,12 @@ class SubSocket(metaclass=ABCMeta):
         ``receive``); a buffer too small raises ValueError and keeps the message."""
 
     @abstractmethod
+    def receive_view(self, non_blocking: bool = False) -> Any:
+        """The next message without a copy, as a context manager whose block gets a
+        read-only memoryview (None as ``receive``); leaving the block raises
+        :class:`msgq.MessageOverwritten` when the message may have changed meanwhile."""
+
+    @abstractmethod
     def has_data(self) -> bool:
         """Whether a ``receive(non_blocking=True)`` now would return a message."""
 
@@ -308,6 +314,12 @@ class FakeSubSocket:
         if self._gate is not None:
             self._gate.pass_gate()
         return self.sock.receive_into(buffer, non_blocking)
+
+    def receive_view(self, non_blocking: bool = False) -> Any:
+        """Passes the gate, then gives the backend's view of the next message."""
+        if self._gate is not None:
+            self._gate.pass_gate()
+        return self.sock.receive_view(non_blocking)
 
     def has_data(self) -> bool:
         """Whether the backend socket has a message waiting (the gate is not passed)."""

@@ -700,7 +700,7 @@ class SubSocket:
         self._sock: zmq.Socket | None = None
         self._tag = ""
         self._timeout_ms = -1
-        self._stash: bytes | None = None
+        self._stash: bytes | zmq.Frame | None = None  # taken ahead (Poller, receive_into)
         self._pid = 0
         self._warned = False
         self._url = ""
@@ -791,8 +791,8 @@ class SubSocket:
                         "dropped_messages; further drops are not logged)",
                         self.endpoint, self.address, self.port, why)
 
-    def _recv_one(self, sock: zmq.Socket) -> bytes | None:
-        """One valid message if one is queued, else None."""
+    def _recv_one(self, sock: zmq.Socket) -> zmq.Frame | None:
+        """One valid message (its frame, not copied) if one is queued, else None."""
         while True:
             try:
                 frame = sock.recv(zmq.NOBLOCK, copy=False)
@@ -816,11 +816,11 @@ class SubSocket:
                     self._drop("a peer that is not a ZMQ 4 publisher")
                     self._foreign_link = True
                     continue
-                return frame.bytes  # a foreign ZMQ 4 publisher: no tag, delivered as is
+                return frame  # a foreign ZMQ 4 publisher: no tag, delivered as is
             if origin != self._tag:
                 self._drop(f"a publisher of endpoint {origin!r} (names hashed to one port)")
                 continue
-            return frame.bytes
+            return frame
 
     def _relink(self, sock: zmq.Socket) -> None:
         """Connects again after a peer that is not a ZMQ publisher spoke on the port (see
@@ -847,26 +847,40 @@ class SubSocket:
             if self._foreign_link:
                 self._relink(sock)
 
-    def receive(self, non_blocking: bool = False) -> bytes | None:
-        """Returns the next message as ``bytes``, or None when there is none
-        (non-blocking) or the timeout passed."""
+    def _next(self, non_blocking: bool) -> bytes | zmq.Frame | None:
+        """The next message: a stashed one (bytes) or a received frame; None when there
+        is none (non-blocking) or the timeout passed."""
         sock = self._check_connected()
         if self._stash is not None:
             msg, self._stash = self._stash, None
             if self._conflate:  # a newer message may have come after the stashed one
-                return self._recv_one(sock) or msg
+                newer = self._recv_one(sock)
+                return msg if newer is None else newer
             return msg
         # One deadline for the whole call: input that is dropped (foreign or malformed)
         # must not extend the timeout.
         deadline = None if self._timeout_ms < 0 else time.monotonic() + self._timeout_ms / 1000
         while True:
-            msg = self._recv_one(sock)
-            if msg is not None:
-                return msg
+            frame = self._recv_one(sock)
+            if frame is not None:
+                return frame
             if self._foreign_link:
                 self._relink(sock)
             if non_blocking or self._timeout_ms == 0 or not self._wait(sock, deadline):
                 return None
+
+    def receive(self, non_blocking: bool = False) -> bytes | None:
+        """Returns the next message as ``bytes``, or None when there is none
+        (non-blocking) or the timeout passed."""
+        msg = self._next(non_blocking)
+        return msg if msg is None or isinstance(msg, bytes) else msg.bytes
+
+    def receive_view(self, non_blocking: bool = False) -> FrameView:
+        """The next message without a copy: ``with sub.receive_view() as view:`` gives a
+        read-only memoryview of the received frame (None as ``receive``). The frame is
+        this process's own, so it is never overwritten (no MessageOverwritten here)."""
+        self._check_connected()
+        return FrameView(self, non_blocking)
 
     def receive_into(self, buffer: Any, non_blocking: bool = False) -> int | None:
         """Copies the next message into ``buffer`` (a writable bytes-like object) and
@@ -906,6 +920,32 @@ class SubSocket:
             self.close()
         except Exception:
             pass
+
+
+class FrameView:
+    """The context manager of :meth:`SubSocket.receive_view` on ZMQ: the frame is
+    received when the block is entered, its read-only memoryview released at the end."""
+
+    def __init__(self, sock: SubSocket, non_blocking: bool) -> None:
+        self._sock = sock
+        self._non_blocking = non_blocking
+        self._view: memoryview | None = None
+
+    def __enter__(self) -> memoryview | None:
+        msg = self._sock._next(self._non_blocking)
+        if msg is None:
+            return None
+        self._view = memoryview(msg if isinstance(msg, bytes) else msg.buffer).toreadonly()
+        return self._view
+
+    def __exit__(self, *exc: object) -> bool:
+        if self._view is not None:
+            try:
+                self._view.release()
+            except BufferError:
+                pass  # something holds a buffer of it: the frame lives on with it
+            self._view = None
+        return False
 
 
 class Poller:

@@ -28,6 +28,8 @@ const char *msgq_strerror(int code) {
       return "buffer too small for the message";
     case MSGQ_ESUPERSEDED:
       return "the queue file was replaced under its name; open the endpoint again";
+    case MSGQ_ECHECKSUM:
+      return "message bytes do not match their CRC32C checksum";
     default:
       break;
   }

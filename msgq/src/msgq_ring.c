@@ -635,6 +635,27 @@ int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy) {
   return 1;
 }
 
+int msgq_subscriber_release_view(msgq_subscriber *sub) {
+  const msgq_header *h = sub->ring.header;
+  const uint32_t rc = position_cycle(sub->read_pointer);
+  const uint32_t ro = position_offset(sub->read_pointer);
+  const bool checksummed = (sub->ring.flags & MSGQ_FLAG_CHECKSUM) != 0;
+  /* peek checked that the message fits the ring, so the payload is inside the mapping. */
+  uint32_t crc = checksummed ? msgq_crc32c(sub->ring.data + ro + 8u, sub->peeked_size) : 0;
+  /* The caller's reads and the CRC's happen before the reload in region_intact. */
+  if (!region_intact(h, rc, ro)) {
+    sub->resets++;
+    reader_reset(sub);
+    return 0;
+  }
+  store_read_pointer(sub, sub->next_read_pointer);
+  if (checksummed && crc != sub->peeked_checksum) {
+    sub->checksum_errors++;
+    return MSGQ_ECHECKSUM;
+  }
+  return 1;
+}
+
 /* Marks this reader asleep on the queue and returns the notify_seq to sleep on. */
 static uint32_t begin_wait(msgq_subscriber *sub) {
   msgq_header *h = sub->ring.header;

@@ -274,6 +274,15 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
  * (the message is skipped and counted in checksum_errors). `copy` is the caller's copy
  * of the payload (NULL only in a queue without checksums). */
 int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy);
+/* Ends the use of the message peek() handed out when the caller read it where it lies,
+ * without a copy (a view): returns 1 when its bytes were intact for the whole use and
+ * advances past it; 0 when the publisher may have overwritten them meanwhile (the
+ * reader jumps forward, I3); MSGQ_ECHECKSUM when, in a checksummed queue, the bytes
+ * were intact but do not match the message's CRC32C (skipped, counted in
+ * checksum_errors). The checksum is computed over the ring's bytes before the overwrite
+ * check, so a result of 1 means the bytes the caller used were the message it was sent.
+ * Call it after the caller's last access to the payload. */
+int msgq_subscriber_release_view(msgq_subscriber *sub);
 /* 1 when a message is waiting, or when the file was replaced (so that waits end and the
  * next peek reports it); cheap, no side effects except caching. */
 int msgq_subscriber_has_data(msgq_subscriber *sub);
