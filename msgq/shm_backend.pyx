@@ -586,6 +586,7 @@ cdef class SubSocket:
     cdef int busy  # calls in progress without the GIL (other threads may run)
     cdef int exports  # buffers exported by this socket's message views (the ring is in them)
     cdef bint view_open  # a receive_view block holds the next message
+    cdef bint lent_views  # the current mapping was lent to a decoder (see _disconnect)
     cdef pid_t owner_pid
     cdef int64_t timeout_ns
     cdef readonly object endpoint
@@ -595,6 +596,7 @@ cdef class SubSocket:
         self.busy = 0
         self.exports = 0
         self.view_open = False
+        self.lent_views = False
         self.timeout_ns = -1
         self.endpoint = None
 
@@ -606,7 +608,13 @@ cdef class SubSocket:
             # A copy inherited through fork() must not free its parent's reader slot.
             if getpid() == self.owner_pid:
                 msgq_subscriber_release(&self.sub)
-            msgq_queue_unmap(&self.sub.ring)
+            if not self.lent_views:
+                msgq_queue_unmap(&self.sub.ring)
+            # else: a reader decoded in place (MessageView.keep_readable) may still point
+            # into this mapping although no buffer of it is exported any more (pycapnp
+            # keeps a raw pointer): it stays mapped for the life of the process, so a
+            # reader misused after its block reads stale bytes, never unmapped memory.
+            self.lent_views = False
             self.connected = False
 
     cdef int _check_idle(self) except -1:
@@ -881,6 +889,12 @@ cdef class MessageView:
             f"endpoint {self.sock.endpoint!r}: the publisher may have overwritten the "
             f"{self.size}-byte message while it was viewed (this subscriber fell a ring "
             "behind); discard what was computed from it")
+
+    def keep_readable(self) -> None:
+        """Promises that the bytes stay readable (though not intact) after the block and
+        after ``close``, for a decoder that keeps raw pointers into them without holding
+        a buffer (pycapnp's readers): the socket's mapping is then never unmapped."""
+        self.sock.lent_views = True
 
     def __getbuffer__(self, Py_buffer *buffer, int flags):
         if flags & PyBUF_WRITABLE:

@@ -61,6 +61,8 @@ import time
 import weakref
 from typing import Any
 
+import numpy as np
+
 try:
     import zmq
     from zmq.utils.monitor import parse_monitor_message
@@ -701,6 +703,7 @@ class SubSocket:
         self._tag = ""
         self._timeout_ms = -1
         self._stash: bytes | zmq.Frame | None = None  # taken ahead (Poller, receive_into)
+        self._lent: bytes | zmq.Frame | None = None  # see FrameView.keep_readable
         self._pid = 0
         self._warned = False
         self._url = ""
@@ -922,6 +925,11 @@ class SubSocket:
             pass
 
 
+def _address(buffer: memoryview) -> int:
+    """Where ``buffer``'s bytes start in memory."""
+    return int(np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0])
+
+
 class FrameView:
     """The context manager of :meth:`SubSocket.receive_view` on ZMQ: the frame is
     received when the block is entered, its read-only memoryview released at the end."""
@@ -929,14 +937,25 @@ class FrameView:
     def __init__(self, sock: SubSocket, non_blocking: bool) -> None:
         self._sock = sock
         self._non_blocking = non_blocking
+        self._msg: bytes | zmq.Frame | None = None
         self._view: memoryview | None = None
 
     def __enter__(self) -> memoryview | None:
-        msg = self._sock._next(self._non_blocking)
-        if msg is None:
+        self._msg = self._sock._next(self._non_blocking)
+        if self._msg is None:
             return None
+        msg = self._msg
+        if not isinstance(msg, bytes) and _address(msg.buffer) % 8:
+            # Cap'n Proto readers need word-aligned bytes, libzmq frames need not be: an
+            # unaligned frame is copied once (bytes objects are aligned).
+            msg = self._msg = msg.bytes
         self._view = memoryview(msg if isinstance(msg, bytes) else msg.buffer).toreadonly()
         return self._view
+
+    def keep_readable(self) -> None:
+        """Keeps the frame alive until the socket's next view, for a decoder that keeps
+        raw pointers into it without holding a buffer (pycapnp's readers)."""
+        self._sock._lent = self._msg
 
     def __exit__(self, *exc: object) -> bool:
         if self._view is not None:

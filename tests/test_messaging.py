@@ -375,6 +375,35 @@ def test_garbage_bytes_are_counted_and_skipped() -> None:
     assert sm.seen["vehicleState"] and sm["vehicleState"].speed == 7.0
 
 
+def test_payloads_are_decoded_when_read() -> None:
+    """update() takes logMonoTime, valid and the service from the bytes; a payload is
+    decoded by pycapnp when read, once, and every read path of sm.data sees it."""
+    sm = SubMaster(["vehicleState", "gpsLocation"])
+    pm = PubMaster(["vehicleState", "gpsLocation"])
+    msg = new_message("vehicleState", valid=True)
+    msg.vehicleState.speed = 3.5
+    stamp = msg.logMonoTime
+    pm.send("vehicleState", msg)
+    other = new_message("gpsLocation")
+    other.gpsLocation.latitudeDeg = 48.1
+    pm.send("gpsLocation", other)
+    sm.update(500)
+    wait = time.monotonic() + 5
+    while not sm.updated["gpsLocation"] and time.monotonic() < wait:
+        sm.update(100)
+    assert sm.valid["vehicleState"] and sm.logMonoTime["vehicleState"] == stamp
+    assert set(sm.data.pending) >= {"vehicleState"}  # not decoded yet
+    first = sm["vehicleState"]
+    assert first.speed == 3.5
+    assert "vehicleState" not in sm.data.pending
+    assert sm.data["vehicleState"] is first  # decoded once
+    assert dict(sm.data.items())["gpsLocation"].latitudeDeg == 48.1
+    assert not sm.data.pending
+    assert sm.data.get("nope") is None
+    pm.close()
+    sm.close()
+
+
 def test_wait_for_readers_to_update() -> None:
     sm = SubMaster(["vehicleState"])
     pm = PubMaster(["vehicleState"])
@@ -484,6 +513,7 @@ def test_messaging_bench_prints_its_table() -> None:
     out = subprocess.run([sys.executable, "-m", "msgq.bench.messaging", "--ticks", "50"],
                          capture_output=True, text=True, timeout=120, check=True)
     lines = out.stdout.splitlines()
-    assert any(line.startswith("SubMaster.update, all 20 new") for line in lines)
+    assert any(line.startswith("SubMaster.update + read, all 20 new") for line in lines)
+    assert any(line.startswith("SubMaster.update only, all 20 new") for line in lines)
     assert any(line.startswith("PubMaster.send modelOutput") for line in lines)
     assert "Warning" not in out.stderr

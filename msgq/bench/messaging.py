@@ -4,10 +4,13 @@ Prints one table: the cost per call of ``SubMaster.update`` over 20 services and
 ``PubMaster.send``, with the share of it spent in Cap'n Proto (decoding on the
 subscriber, serialising on the publisher), measured on the shared-memory backend.
 
-* ``update, at their rates``: a 100 Hz update loop; before each tick the services due at
-  their registry rates are published (outside the timed call), so each update reads what
-  a real 100 Hz consumer reads.
-* ``update, all 20 new``: every service has a new message at every update (worst case).
+* ``update + read, at their rates``: a 100 Hz update loop; before each tick the services
+  due at their registry rates are published (outside the timed call), so each update
+  reads what a real 100 Hz consumer reads, and the timed call then reads the payload of
+  every service it updated (``sm[s]``: SubMaster decodes payloads when they are read).
+* ``update only``: the same without reading the payloads (a consumer that looks at the
+  health flags, or at a few services only); its capnp share is "-": nothing is decoded.
+* ``all 20 new``: every service has a new message at every update (worst case).
 * ``update, nothing new``: the cost of an update that finds nothing.
 * ``send``: ``PubMaster.send(service, builder)`` for a small and a large message; the
   capnp share is ``builder.to_bytes()``.
@@ -41,16 +44,23 @@ def _percentiles(samples: list[float]) -> tuple[float, float, float]:
     return statistics.fmean(ordered), ordered[len(ordered) // 2], p99
 
 
-def _time_updates(sm: Any, ticks: int, publish: Callable[[int], list[bytes]]) -> tuple[
-        list[float], float]:
-    """µs per ``sm.update(0)`` over ``ticks`` ticks, and the µs spent decoding what those
-    updates read (measured separately on the same bytes)."""
+def _time_updates(sm: Any, ticks: int, publish: Callable[[int], list[bytes]],
+                  read: bool = True) -> tuple[list[float], float]:
+    """µs per ``sm.update(0)`` — followed, with ``read``, by reading the payload of every
+    service it updated (``sm[s]``, as a consumer does; payloads are decoded when read) —
+    over ``ticks`` ticks, and the µs pycapnp spends decoding those messages (measured
+    separately on the same bytes)."""
     samples: list[float] = []
     decode_ns = 0
+    services = sm.services
     for tick in range(ticks):
         sent = publish(tick)
         t0 = time.perf_counter_ns()
         sm.update(0)
+        if read:
+            for s in services:
+                if sm.updated[s]:
+                    sm[s]
         samples.append((time.perf_counter_ns() - t0) / 1000)
         t1 = time.perf_counter_ns()
         for data in sent:
@@ -83,10 +93,13 @@ def run(ticks: int) -> list[tuple[str, ...]]:
     def nothing(tick: int) -> list[bytes]:
         return []
 
-    for label, publish in (("SubMaster.update, 20 at their rates", at_rates),
-                           ("SubMaster.update, all 20 new", all_new),
-                           ("SubMaster.update, nothing new", nothing)):
-        _time_updates(sm, min(200, ticks), publish)  # warm-up
+    for label, publish, read in (
+            ("SubMaster.update + read, 20 at their rates", at_rates, True),
+            ("SubMaster.update only, 20 at their rates", at_rates, False),
+            ("SubMaster.update + read, all 20 new", all_new, True),
+            ("SubMaster.update only, all 20 new", all_new, False),
+            ("SubMaster.update, nothing new", nothing, True)):
+        _time_updates(sm, min(200, ticks), publish, read)  # warm-up
         counts: list[int] = []
         sizes: list[int] = []
 
@@ -97,11 +110,12 @@ def run(ticks: int) -> list[tuple[str, ...]]:
             sizes.append(sum(len(d) for d in sent))
             return sent
 
-        samples, decode_us = _time_updates(sm, ticks, counting)
+        samples, decode_us = _time_updates(sm, ticks, counting, read)
         mean, p50, p99 = _percentiles(samples)
-        share = decode_us / sum(samples) if sum(samples) else 0.0
+        share = decode_us / sum(samples) if sum(samples) and read else None
         rows.append((label, f"{statistics.fmean(counts):.1f}", f"{statistics.fmean(sizes):.0f}",
-                     f"{mean:.1f}", f"{p50:.1f}", f"{p99:.1f}", f"{share:.0%}"))
+                     f"{mean:.1f}", f"{p50:.1f}", f"{p99:.1f}",
+                     "-" if share is None else f"{share:.0%}"))
 
     for service in ("vehicleState", "modelOutput"):
         msg = filled_message(service)

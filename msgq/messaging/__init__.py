@@ -2,7 +2,8 @@
 
 ``new_message``, ``log_from_bytes``, the socket helpers (``pub_sock``, ``sub_sock``,
 ``drain_sock``, ``drain_sock_raw``, ``recv_sock``, ``recv_one``, ``recv_one_or_none``,
-``recv_one_retry``), :class:`PubMaster`, :class:`SubMaster` and the schema module ``log``.
+``recv_one_retry``; ``recv_view`` decodes in place, without a copy), :class:`PubMaster`,
+:class:`SubMaster` and the schema module ``log``.
 Written once against the socket protocol, so it runs on every backend.
 
 Sockets made by ``pub_sock``/``sub_sock`` for a registry service get the registry's queue
@@ -17,13 +18,15 @@ the clock; it imports neither ``msgq.logs`` nor ``msgq.visionipc``, its peers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from msgq import NO_TRAVERSAL_LIMIT, drain_sock_raw, pub_sock, sub_sock
+from msgq import NO_TRAVERSAL_LIMIT, SubSocket, drain_sock_raw, pub_sock, sub_sock
 from msgq.messaging.frequency import FrequencyTracker
 from msgq.messaging.pub_master import PubMaster
 from msgq.messaging.sub_master import SubMaster
-from msgq.schemas import SERVICE_LIST, default_schema
+from msgq.schemas import SERVICE_LIST, Schema, default_schema
 from msgq.schemas.events import MessageDecodeError, decode_event, log_from_bytes, new_message
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "recv_one_or_none",
     "recv_one_retry",
     "recv_sock",
+    "recv_view",
     "sub_sock",
 ]
 
@@ -82,6 +86,32 @@ def recv_one_or_none(sock: Any) -> Any:
     """One message if one is waiting, else None."""
     data = sock.receive(non_blocking=True)
     return None if data is None else decode_event(data)
+
+
+@contextmanager
+def recv_view(sock: SubSocket, non_blocking: bool = False,
+              schema: Schema | None = None) -> Iterator[Any]:
+    """The next message of ``sock`` as an Event reader over its bytes where they lie (in
+    shared memory on the msgq backend: nothing is copied), for the ``with`` block::
+
+        with recv_view(sock) as event:        # None as recv_one / recv_one_or_none
+            speed = event.vehicleState.speed  # read inside the block
+
+    Decoded with the bounded decoder (:class:`MessageDecodeError` on garbage). Leaving
+    the block raises :class:`msgq.MessageOverwritten` when the publisher may have
+    overwritten the message while it was read (see ``SubSocket.receive_view``): what was
+    computed from it must be discarded. Read what is needed inside the block: the reader
+    (and any sub-reader taken from it) reads the queue's memory directly, so after the
+    block it sees whatever the publisher wrote there since (the memory stays readable: a
+    misused reader never crashes the process)."""
+    schema = schema or default_schema()
+    message_view = sock.receive_view(non_blocking)
+    with message_view as view:
+        if view is None:
+            yield None
+            return
+        message_view.keep_readable()  # pycapnp keeps raw pointers, no buffer, after this
+        yield schema.decode(view)
 
 
 def recv_one_retry(sock: Any) -> Any:

@@ -15,25 +15,71 @@ Rules (upstream-compatible; the rate band is in :mod:`msgq.messaging.frequency`)
   and skipped; ``update`` never raises because of what arrives.
 
 Sockets conflate: each update sees the newest message of each service.
+
+Lazy decoding: ``update`` reads ``logMonoTime``, ``valid`` and the service of each new
+message straight from its bytes (:meth:`msgq.schemas.EventLayout.identify`, which also
+checks the framing), and decodes a payload with pycapnp only when the caller reads it
+(``sm[s]`` / ``sm.data[s]``), once per message. A service the caller never reads costs
+no decoding. Bytes that frame correctly but fail pycapnp's own checks at that point are
+counted in ``bad_messages[s]`` then, and ``sm[s]`` keeps the previous payload.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgq
 from msgq import clock
 from msgq.messaging.frequency import FrequencyTracker
 from msgq.schemas import Schema, default_schema
-from msgq.schemas.events import MessageDecodeError, decode_event
+from msgq.schemas.events import MessageDecodeError
 from msgq.tables import format_table
 
 __all__ = ["ALIVE_PERIODS", "SubMaster"]
 
 #: A service is alive while its last message is younger than this many expected periods.
 ALIVE_PERIODS = 10.0
+
+#: One message an update took: (service, logMonoTime, valid, payload bytes or reader).
+_Received = tuple[str, int, bool, Any]
+
+
+class _Payloads(dict):  # type: ignore[type-arg]
+    """``SubMaster.data``: service -> payload reader, where a payload received as bytes is
+    decoded at its first read. Every dict read path (``[]``, ``get``, ``values``,
+    ``items``) sees decoded payloads."""
+
+    def __init__(self, decode: Callable[[str, bytes], Any]) -> None:
+        super().__init__()
+        self.pending: dict[str, bytes] = {}
+        self._decode = decode
+
+    def receive(self, service: str, data: bytes) -> None:
+        """The newest message of ``service`` arrived as ``data`` (decoded when read)."""
+        self.pending[service] = data
+
+    def __getitem__(self, service: str) -> Any:
+        data = self.pending.pop(service, None)
+        if data is not None:
+            payload = self._decode(service, data)
+            if payload is not None:
+                super().__setitem__(service, payload)
+        return super().__getitem__(service)
+
+    def __setitem__(self, service: str, value: Any) -> None:
+        self.pending.pop(service, None)
+        super().__setitem__(service, value)
+
+    def get(self, service: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self[service] if service in self else default
+
+    def values(self) -> Any:
+        return [self[s] for s in self]
+
+    def items(self) -> Any:
+        return [(s, self[s]) for s in self]
 
 
 def _default_payload(schema: Schema, service: str) -> Any:
@@ -89,7 +135,8 @@ class SubMaster:
             self.update_freq = max((registry[s].frequency for s in self.services), default=0.0)
 
         self.frame = -1
-        self.data: dict[str, Any] = {}
+        self._layout = self.schema.layout
+        self.data: _Payloads = _Payloads(self._decode_payload)
         self.updated: dict[str, bool] = {}
         self.seen: dict[str, bool] = {}
         self.alive: dict[str, bool] = {}
@@ -136,25 +183,31 @@ class SubMaster:
             raise KeyError(f"service {service!r} is not subscribed by this SubMaster "
                            f"(it has {self.services})") from None
 
-    def _receive(self, service: str, sock: Any, received: list[tuple[str, Any]]) -> None:
-        """Appends the newest message of ``sock`` (an Event of ``service``) to
-        ``received``; bytes that are not one are counted in bad_messages."""
+    def _receive(self, service: str, sock: Any, received: list[_Received]) -> None:
+        """Appends the newest message of ``sock`` (an Event of ``service``, its payload
+        still bytes) to ``received``; bytes that are not one are counted in bad_messages."""
         data = sock.receive(non_blocking=True)
         if data is None:
             return
-        try:
-            msg = decode_event(data, self.schema)
-            if msg.which() != service:
-                raise MessageDecodeError(f"message of {msg.which()!r} on {service!r}")
-        except MessageDecodeError:
+        peeked = self._layout.identify(data)
+        if peeked is None or peeked[2] != service:
             self.bad_messages[service] += 1
             return
-        received.append((service, msg))
+        received.append((service, peeked[0], peeked[1], data))
+
+    def _decode_payload(self, service: str, data: bytes) -> Any:
+        """The payload reader of a message ``update`` took as bytes; None (counted in
+        bad_messages) when pycapnp refuses them."""
+        try:
+            return getattr(self.schema.decode(data), service)
+        except (MessageDecodeError, AttributeError):
+            self.bad_messages[service] += 1
+            return None
 
     def update(self, timeout: int = 100) -> None:
         """Waits up to ``timeout`` ms for the polled service (any service when none is
         polled), reads the newest message of every service, and updates the health."""
-        received: list[tuple[str, Any]] = []
+        received: list[_Received] = []
         for sock in self.poller.poll(timeout):
             self._receive(self._service_of_sock[id(sock)], sock, received)
         for service in self.non_polled_services:
@@ -165,23 +218,26 @@ class SubMaster:
         """Takes ``msgs`` (Event readers, or None entries, which are skipped) as received
         at ``cur_time`` (monotonic seconds) and updates the health of every service. The
         lockstep harness and tests drive SubMaster with this and a simulated clock."""
-        received = []
+        received: list[_Received] = []
         for msg in msgs:
             if msg is None:
                 continue
             try:
-                received.append((msg.which(), msg))
+                service = msg.which()
+                received.append((service, msg.logMonoTime, msg.valid, getattr(msg, service)))
             except Exception:  # a reader over garbage: nothing to attribute it to
                 continue
         self._take(cur_time, received)
 
-    def _take(self, cur_time: float, received: list[tuple[str, Any]]) -> None:
-        """The bookkeeping of one update: ``received`` holds (service, Event) pairs."""
+    def _take(self, cur_time: float, received: list[_Received]) -> None:
+        """The bookkeeping of one update: ``received`` holds (service, logMonoTime, valid,
+        payload) tuples, the payload as bytes (decoded when read) or a reader."""
         self.frame += 1
         for s in self.services:
             self.updated[s] = False
-        for s, msg in received:
-            if s not in self.data:
+        data = self.data
+        for s, mono, valid, payload in received:
+            if s not in data:
                 continue
             self.seen[s] = True
             self.updated[s] = True
@@ -190,9 +246,12 @@ class SubMaster:
                 tracker.record(cur_time)
             self.recv_time[s] = cur_time
             self.recv_frame[s] = self.frame
-            self.data[s] = getattr(msg, s)
-            self.logMonoTime[s] = msg.logMonoTime
-            self.valid[s] = msg.valid
+            if isinstance(payload, bytes):
+                data.receive(s, payload)
+            else:
+                data[s] = payload
+            self.logMonoTime[s] = mono
+            self.valid[s] = valid
 
         if self.simulation:
             for s in self.services:
