@@ -38,6 +38,7 @@ Design (Linux and other POSIX systems; processes need share nothing but names):
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import errno
 import fcntl
@@ -625,8 +626,37 @@ class SocketEventGate:
             Event(state.fifo_fds[RECV_READY]).clear()
             return
 
+    async def pass_gate_async(self) -> None:
+        """:meth:`pass_gate` for a task: the wait for ``recv_ready`` is the event loop's
+        watch of that FIFO (no thread, no polling); cancelling it leaves the event set."""
+        if not self.enabled():
+            return
+        state = self._view.state
+        assert state is not None
+        Event(state.fifo_fds[RECV_CALLED]).set()
+        ready = Event(state.fifo_fds[RECV_READY])
+        loop = asyncio.get_running_loop()
+        while True:
+            if ready.peek():
+                ready.clear()
+                return
+            woken = loop.create_future()
+            loop.add_reader(ready.fd, _resolve_once, woken)
+            try:
+                await asyncio.wait_for(woken, _GATE_CHECK_S)
+            except asyncio.TimeoutError:
+                if not self.enabled() or self._view.state is not state:
+                    return
+            finally:
+                loop.remove_reader(ready.fd)
+
     def close(self) -> None:
         self._view.release()
+
+
+def _resolve_once(future: Any) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 # --- cleanup -------------------------------------------------------------------------

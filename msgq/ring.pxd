@@ -85,6 +85,12 @@ cdef extern from "src/msgq_ring.h" nogil:
     int msgq_subscriber_has_data(msgq_subscriber *sub)
     int msgq_subscriber_wait(msgq_subscriber *sub, int64_t timeout_ns)
     int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready)
+    ctypedef struct msgq_interrupt:
+        pass
+    uint32_t msgq_interrupt_seen(msgq_interrupt *interrupt)
+    void msgq_interrupt_raise(msgq_interrupt *interrupt)
+    int msgq_poll_until(msgq_subscriber *const *subs, int n, int64_t timeout_ns,
+                        uint8_t *ready, msgq_interrupt *interrupt, uint32_t seen)
 
 
 cdef extern from "src/queue_file.h" nogil:

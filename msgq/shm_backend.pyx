@@ -15,13 +15,17 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.errno cimport EAGAIN, EBUSY, EINTR, ENOSPC, EPERM
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from posix.unistd cimport getpid
 from posix.types cimport pid_t
 
 from msgq.ring cimport *
 
+import asyncio
 import os
+import threading
+import time
+import weakref
 
 from msgq.errors import IpcError, MessageOverwritten, MultiplePublishersError, readers_timeout
 
@@ -587,6 +591,8 @@ cdef class SubSocket:
     cdef int exports  # buffers exported by this socket's message views (the ring is in them)
     cdef bint view_open  # a receive_view block holds the next message
     cdef bint lent_views  # the current mapping was lent to a decoder (see _disconnect)
+    cdef int async_busy  # a loop's waiter thread sleeps on this ring (see _LoopWaiter)
+    cdef object async_waiter  # that waiter, while it has this socket in its set
     cdef pid_t owner_pid
     cdef int64_t timeout_ns
     cdef readonly object endpoint
@@ -597,6 +603,8 @@ cdef class SubSocket:
         self.exports = 0
         self.view_open = False
         self.lent_views = False
+        self.async_busy = 0
+        self.async_waiter = None
         self.timeout_ns = -1
         self.endpoint = None
 
@@ -622,6 +630,9 @@ cdef class SubSocket:
             raise IpcError(f"endpoint {self.endpoint!r}: another thread is receiving or "
                            "polling on this socket; close or reconnect it when that call "
                            "has returned")
+        if self.async_busy:
+            raise IpcError(f"endpoint {self.endpoint!r}: an event loop's waiter thread "
+                           "still sleeps on this socket's queue; try again")
         if self.exports or self.view_open:
             raise IpcError(f"endpoint {self.endpoint!r}: a view of a message in this "
                            "socket's queue is still in use (a receive_view block, or a "
@@ -824,10 +835,238 @@ cdef class SubSocket:
         return self.sub.ring.capacity
 
     def close(self) -> None:
-        """Gives the reader slot back; the socket can connect again. Raises IpcError while
-        another thread is inside a call on it."""
+        """Gives the reader slot back; the socket can connect again. Tasks awaiting it
+        (``receive_async``, ``poll_async``) get IpcError. Raises IpcError while another
+        thread is inside a call on it."""
+        self._release_async_waiter()
         self._check_idle()
         self._disconnect()
+
+    cdef int _release_async_waiter(self) except -1:
+        """Fails the tasks awaiting this socket and waits until the loop's waiter thread
+        no longer sleeps on its ring (it is told to let go at once)."""
+        if self.async_waiter is not None:
+            (<_LoopWaiter>self.async_waiter).drop(self)
+        cdef double give_up = time.monotonic() + 2.0
+        while self.async_busy and time.monotonic() < give_up:
+            time.sleep(0.0002)  # lets the waiter thread take the GIL and return
+        return 0
+
+    # --- asyncio -----------------------------------------------------------------
+
+    async def receive_async(self):
+        """``await sub.receive_async()``: the next message as ``bytes``, or None when the
+        socket's timeout (``setTimeout``, ms) passes first. The task sleeps while it
+        waits (one thread per event loop sleeps on every awaited queue for it);
+        cancelling it loses no message: a message is taken only by the call that
+        returns it."""
+        loop = asyncio.get_running_loop()
+        deadline = None if self.timeout_ns < 0 else loop.time() + self.timeout_ns / 1e9
+        while True:
+            msg = self.receive(non_blocking=True)
+            if msg is not None:
+                return msg
+            if deadline is not None and loop.time() >= deadline:
+                return None
+            await wait_readable_async(loop, [self], deadline)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        """``async for msg in sub``: every message, waiting as long as it takes (timeouts
+        do not end the loop; closing the socket does)."""
+        while True:
+            if not self.connected:
+                raise StopAsyncIteration
+            msg = await self.receive_async()
+            if msg is not None:
+                return msg
+
+
+#: Seconds a loop's waiter thread stays after its last waiter is gone before it ends.
+WAITER_LINGER_S = 1.0
+#: The longest one sleep of a waiter thread (it looks at its loop and set again after).
+cdef int64_t WAITER_SLICE_NS = 100 * 1000 * 1000
+
+_waiters = weakref.WeakKeyDictionary()
+
+
+cdef class _LoopWaiter:
+    """Sleeps on the queues the tasks of one event loop await, in one thread, and wakes
+    the loop (``call_soon_threadsafe``) for those that got data. The thread starts with
+    the first waiter and ends ``WAITER_LINGER_S`` after the last one, or when the loop
+    is closed or collected: nothing polls, and no thread outlives its use."""
+    cdef object loop_ref
+    cdef object lock
+    cdef dict waiting  # id(sock) -> [sock, [futures]]
+    cdef object thread
+    cdef msgq_interrupt *interrupt
+
+    def __cinit__(self, loop):
+        self.loop_ref = weakref.ref(loop)
+        self.lock = threading.Lock()
+        self.waiting = {}
+        self.thread = None
+        self.interrupt = <msgq_interrupt *>PyMem_Malloc(sizeof(msgq_interrupt))
+        if self.interrupt == NULL:
+            raise MemoryError()
+        memset(self.interrupt, 0, sizeof(msgq_interrupt))
+
+    def __dealloc__(self):
+        PyMem_Free(self.interrupt)  # the thread holds self while it runs
+
+    def add(self, list socks, fut) -> None:
+        """``fut`` is resolved once any of ``socks`` may have data."""
+        cdef SubSocket sock
+        with self.lock:
+            for sock in socks:
+                entry = self.waiting.get(id(sock))
+                if entry is None:
+                    self.waiting[id(sock)] = [sock, [fut]]
+                    sock.async_waiter = self
+                else:
+                    entry[1].append(fut)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="msgq-async-waiter",
+                                               daemon=True)
+                self.thread.start()
+        msgq_interrupt_raise(self.interrupt)
+
+    def forget(self, list socks, fut) -> None:
+        """``fut`` no longer waits (resolved, timed out or cancelled)."""
+        cdef SubSocket sock
+        with self.lock:
+            for sock in socks:
+                entry = self.waiting.get(id(sock))
+                if entry is None:
+                    continue
+                try:
+                    entry[1].remove(fut)
+                except ValueError:
+                    pass
+                if not entry[1]:
+                    del self.waiting[id(sock)]
+                    sock.async_waiter = None
+
+    def drop(self, SubSocket sock) -> None:
+        """``sock`` is being closed: its waiters fail, the thread lets go of its ring."""
+        with self.lock:
+            entry = self.waiting.pop(id(sock), None)
+            sock.async_waiter = None
+        msgq_interrupt_raise(self.interrupt)
+        if entry is not None:
+            loop = self.loop_ref()
+            error = IpcError(f"endpoint {sock.endpoint!r}: the socket was closed while a "
+                             "task awaited it")
+            if loop is not None and not loop.is_closed():
+                for fut in entry[1]:
+                    loop.call_soon_threadsafe(_fail, fut, error)
+
+    def _run(self) -> None:
+        cdef msgq_subscriber **subs = NULL
+        cdef uint8_t *ready = NULL
+        cdef int capacity = 0
+        cdef int n, i, r
+        cdef uint32_t seen
+        cdef SubSocket sock
+        idle_since = None
+        try:
+            while True:
+                loop = self.loop_ref()
+                if loop is None or loop.is_closed():
+                    with self.lock:
+                        self.thread = None
+                    return
+                with self.lock:
+                    seen = msgq_interrupt_seen(self.interrupt)
+                    entries = list(self.waiting.values())
+                    if not entries:
+                        now = time.monotonic()
+                        if idle_since is None:
+                            idle_since = now
+                        elif now - idle_since >= WAITER_LINGER_S:
+                            self.thread = None
+                            return
+                    else:
+                        idle_since = None
+                    n = len(entries)
+                    if n > capacity:
+                        PyMem_Free(subs)
+                        PyMem_Free(ready)
+                        capacity = max(8, 2 * n)
+                        subs = <msgq_subscriber **>PyMem_Malloc(capacity * sizeof(void *))
+                        ready = <uint8_t *>PyMem_Malloc(capacity)
+                        if subs == NULL or ready == NULL:
+                            raise MemoryError()
+                    for i in range(n):
+                        sock = entries[i][0]
+                        subs[i] = &sock.sub
+                        sock.async_busy += 1
+                del loop
+                with nogil:
+                    r = msgq_poll_until(subs, n, WAITER_SLICE_NS, ready, self.interrupt, seen)
+                woken = []
+                with self.lock:
+                    for i in range(n):
+                        sock = entries[i][0]
+                        sock.async_busy -= 1
+                        if r > 0 and ready[i]:
+                            entry = self.waiting.pop(id(sock), None)
+                            if entry is not None:
+                                sock.async_waiter = None
+                                woken.extend(entry[1])
+                if woken:
+                    loop = self.loop_ref()
+                    if loop is None:
+                        continue
+                    try:
+                        loop.call_soon_threadsafe(_resolve, woken)
+                    except RuntimeError:  # the loop was closed meanwhile
+                        pass
+                    del loop
+        finally:
+            PyMem_Free(subs)
+            PyMem_Free(ready)
+
+
+def _resolve(list futures) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_result(None)
+
+
+def _fail(fut, error) -> None:
+    if not fut.done():
+        fut.set_exception(error)
+
+
+cdef _LoopWaiter _waiter_of(loop):
+    waiter = _waiters.get(loop)
+    if waiter is None:
+        waiter = _waiters[loop] = _LoopWaiter(loop)
+    return waiter
+
+
+async def wait_readable_async(loop, list socks, deadline=None) -> None:
+    """Returns once any of ``socks`` (connected SubSockets) may have data, or at
+    ``deadline`` (the loop's clock; None: no limit). Cancellable."""
+    cdef _LoopWaiter waiter = _waiter_of(loop)
+    for sock in socks:
+        if not (<SubSocket>sock).connected:
+            raise IpcError("socket is not connected; call connect() first")
+    fut = loop.create_future()
+    waiter.add(socks, fut)
+    try:
+        if deadline is None:
+            await fut
+        else:
+            try:
+                await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        waiter.forget(socks, fut)
 
 
 cdef class MessageView:
@@ -985,3 +1224,15 @@ cdef class Poller:
             PyErr_CheckSignals()
             if deadline >= 0 and os_monotonic_ns() >= deadline:
                 return []
+
+    async def poll_async(self, timeout=None) -> list:
+        """``await poller.poll_async(timeout)``: the registered sockets with a message
+        waiting, after at most ``timeout`` ms (None or negative: no limit); empty on
+        timeout. The task sleeps meanwhile (see ``SubSocket.receive_async``)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None or timeout < 0 else loop.time() + timeout / 1000
+        while True:
+            ready = self.poll(0)
+            if ready or (deadline is not None and loop.time() >= deadline):
+                return ready
+            await wait_readable_async(loop, list(self.sockets), deadline)

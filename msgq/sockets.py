@@ -234,6 +234,18 @@ class SubSocket(metaclass=ABCMeta):
         ``receive``); a buffer too small raises ValueError and keeps the message."""
 
     @abstractmethod
+    async def receive_async(self) -> bytes | None:
+        """``await sub.receive_async()``: ``receive`` for a task (None after the socket's
+        timeout); the task sleeps while it waits, and cancelling it loses no message.
+        ``async for msg in sub`` receives every message."""
+
+    @abstractmethod
+    def __aiter__(self) -> Any: ...
+
+    @abstractmethod
+    async def __anext__(self) -> bytes: ...
+
+    @abstractmethod
     def receive_view(self, non_blocking: bool = False) -> Any:
         """The next message without a copy, as a context manager whose block gets a
         read-only memoryview (None as ``receive``); leaving the block raises
@@ -272,6 +284,11 @@ class Poller(metaclass=ABCMeta):
     def poll(self, timeout: int) -> list[Any]:
         """The registered sockets with a message waiting, after at most ``timeout``
         milliseconds (negative or None: no limit); empty on timeout."""
+
+    @abstractmethod
+    async def poll_async(self, timeout: int | None = None) -> list[Any]:
+        """``await poller.poll_async(timeout)``: ``poll`` for a task, which sleeps
+        meanwhile (``timeout`` in milliseconds; None or negative: no limit)."""
 
 
 # --- fake events ---------------------------------------------------------------------
@@ -314,6 +331,22 @@ class FakeSubSocket:
         if self._gate is not None:
             self._gate.pass_gate()
         return self.sock.receive_into(buffer, non_blocking)
+
+    async def receive_async(self) -> bytes | None:
+        """Passes the gate (awaiting ``recv_ready``), then awaits the backend's receive."""
+        if self._gate is not None:
+            await self._gate.pass_gate_async()
+        return await self.sock.receive_async()
+
+    def __aiter__(self) -> FakeSubSocket:
+        return self
+
+    async def __anext__(self) -> bytes:
+        """``async for msg in sub``: every message, each behind the gate."""
+        while True:
+            msg = await self.receive_async()
+            if msg is not None:
+                return msg
 
     def receive_view(self, non_blocking: bool = False) -> Any:
         """Passes the gate, then gives the backend's view of the next message."""
@@ -382,6 +415,15 @@ class FakePoller:
         return [s for s in self._sockets
                 if id(s) in enabled
                 or id(s.sock if isinstance(s, FakeSubSocket) else s) in ready_ids]
+
+    async def poll_async(self, timeout: int | None = None) -> list[Any]:
+        """``poll`` for a task: enabled sockets at once, else the backend's poll_async."""
+        if any(isinstance(s, FakeSubSocket) and s.gate_enabled for s in self._sockets):
+            return self.poll(0)
+        ready = await self.poller.poll_async(timeout)
+        ready_ids = {id(s) for s in ready}
+        return [s for s in self._sockets
+                if id(s.sock if isinstance(s, FakeSubSocket) else s) in ready_ids]
 
 
 SubSocket.register(FakeSubSocket)

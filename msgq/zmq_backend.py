@@ -52,6 +52,7 @@ messages from other ZMQ 4 publishers carry no endpoint tag and are delivered as 
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import errno
 import logging
@@ -878,6 +879,33 @@ class SubSocket:
         msg = self._next(non_blocking)
         return msg if msg is None or isinstance(msg, bytes) else msg.bytes
 
+    async def receive_async(self) -> bytes | None:
+        """``await sub.receive_async()``: the next message, or None when the socket's
+        timeout (ms) passes first. The task sleeps on the socket's descriptor in the
+        event loop meanwhile; cancelling it loses no message."""
+        loop = asyncio.get_running_loop()
+        deadline = None if self._timeout_ms < 0 else loop.time() + self._timeout_ms / 1000
+        while True:
+            msg = self.receive(non_blocking=True)
+            if msg is not None:
+                return msg
+            if deadline is not None and loop.time() >= deadline:
+                return None
+            await wait_readable_async(loop, [self], deadline)
+
+    def __aiter__(self) -> SubSocket:
+        return self
+
+    async def __anext__(self) -> bytes:
+        """``async for msg in sub``: every message (timeouts do not end the loop; closing
+        the socket does)."""
+        while True:
+            if self._sock is None:
+                raise StopAsyncIteration
+            msg = await self.receive_async()
+            if msg is not None:
+                return msg
+
     def receive_view(self, non_blocking: bool = False) -> FrameView:
         """The next message without a copy: ``with sub.receive_view() as view:`` gives a
         read-only memoryview of the received frame (None as ``receive``). The frame is
@@ -923,6 +951,43 @@ class SubSocket:
             self.close()
         except Exception:
             pass
+
+
+async def wait_readable_async(loop: asyncio.AbstractEventLoop, socks: list[SubSocket],
+                              deadline: float | None = None) -> None:
+    """Returns once any of ``socks`` may have input, or at ``deadline`` (the loop's clock;
+    None: no limit): the loop watches their ZMQ descriptors (edge-triggered, so their
+    events are read before sleeping). Cancellable."""
+    zsocks = []
+    for sock in socks:
+        zsock = sock._check_connected()
+        if sock._stash is not None or zsock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return
+        zsocks.append(zsock)
+    woken = loop.create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    fds = [zsock.getsockopt(zmq.FD) for zsock in zsocks]
+    for fd in fds:
+        loop.add_reader(fd, wake)
+    try:
+        # Input that came between the check above and add_reader left the descriptor
+        # readable, so the loop sees it; looking again costs little and is certain.
+        if any(zsock.getsockopt(zmq.EVENTS) & zmq.POLLIN for zsock in zsocks):
+            return
+        if deadline is None:
+            await woken
+        else:
+            try:
+                await asyncio.wait_for(woken, max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)
 
 
 def _address(buffer: memoryview) -> int:
@@ -1015,3 +1080,15 @@ class Poller:
                 return stashed
             if deadline is not None and time.monotonic() >= deadline:
                 return []
+
+    async def poll_async(self, timeout: int | None = None) -> list[SubSocket]:
+        """``await poller.poll_async(timeout)``: the registered sockets with a message
+        waiting, after at most ``timeout`` ms (None or negative: no limit); empty on
+        timeout. The task sleeps on the sockets' descriptors meanwhile."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None or timeout < 0 else loop.time() + timeout / 1000
+        while True:
+            ready = self.poll(0)
+            if ready or (deadline is not None and loop.time() >= deadline):
+                return ready
+            await wait_readable_async(loop, list(self._sockets), deadline)

@@ -25,12 +25,13 @@ from typing import Any
 from msgq import NO_TRAVERSAL_LIMIT, SubSocket, drain_sock_raw, pub_sock, sub_sock
 from msgq.messaging.frequency import FrequencyTracker
 from msgq.messaging.pub_master import PubMaster
-from msgq.messaging.sub_master import SubMaster
+from msgq.messaging.sub_master import AsyncSubMaster, SubMaster
 from msgq.schemas import SERVICE_LIST, Schema, default_schema
 from msgq.schemas.events import MessageDecodeError, decode_event, log_from_bytes, new_message
 
 __all__ = [
     "NO_TRAVERSAL_LIMIT",
+    "AsyncSubMaster",
     "SERVICE_LIST",
     "FrequencyTracker",
     "MessageDecodeError",

@@ -37,7 +37,7 @@ from msgq.schemas import Schema, default_schema
 from msgq.schemas.events import MessageDecodeError
 from msgq.tables import format_table
 
-__all__ = ["ALIVE_PERIODS", "SubMaster"]
+__all__ = ["ALIVE_PERIODS", "AsyncSubMaster", "SubMaster"]
 
 #: A service is alive while its last message is younger than this many expected periods.
 ALIVE_PERIODS = 10.0
@@ -207,8 +207,12 @@ class SubMaster:
     def update(self, timeout: int = 100) -> None:
         """Waits up to ``timeout`` ms for the polled service (any service when none is
         polled), reads the newest message of every service, and updates the health."""
+        self._update_from(self.poller.poll(timeout))
+
+    def _update_from(self, ready: list[Any]) -> None:
+        """One update, given the polled sockets that have data."""
         received: list[_Received] = []
-        for sock in self.poller.poll(timeout):
+        for sock in ready:
             self._receive(self._service_of_sock[id(sock)], sock, received)
         for service in self.non_polled_services:
             self._receive(service, self.sock[service], received)
@@ -318,6 +322,17 @@ class SubMaster:
         """Closes every subscriber socket."""
         for sock in self.sock.values():
             sock.close()
+
+
+class AsyncSubMaster(SubMaster):
+    """:class:`SubMaster` for asyncio programs: ``await sm.update(timeout)`` lets the
+    event loop run other tasks while it waits (the task sleeps; nothing polls). Everything
+    else is SubMaster's."""
+
+    async def update(self, timeout: int = 100) -> None:  # type: ignore[override]
+        """Waits up to ``timeout`` ms for the polled service (any service when none is
+        polled) without blocking the loop, then updates as :meth:`SubMaster.update`."""
+        self._update_from(await self.poller.poll_async(timeout))
 
 
 def _yes_no(flag: bool) -> str:

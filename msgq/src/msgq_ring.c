@@ -717,15 +717,31 @@ static int spin_for_data(msgq_subscriber *const *subs, int n, uint8_t *ready,
 }
 
 int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready) {
-  if (n <= 0) return -EINVAL;
-  int count = spin_for_data(subs, n, ready, timeout_ns);
+  return msgq_poll_until(subs, n, timeout_ns, ready, NULL, 0);
+}
+
+uint32_t msgq_interrupt_seen(msgq_interrupt *interrupt) {
+  return atomic_load_explicit(&interrupt->word, memory_order_acquire);
+}
+
+void msgq_interrupt_raise(msgq_interrupt *interrupt) {
+  atomic_fetch_add_explicit(&interrupt->word, 1u, memory_order_acq_rel);
+  os_wake_all(&interrupt->word);
+}
+
+int msgq_poll_until(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready,
+                    msgq_interrupt *interrupt, uint32_t seen) {
+  if (n < 0 || (n == 0 && !interrupt)) return -EINVAL;
+  int count = n ? spin_for_data(subs, n, ready, timeout_ns) : 0;
   if (count || timeout_ns == 0) return count;
 
-  /* The kernel waits on at most OS_WAIT_MAX_WORDS words; with more subscribers, sleep on
-   * the first ones in slices of at most 1 ms and check all of them after each. */
+  /* The kernel waits on at most OS_WAIT_MAX_WORDS words (one of them the interrupt word
+   * when there is one); with more subscribers, sleep on the first ones in slices of at
+   * most 1 ms and check all of them after each. */
+  const int max_words = interrupt ? OS_WAIT_MAX_WORDS - 1 : OS_WAIT_MAX_WORDS;
   int wait_n = n;
-  if (n > OS_WAIT_MAX_WORDS) {
-    wait_n = OS_WAIT_MAX_WORDS;
+  if (n > max_words) {
+    wait_n = max_words;
     if (timeout_ns < 0 || timeout_ns > 1000000) timeout_ns = 1000000;
   }
   /* A waiting bit cleared by someone else (damage) would hide this sleeper from the
@@ -742,9 +758,14 @@ int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *
   /* seq_cst: the waiter registrations above come before the write_pointer loads below. */
   atomic_thread_fence(memory_order_seq_cst);
   int r = 0;
+  int words_n = wait_n;
+  if (interrupt) {
+    words[words_n] = &interrupt->word;
+    expected[words_n++] = seen;
+  }
   count = check_all(subs, n, ready);
-  if (!count) {
-    r = os_wait_any(words, expected, wait_n, timeout_ns);
+  if (!count && !(interrupt && msgq_interrupt_seen(interrupt) != seen)) {
+    r = os_wait_any(words, expected, words_n, timeout_ns);
     count = check_all(subs, n, ready);
   }
   for (int i = 0; i < wait_n; i++) end_wait(subs[i]);

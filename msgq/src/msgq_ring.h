@@ -297,6 +297,21 @@ int msgq_subscriber_wait(msgq_subscriber *sub, int64_t timeout_ns);
  * timeout, -EINTR on a signal. It may return 0 early (after at most 100 ms, or 1 ms
  * past OS_WAIT_MAX_WORDS subscribers): callers loop until their own deadline. */
 int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready);
+/* A word a waiting thread sleeps on besides its subscribers, so that another thread of
+ * the process can send it back to its caller (e.g. to wait on a new set of subscribers):
+ * take msgq_interrupt_seen() before deciding what to wait on, then msgq_poll_until(); a
+ * msgq_interrupt_raise() after that moment ends the wait (returns 0). Process-local. */
+typedef struct {
+  _Atomic uint32_t word;
+} msgq_interrupt;
+uint32_t msgq_interrupt_seen(msgq_interrupt *interrupt);
+void msgq_interrupt_raise(msgq_interrupt *interrupt);
+/* msgq_poll that also returns 0 early once the interrupt was raised after `seen` was
+ * taken. At most OS_WAIT_MAX_WORDS - 1 subscribers are slept on at once (more: slices
+ * of 1 ms). interrupt may be NULL (then it is msgq_poll); with one, n may be 0 (a thread
+ * with nothing to wait on sleeps on the interrupt alone). */
+int msgq_poll_until(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready,
+                    msgq_interrupt *interrupt, uint32_t seen);
 
 
 #endif
