@@ -47,6 +47,7 @@ def test_quick_msgq_run_prints_a_row_without_drops(tmp_path: Path) -> None:
     assert float(msgs_per_s.replace(",", "")) > 0
     assert drops == "0"
     assert any(r[:4] == ["round trip", "8 B", "1 cpu", "msgq"] for r in rows), proc.stdout
+    assert any(r[:4] == ["async trip", "8 B", "1 cpu", "msgq"] for r in rows), proc.stdout
 
     document = json.loads(out_json.read_text())
     medians = [r["median"] for r in document["results"]]
@@ -54,3 +55,14 @@ def test_quick_msgq_run_prints_a_row_without_drops(tmp_path: Path) -> None:
     assert all(m["error"] is None and m["drops"] == 0 and m["bad"] == 0 for m in medians)
     shm_base = os.environ.get("MSGQ_SHM_DIR", "/dev/shm")
     assert not os.path.exists(os.path.join(shm_base, document["meta"]["prefix"]))
+
+
+def test_view_rows_read_in_place_without_drops() -> None:
+    cmd = [sys.executable, "-m", "msgq.bench", "--backends", "msgq", "--tests", "view",
+           "--sizes", "64K", "--subs", "1", "--repeat", "1", "--duration", "0.1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [re.split(r"\s{2,}", line.strip()) for line in proc.stdout.splitlines()]
+    view = [r for r in rows if r[:4] == ["view", "64 KiB", "1 sub", "msgq"]]
+    assert len(view) == 1, proc.stdout
+    assert float(view[0][4].replace(",", "")) > 0 and view[0][6] == "0"

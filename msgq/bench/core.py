@@ -18,8 +18,13 @@ What is measured:
   subscriber is connected (ZMQ's slow joiners), then untimed warm-up traffic runs before
   the timed part, which starts and ends with marker messages.
 * **recv_into** — the same, with subscribers copying into one preallocated buffer.
+* **view** — the same, with subscribers reading each message where the library hands it
+  out, without a copy where it can (msgq ``receive_view``, kickmsg ``receive_view``,
+  iceoryx2 samples, pyzmq frames): the sequence numbers are read in place.
 * **round trip** — process A publishes on "ping", process B receives and republishes on
   "pong"; A times each round trip. Both pinned to one CPU, then to two CPUs.
+* **async trip** — the same with both sides asyncio tasks (``await`` on receive; 8 B),
+  for the libraries with an asyncio API (msgq, pyzmq's zmq.asyncio).
 
 The peers are adapter classes in :mod:`msgq.bench.peers`, the processes' programs in
 :mod:`msgq.bench.workers`, the parent side in :mod:`msgq.bench.runner` and the table in
@@ -46,6 +51,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from msgq.bench.peers import (
+    ASYNC_RTT_SIZES,
     BACKEND_ORDER,
     BACKENDS,
     DEFAULT_DURATION,
@@ -269,8 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan: list[tuple[str, int, int]] = []
     if "throughput" in tests:
         plan += [("throughput", size, n) for size in sizes for n in subs_list]
-    if "recv_into" in tests:
-        plan += [("recv_into", size, n) for size in sizes if size in INTO_SIZES for n in subs_list]
+    for kind in ("recv_into", "view"):
+        if kind in tests:
+            plan += [(kind, size, n) for size in sizes if size in INTO_SIZES for n in subs_list]
     pairs = _cpu_pairs()
     if "rtt" in tests:
         plan += [
@@ -278,6 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         if len(pairs) < 2:
             skipped["2-cpu round trips"] = "this process may run on one CPU only"
+    if "rtt_async" in tests:
+        plan += [("rtt_async", size, len(set(pair)))
+                 for size in sizes if size in ASYNC_RTT_SIZES for pair in pairs]
 
     ctx = _context()
     runner = Runner(ctx, run_dir, prefix, duration)
@@ -290,9 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for _ in range(repeat):
                 for name in backends:  # interleaved, so noise hits every backend alike
                     progress.step(f"{TEST_LABEL[kind]} {fmt_size(size)} ×{n} {name}")
-                    if kind == "rtt":
+                    if kind.startswith("rtt"):
                         pair = next(p for p in pairs if len(set(p)) == n)
-                        m = runner.round_trip(name, size, pair)
+                        m = runner.round_trip(name, size, pair, kind)
                     else:
                         m = runner.throughput(kind, name, size, n)
                     cell[name].append(m)

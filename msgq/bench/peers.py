@@ -7,6 +7,7 @@ are not importable are skipped with a note.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import importlib
 import importlib.metadata
@@ -26,13 +27,16 @@ MIB = 1024 * KIB
 
 DEFAULT_SIZES: tuple[int, ...] = (8, KIB, 64 * KIB, MIB)
 DEFAULT_SUBS: tuple[int, ...] = (1, 4)
-#: Payload sizes of the recv_into rows and of the round-trip rows (kept if in --sizes).
+#: Payload sizes of the recv_into and view rows and of the round-trip rows (kept if in
+#: --sizes).
 INTO_SIZES: tuple[int, ...] = (64 * KIB, MIB)
 RTT_SIZES: tuple[int, ...] = (8, 64 * KIB)
 #: Every backend the benchmark knows, in table order; pyzmq is the reference of the ratios.
 BACKEND_ORDER: tuple[str, ...] = ("msgq", "msgq-zmq", "pyzmq", "kickmsg", "iceoryx2")
 REFERENCE = "pyzmq"
-TESTS: tuple[str, ...] = ("throughput", "recv_into", "rtt")
+TESTS: tuple[str, ...] = ("throughput", "recv_into", "view", "rtt", "rtt_async")
+#: Payload sizes of the asyncio round-trip rows.
+ASYNC_RTT_SIZES: tuple[int, ...] = (8,)
 
 #: Seconds each measurement runs (throughput rows and round-trip rows).
 DEFAULT_DURATION = 0.4
@@ -173,6 +177,31 @@ class Backend:
         """Copies the next message into ``buf``; its size, or None after the timeout."""
         raise NotImplementedError
 
+    #: Footnote: how an asyncio task waits for a message ("" : the library has no asyncio
+    #: receive, and its async round-trip rows are n/a).
+    async_note = ""
+
+    def use_asyncio(self) -> None:
+        """Called before any socket is made when the sockets serve asyncio tasks."""
+
+    async def recv_async(self, sub: Any) -> bytes | None:
+        """The next message for an asyncio task, or None after the receive timeout."""
+        raise NotImplementedError
+
+    async def send_async(self, pub: Any, data: bytes | bytearray) -> None:
+        """Publishes ``data`` from an asyncio task."""
+        self.send(pub, data)
+
+    def recv_peek(self, sub: Any, tail: int) -> tuple[int, int, int] | None:
+        """The next message read where the library hands it out, without copying it when
+        the library can: (size, the u64 at 0, the u64 at ``tail``, or at 0 when
+        ``tail`` < 0), or None after the timeout. This default copies (``recv``)."""
+        msg = self.recv(sub)
+        if msg is None:
+            return None
+        seq = HEADER.unpack_from(msg, 0)[0]
+        return len(msg), seq, HEADER.unpack_from(msg, tail)[0] if tail >= 0 else seq
+
     def close(self) -> None:
         """Releases every socket this instance made."""
 
@@ -193,7 +222,9 @@ class MsgqBackend(Backend):
         "receive() looks for data for up to 10 µs (spin, then sched_yield), then sleeps on "
         "a futex in the shared ring (setTimeout)"
     )
-    io_note = "send(bytearray) copies once into the ring; receive() copies once into bytes"
+    io_note = (
+        "send(bytearray) copies once into the ring; receive() copies once into bytes; "
+        "view rows: receive_view() reads in the ring, overwrite checked on leaving")
     dist_name = "msgq"
 
     def __init__(self, run_dir: str, prefix: str) -> None:
@@ -231,6 +262,24 @@ class MsgqBackend(Backend):
 
     def recv(self, sub: Any) -> bytes | None:
         return sub.receive()
+
+    async_note = (
+        "await receive_async(): the task sleeps; one thread per event loop sleeps on the "
+        "queue's futex and wakes the loop (call_soon_threadsafe)")
+
+    async def recv_async(self, sub: Any) -> bytes | None:
+        return await sub.receive_async()
+
+    def recv_peek(self, sub: Any, tail: int) -> tuple[int, int, int] | None:
+        unpack_from = HEADER.unpack_from
+        try:
+            with sub.receive_view() as view:
+                if view is None:
+                    return None
+                seq = unpack_from(view, 0)[0]
+                return len(view), seq, unpack_from(view, tail)[0] if tail >= 0 else seq
+        except msgq.MessageOverwritten:
+            return (-1, 0, 0)  # counted as a bad message (paced runs never lap a reader)
 
     def recv_into(self, sub: Any, buf: bytearray) -> int | None:
         if hasattr(sub, "receive_into"):
@@ -285,6 +334,7 @@ class PyzmqBackend(Backend):
 
         self.zmq = zmq
         self.context = zmq.Context()
+        self.asyncio = False
         self.sockets: list[Any] = []
 
     @classmethod
@@ -293,6 +343,24 @@ class PyzmqBackend(Backend):
 
     def _address(self, topic: str) -> str:
         return f"ipc://{self.run_dir}/zmq-{topic}.ipc"
+
+    async_note = "zmq.asyncio sockets: await recv() (the loop watches the socket's FD)"
+
+    def use_asyncio(self) -> None:
+        import zmq.asyncio  # only the asyncio rows need it
+
+        self.context.term()
+        self.context = zmq.asyncio.Context()
+        self.asyncio = True
+
+    async def recv_async(self, sub: Any) -> bytes | None:
+        try:
+            return await asyncio.wait_for(sub.recv(), RECV_TIMEOUT_MS / 1000)
+        except asyncio.TimeoutError:
+            return None
+
+    async def send_async(self, pub: Any, data: bytes | bytearray) -> None:
+        await pub.send(data, copy=True)
 
     def make_pub(self, topic: str, geo: Geometry) -> Any:
         zmq = self.zmq
@@ -307,7 +375,8 @@ class PyzmqBackend(Backend):
         zmq = self.zmq
         sock = self.context.socket(zmq.SUB)
         sock.setsockopt(zmq.RCVHWM, self.HWM)
-        sock.setsockopt(zmq.RCVTIMEO, RECV_TIMEOUT_MS)
+        if not self.asyncio:  # the asyncio rows time out with wait_for instead
+            sock.setsockopt(zmq.RCVTIMEO, RECV_TIMEOUT_MS)
         sock.setsockopt(zmq.RECONNECT_IVL, 5)  # the publisher binds after we connect
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
@@ -329,6 +398,15 @@ class PyzmqBackend(Backend):
             return sub.recv_into(buf)
         except self.zmq.Again:
             return None
+
+    def recv_peek(self, sub: Any, tail: int) -> tuple[int, int, int] | None:
+        try:
+            frame = sub.recv(copy=False)
+        except self.zmq.Again:
+            return None
+        view = frame.buffer
+        seq = HEADER.unpack_from(view, 0)[0]
+        return len(view), seq, HEADER.unpack_from(view, tail)[0] if tail >= 0 else seq
 
     def close(self) -> None:
         for sock in self.sockets:
@@ -395,6 +473,17 @@ class KickmsgBackend(Backend):
 
     def recv(self, sub: Any) -> bytes | None:
         return sub.receive(RECV_TIMEOUT_MS / 1000)
+
+    def recv_peek(self, sub: Any, tail: int) -> tuple[int, int, int] | None:
+        sample = sub.receive_view(RECV_TIMEOUT_MS / 1000)
+        if sample is None:
+            return None
+        with sample:
+            view = memoryview(sample)
+            seq = HEADER.unpack_from(view, 0)[0]
+            result = (view.nbytes, seq, HEADER.unpack_from(view, tail)[0] if tail >= 0 else seq)
+            view.release()
+        return result
 
     def recv_into(self, sub: Any, buf: bytearray) -> int | None:
         sample = sub.receive_view(RECV_TIMEOUT_MS / 1000)
@@ -513,6 +602,17 @@ class Iceoryx2Backend(Backend):
         data = ctypes.string_at(sample.payload_ptr, sample.header.number_of_elements)
         sample.delete()
         return data
+
+    def recv_peek(self, sub: Any, tail: int) -> tuple[int, int, int] | None:
+        sample = self._receive(sub)
+        if sample is None:
+            return None
+        n = sample.header.number_of_elements
+        seq = HEADER.unpack(ctypes.string_at(sample.payload_ptr, HEADER.size))[0]
+        last = seq if tail < 0 else HEADER.unpack(
+            ctypes.string_at(sample.payload_ptr + tail, HEADER.size))[0]
+        sample.delete()
+        return n, seq, last
 
     def recv_into(self, sub: Any, buf: bytearray) -> int | None:
         sample = self._receive(sub)

@@ -51,7 +51,8 @@ class Notes:
         return f"[{self.texts.index(text) + 1}]"
 
 
-TEST_LABEL = {"throughput": "throughput", "recv_into": "recv_into", "rtt": "round trip"}
+TEST_LABEL = {"throughput": "throughput", "recv_into": "recv_into", "view": "view",
+              "rtt": "round trip", "rtt_async": "async trip"}
 
 
 def render_table(
@@ -85,7 +86,8 @@ def render_table(
             m = by_backend.get(name)
             if m is None:
                 continue
-            n_label = f"{n} sub{'s' if n > 1 else ''}" if kind != "rtt" else f"{n} cpu"
+            rtt = kind.startswith("rtt")
+            n_label = f"{n} cpu" if rtt else f"{n} sub{'s' if n > 1 else ''}"
             row = [TEST_LABEL[kind], fmt_size(size), n_label, name, "", "", "", "", "", ""]
             if m.error is not None and m.msgs_per_s is None and m.p50_us is None:
                 reason = m.error.splitlines()[0] if m.error else "failed"
@@ -93,7 +95,7 @@ def render_table(
                 row[4] = f"{label} {notes.ref(f'{name}: {reason}')}"
                 rows.append(row)
                 continue
-            if kind == "rtt":
+            if rtt:
                 row[6] = _fmt_num(m.p50_us, 1)
                 row[7] = _fmt_num(m.p99_us, 1)
                 row[8] = "-"
@@ -154,7 +156,8 @@ def render_table(
         f"fresh ring's pages fault in on first use; throughput: at most {WARM_MAX_S:g} s).",
     ]
     paragraphs += [
-        f"{name}: waits: {BACKENDS[name].wait_note}; I/O: {BACKENDS[name].io_note}."
+        f"{name}: waits: {BACKENDS[name].wait_note}; I/O: {BACKENDS[name].io_note}"
+        + (f"; asyncio: {BACKENDS[name].async_note}." if BACKENDS[name].async_note else ".")
         for name in backends
     ]
     paragraphs += [f"skipped {name}: {why}" for name, why in skipped.items()]

@@ -134,13 +134,15 @@ class Runner:
                 m.detail[key] = sum(values)
         return m
 
-    def round_trip(self, backend: str, size: int, cpus: tuple[int, int]) -> Measurement:
-        """One ping-pong measurement with A on ``cpus[0]`` and B on ``cpus[1]``."""
-        job = self._job("rtt", backend, Geometry.for_payload(size, 1), cpus)
+    def round_trip(self, backend: str, size: int, cpus: tuple[int, int],
+                   kind: str = "rtt") -> Measurement:
+        """One ping-pong measurement with A on ``cpus[0]`` and B on ``cpus[1]``
+        (``kind`` "rtt_async": both sides asyncio tasks)."""
+        job = self._job(kind, backend, Geometry.for_payload(size, 1), cpus)
         board = Board(self.ctx, 2)
         results = self.ctx.Queue()
         reports = self._run(job, [(ping_main, ()), (pong_main, ())], board, results)
-        m = Measurement("rtt", backend, size, len(set(cpus)))
+        m = Measurement(kind, backend, size, len(set(cpus)))
         errors = [r for r in reports if "error" in r]
         if errors:
             return _failed(m, errors)
@@ -165,8 +167,8 @@ def median_of(runs: list[Measurement]) -> Measurement:
     good = [r for r in runs if r.error is None]
     if not good:
         return runs[0]
-    if good[0].kind == "rtt":
-        out = Measurement("rtt", good[0].backend, good[0].size, good[0].n)
+    if good[0].kind.startswith("rtt"):
+        out = Measurement(good[0].kind, good[0].backend, good[0].size, good[0].n)
         out.p50_us = statistics.median(r.p50_us or 0.0 for r in good)
         out.p99_us = statistics.median(r.p99_us or 0.0 for r in good)
         out.detail = {"samples": sum(r.detail.get("samples", 0) for r in good)}

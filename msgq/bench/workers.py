@@ -5,6 +5,7 @@ the publisher, subscriber, ping and pong programs that each run in a process of 
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import time
@@ -90,7 +91,7 @@ class Board:
 class Job:
     """One measurement: what every process of it needs to know."""
 
-    kind: str  # "throughput", "recv_into" or "rtt"
+    kind: str  # "throughput", "recv_into", "view", "rtt" or "rtt_async"
     backend: str
     geo: Geometry
     duration: float
@@ -280,11 +281,13 @@ def _subscribe(job: Job, board: Board, index: int, backend: Backend) -> dict[str
     board.put(index, CONNECTED, 1)
     size = job.geo.size
     into = job.kind == "recv_into"
+    in_place = job.kind == "view"
     buf = bytearray(size)
     tail = size - HEADER.size if size >= 2 * HEADER.size else -1
     unpack_from = HEADER.unpack_from
     recv = backend.recv
     recv_into = backend.recv_into
+    recv_peek = backend.recv_peek
     cells = board.cells
     progress_at = Board.at(index, PROGRESS)
     ack_at = Board.at(index, ACK)
@@ -296,9 +299,14 @@ def _subscribe(job: Job, board: Board, index: int, backend: Backend) -> dict[str
     last_ns = clock()
     max_gap_ns = 0
     while True:
-        if into:
+        if in_place:
+            peeked = recv_peek(sub, tail)
+            msg: Any = peeked
+            if peeked is not None:
+                n, seq, tail_seq = peeked
+        elif into:
             n = recv_into(sub, buf)
-            msg: Any = buf if n is not None else None
+            msg = buf if n is not None else None
         else:
             msg = recv(sub)
             n = len(msg) if msg is not None else None
@@ -315,8 +323,10 @@ def _subscribe(job: Job, board: Board, index: int, backend: Backend) -> dict[str
         if now - last_ns > max_gap_ns and received:
             max_gap_ns = now - last_ns  # longest wait for a timed message (diagnostics)
         last_ns = now
-        seq = unpack_from(msg, 0)[0]
-        if n != size or (tail > 0 and unpack_from(msg, tail)[0] != seq):
+        if not in_place:
+            seq = unpack_from(msg, 0)[0]
+            tail_seq = unpack_from(msg, tail)[0] if tail > 0 else seq
+        if n != size or tail_seq != seq:
             bad += 1  # wrong size or torn payload
             continue
         if seq >= HELLO_BASE:
@@ -377,7 +387,19 @@ def ping_main(job: Job, board: Board, results: Any) -> None:
     _report(results, "ping", body)
 
 
+def _check_asyncio(job: Job, backend: Backend) -> bool:
+    """Whether ``job`` runs under asyncio; NotApplicableError when the library has none."""
+    if job.kind != "rtt_async":
+        return False
+    if not backend.async_note:
+        raise NotApplicableError(f"{backend.name} has no asyncio receive")
+    backend.use_asyncio()
+    return True
+
+
 def _ping(job: Job, board: Board, backend: Backend) -> dict[str, Any]:
+    if _check_asyncio(job, backend):
+        return asyncio.run(_ping_async(job, board, backend))
     sub = _setup(backend.make_sub, f"{job.topic}-pong", job.geo)
     board.put(0, CONNECTED, 1)
     if not board.wait_all(CONNECTED, 1, [1], STARTUP_TIMEOUT_S):
@@ -458,6 +480,66 @@ def _ping(job: Job, board: Board, backend: Backend) -> dict[str, Any]:
     }
 
 
+async def _ping_async(job: Job, board: Board, backend: Backend) -> dict[str, Any]:
+    """:func:`_ping` for asyncio tasks on both sides (hellos, untimed round trips, then
+    the timed ones; 8-byte payloads)."""
+    sub = _setup(backend.make_sub, f"{job.topic}-pong", job.geo)
+    board.put(0, CONNECTED, 1)
+    if not board.wait_all(CONNECTED, 1, [1], STARTUP_TIMEOUT_S):
+        raise TimeoutError("the pong process did not connect")
+    pub = _setup(backend.make_pub, f"{job.topic}-ping", job.geo)
+    buf = bytearray(job.geo.size)
+    clock = time.perf_counter_ns
+
+    async def trip(seq: int, patience_ns: float) -> int | None:
+        """ns from send to the echo of ``seq``; None when it did not come in time."""
+        HEADER.pack_into(buf, 0, seq)
+        t0 = clock()
+        await backend.send_async(pub, buf)
+        while True:
+            msg = await backend.recv_async(sub)
+            if msg is not None and HEADER.unpack_from(msg, 0)[0] == seq:
+                return clock() - t0
+            if clock() - t0 > patience_ns:
+                return None
+
+    k = 0
+    while await trip(HELLO_BASE + k, 50e6) is None:  # until the path is connected
+        k += 1
+        if k * 0.05 > STARTUP_TIMEOUT_S:
+            raise TimeoutError("no echo from the pong process")
+    samples: list[int] = []
+    deadline = time.monotonic() + job.duration
+    for seq in range(RTT_WARMUP + RTT_MAX_SAMPLES):
+        took = await trip(seq, STALL_TIMEOUT_S * 1e9)
+        if took is None:
+            raise TimeoutError(f"round trip {seq}: no echo for {STALL_TIMEOUT_S:.0f} s")
+        if seq >= RTT_WARMUP:
+            samples.append(took)
+            if (seq & 63) == 0 and time.monotonic() >= deadline:
+                break
+    await trip(END_SEQ, 1e9)  # pong keeps its publisher until it echoed the end marker
+    samples.sort()
+    return {"samples": len(samples), "p50_ns": _percentile(samples, 50),
+            "p99_ns": _percentile(samples, 99), "min_ns": samples[0]}
+
+
+async def _pong_async(job: Job, board: Board, backend: Backend, sub: Any,
+                      pub: Any) -> int:
+    """The echo loop of :func:`pong_main` as an asyncio task."""
+    echoed = 0
+    while True:
+        msg = await backend.recv_async(sub)
+        if msg is None:
+            if board.cells[STOP]:
+                return echoed
+            continue
+        await backend.send_async(pub, msg)
+        echoed += 1
+        if HEADER.unpack_from(msg, 0)[0] == END_SEQ:
+            return echoed
+
+
 def pong_main(job: Job, board: Board, results: Any) -> None:
     """Process B of a round trip (participant 1): republishes every ping as a pong."""
 
@@ -465,9 +547,12 @@ def pong_main(job: Job, board: Board, results: Any) -> None:
         _pin(job.cpus[1])
         backend = _child_backend(job)
         try:
+            in_loop = _check_asyncio(job, backend)
             sub = _setup(backend.make_sub, f"{job.topic}-ping", job.geo)
             pub = _setup(backend.make_pub, f"{job.topic}-pong", job.geo)
             board.put(1, CONNECTED, 1)
+            if in_loop:
+                return {"echoed": asyncio.run(_pong_async(job, board, backend, sub, pub))}
             echoed = 0
             while True:
                 msg = backend.recv(sub)
