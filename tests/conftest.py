@@ -34,6 +34,17 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     return request.param
 
 
+@pytest.fixture(params=[False, True], ids=["plain", "fake"])
+def fake_layer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Runs the test with and without CEREAL_FAKE (no handle enabled: receives pass)."""
+    if request.param:
+        monkeypatch.setenv("CEREAL_FAKE", "1")
+        monkeypatch.setenv("CEREAL_FAKE_PREFIX", f"fake_{os.getpid()}_{uuid.uuid4().hex[:6]}")
+    else:
+        monkeypatch.delenv("CEREAL_FAKE", raising=False)
+    return bool(request.param)
+
+
 @pytest.fixture
 def endpoint() -> str:
     """An endpoint name unused so far in this run."""

@@ -20,16 +20,6 @@ import msgq
 from msgq.messaging import AsyncSubMaster, PubMaster, new_message
 
 
-@pytest.fixture(params=[False, True], ids=["plain", "fake"])
-def fake_layer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    if request.param:
-        monkeypatch.setenv("CEREAL_FAKE", "1")
-        monkeypatch.setenv("CEREAL_FAKE_PREFIX", f"aio_{os.getpid()}")
-    else:
-        monkeypatch.delenv("CEREAL_FAKE", raising=False)
-    return bool(request.param)
-
-
 def run(coro: Awaitable[Any]) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 30))  # type: ignore[arg-type]
 

@@ -12,17 +12,6 @@ from helpers import connect_pair
 import msgq
 
 
-@pytest.fixture(params=[False, True], ids=["plain", "fake"])
-def fake_layer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Runs the test with and without CEREAL_FAKE (no handle enabled: receives pass)."""
-    if request.param:
-        monkeypatch.setenv("CEREAL_FAKE", "1")
-        monkeypatch.setenv("CEREAL_FAKE_PREFIX", f"api_{id(request)}")
-    else:
-        monkeypatch.delenv("CEREAL_FAKE", raising=False)
-    return bool(request.param)
-
-
 def test_reserve_commits_in_place(backend: str, fake_layer: bool, endpoint: str) -> None:
     pub, sub = connect_pair(endpoint, timeout=5000)
     with pub.reserve(5) as buf:  # type: ignore[attr-defined]
