@@ -1042,6 +1042,16 @@ cdef class _LoopWaiter:
                     except RuntimeError:  # the loop was closed meanwhile
                         pass
                     del loop
+        except BaseException:
+            # Whatever went wrong here, no task may wait for a thread that is gone: every
+            # waiter is woken (it looks again, and a new thread starts if it must wait).
+            with self.lock:
+                self.thread = None
+                woken = [fut for entry in self.waiting.values() for fut in entry[1]]
+            loop = self.loop_ref()
+            if loop is not None and not loop.is_closed() and woken:
+                loop.call_soon_threadsafe(_resolve, woken)
+            raise
         finally:
             PyMem_Free(subs)
             PyMem_Free(ready)
