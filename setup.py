@@ -6,6 +6,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, find_packages, setup
 
 C_CORE = [
+    "msgq/src/msgq.c",
     "msgq/src/msgq_ring.c",
     "msgq/src/queue_file.c",
     "msgq/src/os_wait.c",

@@ -28,6 +28,8 @@ const char *msgq_strerror(int code) {
       return "buffer too small for the message";
     case MSGQ_ESUPERSEDED:
       return "the queue file was replaced under its name; open the endpoint again";
+    case MSGQ_ECLOSED:
+      return "the handle is not connected to a queue (a re-open failed); open it again";
     default:
       break;
   }

@@ -635,6 +635,30 @@ int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy) {
   return 1;
 }
 
+int msgq_subscriber_consume_view(msgq_subscriber *sub) {
+  const msgq_header *h = sub->ring.header;
+  const uint32_t rc = position_cycle(sub->read_pointer);
+  const uint32_t ro = position_offset(sub->read_pointer);
+  /* peek checked that [ro + 8, ro + 8 + peeked_size) lies inside the ring. */
+  bool checksum_ok = true;
+  if (sub->ring.flags & MSGQ_FLAG_CHECKSUM)
+    checksum_ok = msgq_crc32c(sub->ring.data + ro + 8u, sub->peeked_size) ==
+                  sub->peeked_checksum;
+  /* The CRC's loads, and the caller's reads of the view, come before the reload of
+   * write_reserve in region_intact (acquire fence), so "intact" covers them all. */
+  if (!region_intact(h, rc, ro)) {
+    sub->resets++;
+    reader_reset(sub);
+    return 0;
+  }
+  store_read_pointer(sub, sub->next_read_pointer);
+  if (!checksum_ok) {
+    sub->checksum_errors++;
+    return 0;
+  }
+  return 1;
+}
+
 /* Marks this reader asleep on the queue and returns the notify_seq to sleep on. */
 static uint32_t begin_wait(msgq_subscriber *sub) {
   msgq_header *h = sub->ring.header;

@@ -274,6 +274,11 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
  * (the message is skipped and counted in checksum_errors). `copy` is the caller's copy
  * of the payload (NULL only in a queue without checksums). */
 int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy);
+/* As msgq_subscriber_consume for a caller that read the payload in place (no copy):
+ * in a checksummed queue the CRC32C is computed over the ring bytes *before* the
+ * seqlock check, so a 1 means those bytes, and everything the caller read of them
+ * before this call, were the message as published. */
+int msgq_subscriber_consume_view(msgq_subscriber *sub);
 /* 1 when a message is waiting, or when the file was replaced (so that waits end and the
  * next peek reports it); cheap, no side effects except caching. */
 int msgq_subscriber_has_data(msgq_subscriber *sub);
