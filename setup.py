@@ -4,6 +4,7 @@ import os
 
 from Cython.Build import cythonize
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 
 C_CORE = [
     "msgq/src/msgq.c",
@@ -17,6 +18,35 @@ C_CORE = [
 extra_compile_args = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-function"]
 if os.environ.get("MSGQ_WERROR"):
     extra_compile_args.append("-Werror")
+
+#: The public C API's headers, installed in msgq/include for C programs.
+PUBLIC_HEADERS = ["msgq/src/msgq.h", "msgq/src/msgq_errors.h"]
+
+
+class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command style)
+    """Also builds the C library for native programs: msgq/lib/libmsgq.so and libmsgq.a
+    from the same C core as the extension, and copies the public headers to
+    msgq/include (``python -m msgq.cflags`` prints the flags that find them)."""
+
+    def run(self) -> None:
+        super().run()
+        in_source = self.inplace or getattr(self, "editable_mode", False)
+        package_dir = "msgq" if in_source else os.path.join(self.build_lib, "msgq")
+        lib_dir = os.path.join(package_dir, "lib")
+        include_dir = os.path.join(package_dir, "include")
+        os.makedirs(lib_dir, exist_ok=True)
+        os.makedirs(include_dir, exist_ok=True)
+        objects = self.compiler.compile(
+            C_CORE, output_dir=os.path.join(self.build_temp, "libmsgq"),
+            extra_preargs=["-fPIC", "-fvisibility=default"],
+            extra_postargs=extra_compile_args)
+        self.compiler.link_shared_object(
+            objects, "libmsgq.so", output_dir=lib_dir, libraries=["pthread"],
+            extra_preargs=["-Wl,-soname,libmsgq.so"])
+        self.compiler.create_static_lib(objects, "msgq", output_dir=lib_dir)
+        for header in PUBLIC_HEADERS:
+            self.copy_file(header, include_dir)
+
 
 extensions = [
     Extension(
@@ -38,6 +68,7 @@ extensions = [
 
 setup(
     ext_modules=cythonize(extensions, language_level=3),
+    cmdclass={"build_ext": build_ext_with_c_library},
     package_dir={
         "msgq": "msgq",
         "msgq.visionipc": "visionipc",
@@ -50,5 +81,8 @@ setup(
         "msgq.visionipc",
         "msgq.schemas",
     ],
-    package_data={"msgq": ["py.typed", "*.pyi"], "msgq.schemas": ["*.capnp"]},
+    package_data={
+        "msgq": ["py.typed", "*.pyi", "include/*.h", "lib/libmsgq.so", "lib/libmsgq.a"],
+        "msgq.schemas": ["*.capnp"],
+    },
 )

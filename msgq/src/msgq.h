@@ -75,6 +75,7 @@
 #ifndef MSGQ_H
 #define MSGQ_H
 
+#include <errno.h> /* the -E* codes the functions return */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -203,6 +204,10 @@ const char *msgq_sub_endpoint(const msgq_sub *sub);
 int msgq_sub_is_open(const msgq_sub *sub);
 
 /* --- Misc ------------------------------------------------------------------------ */
+
+/* Longest endpoint name, and a buffer size that always fits msgq_endpoint_path. */
+#define MSGQ_ENDPOINT_NAME_MAX 100
+#define MSGQ_ENDPOINT_PATH_MAX 512
 
 /* 0 when name is an allowed endpoint (or prefix) name, else MSGQ_EBADNAME. */
 int msgq_endpoint_valid(const char *name);
