@@ -360,21 +360,24 @@ static int take_copy(msgq_sub *sub, void *buf, size_t cap, size_t *size) {
 
 int msgq_sub_recv(msgq_sub *sub, void *buf, size_t cap, size_t *size, int64_t timeout_ns) {
   if (!sub->open) return MSGQ_ECLOSED;
+  /* A waiting message is taken without reading the clock. */
+  int r = take_copy(sub, buf, cap, size);
+  if (r != 0 || timeout_ns == 0) return r;
   int64_t deadline = timeout_ns < 0 ? -1 : os_monotonic_ns() + timeout_ns;
   for (;;) {
-    int r = take_copy(sub, buf, cap, size);
-    if (r != 0) return r;
     int64_t left = remaining_ns(deadline);
     if (left == 0) return 0;
     r = msgq_subscriber_wait(&sub->core, left);
     if (r < 0) return r;
+    r = take_copy(sub, buf, cap, size);
+    if (r != 0) return r;
   }
 }
 
 int msgq_sub_recv_alloc(msgq_sub *sub, void **data, size_t *size, int64_t timeout_ns) {
   if (!sub->open) return MSGQ_ECLOSED;
   *data = NULL;
-  int64_t deadline = timeout_ns < 0 ? -1 : os_monotonic_ns() + timeout_ns;
+  int64_t deadline = INT64_MIN; /* read the clock only when a wait is due */
   for (;;) {
     const void *view;
     size_t n;
@@ -395,6 +398,8 @@ int msgq_sub_recv_alloc(msgq_sub *sub, void **data, size_t *size, int64_t timeou
       continue;
     }
     if (r < 0) return r;
+    if (timeout_ns == 0) return 0;
+    if (deadline == INT64_MIN) deadline = timeout_ns < 0 ? -1 : os_monotonic_ns() + timeout_ns;
     int64_t left = remaining_ns(deadline);
     if (left == 0) return 0;
     r = msgq_subscriber_wait(&sub->core, left);
