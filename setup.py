@@ -19,14 +19,34 @@ extra_compile_args = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-
 if os.environ.get("MSGQ_WERROR"):
     extra_compile_args.append("-Werror")
 
+#: VisionIPC's C code: the wire formats and the server (libvisionipc, over libmsgq).
+VISIONIPC_C = [
+    "visionipc/src/vipc_errors.c",
+    "visionipc/src/vipc_layout.c",
+    "visionipc/src/vipc_packet.c",
+    "visionipc/src/vipc_handshake.c",
+    "visionipc/src/vipc_server.c",
+    "visionipc/src/vipc_listener.c",
+    "visionipc/src/frame_copy.c",
+]
+
 #: The public C API's headers, installed in msgq/include for C programs.
-PUBLIC_HEADERS = ["msgq/src/msgq.h", "msgq/src/msgq_errors.h"]
+PUBLIC_HEADERS = [
+    "msgq/src/msgq.h",
+    "msgq/src/msgq_errors.h",
+    "visionipc/src/visionipc.h",
+    "visionipc/src/vipc_errors.h",
+    "visionipc/src/vipc_layout.h",
+    "visionipc/src/vipc_packet.h",
+    "visionipc/src/vipc_handshake.h",
+]
 
 
 class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command style)
-    """Also builds the C library for native programs: msgq/lib/libmsgq.so and libmsgq.a
-    from the same C core as the extension, and copies the public headers to
-    msgq/include (``python -m msgq.cflags`` prints the flags that find them)."""
+    """Also builds the C libraries for native programs: msgq/lib/libmsgq.{so,a} from the
+    same C core as the extension and msgq/lib/libvisionipc.{so,a} (the VisionIPC server),
+    and copies the public headers to msgq/include (``python -m msgq.cflags`` prints the
+    flags that find them)."""
 
     def run(self) -> None:
         super().run()
@@ -44,6 +64,15 @@ class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command sty
             objects, "libmsgq.so", output_dir=lib_dir, libraries=["pthread"],
             extra_preargs=["-Wl,-soname,libmsgq.so"])
         self.compiler.create_static_lib(objects, "msgq", output_dir=lib_dir)
+        vipc_objects = self.compiler.compile(
+            VISIONIPC_C, output_dir=os.path.join(self.build_temp, "libvisionipc"),
+            include_dirs=["msgq/src", "visionipc/src"],
+            extra_preargs=["-fPIC"], extra_postargs=extra_compile_args)
+        self.compiler.link_shared_object(
+            vipc_objects, "libvisionipc.so", output_dir=lib_dir,
+            libraries=["msgq", "pthread"], library_dirs=[lib_dir],
+            extra_preargs=["-Wl,-soname,libvisionipc.so"])
+        self.compiler.create_static_lib(vipc_objects, "visionipc", output_dir=lib_dir)
         for header in PUBLIC_HEADERS:
             self.copy_file(header, include_dir)
 
@@ -88,7 +117,7 @@ setup(
         "msgq.schemas",
     ],
     package_data={
-        "msgq": ["py.typed", "*.pyi", "include/*.h", "lib/libmsgq.so", "lib/libmsgq.a"],
+        "msgq": ["py.typed", "*.pyi", "include/*.h", "lib/*.so", "lib/*.a"],
         "msgq.schemas": ["*.capnp"],
     },
 )

@@ -7,7 +7,8 @@ The wheel installs the public headers in ``msgq/include`` and the library in
     gcc app.c $(python -m msgq.cflags --cflags --libs) -o app
 
 ``--libs`` links the shared library with an rpath to it (the program finds it without
-LD_LIBRARY_PATH); ``--static`` links ``libmsgq.a`` instead.
+LD_LIBRARY_PATH); ``--static`` links ``libmsgq.a`` instead; ``--visionipc`` adds the
+VisionIPC server library (``visionipc.h``, ``libvisionipc``).
 
 Layer: a program of its own; it reads only the installed files, never the extension.
 """
@@ -26,12 +27,12 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def include_dir() -> Path:
-    """The folder holding ``msgq.h`` (and ``msgq_errors.h``)."""
+    """The folder holding ``msgq.h``, ``visionipc.h`` and the headers they include."""
     return PACKAGE_DIR / "include"
 
 
 def lib_dir() -> Path:
-    """The folder holding ``libmsgq.so`` and ``libmsgq.a``."""
+    """The folder holding ``libmsgq.so``/``.a`` and ``libvisionipc.so``/``.a``."""
     return PACKAGE_DIR / "lib"
 
 
@@ -40,25 +41,30 @@ def cflags() -> list[str]:
     return [f"-I{include_dir()}"]
 
 
-def libs(static: bool = False) -> list[str]:
-    """Linker flags: the shared library with an rpath, or with ``static`` the archive."""
+def libs(static: bool = False, visionipc: bool = False) -> list[str]:
+    """Linker flags: the shared library with an rpath, or with ``static`` the archive;
+    with ``visionipc`` the VisionIPC server library before it."""
+    names = ["visionipc", "msgq"] if visionipc else ["msgq"]
     if static:
-        return [str(lib_dir() / "libmsgq.a"), "-lpthread"]
-    return [f"-L{lib_dir()}", f"-Wl,-rpath,{lib_dir()}", "-lmsgq", "-lpthread"]
+        return [str(lib_dir() / f"lib{n}.a") for n in names] + ["-lpthread"]
+    return [f"-L{lib_dir()}", f"-Wl,-rpath,{lib_dir()}", *(f"-l{n}" for n in names),
+            "-lpthread"]
 
 
 def missing() -> list[Path]:
     """Installed files a C build needs that are not there (an install without the C
     library: rebuild with ``pip install .``)."""
-    needed = [include_dir() / "msgq.h", lib_dir() / "libmsgq.so", lib_dir() / "libmsgq.a"]
+    needed = [include_dir() / "msgq.h", include_dir() / "visionipc.h"]
+    needed += [lib_dir() / f"lib{n}.{ext}" for n in ("msgq", "visionipc") for ext in ("so", "a")]
     return [p for p in needed if not p.exists()]
 
 
-def flags(want_cflags: bool, want_libs: bool, static: bool = False) -> list[str]:
+def flags(want_cflags: bool, want_libs: bool, static: bool = False,
+          visionipc: bool = False) -> list[str]:
     """The flags asked for (both when neither is asked for)."""
     if not want_cflags and not want_libs:
         want_cflags = want_libs = True
-    return (cflags() if want_cflags else []) + (libs(static) if want_libs else [])
+    return (cflags() if want_cflags else []) + (libs(static, visionipc) if want_libs else [])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--libs", action="store_true", help="print the linker flags")
     parser.add_argument("--static", action="store_true",
                         help="with --libs: link libmsgq.a instead of libmsgq.so")
+    parser.add_argument("--visionipc", action="store_true",
+                        help="with --libs: also link the VisionIPC server (visionipc.h)")
     parser.add_argument("--include-dir", action="store_true",
                         help="print only the folder of msgq.h")
     parser.add_argument("--lib-dir", action="store_true",
@@ -79,7 +87,7 @@ def output(args: argparse.Namespace) -> tuple[str, list[Path]]:
         return str(include_dir()), missing()
     if args.lib_dir:
         return str(lib_dir()), missing()
-    return shlex.join(flags(args.cflags, args.libs, args.static)), missing()
+    return shlex.join(flags(args.cflags, args.libs, args.static, args.visionipc)), missing()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

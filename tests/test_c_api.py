@@ -1,7 +1,8 @@
-"""The C API (msgq.h, libmsgq) talks to Python: the C examples in examples/c are
-compiled with the flags ``python -m msgq.cflags`` prints and run against Python
-publishers and subscribers (PubMaster → C subscriber, pub_sock → C subscriber,
-C publisher → sub_sock), linked both to libmsgq.so and to libmsgq.a."""
+"""The C API (msgq.h, libmsgq; visionipc.h, libvisionipc) talks to Python: the C examples
+in examples/c are compiled with the flags ``python -m msgq.cflags`` prints and run
+against Python publishers and subscribers (PubMaster → C subscriber, pub_sock → C
+subscriber, C publisher → sub_sock) and a Python VisionIpcClient (C camera producer →
+Python), linked both to the shared and to the static libraries."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
+import numpy as np
+
 import msgq
 from msgq import cflags, messaging
+from msgq.visionipc import VisionIpcClient
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "c"
@@ -45,9 +49,9 @@ def programs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
              ) -> dict[str, Path]:
     """The C examples, built as a user would build them."""
     out = tmp_path_factory.mktemp(f"c_examples_{request.param}")
-    link = ["--libs", "--static"] if request.param == "static" else ["--libs"]
+    link = ["--libs", "--visionipc"] + (["--static"] if request.param == "static" else [])
     built = {}
-    for name in ("raw_publisher", "raw_subscriber"):
+    for name in ("raw_publisher", "raw_subscriber", "camera_producer"):
         exe = out / name
         cmd = ["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror",
                str(EXAMPLES / f"{name}.c"), *flags("--cflags"), *flags(*link), "-o", str(exe)]
@@ -125,3 +129,34 @@ def test_c_zero_copy_publisher_to_python(programs: dict[str, Path], endpoint: st
         expected = bytes((i + j) % 251 for j in range(size))
         assert data is not None
         assert hashlib.sha256(data).digest() == hashlib.sha256(expected).digest()
+
+
+def test_c_camera_producer_to_python_client(programs: dict[str, Path]) -> None:
+    name, stream, width, height, count = "ccamera", 0, 64, 48, 6
+    proc = subprocess.Popen(
+        [str(programs["camera_producer"]), name, str(stream), str(width), str(height),
+         str(count), "8"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("ready"), proc.stderr.read() if proc.stderr else ""
+    assert VisionIpcClient.available_streams(name, False) == {stream}
+    client = VisionIpcClient(name, stream, conflate=False)
+    try:
+        assert client.connect(True)
+        assert (client.width, client.height, client.num_buffers) == (width, height, 8)
+        assert client.buffer_len == width * height * 3 // 2
+        offsets = np.arange(client.buffer_len, dtype=np.uint64)
+        for i in range(count):
+            buf = client.recv(timeout_ms=5000)
+            assert buf is not None
+            assert (client.frame_id, client.timestamp_sof, client.timestamp_eof) == (
+                i, 1000 + i, 2000 + i)
+            assert client.valid
+            expected = ((i + offsets) % 251).astype(np.uint8)
+            assert np.array_equal(np.frombuffer(buf.data, dtype=np.uint8), expected)
+            assert buf.is_current()
+        assert proc.stdout.readline().strip() == f"sent {count}"
+    finally:
+        client.close()
+        out, err = proc.communicate("done\n", timeout=30)
+    assert proc.returncode == 0, err

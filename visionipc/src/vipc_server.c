@@ -1,0 +1,332 @@
+/* VisionIPC server: names, the uid policy, buffers (memfd), sending (visionipc.h). The
+ * listener thread is in vipc_listener.c. */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "frame_copy.h"
+#include "vipc_handshake.h"
+#include "vipc_packet.h"
+#include "vipc_server_internal.h"
+
+_Static_assert(VIPC_MAX_BUFFERS_PER_STREAM == VIPC_MAX_BUFFERS, "one limit");
+
+/* Copies at least this large use streaming stores (as visionipc/frame_copy.py, whose
+ * threshold also depends on the cache size; this is its lower bound). */
+#define STREAMING_FROM (1u << 20)
+
+static int endpoint_name(const char *name, uint32_t stream, char *out, size_t len) {
+  int n = snprintf(out, len, "visionipc_%s_%u", name, stream);
+  return n < 0 || (size_t)n >= len ? MSGQ_EBADNAME : 0;
+}
+
+/* A server name is usable when the endpoint of its largest stream id is a msgq name. */
+static int validate_name(const char *name) {
+  char endpoint[MSGQ_ENDPOINT_NAME_MAX + 2];
+  if (name == NULL || !*name || strlen(name) > VIPC_MAX_NAME_LEN) return -EINVAL;
+  if (endpoint_name(name, UINT32_MAX, endpoint, sizeof endpoint) < 0) return -EINVAL;
+  return msgq_endpoint_valid(endpoint) == 0 ? 0 : -EINVAL;
+}
+
+/* $MSGQ_VISIONIPC_ALLOW_UIDS as visionipc/peers.py reads it. 1 when set (policy filled),
+ * 0 when unset or blank, -EINVAL when malformed. */
+static int policy_from_env(vipc_server *srv) {
+  const char *text = getenv("MSGQ_VISIONIPC_ALLOW_UIDS");
+  if (text == NULL) return 0;
+  while (isspace((unsigned char)*text)) text++;
+  size_t len = strlen(text);
+  while (len && isspace((unsigned char)text[len - 1])) len--;
+  if (len == 0) return 0;
+  if ((len == 1 && text[0] == '*') || (len == 3 && !strncasecmp(text, "any", 3))) {
+    srv->any_uid = true;
+    return 1;
+  }
+  uint32_t *uids = calloc(len / 2 + 1, sizeof *uids);
+  if (!uids) return -ENOMEM;
+  size_t n = 0;
+  const char *p = text, *end = text + len;
+  while (p < end) {
+    const char *comma = memchr(p, ',', (size_t)(end - p));
+    const char *stop = comma ? comma : end;
+    while (p < stop && isspace((unsigned char)*p)) p++;
+    const char *last = stop;
+    while (last > p && isspace((unsigned char)last[-1])) last--;
+    if (last > p) {
+      uint64_t uid = 0;
+      for (const char *d = p; d < last; d++) {
+        if (!isdigit((unsigned char)*d) || (uid = uid * 10u + (uint64_t)(*d - '0')) > UINT32_MAX) {
+          free(uids);
+          return -EINVAL;
+        }
+      }
+      uids[n++] = (uint32_t)uid;
+    }
+    p = comma ? comma + 1 : end;
+  }
+  if (n == 0) {
+    free(uids);
+    return -EINVAL;
+  }
+  srv->uids = uids;
+  srv->num_uids = n;
+  return 1;
+}
+
+int vipc_server_open(const char *name, vipc_server **out) {
+  if (out == NULL) return -EINVAL;
+  *out = NULL;
+  if (validate_name(name) < 0) return -EINVAL;
+  vipc_server *srv = calloc(1, sizeof *srv);
+  if (!srv) return -ENOMEM;
+  strcpy(srv->name, name);
+  /* Random per instance: clients see a new id after a restart. */
+  if (getrandom(&srv->server_id, sizeof srv->server_id, 0) != sizeof srv->server_id)
+    srv->server_id = (uint64_t)getpid() << 32 ^ (uint64_t)msgq_now_ns();
+  if (srv->server_id == 0) srv->server_id = 1;
+  srv->listen_fd = -1;
+  srv->wake_fds[0] = srv->wake_fds[1] = -1;
+  srv->handshake_timeout_ns = 1000000000LL;
+  pthread_mutex_init(&srv->lock, NULL);
+  int r = policy_from_env(srv);
+  if (r == 0) {
+    r = vipc_server_allow_uids(srv, (uint32_t[]){(uint32_t)geteuid()}, 1, 0);
+  }
+  if (r < 0) {
+    vipc_server_close(srv);
+    return r;
+  }
+  *out = srv;
+  return 0;
+}
+
+int vipc_server_allow_uids(vipc_server *srv, const uint32_t *uids, size_t n, int any) {
+  uint32_t *copy = NULL;
+  if (!any && n) {
+    copy = malloc(n * sizeof *copy);
+    if (!copy) return -ENOMEM;
+    memcpy(copy, uids, n * sizeof *copy);
+  }
+  pthread_mutex_lock(&srv->lock);
+  free(srv->uids);
+  srv->uids = copy;
+  srv->num_uids = any ? 0 : n;
+  srv->any_uid = any != 0;
+  pthread_mutex_unlock(&srv->lock);
+  return 0;
+}
+
+void vipc_server_set_handshake_timeout(vipc_server *srv, int64_t timeout_ns) {
+  if (timeout_ns > 0) srv->handshake_timeout_ns = timeout_ns;
+}
+
+static vipc_stream *find_stream(vipc_server *srv, uint32_t stream) {
+  for (size_t i = 0; i < srv->num_streams; i++)
+    if (srv->streams[i].id == stream) return &srv->streams[i];
+  return NULL;
+}
+
+static void free_stream(vipc_stream *s) {
+  msgq_pub_close(s->pub);
+  for (uint32_t i = 0; i < s->num_buffers; i++) {
+    if (s->maps[i]) munmap(s->maps[i], s->map_size);
+    if (s->fds[i] >= 0) close(s->fds[i]);
+  }
+}
+
+/* One buffer (V1): a sealed memfd of map_size bytes and its read-write mapping. */
+static int allocate_buffer(const char *label, uint64_t map_size, int *fd_out, uint8_t **map_out) {
+  int fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -errno;
+  int r = 0;
+  if (ftruncate(fd, (off_t)map_size) != 0) r = -errno;
+  if (r == 0) {
+    int fr = posix_fallocate(fd, 0, (off_t)map_size);
+    if (fr != 0 && fr != EOPNOTSUPP && fr != EINVAL) r = -fr;
+  }
+  if (r == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) r = -errno;
+  void *map = MAP_FAILED;
+  if (r == 0) {
+    map = mmap(NULL, map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (map == MAP_FAILED) r = -errno;
+  }
+  if (r < 0) {
+    close(fd);
+    return r;
+  }
+  *fd_out = fd;
+  *map_out = map;
+  return 0;
+}
+
+int vipc_server_create_buffers_with_geometry(vipc_server *srv, uint32_t stream,
+                                             uint32_t num_buffers, const vipc_geometry *g) {
+  if (num_buffers < 1 || num_buffers > VIPC_MAX_BUFFERS) return -EINVAL;
+  int r = vipc_geometry_validate(g, NULL);
+  if (r < 0) return r;
+  if (find_stream(srv, stream)) return -EEXIST;
+  if (srv->num_streams >= VIPC_MAX_STREAMS) return -ENOSPC;
+
+  vipc_stream s;
+  memset(&s, 0, sizeof s);
+  s.id = stream;
+  s.geometry = *g;
+  s.map_size = vipc_map_size(g, (uint64_t)sysconf(_SC_PAGESIZE));
+  for (uint32_t i = 0; i < VIPC_MAX_BUFFERS; i++) s.fds[i] = -1;
+  for (uint32_t i = 0; i < num_buffers && r == 0; i++) {
+    char label[128];
+    snprintf(label, sizeof label, "visionipc:%s:%u:%u", srv->name, stream, i);
+    r = allocate_buffer(label, s.map_size, &s.fds[i], &s.maps[i]);
+    if (r == 0) s.num_buffers = i + 1;
+  }
+  if (r == 0) {
+    char endpoint[MSGQ_ENDPOINT_NAME_MAX + 2];
+    r = endpoint_name(srv->name, stream, endpoint, sizeof endpoint);
+    while (r == 0 && (r = msgq_pub_open(endpoint, VIPC_PACKET_SEGMENT_SIZE, 0, &s.pub)) == -EAGAIN) {
+    }
+  }
+  if (r < 0) {
+    free_stream(&s);
+    return r;
+  }
+  pthread_mutex_lock(&srv->lock);
+  if (srv->num_streams == srv->cap_streams) {
+    size_t cap = srv->cap_streams ? srv->cap_streams * 2 : 4;
+    vipc_stream *grown = realloc(srv->streams, cap * sizeof *grown);
+    if (!grown) {
+      pthread_mutex_unlock(&srv->lock);
+      free_stream(&s);
+      return -ENOMEM;
+    }
+    srv->streams = grown;
+    srv->cap_streams = cap;
+  }
+  /* Published to the listener last: a client served this stream gets its packets. */
+  srv->streams[srv->num_streams++] = s;
+  pthread_mutex_unlock(&srv->lock);
+  return 0;
+}
+
+int vipc_server_create_buffers(vipc_server *srv, uint32_t stream, uint32_t num_buffers,
+                               uint32_t width, uint32_t height) {
+  if (width > VIPC_MAX_DIMENSION || height > VIPC_MAX_DIMENSION) return VIPC_EGEOMETRY;
+  vipc_geometry g = vipc_geometry_nv12(width, height);
+  return vipc_server_create_buffers_with_geometry(srv, stream, num_buffers, &g);
+}
+
+/* The trailer's two words (V2). The mapping is page-aligned and the trailer offset a
+ * multiple of 64, so both are aligned 8-byte words. */
+static _Atomic uint64_t *trailer(vipc_stream *s, uint32_t idx) {
+  return (_Atomic uint64_t *)(s->maps[idx] + vipc_trailer_offset(&s->geometry));
+}
+
+static void begin_write(vipc_stream *s, uint32_t idx) {
+  _Atomic uint64_t *t = trailer(s, idx);
+  /* The sequence first: a reader that checks it after reading sees the change before any
+   * byte of the new frame (release orders it before the frame's stores). */
+  atomic_store_explicit(&t[1], 0, memory_order_relaxed);
+  atomic_store_explicit(&t[0], VIPC_FRAME_ID_WRITING, memory_order_release);
+  atomic_thread_fence(memory_order_release);
+}
+
+int vipc_server_get_buffer(vipc_server *srv, uint32_t stream, vipc_buffer *out) {
+  vipc_stream *s = find_stream(srv, stream);
+  if (!s) return -ENOENT;
+  uint32_t idx = s->next_index;
+  s->next_index = (idx + 1) % s->num_buffers;
+  begin_write(s, idx);
+  out->data = s->maps[idx];
+  out->size = s->geometry.size;
+  out->idx = idx;
+  out->width = s->geometry.width;
+  out->height = s->geometry.height;
+  out->stride = s->geometry.stride;
+  out->uv_offset = s->geometry.uv_offset;
+  return 0;
+}
+
+static int announce(vipc_server *srv, vipc_stream *s, uint32_t idx, uint32_t frame_id,
+                    uint64_t sof, uint64_t eof, int valid) {
+  uint64_t sequence = s->sequence + 1;
+  _Atomic uint64_t *t = trailer(s, idx);
+  atomic_store_explicit(&t[0], frame_id, memory_order_relaxed);
+  /* release: the frame's bytes and frame_id before the sequence (the commit). */
+  atomic_store_explicit(&t[1], sequence, memory_order_release);
+  vipc_frame_packet p = {srv->server_id, sequence, idx, frame_id, sof, eof, valid != 0};
+  uint8_t bytes[VIPC_PACKET_SIZE];
+  vipc_packet_encode(&p, bytes);
+  int r;
+  while ((r = msgq_pub_send(s->pub, bytes, sizeof bytes)) == -EAGAIN) {
+  }
+  if (r < 0) return r;
+  s->sequence = sequence;
+  return 0;
+}
+
+int vipc_server_send(vipc_server *srv, uint32_t stream, uint32_t idx, uint32_t frame_id,
+                     uint64_t timestamp_sof, uint64_t timestamp_eof, int valid) {
+  vipc_stream *s = find_stream(srv, stream);
+  if (!s) return -ENOENT;
+  if (idx >= s->num_buffers) return -EINVAL;
+  return announce(srv, s, idx, frame_id, timestamp_sof, timestamp_eof, valid);
+}
+
+int vipc_server_send_copy(vipc_server *srv, uint32_t stream, const void *data, size_t size,
+                          uint32_t frame_id, uint64_t timestamp_sof, uint64_t timestamp_eof,
+                          int valid) {
+  vipc_stream *s = find_stream(srv, stream);
+  if (!s) return -ENOENT;
+  if (size != s->geometry.size) return -EINVAL;
+  vipc_buffer buf;
+  vipc_server_get_buffer(srv, stream, &buf);
+  vipc_copy_frame(buf.data, data, size, size >= STREAMING_FROM);
+  return announce(srv, s, buf.idx, frame_id, timestamp_sof, timestamp_eof, valid);
+}
+
+int vipc_server_num_clients(vipc_server *srv, uint32_t stream) {
+  vipc_stream *s = find_stream(srv, stream);
+  return s ? msgq_pub_num_readers(s->pub) : -ENOENT;
+}
+
+uint64_t vipc_server_id(const vipc_server *srv) { return srv->server_id; }
+const char *vipc_server_socket_path(const vipc_server *srv) { return srv->socket_path; }
+
+void vipc_server_get_listener_stats(vipc_server *srv, vipc_listener_stats *out) {
+  pthread_mutex_lock(&srv->lock);
+  *out = srv->stats;
+  pthread_mutex_unlock(&srv->lock);
+}
+
+void vipc_server_close(vipc_server *srv) {
+  if (srv == NULL) return;
+  if (srv->listening) {
+    /* Wake the loop and wait for it: after the join nothing reads the streams. */
+    ssize_t ignored = write(srv->wake_fds[1], "x", 1);
+    (void)ignored;
+    pthread_join(srv->thread, NULL);
+    srv->listening = false;
+  }
+  if (srv->listen_fd >= 0) {
+    close(srv->listen_fd);
+    struct stat st;
+    /* V6: only while the path is still ours (a newer server may have taken it over). */
+    if (lstat(srv->socket_path, &st) == 0 && st.st_dev == srv->socket_dev &&
+        st.st_ino == srv->socket_ino)
+      unlink(srv->socket_path);
+  }
+  for (int i = 0; i < 2; i++)
+    if (srv->wake_fds[i] >= 0) close(srv->wake_fds[i]);
+  for (size_t i = 0; i < srv->num_streams; i++) free_stream(&srv->streams[i]);
+  free(srv->streams);
+  free(srv->uids);
+  pthread_mutex_destroy(&srv->lock);
+  free(srv);
+}
