@@ -12,9 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import numpy as np
+import pytest
 
 import msgq
 from msgq import cflags, messaging
