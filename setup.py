@@ -91,6 +91,15 @@ extensions = [
         extra_link_args=["-flto", "-O2"],
         depends=[p.replace(".c", ".h") for p in C_CORE] + ["msgq/ring.pxd"],
     ),
+    # VisionIPC's wire formats (packet, handshake, buffer layout): the C implementation
+    # that packet.py and handshake.py use, shared with C servers (visionipc.h).
+    Extension(
+        "msgq.visionipc._wire",
+        sources=["visionipc/_wire.pyx", *VISIONIPC_C[:4]],
+        include_dirs=["visionipc"],
+        extra_compile_args=extra_compile_args,
+        depends=[p.replace(".c", ".h") for p in VISIONIPC_C[:4]],
+    ),
     # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
     Extension(
         "msgq.visionipc._frame_copy",
