@@ -25,8 +25,10 @@ VISIONIPC_C = [
     "visionipc/src/vipc_layout.c",
     "visionipc/src/vipc_packet.c",
     "visionipc/src/vipc_handshake.c",
+    "visionipc/src/vipc_names.c",
     "visionipc/src/vipc_server.c",
     "visionipc/src/vipc_listener.c",
+    "visionipc/src/vipc_client.c",
     "visionipc/src/frame_copy.c",
 ]
 
@@ -71,7 +73,9 @@ class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command sty
         self.compiler.link_shared_object(
             vipc_objects, "libvisionipc.so", output_dir=lib_dir,
             libraries=["msgq", "pthread"], library_dirs=[lib_dir],
-            extra_preargs=["-Wl,-soname,libvisionipc.so"])
+            # $ORIGIN: libvisionipc.so finds libmsgq.so beside it, whatever the program's
+            # own search path.
+            extra_preargs=["-Wl,-soname,libvisionipc.so", "-Wl,-rpath,$ORIGIN"])
         self.compiler.create_static_lib(vipc_objects, "visionipc", output_dir=lib_dir)
         for header in PUBLIC_HEADERS:
             self.copy_file(header, include_dir)

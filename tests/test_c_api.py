@@ -1,8 +1,9 @@
 """The C API (msgq.h, libmsgq; visionipc.h, libvisionipc) talks to Python: the C examples
 in examples/c are compiled with the flags ``python -m msgq.cflags`` prints and run
 against Python publishers and subscribers (PubMaster → C subscriber, pub_sock → C
-subscriber, C publisher → sub_sock) and a Python VisionIpcClient (C camera producer →
-Python), linked both to the shared and to the static libraries."""
+subscriber, C publisher → sub_sock) and VisionIPC (C camera producer → Python
+VisionIpcClient, Python VisionIpcServer → C consumer), linked both to the shared and to
+the static libraries."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 import msgq
 from msgq import cflags, messaging
-from msgq.visionipc import VisionIpcClient
+from msgq.visionipc import VisionIpcClient, VisionIpcServer
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "c"
@@ -50,7 +51,7 @@ def programs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     out = tmp_path_factory.mktemp(f"c_examples_{request.param}")
     link = ["--libs", "--visionipc"] + (["--static"] if request.param == "static" else [])
     built = {}
-    for name in ("raw_publisher", "raw_subscriber", "camera_producer"):
+    for name in ("raw_publisher", "raw_subscriber", "camera_producer", "camera_consumer"):
         exe = out / name
         cmd = ["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror",
                str(EXAMPLES / f"{name}.c"), *flags("--cflags"), *flags(*link), "-o", str(exe)]
@@ -159,3 +160,31 @@ def test_c_camera_producer_to_python_client(programs: dict[str, Path]) -> None:
         client.close()
         out, err = proc.communicate("done\n", timeout=30)
     assert proc.returncode == 0, err
+
+
+def test_python_server_to_c_camera_consumer(programs: dict[str, Path]) -> None:
+    name, stream, width, height, count = "pycamera", 3, 64, 48, 5
+    with VisionIpcServer(name) as server:
+        server.create_buffers(stream, 8, width, height)
+        server.start_listener()
+        proc = subprocess.Popen([str(programs["camera_consumer"]), name, str(stream),
+                                 str(count)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        assert proc.stdout.readline().split()[:2] == ["connected", f"{width}x{height}"]
+        size = width * height * 3 // 2
+        frames = [bytes([(i * 37 + j) % 256 for j in range(256)]) * (size // 256)
+                  for i in range(count)]
+        for i, frame in enumerate(frames):
+            if i % 2:
+                server.send(stream, frame, frame_id=i, timestamp_sof=10 + i,
+                            timestamp_eof=20 + i)
+            else:  # zero copy
+                buf = server.get_buffer(stream)
+                buf.data[:] = frame
+                server.send(stream, buf, frame_id=i, timestamp_sof=10 + i,
+                            timestamp_eof=20 + i)
+        lines = finish(proc)
+    assert lines == [f"{i} {10 + i} {20 + i} {size} {fnv1a(f)} 1"
+                         for i, f in enumerate(frames)]

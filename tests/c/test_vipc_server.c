@@ -238,6 +238,70 @@ static void test_hostile_clients(void) {
   vipc_server_close(srv);
 }
 
+static void test_c_client(void) {
+  vipc_server *srv;
+  CHECK(vipc_server_open("cclient", &srv) == 0);
+  if (!srv) return;
+  CHECK(vipc_server_create_buffers(srv, 2, 4, 32, 16) == 0);
+  vipc_client *c;
+  CHECK(vipc_client_open("cclient", 2, 0, &c) == 0);
+  if (!c) return;
+  vipc_frame f;
+  CHECK(vipc_client_recv(c, &f, 0) == -ENOTCONN);
+  CHECK(vipc_client_connect(c, 30000000) == -ETIMEDOUT); /* no listener yet */
+  CHECK(vipc_server_start_listener(srv) == 0);
+  uint32_t ids[4];
+  CHECK(vipc_available_streams("cclient", ids, 4, 1000000000) == 1 && ids[0] == 2);
+  CHECK(vipc_client_connect(c, 2000000000) == 0);
+  CHECK(vipc_client_num_buffers(c) == 4 && vipc_client_geometry(c).width == 32);
+  uint8_t frame[32 * 16 * 3 / 2];
+  for (uint32_t i = 0; i < 3; i++) {
+    memset(frame, (int)(i + 1), sizeof frame);
+    CHECK(vipc_server_send_copy(srv, 2, frame, sizeof frame, 40 + i, i, i, 1) == 0);
+  }
+  for (uint32_t i = 0; i < 3; i++) {
+    CHECK(vipc_client_recv(c, &f, 1000000000) == 1);
+    CHECK(f.frame_id == 40 + i && f.size == sizeof frame && f.data[0] == i + 1 &&
+          f.data[f.size - 1] == i + 1);
+    CHECK(vipc_client_frame_current(c, &f) == 1);
+  }
+  /* Four more frames recycle every buffer: the first frame's buffer holds another. */
+  vipc_frame first = f;
+  for (uint32_t i = 0; i < 4; i++) CHECK(vipc_server_send_copy(srv, 2, frame, sizeof frame, 0, 0, 0, 1) == 0);
+  CHECK(vipc_client_frame_current(c, &first) == 0);
+  for (uint32_t i = 0; i < 4; i++) CHECK(vipc_client_recv(c, &f, 1000000000) == 1);
+  CHECK(vipc_client_recv(c, &f, 0) == 0);
+
+  /* A rogue packet on the queue is skipped and counted. */
+  msgq_pub *rogue;
+  CHECK(msgq_pub_open("visionipc_cclient_2", 0, 0, &rogue) == 0);
+  if (rogue) {
+    CHECK(msgq_pub_send(rogue, "not a packet", 12) == 0);
+    CHECK(vipc_client_recv(c, &f, 0) == 0);
+    msgq_pub_close(rogue);
+  }
+  vipc_client_stats stats;
+  vipc_client_get_stats(c, &stats);
+  CHECK(stats.bad_packets == 1);
+
+  /* The server restarts (new instance, new buffers): the client follows. */
+  uint64_t old_id = vipc_server_id(srv);
+  vipc_server_close(srv);
+  CHECK(vipc_server_open("cclient", &srv) == 0);
+  if (!srv) return;
+  CHECK(vipc_server_id(srv) != old_id);
+  CHECK(vipc_server_create_buffers(srv, 2, 2, 32, 16) == 0);
+  CHECK(vipc_server_start_listener(srv) == 0);
+  memset(frame, 0x77, sizeof frame);
+  CHECK(vipc_server_send_copy(srv, 2, frame, sizeof frame, 99, 0, 0, 1) == 0);
+  CHECK(vipc_client_recv(c, &f, 1000000000) == 1);
+  CHECK(f.frame_id == 99 && f.data[0] == 0x77 && vipc_client_num_buffers(c) == 2);
+  vipc_client_get_stats(c, &stats);
+  CHECK(stats.reconnects == 1);
+  vipc_client_close(c);
+  vipc_server_close(srv);
+}
+
 static void test_names_and_takeover(void) {
   vipc_server *srv = (vipc_server *)1;
   CHECK(vipc_server_open("", &srv) == -EINVAL && srv == NULL);
@@ -279,6 +343,7 @@ int main(void) {
   unsetenv("MSGQ_VISIONIPC_ALLOW_UIDS");
   RUN(test_buffers_handshake_and_frames);
   RUN(test_hostile_clients);
+  RUN(test_c_client);
   RUN(test_names_and_takeover);
   char cmd[96];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

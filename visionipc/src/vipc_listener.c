@@ -14,13 +14,13 @@
 #include <unistd.h>
 
 #include "queue_file.h"
+#include "vipc_names.h"
 #include "vipc_handshake.h"
 #include "vipc_server_internal.h"
 
 #define LISTEN_BACKLOG 1024
 #define MAX_PENDING 256
 #define ACCEPT_BATCH 64
-#define SOCKET_PATH_MAX 107 /* sizeof(sun_path) - 1 */
 
 typedef struct {
   int fd;
@@ -236,15 +236,12 @@ void *vipc_listener_main(void *arg) {
 
 int vipc_server_start_listener(vipc_server *srv) {
   if (srv->listening) return 0;
-  char dir[MSGQ_MAX_PATH_LEN];
-  int r = msgq_ensure_queue_dir(dir, sizeof dir);
-  if (r < 0) return r == MSGQ_EBADNAME ? -EINVAL : r;
-  int n = snprintf(srv->socket_path, sizeof srv->socket_path, "%s/visionipc_%s.sock", dir,
-                   srv->name);
-  if (n < 0 || n > SOCKET_PATH_MAX) {
+  int r = vipc_socket_path(srv->name, 1, srv->socket_path, sizeof srv->socket_path);
+  if (r < 0) {
     srv->socket_path[0] = '\0';
-    return -ENAMETOOLONG;
+    return r;
   }
+  size_t n = strlen(srv->socket_path);
   struct stat st;
   if (lstat(srv->socket_path, &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) return -EEXIST;
@@ -253,7 +250,7 @@ int vipc_server_start_listener(vipc_server *srv) {
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -errno;
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
-  memcpy(addr.sun_path, srv->socket_path, (size_t)n + 1);
+  memcpy(addr.sun_path, srv->socket_path, n + 1);
   if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
       chmod(srv->socket_path, msgq_queue_file_mode()) != 0 ||
       lstat(srv->socket_path, &st) != 0 || listen(fd, LISTEN_BACKLOG) != 0) {

@@ -1,7 +1,6 @@
 /* VisionIPC server: names, the uid policy, buffers (memfd), sending (visionipc.h). The
  * listener thread is in vipc_listener.c. */
 #define _GNU_SOURCE
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -15,6 +14,7 @@
 
 #include "frame_copy.h"
 #include "vipc_handshake.h"
+#include "vipc_names.h"
 #include "vipc_packet.h"
 #include "vipc_server_internal.h"
 
@@ -24,67 +24,10 @@ _Static_assert(VIPC_MAX_BUFFERS_PER_STREAM == VIPC_MAX_BUFFERS, "one limit");
  * threshold also depends on the cache size; this is its lower bound). */
 #define STREAMING_FROM (1u << 20)
 
-static int endpoint_name(const char *name, uint32_t stream, char *out, size_t len) {
-  int n = snprintf(out, len, "visionipc_%s_%u", name, stream);
-  return n < 0 || (size_t)n >= len ? MSGQ_EBADNAME : 0;
-}
-
-/* A server name is usable when the endpoint of its largest stream id is a msgq name. */
-static int validate_name(const char *name) {
-  char endpoint[MSGQ_ENDPOINT_NAME_MAX + 2];
-  if (name == NULL || !*name || strlen(name) > VIPC_MAX_NAME_LEN) return -EINVAL;
-  if (endpoint_name(name, UINT32_MAX, endpoint, sizeof endpoint) < 0) return -EINVAL;
-  return msgq_endpoint_valid(endpoint) == 0 ? 0 : -EINVAL;
-}
-
-/* $MSGQ_VISIONIPC_ALLOW_UIDS as visionipc/peers.py reads it. 1 when set (policy filled),
- * 0 when unset or blank, -EINVAL when malformed. */
-static int policy_from_env(vipc_server *srv) {
-  const char *text = getenv("MSGQ_VISIONIPC_ALLOW_UIDS");
-  if (text == NULL) return 0;
-  while (isspace((unsigned char)*text)) text++;
-  size_t len = strlen(text);
-  while (len && isspace((unsigned char)text[len - 1])) len--;
-  if (len == 0) return 0;
-  if ((len == 1 && text[0] == '*') || (len == 3 && !strncasecmp(text, "any", 3))) {
-    srv->any_uid = true;
-    return 1;
-  }
-  uint32_t *uids = calloc(len / 2 + 1, sizeof *uids);
-  if (!uids) return -ENOMEM;
-  size_t n = 0;
-  const char *p = text, *end = text + len;
-  while (p < end) {
-    const char *comma = memchr(p, ',', (size_t)(end - p));
-    const char *stop = comma ? comma : end;
-    while (p < stop && isspace((unsigned char)*p)) p++;
-    const char *last = stop;
-    while (last > p && isspace((unsigned char)last[-1])) last--;
-    if (last > p) {
-      uint64_t uid = 0;
-      for (const char *d = p; d < last; d++) {
-        if (!isdigit((unsigned char)*d) || (uid = uid * 10u + (uint64_t)(*d - '0')) > UINT32_MAX) {
-          free(uids);
-          return -EINVAL;
-        }
-      }
-      uids[n++] = (uint32_t)uid;
-    }
-    p = comma ? comma + 1 : end;
-  }
-  if (n == 0) {
-    free(uids);
-    return -EINVAL;
-  }
-  srv->uids = uids;
-  srv->num_uids = n;
-  return 1;
-}
-
 int vipc_server_open(const char *name, vipc_server **out) {
   if (out == NULL) return -EINVAL;
   *out = NULL;
-  if (validate_name(name) < 0) return -EINVAL;
+  if (vipc_validate_name(name) < 0) return -EINVAL;
   vipc_server *srv = calloc(1, sizeof *srv);
   if (!srv) return -ENOMEM;
   strcpy(srv->name, name);
@@ -96,7 +39,7 @@ int vipc_server_open(const char *name, vipc_server **out) {
   srv->wake_fds[0] = srv->wake_fds[1] = -1;
   srv->handshake_timeout_ns = 1000000000LL;
   pthread_mutex_init(&srv->lock, NULL);
-  int r = policy_from_env(srv);
+  int r = vipc_uids_from_env(&srv->any_uid, &srv->uids, &srv->num_uids);
   if (r == 0) {
     r = vipc_server_allow_uids(srv, (uint32_t[]){(uint32_t)geteuid()}, 1, 0);
   }
@@ -189,7 +132,7 @@ int vipc_server_create_buffers_with_geometry(vipc_server *srv, uint32_t stream,
   }
   if (r == 0) {
     char endpoint[MSGQ_ENDPOINT_NAME_MAX + 2];
-    r = endpoint_name(srv->name, stream, endpoint, sizeof endpoint);
+    r = vipc_endpoint_name(srv->name, stream, endpoint, sizeof endpoint);
     while (r == 0 && (r = msgq_pub_open(endpoint, VIPC_PACKET_SEGMENT_SIZE, 0, &s.pub)) == -EAGAIN) {
     }
   }

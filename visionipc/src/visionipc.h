@@ -13,7 +13,7 @@
  *   vipc_server_send(srv, 0, buf.idx, frame_id, sof_ns, eof_ns, 1);
  *   vipc_server_close(srv);
  *
- * Link with -lvisionipc -lmsgq (-lpthread).
+ * Link with -lvisionipc -lmsgq (-lpthread). The client half (vipc_client_*) is below.
  *
  * Names. A server name makes the msgq endpoints "visionipc_<name>_<stream>" (upstream's
  * naming) and the socket "visionipc_<name>.sock" in msgq's queue folder ($MSGQ_SHM_DIR,
@@ -129,6 +129,72 @@ void vipc_server_get_listener_stats(vipc_server *srv, vipc_listener_stats *out);
 /* Stops the listener, removes the socket (V6), unmaps and closes every buffer, closes
  * the publishers, frees. NULL is accepted. */
 void vipc_server_close(vipc_server *srv);
+
+/* --- Client ------------------------------------------------------------------------
+ *
+ *   vipc_client *c;
+ *   vipc_client_open("camerad", 0, 0, &c);          // subscribes to the stream's packets
+ *   vipc_client_connect(c, 2000000000);             // handshake: maps the buffers
+ *   vipc_frame f;
+ *   if (vipc_client_recv(c, &f, 100000000) == 1) {  // read f.data (read-only) ...
+ *     if (vipc_client_frame_current(c, &f)) ...      // ... then: was it left untouched?
+ *   }
+ *   vipc_client_close(c);
+ *
+ *  C1 The client subscribes to the packet queue at open, before any handshake, so no
+ *     frame announced after vipc_client_connect returns is missed.
+ *  C2 Before mapping anything it checks the server (SO_PEERCRED: its own uid, root, or
+ *     a uid in $MSGQ_VISIONIPC_ALLOW_UIDS), the reply (vipc_reply_parse) and every fd: a
+ *     regular file of at least map_size bytes sealed against shrinking, so no mapping can
+ *     fault. Any failure closes every fd received. Buffers are mapped read-only.
+ *  C3 Packets are untrusted: anything not a well-formed packet of a known server with a
+ *     buffer index in range is skipped and counted (bad_packets). A packet of another
+ *     server id (a restarted server) makes the client handshake again (at most every
+ *     50 ms); when the server now answering has that id, the old buffers are unmapped
+ *     (frames from them must no longer be read) and the new ones mapped; packets of ids
+ *     no server answers to are skipped (stale_packets).
+ *  C4 A frame's data may be refilled by the server once it is num_buffers frames old:
+ *     vipc_client_frame_current after reading says whether the buffer still holds it. */
+
+typedef struct vipc_client vipc_client;
+
+typedef struct {
+  const uint8_t *data; /* read-only, size bytes; valid until the next connect/close */
+  uint64_t size;
+  uint32_t idx;
+  uint32_t frame_id;
+  uint64_t sequence;
+  uint64_t timestamp_sof;
+  uint64_t timestamp_eof;
+  int valid;
+  uint32_t width, height, stride, uv_offset;
+} vipc_frame;
+
+typedef struct {
+  uint64_t bad_packets, stale_packets, reconnects;
+} vipc_client_stats;
+
+/* Opens the client of stream of server name and subscribes to its packets (C1).
+ * conflate: only the newest frame. 0, -EINVAL (bad name) or an msgq error. */
+int vipc_client_open(const char *name, uint32_t stream, int conflate, vipc_client **out);
+/* Handshakes and maps the stream's buffers (C2), retrying every 20 ms while no server
+ * answers, up to timeout_ns (< 0: forever). 0, -ETIMEDOUT (nobody answered),
+ * VIPC_ENOTALLOWED, VIPC_EPROTOCOL, -EPERM (server uid not trusted), -EINTR, -errno. */
+int vipc_client_connect(vipc_client *c, int64_t timeout_ns);
+/* The next frame (C3), waiting up to timeout_ns: 1 with *out, 0 on timeout, < 0 on an
+ * error (-ENOTCONN before a successful connect). */
+int vipc_client_recv(vipc_client *c, vipc_frame *out, int64_t timeout_ns);
+/* 1 when frame f's buffer still holds it (C4), else 0. */
+int vipc_client_frame_current(const vipc_client *c, const vipc_frame *f);
+/* Geometry of the connected stream (zeros before connect) and counters. */
+vipc_geometry vipc_client_geometry(const vipc_client *c);
+uint32_t vipc_client_num_buffers(const vipc_client *c);
+void vipc_client_get_stats(const vipc_client *c, vipc_client_stats *out);
+void vipc_client_close(vipc_client *c);
+
+/* The streams server name serves now, into streams[0..cap): their count (>= 0), or an
+ * error as vipc_client_connect (one attempt, timeout_ns for the exchange). */
+int vipc_available_streams(const char *name, uint32_t *streams, size_t cap, int64_t timeout_ns);
 
 #ifdef __cplusplus
 }
