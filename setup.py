@@ -104,6 +104,15 @@ extensions = [
         extra_compile_args=extra_compile_args,
         depends=[p.replace(".c", ".h") for p in VISIONIPC_C[:4]],
     ),
+    # VisionIPC's listener: the server's side of the handshake, the C loop C servers run.
+    Extension(
+        "msgq.visionipc._listener",
+        sources=["visionipc/_listener.pyx", "visionipc/src/vipc_listener.c",
+                 *VISIONIPC_C[:4], "msgq/src/os_wait.c"],
+        include_dirs=["visionipc", "msgq/src"],
+        extra_compile_args=extra_compile_args,
+        depends=["visionipc/src/vipc_listener.h"],
+    ),
     # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
     Extension(
         "msgq.visionipc._frame_copy",

@@ -14,7 +14,9 @@
 
 #include "frame_copy.h"
 #include "vipc_handshake.h"
+#include "vipc_listener.h"
 #include "vipc_names.h"
+#include "queue_file.h"
 #include "vipc_packet.h"
 #include "vipc_server_internal.h"
 
@@ -35,8 +37,6 @@ int vipc_server_open(const char *name, vipc_server **out) {
   if (getrandom(&srv->server_id, sizeof srv->server_id, 0) != sizeof srv->server_id)
     srv->server_id = (uint64_t)getpid() << 32 ^ (uint64_t)msgq_now_ns();
   if (srv->server_id == 0) srv->server_id = 1;
-  srv->listen_fd = -1;
-  srv->wake_fds[0] = srv->wake_fds[1] = -1;
   srv->handshake_timeout_ns = 1000000000LL;
   pthread_mutex_init(&srv->lock, NULL);
   int r = vipc_uids_from_env(&srv->any_uid, &srv->uids, &srv->num_uids);
@@ -58,13 +58,11 @@ int vipc_server_allow_uids(vipc_server *srv, const uint32_t *uids, size_t n, int
     if (!copy) return -ENOMEM;
     memcpy(copy, uids, n * sizeof *copy);
   }
-  pthread_mutex_lock(&srv->lock);
   free(srv->uids);
   srv->uids = copy;
   srv->num_uids = any ? 0 : n;
   srv->any_uid = any != 0;
-  pthread_mutex_unlock(&srv->lock);
-  return 0;
+  return srv->listener ? vipc_listener_set_uids(srv->listener, uids, n, any) : 0;
 }
 
 void vipc_server_set_handshake_timeout(vipc_server *srv, int64_t timeout_ns) {
@@ -152,9 +150,12 @@ int vipc_server_create_buffers_with_geometry(vipc_server *srv, uint32_t stream,
     srv->streams = grown;
     srv->cap_streams = cap;
   }
-  /* Published to the listener last: a client served this stream gets its packets. */
   srv->streams[srv->num_streams++] = s;
   pthread_mutex_unlock(&srv->lock);
+  /* Exported last: a client served this stream gets its packets. */
+  if (srv->listener)
+    return vipc_listener_add_stream(srv->listener, stream, &s.geometry, s.map_size, s.fds,
+                                    s.num_buffers);
   return 0;
 }
 
@@ -243,30 +244,38 @@ uint64_t vipc_server_id(const vipc_server *srv) { return srv->server_id; }
 const char *vipc_server_socket_path(const vipc_server *srv) { return srv->socket_path; }
 
 void vipc_server_get_listener_stats(vipc_server *srv, vipc_listener_stats *out) {
-  pthread_mutex_lock(&srv->lock);
-  *out = srv->stats;
-  pthread_mutex_unlock(&srv->lock);
+  if (srv->listener) vipc_listener_get_stats(srv->listener, out);
+  else memset(out, 0, sizeof *out);
+}
+
+int vipc_server_start_listener(vipc_server *srv) {
+  if (srv->listener) return 0;
+  int r = vipc_socket_path(srv->name, 1, srv->socket_path, sizeof srv->socket_path);
+  if (r < 0) {
+    srv->socket_path[0] = '\0';
+    return r;
+  }
+  vipc_listener *l;
+  r = vipc_listener_start(srv->socket_path, msgq_queue_file_mode(), srv->server_id,
+                          srv->handshake_timeout_ns, 256, &l);
+  if (r < 0) return r;
+  r = vipc_listener_set_uids(l, srv->uids, srv->num_uids, srv->any_uid);
+  for (size_t i = 0; i < srv->num_streams && r == 0; i++) {
+    vipc_stream *s = &srv->streams[i];
+    r = vipc_listener_add_stream(l, s->id, &s->geometry, s->map_size, s->fds, s->num_buffers);
+  }
+  if (r < 0) {
+    vipc_listener_stop(l);
+    return r;
+  }
+  srv->listener = l;
+  return 0;
 }
 
 void vipc_server_close(vipc_server *srv) {
   if (srv == NULL) return;
-  if (srv->listening) {
-    /* Wake the loop and wait for it: after the join nothing reads the streams. */
-    ssize_t ignored = write(srv->wake_fds[1], "x", 1);
-    (void)ignored;
-    pthread_join(srv->thread, NULL);
-    srv->listening = false;
-  }
-  if (srv->listen_fd >= 0) {
-    close(srv->listen_fd);
-    struct stat st;
-    /* V6: only while the path is still ours (a newer server may have taken it over). */
-    if (lstat(srv->socket_path, &st) == 0 && st.st_dev == srv->socket_dev &&
-        st.st_ino == srv->socket_ino)
-      unlink(srv->socket_path);
-  }
-  for (int i = 0; i < 2; i++)
-    if (srv->wake_fds[i] >= 0) close(srv->wake_fds[i]);
+  /* First: after the listener's thread is joined nothing reads the buffers' fds. */
+  vipc_listener_stop(srv->listener);
   for (size_t i = 0; i < srv->num_streams; i++) free_stream(&srv->streams[i]);
   free(srv->streams);
   free(srv->uids);

@@ -34,18 +34,9 @@ struct vipc_server {
   pthread_mutex_t lock;
   vipc_stream *streams;
   size_t num_streams, cap_streams;
-  /* Listener. */
-  bool listening;
-  pthread_t thread;
-  int listen_fd;
-  int wake_fds[2];
-  dev_t socket_dev;
-  ino_t socket_ino;
+  /* The listener (vipc_listener.c), once started. */
+  struct vipc_listener *listener;
   char socket_path[128];
-  vipc_listener_stats stats; /* written by the listener thread under `lock` */
 };
-
-/* The listener thread's body (vipc_listener.c). */
-void *vipc_listener_main(void *srv);
 
 #endif
