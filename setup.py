@@ -25,6 +25,7 @@ VISIONIPC_C = [
     "visionipc/src/vipc_layout.c",
     "visionipc/src/vipc_packet.c",
     "visionipc/src/vipc_handshake.c",
+    "visionipc/src/vipc_buffer.c",
     "visionipc/src/vipc_names.c",
     "visionipc/src/vipc_server.c",
     "visionipc/src/vipc_listener.c",
@@ -99,16 +100,16 @@ extensions = [
     # that packet.py and handshake.py use, shared with C servers (visionipc.h).
     Extension(
         "msgq.visionipc._wire",
-        sources=["visionipc/_wire.pyx", *VISIONIPC_C[:4]],
+        sources=["visionipc/_wire.pyx", *VISIONIPC_C[:5]],
         include_dirs=["visionipc"],
         extra_compile_args=extra_compile_args,
-        depends=[p.replace(".c", ".h") for p in VISIONIPC_C[:4]],
+        depends=[p.replace(".c", ".h") for p in VISIONIPC_C[:5]],
     ),
     # VisionIPC's listener: the server's side of the handshake, the C loop C servers run.
     Extension(
         "msgq.visionipc._listener",
         sources=["visionipc/_listener.pyx", "visionipc/src/vipc_listener.c",
-                 *VISIONIPC_C[:4], "msgq/src/os_wait.c"],
+                 *VISIONIPC_C[:5], "msgq/src/os_wait.c"],
         include_dirs=["visionipc", "msgq/src"],
         extra_compile_args=extra_compile_args,
         depends=["visionipc/src/vipc_listener.h"],

@@ -170,3 +170,31 @@ def decode_reply(const uint8_t[::1] data, size_t num_fds, uint16_t kind, uint32_
     g = r.geometry
     return 0, None, r.server_id, (r.stream, r.num_buffers, g.width, g.height, g.stride,
                                   g.uv_offset, g.size, r.map_size)
+
+
+cdef extern from "src/vipc_buffer.h":
+    int vipc_buffer_create(const char *label, uint64_t map_size) nogil
+    int vipc_buffer_check(int fd, uint64_t map_size, const char **why) nogil
+
+
+def buffer_create(str label, uint64_t map_size) -> int:
+    """A new sealed buffer memfd of ``map_size`` bytes (its pages reserved); OSError when
+    the system refuses (a full tmpfs: ENOSPC)."""
+    cdef bytes raw = label.encode("utf-8", "replace")[:200]
+    cdef const char *c_label = raw
+    cdef int fd
+    with nogil:
+        fd = vipc_buffer_create(c_label, map_size)
+    if fd < 0:
+        import os
+        raise OSError(-fd, os.strerror(-fd))
+    return fd
+
+
+def buffer_check(int fd, uint64_t map_size):
+    """None when ``fd`` can be mapped safely as a buffer of ``map_size`` bytes (a regular
+    file that large, sealed against shrinking), else why not."""
+    cdef const char *why = NULL
+    if vipc_buffer_check(fd, map_size, &why) == 0:
+        return None
+    return why.decode("ascii")

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "msgq.h"
+#include "vipc_buffer.h"
 #include "vipc_handshake.h"
 #include "vipc_names.h"
 #include "vipc_packet.h"
@@ -146,10 +147,7 @@ static int import_buffers(const vipc_reply *reply, const int *fds, vipc_mapping 
   memset(out, 0, sizeof *out);
   out->map_size = reply->map_size;
   for (uint32_t i = 0; i < reply->num_buffers && r == 0; i++) {
-    struct stat st;
-    int seals = fcntl(fds[i], F_GET_SEALS);
-    if (fstat(fds[i], &st) != 0 || !S_ISREG(st.st_mode) ||
-        (uint64_t)st.st_size < reply->map_size || seals < 0 || !(seals & F_SEAL_SHRINK)) {
+    if (vipc_buffer_check(fds[i], reply->map_size, NULL) != 0) {
       r = VIPC_EPROTOCOL;
       break;
     }

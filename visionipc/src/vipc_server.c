@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "frame_copy.h"
+#include "vipc_buffer.h"
 #include "vipc_handshake.h"
 #include "vipc_listener.h"
 #include "vipc_names.h"
@@ -85,21 +86,11 @@ static void free_stream(vipc_stream *s) {
 
 /* One buffer (V1): a sealed memfd of map_size bytes and its read-write mapping. */
 static int allocate_buffer(const char *label, uint64_t map_size, int *fd_out, uint8_t **map_out) {
-  int fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return -errno;
-  int r = 0;
-  if (ftruncate(fd, (off_t)map_size) != 0) r = -errno;
-  if (r == 0) {
-    int fr = posix_fallocate(fd, 0, (off_t)map_size);
-    if (fr != 0 && fr != EOPNOTSUPP && fr != EINVAL) r = -fr;
-  }
-  if (r == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) r = -errno;
-  void *map = MAP_FAILED;
-  if (r == 0) {
-    map = mmap(NULL, map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (map == MAP_FAILED) r = -errno;
-  }
-  if (r < 0) {
+  int fd = vipc_buffer_create(label, map_size);
+  if (fd < 0) return fd;
+  void *map = mmap(NULL, map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (map == MAP_FAILED) {
+    int r = -errno;
     close(fd);
     return r;
   }
