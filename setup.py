@@ -4,8 +4,10 @@ import os
 
 from Cython.Build import cythonize
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 
 C_CORE = [
+    "msgq/src/msgq.c",
     "msgq/src/msgq_ring.c",
     "msgq/src/queue_file.c",
     "msgq/src/os_wait.c",
@@ -17,13 +19,100 @@ extra_compile_args = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-
 if os.environ.get("MSGQ_WERROR"):
     extra_compile_args.append("-Werror")
 
+#: VisionIPC's C code: the wire formats and the server (libvisionipc, over libmsgq).
+VISIONIPC_C = [
+    "visionipc/src/vipc_errors.c",
+    "visionipc/src/vipc_layout.c",
+    "visionipc/src/vipc_packet.c",
+    "visionipc/src/vipc_handshake.c",
+    "visionipc/src/vipc_buffer.c",
+    "visionipc/src/vipc_names.c",
+    "visionipc/src/vipc_server.c",
+    "visionipc/src/vipc_listener.c",
+    "visionipc/src/vipc_client.c",
+    "visionipc/src/frame_copy.c",
+]
+
+#: The public C API's headers, installed in msgq/include for C programs.
+PUBLIC_HEADERS = [
+    "msgq/src/msgq.h",
+    "msgq/src/msgq_errors.h",
+    "visionipc/src/visionipc.h",
+    "visionipc/src/vipc_errors.h",
+    "visionipc/src/vipc_layout.h",
+    "visionipc/src/vipc_packet.h",
+    "visionipc/src/vipc_handshake.h",
+]
+
+
+class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command style)
+    """Also builds the C libraries for native programs: msgq/lib/libmsgq.{so,a} from the
+    same C core as the extension and msgq/lib/libvisionipc.{so,a} (the VisionIPC server),
+    and copies the public headers to msgq/include (``python -m msgq.cflags`` prints the
+    flags that find them)."""
+
+    def run(self) -> None:
+        super().run()
+        in_source = self.inplace or getattr(self, "editable_mode", False)
+        package_dir = "msgq" if in_source else os.path.join(self.build_lib, "msgq")
+        lib_dir = os.path.join(package_dir, "lib")
+        include_dir = os.path.join(package_dir, "include")
+        os.makedirs(lib_dir, exist_ok=True)
+        os.makedirs(include_dir, exist_ok=True)
+        objects = self.compiler.compile(
+            C_CORE, output_dir=os.path.join(self.build_temp, "libmsgq"),
+            extra_preargs=["-fPIC", "-fvisibility=default"],
+            extra_postargs=extra_compile_args)
+        self.compiler.link_shared_object(
+            objects, "libmsgq.so", output_dir=lib_dir, libraries=["pthread"],
+            extra_preargs=["-Wl,-soname,libmsgq.so"])
+        self.compiler.create_static_lib(objects, "msgq", output_dir=lib_dir)
+        vipc_objects = self.compiler.compile(
+            VISIONIPC_C, output_dir=os.path.join(self.build_temp, "libvisionipc"),
+            include_dirs=["msgq/src", "visionipc/src"],
+            extra_preargs=["-fPIC"], extra_postargs=extra_compile_args)
+        self.compiler.link_shared_object(
+            vipc_objects, "libvisionipc.so", output_dir=lib_dir,
+            libraries=["msgq", "pthread"], library_dirs=[lib_dir],
+            # $ORIGIN: libvisionipc.so finds libmsgq.so beside it, whatever the program's
+            # own search path.
+            extra_preargs=["-Wl,-soname,libvisionipc.so", "-Wl,-rpath,$ORIGIN"])
+        self.compiler.create_static_lib(vipc_objects, "visionipc", output_dir=lib_dir)
+        for header in PUBLIC_HEADERS:
+            self.copy_file(header, include_dir)
+
+
 extensions = [
     Extension(
         "msgq.shm_backend",
         sources=["msgq/shm_backend.pyx", *C_CORE],
         include_dirs=["msgq"],
-        extra_compile_args=extra_compile_args,
+        # Hidden visibility (only PyInit_shm_backend is exported) makes the calls between
+        # the binding and the C core direct instead of through the PLT, and link-time
+        # optimisation then inlines the public API's thin wrappers (msgq_pub_send,
+        # msgq_sub_view, ...) into the hot paths: calling msgq.h costs nothing over
+        # calling the ring directly.
+        extra_compile_args=[*extra_compile_args, "-fvisibility=hidden", "-flto"],
+        extra_link_args=["-flto", "-O2"],
         depends=[p.replace(".c", ".h") for p in C_CORE] + ["msgq/ring.pxd"],
+    ),
+    # VisionIPC's wire formats (packet, handshake, buffer layout): the C implementation
+    # that packet.py and handshake.py use, shared with C servers (visionipc.h).
+    Extension(
+        "msgq.visionipc._wire",
+        sources=["visionipc/_wire.pyx", *VISIONIPC_C[:5]],
+        include_dirs=["visionipc"],
+        extra_compile_args=extra_compile_args,
+        depends=[p.replace(".c", ".h") for p in VISIONIPC_C[:5]],
+    ),
+    # VisionIPC's listener: the server's side of the handshake, the C loop C servers run.
+    Extension(
+        "msgq.visionipc._listener",
+        sources=["visionipc/_listener.pyx", "visionipc/src/vipc_listener.c",
+                 *VISIONIPC_C[:5], "msgq/src/os_wait.c"],
+        include_dirs=["visionipc", "msgq/src"],
+        extra_compile_args=extra_compile_args,
+        depends=["visionipc/src/vipc_listener.h"],
     ),
     # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
     Extension(
@@ -37,6 +126,7 @@ extensions = [
 
 setup(
     ext_modules=cythonize(extensions, language_level=3),
+    cmdclass={"build_ext": build_ext_with_c_library},
     package_dir={
         "msgq": "msgq",
         "msgq.visionipc": "visionipc",
@@ -49,5 +139,8 @@ setup(
         "msgq.visionipc",
         "msgq.schemas",
     ],
-    package_data={"msgq": ["py.typed", "*.pyi"], "msgq.schemas": ["*.capnp"]},
+    package_data={
+        "msgq": ["py.typed", "*.pyi", "include/*.h", "lib/*.so", "lib/*.a"],
+        "msgq.schemas": ["*.capnp"],
+    },
 )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: the C unit tests (plain, ASan+UBSan and TSan builds), a bounded
-# libFuzzer run of the ring (MSGQ_FUZZ_SECONDS, default 45) and the pytest suite.
+# libFuzzer run of the ring (MSGQ_FUZZ_SECONDS, default 45) and of VisionIPC's parsers
+# (MSGQ_VIPC_FUZZ_SECONDS, default 10), and the pytest suite.
 # Installs what it needs first. Extra arguments go to pytest (e.g. ./test.sh -k zmq).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -17,6 +18,10 @@ if command -v clang >/dev/null 2>&1; then
   mkdir -p build/fuzz/corpus
   build/fuzz/fuzz_ring -max_total_time="${MSGQ_FUZZ_SECONDS:-45}" -print_final_stats=1 \
     -close_fd_mask=1 build/fuzz/corpus 2>&1 | tail -n 12
+  echo "== libFuzzer on VisionIPC's packet and handshake parsers (${MSGQ_VIPC_FUZZ_SECONDS:-10} s)"
+  mkdir -p build/fuzz/corpus_visionipc
+  build/fuzz/fuzz_visionipc -max_total_time="${MSGQ_VIPC_FUZZ_SECONDS:-10}" \
+    -print_final_stats=1 build/fuzz/corpus_visionipc 2>&1 | tail -n 6
 else
   echo "clang is missing (scripts/ensure_env.sh installs it as root): fuzzing skipped" >&2
   exit 1

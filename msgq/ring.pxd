@@ -17,6 +17,7 @@ cdef extern from "src/msgq_errors.h" nogil:
         MSGQ_EBUFFER
         MSGQ_ESUPERSEDED
         MSGQ_ECHECKSUM
+        MSGQ_ECLOSED
     const char *msgq_strerror(int code)
 
 
@@ -27,22 +28,6 @@ cdef extern from "src/msgq_ring.h" nogil:
     const unsigned int MSGQ_READER_SLOTS
     const unsigned int MSGQ_LAYOUT_VERSION
     const unsigned int MSGQ_FLAG_CHECKSUM
-
-    ctypedef struct msgq_ring:
-        uint32_t capacity
-        uint32_t flags
-
-    ctypedef struct msgq_publisher:
-        msgq_ring ring
-        uint64_t reclaimed_slots
-
-    ctypedef struct msgq_subscriber:
-        msgq_ring ring
-        int slot
-        bint conflate
-        uint64_t resets
-        uint64_t corrupt_resets
-        uint64_t checksum_errors
 
     ctypedef struct msgq_queue_info:
         int status
@@ -64,40 +49,11 @@ cdef extern from "src/msgq_ring.h" nogil:
         int32_t reader_pids[64]
         uint8_t reader_alive[64]
 
-    uint32_t msgq_ring_max_message_size(uint32_t capacity)
     int msgq_ring_inspect(const void *mem, size_t size, msgq_queue_info *out)
-    int msgq_ring_live_readers(const msgq_ring *ring)
-
-    void msgq_publisher_init(msgq_publisher *pub, const msgq_ring *ring)
-    void msgq_publisher_release(msgq_publisher *pub)
-    int msgq_publisher_send(msgq_publisher *pub, const void *data, uint32_t size)
-    int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload)
-    int msgq_publisher_commit(msgq_publisher *pub)
-    void msgq_publisher_abort(msgq_publisher *pub)
-    int msgq_publisher_all_readers_updated(const msgq_publisher *pub)
-    int msgq_publisher_sweep(msgq_publisher *pub)
-
-    int msgq_subscriber_init(msgq_subscriber *sub, const msgq_ring *ring, bint conflate)
-    void msgq_subscriber_release(msgq_subscriber *sub)
-    int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t *size)
-    int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy)
-    int msgq_subscriber_release_view(msgq_subscriber *sub)
-    int msgq_subscriber_has_data(msgq_subscriber *sub)
-    int msgq_subscriber_wait(msgq_subscriber *sub, int64_t timeout_ns)
-    int msgq_poll(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready)
-    ctypedef struct msgq_interrupt:
-        pass
-    uint32_t msgq_interrupt_seen(msgq_interrupt *interrupt)
-    void msgq_interrupt_raise(msgq_interrupt *interrupt)
-    int msgq_poll_until(msgq_subscriber *const *subs, int n, int64_t timeout_ns,
-                        uint8_t *ready, msgq_interrupt *interrupt, uint32_t seen)
 
 
 cdef extern from "src/queue_file.h" nogil:
     const char *MSGQ_QUEUE_FILE_PREFIX
-    enum msgq_role:
-        MSGQ_ROLE_SUBSCRIBER
-        MSGQ_ROLE_PUBLISHER
     enum:
         MSGQ_MAX_PATH_LEN
     int msgq_validate_name(const char *name)
@@ -106,10 +62,6 @@ cdef extern from "src/queue_file.h" nogil:
     const char *msgq_namespace_prefix()
     unsigned int msgq_queue_file_mode()
     int msgq_queue_path(const char *endpoint, char *out, size_t out_len)
-    int msgq_queue_open(const char *endpoint, uint64_t segment_size, uint32_t create_flags,
-                        msgq_role role, msgq_ring *ring, int *locked_fd)
-    void msgq_queue_unlock(int locked_fd)
-    void msgq_queue_unmap(msgq_ring *ring)
     int msgq_queue_inspect(const char *path, msgq_queue_info *out)
     int msgq_queue_remove_unused(const char *path, int remove_damaged, msgq_queue_info *out)
 
@@ -122,3 +74,64 @@ cdef extern from "src/crc32c.h" nogil:
 cdef extern from "src/os_wait.h" nogil:
     int64_t os_monotonic_ns()
     int os_process_alive(int pid)
+
+
+cdef extern from "src/msgq.h" nogil:
+    # The public C API: the sockets' whole life cycle (open, send, receive, poll, close).
+    ctypedef struct msgq_pub:
+        pass
+    ctypedef struct msgq_sub:
+        pass
+    ctypedef struct msgq_sub_stats:
+        uint64_t resets
+        uint64_t corrupt_resets
+        uint64_t checksum_errors
+    const unsigned MSGQ_OPEN_CONFLATE
+    const unsigned MSGQ_OPEN_CHECKSUM
+    const unsigned MSGQ_OPEN_NO_CHECKSUM
+
+    int msgq_pub_open(const char *endpoint, uint64_t segment_size, unsigned open_flags,
+                      msgq_pub **out)
+    int msgq_pub_reopen(msgq_pub *pub, const char *endpoint, uint64_t segment_size,
+                        unsigned open_flags)
+    void msgq_pub_close(msgq_pub *pub)
+    int msgq_pub_send(msgq_pub *pub, const void *data, size_t size)
+    int msgq_pub_reserve(msgq_pub *pub, size_t size, void **payload)
+    int msgq_pub_commit(msgq_pub *pub)
+    void msgq_pub_abort(msgq_pub *pub)
+    int msgq_pub_num_readers(const msgq_pub *pub)
+    int msgq_pub_all_readers_updated(const msgq_pub *pub)
+    uint64_t msgq_pub_reclaimed_slots(const msgq_pub *pub)
+    uint32_t msgq_pub_segment_size(const msgq_pub *pub)
+    uint32_t msgq_pub_max_message_size(const msgq_pub *pub)
+    int msgq_pub_checksum(const msgq_pub *pub)
+    const char *msgq_pub_endpoint(const msgq_pub *pub)
+    int msgq_pub_is_open(const msgq_pub *pub)
+
+    int msgq_sub_open(const char *endpoint, uint64_t segment_size, unsigned open_flags,
+                      msgq_sub **out)
+    int msgq_sub_reopen(msgq_sub *sub, const char *endpoint, uint64_t segment_size,
+                        unsigned open_flags)
+    void msgq_sub_close(msgq_sub *sub)
+    int msgq_sub_recv(msgq_sub *sub, void *buf, size_t cap, size_t *size, int64_t timeout_ns)
+    int msgq_sub_view(msgq_sub *sub, const void **data, size_t *size)
+    int msgq_sub_view_end(msgq_sub *sub, const void *copy)
+    int msgq_sub_has_data(msgq_sub *sub)
+    int msgq_sub_wait(msgq_sub *sub, int64_t timeout_ns)
+    int msgq_sub_poll(msgq_sub *const *subs, int n, int64_t timeout_ns, uint8_t *ready)
+    ctypedef struct msgq_wake:
+        pass
+    msgq_wake *msgq_wake_new()
+    void msgq_wake_free(msgq_wake *wake)
+    uint32_t msgq_wake_seen(msgq_wake *wake)
+    void msgq_wake_raise(msgq_wake *wake)
+    int msgq_sub_poll_until(msgq_sub *const *subs, int n, int64_t timeout_ns,
+                            uint8_t *ready, msgq_wake *wake, uint32_t seen)
+    void msgq_sub_close_keep_mapping(msgq_sub *sub)
+    void msgq_sub_get_stats(const msgq_sub *sub, msgq_sub_stats *out)
+    uint32_t msgq_sub_segment_size(const msgq_sub *sub)
+    int msgq_sub_checksum(const msgq_sub *sub)
+    int msgq_sub_conflate(const msgq_sub *sub)
+    const char *msgq_sub_endpoint(const msgq_sub *sub)
+    int msgq_sub_is_open(const msgq_sub *sub)
+    int64_t msgq_now_ns()

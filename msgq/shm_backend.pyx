@@ -15,7 +15,7 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.errno cimport EAGAIN, EBUSY, EINTR, ENOSPC, EPERM
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
 from posix.unistd cimport getpid
 from posix.types cimport pid_t
 
@@ -63,6 +63,9 @@ cdef int _raise(int code, object endpoint) except -1:
     where = f"endpoint {endpoint!r}"
     if code == MSGQ_ENOTOWNER:
         raise MultiplePublishersError(f"{where}: {msg}")
+    if code == MSGQ_ENOSLOT:
+        raise IpcError(f"{where}: all {MSGQ_READER_SLOTS} reader slots are held by live "
+                       "subscribers; close a subscriber first")
     if code == MSGQ_EBADNAME:
         raise ValueError(f"{where}: {msg}; check the endpoint and MSGQ_PREFIX/OPENPILOT_PREFIX")
     if code == MSGQ_EBADSIZE:
@@ -268,12 +271,13 @@ def remove_unused_queue(path, bint remove_damaged=False) -> dict:
     return result
 
 
-cdef uint32_t _create_flags(object checksum):
-    """MSGQ_FLAG_* for a queue this process creates: ``checksum``, or when None the
-    MSGQ_CHECKSUM environment variable (1/true/yes)."""
-    if checksum is None:
-        checksum = os.environ.get("MSGQ_CHECKSUM", "").strip().lower() in ("1", "true", "yes")
-    return MSGQ_FLAG_CHECKSUM if checksum else 0
+cdef unsigned _open_flags(object checksum, bint conflate=False):
+    """MSGQ_OPEN_* for msgq_pub_open/msgq_sub_open: ``checksum`` None leaves the choice
+    to the MSGQ_CHECKSUM environment variable (read by the C API)."""
+    cdef unsigned flags = MSGQ_OPEN_CONFLATE if conflate else 0
+    if checksum is not None:
+        flags |= MSGQ_OPEN_CHECKSUM if checksum else MSGQ_OPEN_NO_CHECKSUM
+    return flags
 
 
 def crc32c(data) -> int:
@@ -293,10 +297,9 @@ def crc32c_implementation() -> str:
     return msgq_crc32c_implementation().decode("ascii")
 
 
-cdef int _open_queue(object endpoint, object segment_size, uint32_t flags, msgq_role role,
-                     msgq_ring *ring, int *locked_fd) except -1:
-    """Opens the queue; its file stays locked (``*locked_fd``) until the caller has
-    registered in it and calls msgq_queue_unlock."""
+cdef bytes _endpoint_arg(object endpoint, object segment_size):
+    """The endpoint as the C API takes it, after the checks only Python can make (type,
+    NUL bytes, a size that fits uint64); names and sizes are validated by msgq.h."""
     cdef bytes name = _name_bytes(endpoint, "endpoint")
     if b"\0" in name:
         _raise(MSGQ_EBADNAME, endpoint)
@@ -304,18 +307,7 @@ cdef int _open_queue(object endpoint, object segment_size, uint32_t flags, msgq_
         raise TypeError(f"segment_size must be int, not {type(segment_size).__name__}")
     if segment_size < 0 or segment_size > MSGQ_MAX_SEGMENT_SIZE:
         _raise(MSGQ_EBADSIZE, endpoint)
-    cdef uint64_t size = segment_size
-    cdef const char *c_name = name
-    cdef int r
-    while True:
-        with nogil:
-            r = msgq_queue_open(c_name, size, flags, role, ring, locked_fd)
-        if r != -EAGAIN:  # EWOULDBLOCK on Linux
-            break
-        PyErr_CheckSignals()  # another opener holds the file lock: let Ctrl-C through
-    if r < 0:
-        _raise(r, endpoint)
-    return 0
+    return name
 
 
 cdef class Context:
@@ -353,7 +345,7 @@ cdef class Reservation:
                                "closed or reconnected?)")
         self.done = True
         self.view.release()
-        cdef int r = msgq_publisher_commit(&self.pub.pub)
+        cdef int r = msgq_pub_commit(self.pub.pub)
         self.pub.reservation = None
         if r < 0:
             _raise(r, self.pub.endpoint)
@@ -364,23 +356,19 @@ cdef class Reservation:
             return
         self.done = True
         self.view.release()
-        msgq_publisher_abort(&self.pub.pub)
+        msgq_pub_abort(self.pub.pub)
         self.pub.reservation = None
 
 
 cdef class PubSocket:
     """The single publisher of an endpoint."""
-    cdef msgq_publisher pub
-    cdef bint connected
+    cdef msgq_pub *pub  # NULL while not connected
     cdef object reservation  # the open Reservation, if any
     cdef int busy  # calls in progress without the GIL (other threads may run)
-    cdef pid_t owner_pid
     cdef readonly object endpoint
-    cdef object segment_request  # what connect() asked for, to re-open the endpoint
-    cdef object checksum_request
 
     def __cinit__(self):
-        self.connected = False
+        self.pub = NULL
         self.reservation = None
         self.busy = 0
         self.endpoint = None
@@ -389,12 +377,10 @@ cdef class PubSocket:
         self._disconnect()
 
     cdef void _disconnect(self) noexcept:
-        if self.connected:
-            # A copy inherited through fork() must not give up its parent's ownership.
-            if getpid() == self.owner_pid:
-                msgq_publisher_release(&self.pub)
-            msgq_queue_unmap(&self.pub.ring)
-            self.connected = False
+        # msgq_pub_close gives up ownership only in the process that connected (a copy
+        # inherited through fork() leaves it to its parent).
+        msgq_pub_close(self.pub)
+        self.pub = NULL
 
     cdef int _check_idle(self) except -1:
         """Before the mapping goes away: no other thread may be inside a call, and an open
@@ -406,6 +392,14 @@ cdef class PubSocket:
             self.reservation.abort()
         return 0
 
+    cdef int _fail(self, int r) except -1:
+        """Raises the error of a call; a handle that lost its queue (a failed follow of a
+        replaced file, msgq.h O6) is dropped first, so the socket reads as closed."""
+        if self.pub != NULL and not msgq_pub_is_open(self.pub):
+            self._disconnect()
+        _raise(r, self.endpoint)
+        return -1
+
     def connect(self, context, endpoint, segment_size=0, checksum=None) -> None:
         """Opens (or creates) the queue of ``endpoint`` and becomes its publisher.
 
@@ -416,30 +410,36 @@ cdef class PubSocket:
         call creates carry a CRC32C of every message; an unused queue without it is
         replaced, one in use keeps what it has (see the ``checksum`` property).
         """
-        cdef msgq_ring ring
-        cdef int locked_fd
+        cdef msgq_pub *opened = NULL
+        cdef int r
         self._check_idle()
-        _open_queue(endpoint, segment_size, _create_flags(checksum), MSGQ_ROLE_PUBLISHER,
-                    &ring, &locked_fd)
+        cdef bytes name = _endpoint_arg(endpoint, segment_size)
+        cdef const char *c_name = name
+        cdef uint64_t size = segment_size
+        cdef unsigned flags = _open_flags(checksum)
+        while True:
+            with nogil:
+                r = msgq_pub_open(c_name, size, flags, &opened)
+            if r != -EAGAIN:  # another opener holds the file lock: let Ctrl-C through
+                break
+            PyErr_CheckSignals()
+        if r < 0:
+            _raise(r, endpoint)
         self._disconnect()
-        msgq_publisher_init(&self.pub, &ring)
-        msgq_queue_unlock(locked_fd)
-        self.owner_pid = getpid()
-        self.connected = True
+        self.pub = opened
         self.endpoint = endpoint
-        self.segment_request = segment_size
-        self.checksum_request = checksum
-
-    cdef int _follow(self) except -1:
-        """The queue file was replaced under its name (damaged, foreign or re-made):
-        publish into the endpoint's current file from now on."""
-        self.connect(None, self.endpoint, self.segment_request, self.checksum_request)
-        return 0
 
     cdef int _check_connected(self) except -1:
-        if not self.connected:
+        if self.pub == NULL:
             raise IpcError("socket is not connected; call connect() first")
         return 0
+
+    cdef int _too_large(self, Py_ssize_t n) except -1:
+        raise ValueError(
+            f"endpoint {self.endpoint!r}: message of {n} bytes exceeds the "
+            f"largest this queue takes ({self.max_message_size} bytes, a "
+            f"third of segment size {self.segment_size}); use a larger "
+            "segment_size")
 
     def send(self, data) -> int:
         """Publishes ``data`` (bytes or any contiguous bytes-like object) without an
@@ -471,25 +471,22 @@ cdef class PubSocket:
         try:
             if n > 0xFFFFFFFF:
                 _raise(MSGQ_ETOOLARGE, self.endpoint)
-            for _ in range(3):  # a replaced file: follow it (once, more only under attack)
+            while True:
+                # A replaced queue file is followed inside msgq_pub_send (msgq.h O6).
                 if n >= NOGIL_COPY_BYTES:
                     self.busy += 1
                     with nogil:
-                        r = msgq_publisher_send(&self.pub, ptr, <uint32_t>n)
+                        r = msgq_pub_send(self.pub, ptr, <size_t>n)
                     self.busy -= 1
                 else:
-                    r = msgq_publisher_send(&self.pub, ptr, <uint32_t>n)
-                if r != MSGQ_ESUPERSEDED:
+                    r = msgq_pub_send(self.pub, ptr, <size_t>n)
+                if r != -EAGAIN:  # following waited 50 ms for a file lock: check signals
                     break
-                self._follow()
+                PyErr_CheckSignals()
             if r < 0:
                 if r == MSGQ_ETOOLARGE:
-                    raise ValueError(
-                        f"endpoint {self.endpoint!r}: message of {n} bytes exceeds the "
-                        f"largest this queue takes ({self.max_message_size} bytes, a "
-                        f"third of segment size {self.segment_size}); use a larger "
-                        "segment_size")
-                _raise(r, self.endpoint)
+                    self._too_large(n)
+                self._fail(r)
         finally:
             if release:
                 PyBuffer_Release(&view)
@@ -499,21 +496,23 @@ cdef class PubSocket:
         """Reserves ``size`` bytes in the ring for a message written in place (zero
         copies): ``with pub.reserve(n) as buf: buf[:n] = ...``."""
         cdef void *dst
+        cdef int r
         self._check_connected()
         if self.reservation is not None:
             raise RuntimeError("a reservation is already open on this socket")
         if size < 0:
             raise ValueError("size must be >= 0")
-        if size > self.max_message_size:
-            raise ValueError(
-                f"endpoint {self.endpoint!r}: message of {size} bytes exceeds the largest "
-                f"this queue takes ({self.max_message_size} bytes)")
-        cdef int r = msgq_publisher_reserve(&self.pub, <uint32_t>size, &dst)
-        if r == MSGQ_ESUPERSEDED:
-            self._follow()
-            r = msgq_publisher_reserve(&self.pub, <uint32_t>size, &dst)
+        while True:
+            r = msgq_pub_reserve(self.pub, <size_t>size, &dst)
+            if r != -EAGAIN:
+                break
+            PyErr_CheckSignals()
         if r < 0:
-            _raise(r, self.endpoint)
+            if r == MSGQ_ETOOLARGE:
+                raise ValueError(
+                    f"endpoint {self.endpoint!r}: message of {size} bytes exceeds the largest "
+                    f"this queue takes ({self.max_message_size} bytes)")
+            self._fail(r)
         cdef Reservation res = Reservation.__new__(Reservation)
         res.pub = self
         res.view = PyMemoryView_FromMemory(<char *>dst, size, PyBUF_WRITE)
@@ -525,7 +524,7 @@ cdef class PubSocket:
         """True when every live subscriber, and at least one, has read everything sent so
         far (upstream's meaning: False while no subscriber is connected)."""
         self._check_connected()
-        return msgq_publisher_all_readers_updated(&self.pub) == 1
+        return msgq_pub_all_readers_updated(self.pub) == 1
 
     def wait_until_read(self, timeout=None, double poll_interval=0.001) -> bool:
         """Blocks until ``all_readers_updated()`` (True) or until ``timeout`` seconds
@@ -533,10 +532,11 @@ cdef class PubSocket:
         import time
         self._check_connected()
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not msgq_publisher_all_readers_updated(&self.pub):
+        while not msgq_pub_all_readers_updated(self.pub):
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             time.sleep(poll_interval)
+            self._check_connected()  # another thread may have closed it meanwhile
         return True
 
     def wait_for_readers(self, double timeout=1.0, double interval=0.001) -> None:
@@ -551,29 +551,29 @@ cdef class PubSocket:
     def num_readers(self) -> int:
         """Subscribers currently connected (live processes only)."""
         self._check_connected()
-        return msgq_ring_live_readers(&self.pub.ring)
+        return msgq_pub_num_readers(self.pub)
 
     @property
     def segment_size(self) -> int:
         self._check_connected()
-        return self.pub.ring.capacity
+        return msgq_pub_segment_size(self.pub)
 
     @property
     def max_message_size(self) -> int:
         self._check_connected()
-        return msgq_ring_max_message_size(self.pub.ring.capacity)
+        return msgq_pub_max_message_size(self.pub)
 
     @property
     def checksum(self) -> bool:
         """Whether the queue carries a CRC32C of every message (chosen at creation)."""
         self._check_connected()
-        return bool(self.pub.ring.flags & MSGQ_FLAG_CHECKSUM)
+        return bool(msgq_pub_checksum(self.pub))
 
     @property
     def reclaimed_slots(self) -> int:
         """Reader slots of dead subscribers this publisher gave back (its sweeps)."""
         self._check_connected()
-        return self.pub.reclaimed_slots
+        return msgq_pub_reclaimed_slots(self.pub)
 
     def close(self) -> None:
         """Releases the queue (abandoning an open reservation); the socket can connect
@@ -585,20 +585,24 @@ cdef class PubSocket:
 cdef class SubSocket:
     """One subscriber of an endpoint: receives every message sent after it connected
     (or only the newest, with ``conflate``)."""
-    cdef msgq_subscriber sub
-    cdef bint connected
+    cdef msgq_sub *sub  # NULL while not connected
+    cdef msgq_sub_stats last_stats  # counters of the last connection, once closed
+    cdef bint conflate_flag
     cdef int busy  # calls in progress without the GIL (other threads may run)
     cdef int exports  # buffers exported by this socket's message views (the ring is in them)
     cdef bint view_open  # a receive_view block holds the next message
     cdef bint lent_views  # the current mapping was lent to a decoder (see _disconnect)
-    cdef int async_busy  # a loop's waiter thread sleeps on this ring (see _LoopWaiter)
+    cdef int async_busy  # a loop's waiter thread sleeps on this queue (see _LoopWaiter)
     cdef object async_waiter  # that waiter, while it has this socket in its set
-    cdef pid_t owner_pid
     cdef int64_t timeout_ns
     cdef readonly object endpoint
 
     def __cinit__(self):
-        self.connected = False
+        self.sub = NULL
+        self.conflate_flag = False
+        self.last_stats.resets = 0
+        self.last_stats.corrupt_resets = 0
+        self.last_stats.checksum_errors = 0
         self.busy = 0
         self.exports = 0
         self.view_open = False
@@ -612,18 +616,20 @@ cdef class SubSocket:
         self._disconnect()
 
     cdef void _disconnect(self) noexcept:
-        if self.connected:
-            # A copy inherited through fork() must not free its parent's reader slot.
-            if getpid() == self.owner_pid:
-                msgq_subscriber_release(&self.sub)
-            if not self.lent_views:
-                msgq_queue_unmap(&self.sub.ring)
-            # else: a reader decoded in place (MessageView.keep_readable) may still point
-            # into this mapping although no buffer of it is exported any more (pycapnp
-            # keeps a raw pointer): it stays mapped for the life of the process, so a
-            # reader misused after its block reads stale bytes, never unmapped memory.
+        if self.sub != NULL:
+            msgq_sub_get_stats(self.sub, &self.last_stats)
+            # msgq_sub_close frees the reader slot only in the process that connected (a
+            # copy inherited through fork() leaves its parent's slot alone).
+            if self.lent_views:
+                # A reader decoded in place (MessageView.keep_readable) may still point
+                # into the mapping although no buffer of it is exported any more (pycapnp
+                # keeps a raw pointer): it stays mapped for the life of the process, so a
+                # reader misused after its block reads stale bytes, never unmapped memory.
+                msgq_sub_close_keep_mapping(self.sub)
+            else:
+                msgq_sub_close(self.sub)
+            self.sub = NULL
             self.lent_views = False
-            self.connected = False
 
     cdef int _check_idle(self) except -1:
         if self.busy:
@@ -646,6 +652,14 @@ cdef class SubSocket:
                                "the next message; leave it before receiving again")
         return 0
 
+    cdef int _fail(self, int r) except -1:
+        """Raises the error of a call; a handle that lost its queue (msgq.h O6) is dropped
+        first, so the socket reads as closed."""
+        if self.sub != NULL and not msgq_sub_is_open(self.sub):
+            self._disconnect()
+        _raise(r, self.endpoint)
+        return -1
+
     def connect(self, context, endpoint, address=b"127.0.0.1", bint conflate=False,
                 segment_size=0) -> None:
         """Opens (or creates) the queue of ``endpoint`` and takes a reader slot.
@@ -653,26 +667,26 @@ cdef class SubSocket:
         ``address`` is accepted for compatibility (it matters to the ZMQ backend only).
         Raises ``IpcError`` when every reader slot is held by a live subscriber.
         """
-        cdef msgq_ring ring
+        cdef msgq_sub *opened = NULL
         cdef int r
-        cdef int locked_fd
         if not isinstance(address, (str, bytes)):
             raise TypeError(f"address must be str or bytes, not {type(address).__name__}")
         self._check_idle()
-        _open_queue(endpoint, segment_size, _create_flags(None), MSGQ_ROLE_SUBSCRIBER,
-                    &ring, &locked_fd)
-        self._disconnect()
-        r = msgq_subscriber_init(&self.sub, &ring, conflate)
-        msgq_queue_unlock(locked_fd)
+        cdef bytes name = _endpoint_arg(endpoint, segment_size)
+        cdef const char *c_name = name
+        cdef uint64_t size = segment_size
+        cdef unsigned flags = _open_flags(None, conflate)
+        while True:
+            with nogil:
+                r = msgq_sub_open(c_name, size, flags, &opened)
+            if r != -EAGAIN:  # another opener holds the file lock: let Ctrl-C through
+                break
+            PyErr_CheckSignals()
         if r < 0:
-            msgq_queue_unmap(&ring)
-            if r == MSGQ_ENOSLOT:
-                raise IpcError(
-                    f"endpoint {endpoint!r}: all {MSGQ_READER_SLOTS} reader slots are held "
-                    "by live subscribers; close a subscriber first")
             _raise(r, endpoint)
-        self.owner_pid = getpid()
-        self.connected = True
+        self._disconnect()
+        self.sub = opened
+        self.conflate_flag = conflate
         self.endpoint = endpoint
 
     def setTimeout(self, timeout) -> None:
@@ -683,7 +697,7 @@ cdef class SubSocket:
             self.timeout_ns = <int64_t>(timeout * 1000000)
 
     cdef int _check_connected(self) except -1:
-        if not self.connected:
+        if self.sub == NULL:
             raise IpcError("socket is not connected; call connect() first")
         return 0
 
@@ -693,43 +707,44 @@ cdef class SubSocket:
         cdef int64_t now, slice_ns
         cdef int r
         if self.timeout_ns >= 0:
-            deadline = os_monotonic_ns() + self.timeout_ns
+            deadline = msgq_now_ns() + self.timeout_ns
         while True:
             slice_ns = SIGNAL_CHECK_NS
             if deadline >= 0:
-                now = os_monotonic_ns()
+                now = msgq_now_ns()
                 if now >= deadline:
                     return 0
                 if deadline - now < slice_ns:
                     slice_ns = deadline - now
             self.busy += 1
             with nogil:
-                r = msgq_subscriber_wait(&self.sub, slice_ns)
+                r = msgq_sub_wait(self.sub, slice_ns)
             self.busy -= 1
             if r == 1:
                 return 1
             PyErr_CheckSignals()
 
-    cdef int _next_message(self, const uint8_t **payload, uint32_t *size,
+    cdef int _next_message(self, const void **payload, size_t *size,
                            bint non_blocking) except -1:
         """Finds the next message, waiting within the timeout unless ``non_blocking``:
-        1 with ``payload``/``size`` pointing into the ring, 0 when there is none."""
+        1 with ``payload``/``size`` viewing it in the ring, 0 when there is none. A
+        replaced queue file is followed inside msgq_sub_view (msgq.h O6)."""
         cdef int r
         while True:
-            r = msgq_subscriber_peek(&self.sub, payload, size)
+            r = msgq_sub_view(self.sub, payload, size)
             if r == 1:
                 return 1
-            if r == MSGQ_ESUPERSEDED:
-                # The file was replaced under its name (damaged, foreign or re-made) and
-                # everything in it was read: go on in the endpoint's current file.
-                self.connect(None, self.endpoint, conflate=self.sub.conflate)
+            if r == -EAGAIN:
+                PyErr_CheckSignals()
                 continue
+            if r < 0:
+                self._fail(r)
             if non_blocking or self.timeout_ns == 0 or not self._wait():
                 return 0
 
-    cdef void _copy_out(self, void *dst, const uint8_t *payload, uint32_t size) noexcept:
+    cdef void _copy_out(self, void *dst, const void *payload, size_t size) noexcept:
         """The one copy out of the ring; large ones let other threads run."""
-        if size >= NOGIL_COPY_BYTES:
+        if size >= <size_t>NOGIL_COPY_BYTES:
             self.busy += 1
             with nogil:
                 memcpy(dst, payload, size)
@@ -740,15 +755,15 @@ cdef class SubSocket:
     def receive(self, bint non_blocking=False):
         """Returns the next message as ``bytes`` (one copy), or None when there is none
         (non-blocking) or the timeout passed."""
-        cdef const uint8_t *payload
-        cdef uint32_t size
+        cdef const void *payload
+        cdef size_t size
         cdef bytes msg
         self._check_connected()
         self._check_no_view()
         while self._next_message(&payload, &size, non_blocking):
             msg = PyBytes_FromStringAndSize(NULL, size)
             self._copy_out(PyBytes_AS_STRING(msg), payload, size)
-            if msgq_subscriber_consume(&self.sub, PyBytes_AS_STRING(msg)):
+            if msgq_sub_view_end(self.sub, PyBytes_AS_STRING(msg)) == 1:
                 return msg
             # overwritten while copying: the reader was reset; look again
         return None
@@ -758,8 +773,8 @@ cdef class SubSocket:
         returns its size, or None as ``receive``. A buffer too small raises ValueError
         and leaves the message in the queue."""
         cdef Py_buffer view
-        cdef const uint8_t *payload
-        cdef uint32_t size
+        cdef const void *payload
+        cdef size_t size
         self._check_connected()
         self._check_no_view()
         try:
@@ -768,12 +783,12 @@ cdef class SubSocket:
             raise TypeError(f"receive_into() needs a writable contiguous buffer: {e}") from None
         try:
             while self._next_message(&payload, &size, non_blocking):
-                if size > view.len:
+                if size > <size_t>view.len:
                     raise ValueError(
                         f"message of {size} bytes does not fit a buffer of {view.len} "
                         "bytes; the message stays queued")
                 self._copy_out(view.buf, payload, size)
-                if msgq_subscriber_consume(&self.sub, view.buf):
+                if msgq_sub_view_end(self.sub, view.buf) == 1:
                     return size
             return None
         finally:
@@ -800,39 +815,45 @@ cdef class SubSocket:
     def has_data(self) -> bool:
         """True when ``receive(non_blocking=True)`` would return a message."""
         self._check_connected()
-        return msgq_subscriber_has_data(&self.sub) == 1
+        return msgq_sub_has_data(self.sub) == 1
 
     @property
     def conflate(self) -> bool:
-        return self.sub.conflate
+        return self.conflate_flag
+
+    cdef msgq_sub_stats _stats(self):
+        cdef msgq_sub_stats s = self.last_stats
+        if self.sub != NULL:
+            msgq_sub_get_stats(self.sub, &s)
+        return s
 
     @property
     def resets(self) -> int:
         """Times this subscriber fell a whole ring behind and skipped ahead (lost
         messages), including resets caused by corrupt values in the queue."""
-        return self.sub.resets
+        return self._stats().resets
 
     @property
     def corrupt_resets(self) -> int:
         """Resets caused by out-of-range values found in the shared segment."""
-        return self.sub.corrupt_resets
+        return self._stats().corrupt_resets
 
     @property
     def checksum_errors(self) -> int:
         """Messages dropped because their bytes did not match their CRC32C (checksummed
         queues only)."""
-        return self.sub.checksum_errors
+        return self._stats().checksum_errors
 
     @property
     def checksum(self) -> bool:
         """Whether the queue carries a CRC32C of every message (chosen at creation)."""
         self._check_connected()
-        return bool(self.sub.ring.flags & MSGQ_FLAG_CHECKSUM)
+        return bool(msgq_sub_checksum(self.sub))
 
     @property
     def segment_size(self) -> int:
         self._check_connected()
-        return self.sub.ring.capacity
+        return msgq_sub_segment_size(self.sub)
 
     def close(self) -> None:
         """Gives the reader slot back; the socket can connect again. Tasks awaiting it
@@ -880,7 +901,7 @@ cdef class SubSocket:
         cdef int r
         self.busy += 1
         with nogil:
-            r = msgq_subscriber_wait(&self.sub, ASYNC_SPIN_NS)
+            r = msgq_sub_wait(self.sub, ASYNC_SPIN_NS)
         self.busy -= 1
         return r == 1
 
@@ -891,7 +912,7 @@ cdef class SubSocket:
         """``async for msg in sub``: every message, waiting as long as it takes (timeouts
         do not end the loop; closing the socket does)."""
         while True:
-            if not self.connected:
+            if self.sub == NULL:
                 raise StopAsyncIteration
             msg = await self.receive_async()
             if msg is not None:
@@ -918,20 +939,19 @@ cdef class _LoopWaiter:
     cdef object lock
     cdef dict waiting  # id(sock) -> [sock, [futures]]
     cdef object thread
-    cdef msgq_interrupt *interrupt
+    cdef msgq_wake *wake
 
     def __cinit__(self, loop):
         self.loop_ref = weakref.ref(loop)
         self.lock = threading.Lock()
         self.waiting = {}
         self.thread = None
-        self.interrupt = <msgq_interrupt *>PyMem_Malloc(sizeof(msgq_interrupt))
-        if self.interrupt == NULL:
+        self.wake = msgq_wake_new()
+        if self.wake == NULL:
             raise MemoryError()
-        memset(self.interrupt, 0, sizeof(msgq_interrupt))
 
     def __dealloc__(self):
-        PyMem_Free(self.interrupt)  # the thread holds self while it runs
+        msgq_wake_free(self.wake)  # the thread holds self while it runs
 
     def add(self, list socks, fut) -> None:
         """``fut`` is resolved once any of ``socks`` may have data."""
@@ -948,7 +968,7 @@ cdef class _LoopWaiter:
                 self.thread = threading.Thread(target=self._run, name="msgq-async-waiter",
                                                daemon=True)
                 self.thread.start()
-        msgq_interrupt_raise(self.interrupt)
+        msgq_wake_raise(self.wake)
 
     def forget(self, list socks, fut) -> None:
         """``fut`` no longer waits (resolved, timed out or cancelled)."""
@@ -971,7 +991,7 @@ cdef class _LoopWaiter:
         with self.lock:
             entry = self.waiting.pop(id(sock), None)
             sock.async_waiter = None
-        msgq_interrupt_raise(self.interrupt)
+        msgq_wake_raise(self.wake)
         if entry is not None:
             loop = self.loop_ref()
             error = IpcError(f"endpoint {sock.endpoint!r}: the socket was closed while a "
@@ -981,7 +1001,7 @@ cdef class _LoopWaiter:
                     loop.call_soon_threadsafe(_fail, fut, error)
 
     def _run(self) -> None:
-        cdef msgq_subscriber **subs = NULL
+        cdef msgq_sub **subs = NULL
         cdef uint8_t *ready = NULL
         cdef int capacity = 0
         cdef int n, i, r
@@ -996,7 +1016,7 @@ cdef class _LoopWaiter:
                         self.thread = None
                     return
                 with self.lock:
-                    seen = msgq_interrupt_seen(self.interrupt)
+                    seen = msgq_wake_seen(self.wake)
                     entries = list(self.waiting.values())
                     if not entries:
                         now = time.monotonic()
@@ -1012,17 +1032,17 @@ cdef class _LoopWaiter:
                         PyMem_Free(subs)
                         PyMem_Free(ready)
                         capacity = max(8, 2 * n)
-                        subs = <msgq_subscriber **>PyMem_Malloc(capacity * sizeof(void *))
+                        subs = <msgq_sub **>PyMem_Malloc(capacity * sizeof(void *))
                         ready = <uint8_t *>PyMem_Malloc(capacity)
                         if subs == NULL or ready == NULL:
                             raise MemoryError()
                     for i in range(n):
                         sock = entries[i][0]
-                        subs[i] = &sock.sub
+                        subs[i] = sock.sub
                         sock.async_busy += 1
                 del loop
                 with nogil:
-                    r = msgq_poll_until(subs, n, WAITER_SLICE_NS, ready, self.interrupt, seen)
+                    r = msgq_sub_poll_until(subs, n, WAITER_SLICE_NS, ready, self.wake, seen)
                 woken = []
                 with self.lock:
                     for i in range(n):
@@ -1080,7 +1100,7 @@ async def wait_readable_async(loop, list socks, deadline=None) -> None:
     ``deadline`` (the loop's clock; None: no limit). Cancellable."""
     cdef _LoopWaiter waiter = _waiter_of(loop)
     for sock in socks:
-        if not (<SubSocket>sock).connected:
+        if (<SubSocket>sock).sub == NULL:
             raise IpcError("socket is not connected; call connect() first")
     fut = loop.create_future()
     waiter.add(socks, fut)
@@ -1105,8 +1125,8 @@ cdef class MessageView:
     cdef SubSocket sock
     cdef bint non_blocking
     cdef bint holding
-    cdef const uint8_t *payload
-    cdef uint32_t size
+    cdef const void *payload
+    cdef size_t size
     cdef object view
 
     def __cinit__(self, SubSocket sock, bint non_blocking):
@@ -1135,6 +1155,7 @@ cdef class MessageView:
 
     def __exit__(self, exc_type, exc, tb):
         cdef int r
+        cdef msgq_sub_stats before, after
         if not self.holding:
             return False
         self.holding = False
@@ -1142,11 +1163,15 @@ cdef class MessageView:
             self.view.release()  # the block's own view; slices taken from it stay valid
         except BufferError:
             pass  # something (numpy, say) holds a buffer of it: it keeps the ring mapped
-        r = msgq_subscriber_release_view(&self.sock.sub)
+        msgq_sub_get_stats(self.sock.sub, &before)
+        r = msgq_sub_view_end(self.sock.sub, NULL)
+        msgq_sub_get_stats(self.sock.sub, &after)
         self.sock.view_open = False
         if exc_type is not None or r == 1:
             return False  # the block's own exception goes on unchanged
-        if r == MSGQ_ECHECKSUM:
+        if r < 0:
+            self.sock._fail(r)
+        if after.checksum_errors != before.checksum_errors:
             raise MessageOverwritten(
                 f"endpoint {self.sock.endpoint!r}: the {self.size}-byte message viewed did "
                 "not match its CRC32C (counted in checksum_errors); discard what was "
@@ -1177,7 +1202,7 @@ cdef class MessageView:
 cdef class Poller:
     """Waits on many SubSockets at once (futex_waitv on Linux)."""
     cdef list sockets
-    cdef msgq_subscriber **subs
+    cdef msgq_sub **subs
     cdef uint8_t *ready
     cdef int capacity
 
@@ -1194,7 +1219,7 @@ cdef class Poller:
     def registerSocket(self, SubSocket socket) -> None:
         """Adds ``socket``; registering a socket twice has no further effect."""
         cdef SubSocket sock = socket  # upstream's parameter name, for keyword callers
-        if not sock.connected:
+        if sock.sub == NULL:
             raise IpcError("register a connected SubSocket")
         for s in self.sockets:
             if s is sock:
@@ -1202,7 +1227,7 @@ cdef class Poller:
         cdef int n = len(self.sockets) + 1
         if n > self.capacity:
             new_cap = max(8, self.capacity * 2)
-            subs = <msgq_subscriber **>PyMem_Malloc(new_cap * sizeof(msgq_subscriber *))
+            subs = <msgq_sub **>PyMem_Malloc(new_cap * sizeof(msgq_sub *))
             ready = <uint8_t *>PyMem_Malloc(new_cap * sizeof(uint8_t))
             if subs == NULL or ready == NULL:
                 PyMem_Free(subs)
@@ -1214,8 +1239,6 @@ cdef class Poller:
             self.ready = ready
             self.capacity = new_cap
         self.sockets.append(sock)
-        for i, s in enumerate(self.sockets):
-            self.subs[i] = &(<SubSocket>s).sub
 
     def poll(self, timeout) -> list:
         """Sockets with a message waiting, after at most ``timeout`` ms (negative: no
@@ -1224,17 +1247,22 @@ cdef class Poller:
         cdef int64_t deadline = -1
         cdef int64_t now, slice_ns
         cdef int r
+        cdef int i
         if n == 0:
             return []
-        for s in self.sockets:
-            if not (<SubSocket>s).connected:
+        # The handles are looked up at every poll: a socket that reconnected since it
+        # was registered has a new one.
+        for i in range(n):
+            s = self.sockets[i]
+            if (<SubSocket>s).sub == NULL:
                 raise IpcError("a socket registered with this Poller was closed")
+            self.subs[i] = (<SubSocket>s).sub
         if timeout is not None and timeout >= 0:
-            deadline = os_monotonic_ns() + <int64_t>(timeout * 1000000)
+            deadline = msgq_now_ns() + <int64_t>(timeout * 1000000)
         while True:
             slice_ns = SIGNAL_CHECK_NS
             if deadline >= 0:
-                now = os_monotonic_ns()
+                now = msgq_now_ns()
                 slice_ns = deadline - now
                 if slice_ns < 0:
                     slice_ns = 0
@@ -1243,13 +1271,15 @@ cdef class Poller:
             for s in self.sockets:
                 (<SubSocket>s).busy += 1
             with nogil:
-                r = msgq_poll(self.subs, n, slice_ns, self.ready)
+                r = msgq_sub_poll(self.subs, n, slice_ns, self.ready)
             for s in self.sockets:
                 (<SubSocket>s).busy -= 1
             if r > 0:
                 return [self.sockets[i] for i in range(n) if self.ready[i]]
+            if r < 0 and r != -EINTR:
+                _raise(r, "poller")
             PyErr_CheckSignals()
-            if deadline >= 0 and os_monotonic_ns() >= deadline:
+            if deadline >= 0 and msgq_now_ns() >= deadline:
                 return []
 
     async def poll_async(self, timeout=None) -> list:

@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("services", ("msgq.messaging", "msgq.logs", "msgq.visionipc")),
     ("tools", ("msgq.lockstep", "msgq.bridge", "msgq.spark")),
     ("program output", ("msgq.cli.output",)),
-    ("programs", ("msgq.bench", "msgq.demo")),
+    ("programs", ("msgq.bench", "msgq.demo", "msgq.cflags")),
     ("command line", ("msgq.cli",)),
     ("entry point", ("msgq.__main__",)),
 ]

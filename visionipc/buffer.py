@@ -23,15 +23,14 @@ ordering of these plain stores is the CPU's (TSO); on weaker CPUs it is best eff
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import mmap
 import os
-import stat
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from . import _wire
 
 __all__ = [
     "FRAME_ID_WRITING",
@@ -55,7 +54,6 @@ MAX_BUFFER_SIZE = 1 << 30
 MAX_DIMENSION = 1 << 16
 PAGE_SIZE = mmap.PAGESIZE
 
-_REQUIRED_SEALS = fcntl.F_SEAL_SHRINK
 
 
 def _align_up(value: int, alignment: int) -> int:
@@ -312,20 +310,10 @@ def _memfd_name(label: str) -> str:
 
 def allocate_buffer(geometry: BufferGeometry, label: str) -> tuple[int, mmap.mmap]:
     """A new memfd for one buffer (sized, its pages reserved, sealed against shrinking
-    and growing so no holder of the fd can make a mapping fault) and its read-write
-    mapping. The caller owns both."""
-    fd = os.memfd_create(_memfd_name(label), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    and growing so no holder of the fd can make a mapping fault; made by the C code,
+    ``src/vipc_buffer.c``) and its read-write mapping. The caller owns both."""
+    fd = _wire.buffer_create(_memfd_name(label), geometry.map_size)
     try:
-        os.ftruncate(fd, geometry.map_size)
-        try:
-            # Reserve the pages now: a full tmpfs fails here, not with SIGBUS on a write.
-            os.posix_fallocate(fd, 0, geometry.map_size)
-        except OSError as e:
-            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # nothing to reserve
-                raise
-        fcntl.fcntl(
-            fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
-        )
         mapping = mmap.mmap(
             fd,
             geometry.map_size,
@@ -345,26 +333,11 @@ class BufferImportError(ValueError):
 def map_received_buffer(fd: int, geometry: BufferGeometry) -> mmap.mmap:
     """The read-only mapping of a buffer fd received from a server, after checking that
     it is a regular file of at least ``geometry.map_size`` bytes sealed against
-    shrinking (so the mapping can never fault). BufferImportError otherwise."""
-    try:
-        st = os.fstat(fd)
-    except OSError as e:
-        raise BufferImportError(f"received buffer fd {fd} cannot be inspected: {e}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise BufferImportError(f"received buffer fd {fd} is not a shared memory file")
-    if st.st_size < geometry.map_size:
-        raise BufferImportError(
-            f"received buffer fd {fd} has {st.st_size} bytes, the stream needs {geometry.map_size}"
-        )
-    try:
-        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-    except OSError:
-        seals = 0
-    if seals & _REQUIRED_SEALS != _REQUIRED_SEALS:
-        raise BufferImportError(
-            f"received buffer fd {fd} is not sealed against shrinking; mapping it would "
-            "let the server crash this process"
-        )
+    shrinking (so the mapping can never fault; the check is ``src/vipc_buffer.c``'s).
+    BufferImportError otherwise."""
+    why = _wire.buffer_check(fd, geometry.map_size)
+    if why is not None:
+        raise BufferImportError(f"received buffer fd {fd} {why} ({geometry.map_size} bytes)")
     try:
         return mmap.mmap(
             fd, geometry.map_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ

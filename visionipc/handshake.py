@@ -34,11 +34,16 @@ many uint32 stream ids. Body of an ok reply to "buffers" (40 bytes, so 56 in all
 
 and one file descriptor per buffer (SCM_RIGHTS, in buffer order) in the same
 message. Error replies have no body.
+
+Every message is encoded and validated by the C code in ``src/vipc_handshake.c`` (through
+``_wire``), the one implementation that C servers (``visionipc.h``) and this module share;
+this module turns its results into Python values and exceptions.
 """
 
 from __future__ import annotations
 
 import array
+import mmap
 import os
 import socket
 import struct
@@ -47,7 +52,8 @@ from dataclasses import dataclass
 
 from msgq.errors import IpcError
 
-from .buffer import MAX_BUFFER_SIZE, BufferGeometry
+from . import _wire
+from .buffer import BufferGeometry
 from .peers import peer_credentials, server_trusted
 
 __all__ = [
@@ -146,37 +152,26 @@ class ListReply:
 
 def encode_request(kind: int, stream: int = 0) -> bytes:
     """The 16-byte request message."""
-    return REQUEST.pack(REQUEST_MAGIC, VERSION, kind, stream, 0)
+    return _wire.encode_request(kind, stream)  # type: ignore[no-any-return]
 
 
 def decode_request(data: bytes) -> Request:
     """The request in ``data``; HandshakeError naming what is wrong with it."""
-    if len(data) != REQUEST.size:
-        raise HandshakeError(f"request of {len(data)} bytes, expected {REQUEST.size}")
-    magic, version, kind, stream, reserved = REQUEST.unpack(data)
-    if magic != REQUEST_MAGIC:
-        raise HandshakeError("request without the VisionIPC magic")
-    if version != VERSION:
-        raise HandshakeError(f"request of protocol version {version}, this is {VERSION}")
-    if kind not in (KIND_LIST, KIND_BUFFERS):
-        raise HandshakeError(f"unknown request kind {kind}")
-    if reserved != 0 or (kind == KIND_LIST and stream != 0):
-        raise HandshakeError("request with nonzero reserved fields")
-    return Request(kind, stream)
+    kind, stream_or_why = _wire.decode_request(data)
+    if kind is None:
+        raise HandshakeError(f"{stream_or_why} ({len(data)} bytes)")
+    return Request(kind, stream_or_why)
 
 
 def encode_status_reply(server_id: int, status: int) -> bytes:
     """A reply without body (errors)."""
-    return REPLY_HEADER.pack(REPLY_MAGIC, VERSION, status, server_id)
+    return _wire.encode_status_reply(server_id, status)  # type: ignore[no-any-return]
 
 
 def encode_list_reply(server_id: int, streams: list[int]) -> bytes:
     """The ok reply to a list request."""
-    streams = sorted(streams)[:MAX_STREAMS]
-    return (
-        REPLY_HEADER.pack(REPLY_MAGIC, VERSION, STATUS_OK, server_id)
-        + COUNT.pack(len(streams))
-        + struct.pack(f"<{len(streams)}I", *streams)
+    return _wire.encode_list_reply(  # type: ignore[no-any-return]
+        server_id, sorted(streams)[:MAX_STREAMS]
     )
 
 
@@ -185,65 +180,32 @@ def encode_buffers_reply(
 ) -> bytes:
     """The ok reply to a buffers request (the fds travel with it)."""
     g = geometry
-    return REPLY_HEADER.pack(REPLY_MAGIC, VERSION, STATUS_OK, server_id) + BUFFERS_BODY.pack(
-        stream, num_buffers, g.width, g.height, g.stride, g.uv_offset, g.size, g.map_size
+    return _wire.encode_buffers_reply(  # type: ignore[no-any-return]
+        server_id, stream, num_buffers, g.width, g.height, g.stride, g.uv_offset, g.size,
+        g.map_size
     )
 
 
 def decode_reply(data: bytes, fds: list[int], kind: int, stream: int) -> BuffersReply | ListReply:
     """The reply to a request of ``kind`` (for ``stream``); HandshakeError (or a subclass)
     when it is an error reply or malformed. Never closes ``fds``."""
-    if len(data) < REPLY_HEADER.size:
-        raise HandshakeError(f"reply of {len(data)} bytes is shorter than its header")
-    magic, version, status, server_id = REPLY_HEADER.unpack_from(data)
-    if magic != REPLY_MAGIC:
-        raise HandshakeError("reply without the VisionIPC magic (not a VisionIPC server?)")
-    if version != VERSION:
-        raise HandshakeError(f"server speaks protocol version {version}, this client {VERSION}")
-    if server_id == 0:
-        raise HandshakeError("reply with server id 0")
-    if status == STATUS_NOT_ALLOWED:
+    code, why, server_id, fields = _wire.decode_reply(
+        data, len(fds), kind, stream, mmap.PAGESIZE
+    )
+    if code == _wire.NOT_ALLOWED:
         raise NotAllowedError(
             "the server does not serve this process's uid; start it with allowed_uids=... "
             "or MSGQ_VISIONIPC_ALLOW_UIDS listing this uid"
         )
-    if status == STATUS_UNKNOWN_STREAM:
+    if code == _wire.UNKNOWN_STREAM:
         raise ServerUnavailableError(f"the server has no stream {stream} (yet)")
-    if status != STATUS_OK:
-        name = STATUS_NAMES.get(status, f"status {status}")
-        raise HandshakeError(f"server answered {name}")
-    body = data[REPLY_HEADER.size :]
+    if code != 0:
+        raise HandshakeError(f"{why} (reply of {len(data)} bytes, {len(fds)} descriptors)")
     if kind == KIND_LIST:
-        if fds:
-            raise HandshakeError("list reply carried file descriptors")
-        if len(body) < COUNT.size:
-            raise HandshakeError("list reply without a count")
-        (count,) = COUNT.unpack_from(body)
-        if count > MAX_STREAMS or len(body) != COUNT.size + 4 * count:
-            raise HandshakeError(f"list reply of {len(body)} bytes does not hold {count} ids")
-        return ListReply(server_id, frozenset(struct.unpack_from(f"<{count}I", body, COUNT.size)))
-    if len(body) != BUFFERS_BODY.size:
-        raise HandshakeError(f"buffers reply body of {len(body)} bytes, expected 40")
-    r_stream, n, width, height, stride, uv_offset, size, map_size = BUFFERS_BODY.unpack(body)
-    if r_stream != stream:
-        raise HandshakeError(f"asked for stream {stream}, the server answered for {r_stream}")
-    if not 1 <= n <= MAX_BUFFERS:
-        raise HandshakeError(f"server announced {n} buffers (1 .. {MAX_BUFFERS} allowed)")
-    if len(fds) != n:
-        raise HandshakeError(f"server announced {n} buffers and sent {len(fds)} descriptors")
-    if size > MAX_BUFFER_SIZE:
-        raise HandshakeError(f"server announced buffers of {size} bytes")
+        return ListReply(server_id, frozenset(fields))
+    r_stream, n, width, height, stride, uv_offset, size, map_size = fields
     geometry = BufferGeometry(width, height, stride, uv_offset, size)
-    try:
-        geometry.validate()
-    except (TypeError, ValueError) as e:
-        raise HandshakeError(f"server announced an impossible geometry: {e}") from None
-    if map_size != geometry.map_size:
-        raise HandshakeError(
-            f"server maps {map_size} bytes per buffer, this client's layout needs "
-            f"{geometry.map_size}"
-        )
-    return BuffersReply(server_id, stream, n, geometry, map_size, tuple(fds))
+    return BuffersReply(server_id, r_stream, n, geometry, map_size, tuple(fds))
 
 
 def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:

@@ -15,12 +15,17 @@ One fixed 48-byte little-endian record per published frame::
 
 Anything else on the endpoint (other sizes, magic, versions or flags) is not a packet:
 :func:`parse_frame_packet` returns None for it and the client skips and counts it.
+
+The bytes are written and checked by the C code in ``src/vipc_packet.c`` (through
+``_wire``), the one implementation that C servers and clients share.
 """
 
 from __future__ import annotations
 
 import struct
 from typing import NamedTuple
+
+from . import _wire
 
 __all__ = [
     "FLAG_VALID",
@@ -33,6 +38,7 @@ __all__ = [
     "parse_frame_packet",
 ]
 
+#: Layout of the packet (documentation and size; src/vipc_packet.c reads and writes it).
 PACKET = struct.Struct("<4sHHQQIIQQ")
 PACKET_MAGIC = b"VIPF"
 PACKET_VERSION = 1
@@ -65,26 +71,12 @@ def pack_frame_packet(
     valid: bool,
 ) -> bytes:
     """The 48 bytes announcing one frame."""
-    return PACKET.pack(
-        PACKET_MAGIC,
-        PACKET_VERSION,
-        FLAG_VALID if valid else 0,
-        server_id,
-        sequence,
-        buffer_index,
-        frame_id,
-        timestamp_sof,
-        timestamp_eof,
+    return _wire.pack_packet(  # type: ignore[no-any-return]
+        server_id, sequence, buffer_index, frame_id, timestamp_sof, timestamp_eof, valid
     )
 
 
 def parse_frame_packet(data: bytes) -> FramePacket | None:
     """The packet in ``data``, or None when ``data`` is not a well-formed packet."""
-    if len(data) != PACKET.size:
-        return None
-    magic, version, flags, server_id, sequence, index, frame_id, sof, eof = PACKET.unpack(data)
-    if magic != PACKET_MAGIC or version != PACKET_VERSION or flags & ~KNOWN_FLAGS:
-        return None
-    if server_id == 0 or sequence == 0:
-        return None
-    return FramePacket(server_id, sequence, index, frame_id, sof, eof, bool(flags & FLAG_VALID))
+    fields = _wire.parse_packet(data)
+    return None if fields is None else FramePacket(*fields)

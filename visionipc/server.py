@@ -181,7 +181,10 @@ class VisionIpcServer:
         entry = _ServerStream(stream, geometry, buffers, tuple(fds), pub)
         self._res.streams[stream] = entry
         # Published to the listener last: a client served this stream can get its packets.
-        self._res.exports[stream] = StreamExport(geometry, entry.fds)
+        export = StreamExport(geometry, entry.fds)
+        self._res.exports[stream] = export
+        if self._res.listener is not None:
+            self._res.listener.add_stream(stream, export)
 
     def start_listener(self) -> None:
         """Starts serving clients on the Unix socket (idempotent). A stale socket left

@@ -53,6 +53,7 @@ COMMANDS: tuple[str, ...] = (
     "spark",
     "bridge",
     "bench",
+    "config",
 )
 
 DESCRIPTION = """\

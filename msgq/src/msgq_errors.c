@@ -30,6 +30,8 @@ const char *msgq_strerror(int code) {
       return "the queue file was replaced under its name; open the endpoint again";
     case MSGQ_ECHECKSUM:
       return "message bytes do not match their CRC32C checksum";
+    case MSGQ_ECLOSED:
+      return "the handle is not connected to a queue (a re-open failed); open it again";
     default:
       break;
   }

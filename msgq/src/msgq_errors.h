@@ -18,6 +18,7 @@ enum msgq_error {
   MSGQ_EBUFFER = -2011,       /* caller's buffer is too small for the message */
   MSGQ_ESUPERSEDED = -2012,   /* the queue file was replaced: open the endpoint again */
   MSGQ_ECHECKSUM = -2013,     /* a message's bytes do not match its CRC32C */
+  MSGQ_ECLOSED = -2014,       /* the handle lost its queue (a re-open failed; msgq.h O6) */
 };
 
 /* A static, human-readable description of a code from this file or of -errno. */
