@@ -139,6 +139,7 @@ class ReadOptions:
     root: str = "Event"
     problems: str = "rows"
     with_data: bool = True
+    compact: bool = False
 
     @classmethod
     def parse(cls, options: Any, local_paths: bool = True) -> ReadOptions:
@@ -160,6 +161,7 @@ class ReadOptions:
         if problems not in _PROBLEM_MODES:
             raise ValueError(f"option problems must be one of {_PROBLEM_MODES}, not {problems!r}")
         with_data = _flag(get("data"), True, "data")
+        compact = _flag(get("compact"), False, "compact")
         services = _split_list(get("services"))
         decode_value = (get("decode") or "").strip()
         schema = _load_schema(schema_file, root)
@@ -177,7 +179,12 @@ class ReadOptions:
                 if services is not None and name not in services:
                     raise ValueError(f"decode names {name!r}, which option services leaves "
                                      "out: its column would always be null")
-        return cls(paths, services, decode, schema_file, root, problems, with_data)
+        if compact and decode:
+            raise ValueError("option compact packs the rows per segment file and service: "
+                             "it has no typed columns (leave out decode)")
+        if compact:
+            with_data = False
+        return cls(paths, services, decode, schema_file, root, problems, with_data, compact)
 
 
 def _flag(value: str | None, default: bool, name: str) -> bool:
@@ -222,10 +229,19 @@ def _load_schema(schema_file: str | None, root: str) -> Any:
     return schema
 
 
+_DDL_TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(),
+              "binary": BinaryType()}
+
+
 def output_schema(options: ReadOptions) -> StructType:
     """The DataFrame schema of a read with ``options``."""
     from msgq.spark.capnp_types import member_plan
 
+    if options.compact:
+        from msgq.spark.compact import COMPACT_SCHEMA
+
+        return StructType([StructField(name, _DDL_TYPES[kind], True) for name, kind in
+                           (column.split() for column in COMPACT_SCHEMA.split(", "))])
     fields = list(BASE_COLUMNS)
     taken = {f.name for f in fields}
     if options.decode:
@@ -371,6 +387,10 @@ class _SegmentRead:
 
         self._pa = pa
         self.options = options
+        if options.compact:  # rows are built as events, then packed (batches())
+            from dataclasses import replace
+
+            schema = output_schema(replace(options, compact=False))
         self.path = path
         self.segment = segment
         self.content = content
@@ -501,7 +521,16 @@ class _SegmentRead:
 
     def batches(self) -> Iterator[Any]:
         """The rows of the segment as Arrow record batches: its events in file order, a
-        problem row after the events read before each problem found."""
+        problem row after the events read before each problem found; with option
+        ``compact``, those batches packed per segment file and service
+        (:mod:`msgq.spark.compact`)."""
+        if not self.options.compact:
+            return self._event_rows()
+        from msgq.spark.compact import compact_batches
+
+        return compact_batches(self._event_rows())
+
+    def _event_rows(self) -> Iterator[Any]:
         if self.content is not None or self._readable():
             try:
                 yield from self._event_batches()
