@@ -884,3 +884,26 @@ def test_bench_smoke() -> None:
     assert set(result["targets"]) == {"logstats_local2_vs_loop",
                                       "logstats_speedup_local1_to_local2",
                                       "typed_events_per_s_per_core"}
+
+
+def test_the_worker_daemon_drops_only_the_zips_of_installed_versions(tmp_path: Path) -> None:
+    """Local sessions' worker daemon imports the installed pyspark (cached bytecode)
+    instead of Spark's zip only where the versions agree."""
+    import zipfile
+    from importlib import metadata
+
+    from msgq.spark.worker_daemon import installed_first
+
+    def spark_zip(folder: str, version: str) -> str:
+        path = tmp_path / folder / "pyspark.zip"
+        path.parent.mkdir()
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("pyspark/version.py", f"__version__: str = '{version}'\n")
+        return str(path)
+
+    same = spark_zip("same", metadata.version("pyspark"))
+    other = spark_zip("other", "0.0.1")
+    py4j = str(tmp_path / f"py4j-{metadata.version('py4j')}-src.zip")
+    old_py4j = str(tmp_path / "py4j-0.0.1-src.zip")
+    path = [same, py4j, "/usr/lib/python3", other, old_py4j]
+    assert installed_first(path) == ["/usr/lib/python3", other, old_py4j]

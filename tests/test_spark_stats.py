@@ -291,3 +291,40 @@ def test_approximate_percentiles_are_close(
                 else:
                     assert math.isclose(approx, exact, rel_tol=APPROX_RELATIVE_ERROR * 1.0001)
             assert g == w
+
+
+def test_log_stats_of_a_compact_read_equal_the_reference(
+        spark: Any, reference: tuple[Any, dict[str, Any], Any], recordings: list[str]) -> None:
+    """``read_logs(..., compact=True)`` (what ``msgq logstats`` reads: the events packed
+    by the source's workers) gives the same statistics, on the source and through
+    Hadoop; it has no event rows for a timeline."""
+    from msgq.spark import read_logs
+    from msgq.spark.analyses import log_stats
+
+    _, want, _ = reference
+    compact = read_logs(spark, recordings, compact=True)
+    stats = log_stats(compact, RATES)
+    try:
+        _assert_equal(stats.to_dict(), want)
+        with pytest.raises(ValueError, match="compact"):
+            stats.timeline(1.0)
+    finally:
+        stats.unpersist()
+    with pytest.raises(ValueError, match="compact"):
+        log_stats(compact, RATES, cache=True)
+
+    uris = [Path(r).as_uri() for r in recordings]
+    events = log_stats(read_logs(spark, uris, data=False, via="hadoop"), RATES)
+    packed = log_stats(read_logs(spark, uris, via="hadoop", compact=True), RATES)
+    try:
+        _assert_equal(packed.to_dict(), events.to_dict())
+    finally:
+        events.unpersist()
+        packed.unpersist()
+
+
+def test_a_compact_read_has_no_typed_columns(spark: Any, recordings: list[str]) -> None:
+    from msgq.spark import read_logs
+
+    with pytest.raises(Exception, match="compact"):
+        read_logs(spark, recordings[0], compact=True, decode=True)

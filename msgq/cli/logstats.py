@@ -45,6 +45,13 @@ examples:
   msgq logstats hdfs://nn/logs/drive1              from HDFS (s3a://, gs://... alike)"""
 
 
+# The driver's JVM of one short command: the quick JIT only. Start-up compiles far less
+# (measured: about 5 s less JVM CPU time, 0.5-1 s less wall time), and with the events
+# packed in the Python workers the JVM runs no hot loop over them that the optimising
+# compiler would pay back. --conf spark.driver.extraJavaOptions=... comes after (wins).
+_JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1",)
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Registers ``msgq logstats``."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
@@ -169,14 +176,17 @@ def run(args: argparse.Namespace) -> int:
         print(paint(f"reading {' and '.join(what)} with Spark "
                     f"({args.master or 'local[*]'}) ...", "dim", sys.stderr), file=sys.stderr)
     try:
-        spark = spark_session(args.master, app_name="msgq logstats", config=conf)
+        spark = spark_session(args.master, app_name="msgq logstats", config=conf,
+                              java_options=_JAVA_OPTIONS)
     except (JavaMissingError, ExecutorPythonError) as e:
         raise CommandError(str(e)) from None
     except Exception as e:  # a bad master URL or setting: the JVM's reason, one line
         raise CommandError(f"cannot start Spark: {_first_line(e)}") from None
     try:
+        # Without a plot only the statistics are wanted: the source packs the events per
+        # segment file and service as it reads them (no Spark row per event).
         df = read_logs(spark, args.paths, services=services, schema_file=args.schema,
-                       data=False, via=args.via)
+                       data=False, via=args.via, compact=not args.plot)
         # the files Spark listed for the Hadoop paths (the source's are not listed here)
         count = len(files) + (len(df.inputFiles()) if remote else 0)
     except Exception as e:  # bad option values surface as Spark analysis errors

@@ -44,6 +44,7 @@ def read_logs(
     problems: str = "rows",
     data: bool = True,
     via: str = "auto",
+    compact: bool = False,
 ) -> Any:
     """The msgqlog DataFrame of ``paths`` (files, recording folders, globs): events and
     problem rows (see :func:`events`, :func:`problems`). ``data=False`` leaves the
@@ -56,6 +57,12 @@ def read_logs(
     kinds is read both ways and the two unioned. ``"source"`` sends every path to the
     source, ``"hadoop"`` every path to Hadoop (plain paths then resolve against the
     cluster's default file system, as Spark resolves them).
+
+    ``compact=True`` gives the rows :func:`msgq.spark.analyses.log_stats` works on
+    instead of events: one row per segment file and service of each batch read, with
+    the count, invalid count, byte sum and packed logMonoTimes, and the problem rows
+    (:mod:`msgq.spark.compact`; no ``decode``). Packed in the reading worker, the events
+    never become Spark rows: the cheapest input of ``log_stats`` (``msgq logstats``).
     """
     from msgq.spark.hadoop import read_segment_files, split_paths
 
@@ -63,6 +70,8 @@ def read_logs(
         paths = [paths]
     local, remote = split_paths([os.fspath(p) for p in paths], via)
     options = {"problems": problems, "data": "true" if data else "false"}
+    if compact:
+        options["compact"] = "true"
     if services is not None:
         options["services"] = ",".join(services)
     if decode is True:

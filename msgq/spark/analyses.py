@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from msgq.spark.compact import COMPACT_COLUMNS, COMPACT_SCHEMA, arrow_schema, compact_batches
+
 __all__ = ["APPROX_RELATIVE_ERROR", "GAP_FACTOR", "LogStats", "expected_rates", "log_stats",
            "rate_timeline"]
 
@@ -59,10 +61,12 @@ def _recording(sf: Any) -> Any:
 
 # -- the one pass over the rows -------------------------------------------------------------
 #
-# Stage 1 (mapInArrow, no shuffle): each Arrow batch of narrow rows becomes one row per
-# (segment file, service) holding the count, invalid count, byte sum and the events'
-# logMonoTimes packed as int64 bytes; problem rows pass through. A few thousand rows
-# instead of a million: what crosses the shuffle is the timestamps, not Spark rows.
+# Stage 1 (no shuffle): each Arrow batch of narrow rows becomes one row per (segment
+# file, service) holding the count, invalid count, byte sum and the events' logMonoTimes
+# packed as int64 bytes; problem rows pass through (msgq.spark.compact). A few thousand
+# rows instead of a million: what crosses the shuffle is the timestamps, not Spark rows.
+# On a compact read (read_logs(..., compact=True)) the source's Python worker has done it
+# already, so Spark never holds a row per event; on any other frame, mapInArrow does it.
 # Stage 2 (groupBy recording, service + applyInArrow): numpy sorts a recording's
 # timestamps of one service (ties: by file, as the first implementation's window order
 # did; equal times give equal intervals in any order) and computes everything per segment
@@ -80,9 +84,6 @@ APPROX_RELATIVE_ERROR = 0.005
 _GAMMA = (1 + APPROX_RELATIVE_ERROR) / (1 - APPROX_RELATIVE_ERROR)
 _ZERO_BUCKET = -(1 << 62)
 
-_COMPACT_SCHEMA = ("kind string, recording string, file string, segment int, service string, "
-                   "offset bigint, problem string, count bigint, invalid bigint, "
-                   "size_sum bigint, monos binary")
 # what stage 3 merges
 _AGGREGATES = ("expected_hz double, count bigint, segments bigint, first_mono_ns bigint, "
                "last_mono_ns bigint, intervals bigint, dt_sum_ns bigint, dt_max_ns bigint, "
@@ -109,85 +110,6 @@ _PARTIAL_COLUMNS = _names(_PARTIAL_SCHEMA)
 _SERVICE_COLUMNS = _names(_SERVICE_SCHEMA)
 _PUBLISHED_COLUMNS = _names(_PUBLISHED)
 _AGGREGATE_COLUMNS = _names(_AGGREGATES)
-
-
-def _recording_of(file):
-    """As ``_recording``: the text before the last '/', "" without one."""
-    head, slash, _ = file.rpartition("/")
-    return head if slash else ""
-
-
-def _compact_batches(batches):
-    """Stage 1: narrow rows -> one row per (file, service) of each batch, problems kept."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    schema = _arrow_schema(_COMPACT_SCHEMA)
-    for batch in batches:
-        if not batch.num_rows:
-            continue
-        service, mono = batch.column("service"), batch.column("logMonoTime")
-        bad = pc.or_(pc.or_(pc.is_null(service), pc.is_null(mono)),
-                     pc.is_valid(batch.column("problem")))
-        if pc.any(bad).as_py():
-            rows = batch.filter(bad)
-            files = rows.column("file").to_pylist()
-            yield pa.RecordBatch.from_pydict({
-                "kind": ["problem"] * rows.num_rows,
-                "recording": [""] * rows.num_rows,
-                "file": files,
-                "segment": rows.column("segment"),
-                "service": rows.column("service"),
-                "offset": rows.column("offset"),
-                "problem": rows.column("problem"),
-            } | {name: [None] * rows.num_rows for name in ("count", "invalid", "size_sum",
-                                                          "monos")}, schema=schema)
-        good = pc.and_(pc.is_valid(service), pc.is_valid(mono))
-        events = batch if pc.all(good).as_py() else batch.filter(good)
-        if not events.num_rows:
-            continue
-        file_codes = pc.dictionary_encode(events.column("file"))
-        service_codes = pc.dictionary_encode(events.column("service"))
-        key = (file_codes.indices.to_numpy().astype(np.int64) * len(service_codes.dictionary)
-               + service_codes.indices.to_numpy())
-        order = np.argsort(key, kind="stable")
-        key = key[order]
-        starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))
-        ends = np.append(starts[1:], len(key))
-        monos = events.column("logMonoTime").to_numpy()[order].astype("<i8")
-        invalid = (~events.column("valid").fill_null(False).to_numpy(zero_copy_only=False))
-        sizes = events.column("size").fill_null(0).to_numpy().astype(np.int64)
-        segments = events.column("segment").to_pylist()
-        first = order[starts]
-        file_names = [file_codes.dictionary[int(file_codes.indices[int(i)].as_py())].as_py()
-                      for i in first]
-        service_names = [service_codes.dictionary[int(service_codes.indices[int(i)].as_py())]
-                         .as_py() for i in first]
-        yield pa.RecordBatch.from_pydict({
-            "kind": ["events"] * len(starts),
-            "recording": [_recording_of(f) for f in file_names],
-            "file": file_names,
-            "segment": [segments[int(i)] for i in first],
-            "service": service_names,
-            "offset": [None] * len(starts),
-            "problem": [None] * len(starts),
-            "count": (ends - starts).tolist(),
-            "invalid": np.add.reduceat(invalid[order].astype(np.int64), starts).tolist(),
-            "size_sum": np.add.reduceat(sizes[order], starts).tolist(),
-            "monos": [monos[a:b].tobytes() for a, b in zip(starts, ends, strict=True)],
-        }, schema=schema)
-
-
-def _arrow_schema(ddl):
-    """The Arrow schema of one of the DDL strings above (pyspark's parser needs a
-    session, which the executors' workers do not have)."""
-    import pyarrow as pa
-
-    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
-             "double": pa.float64(), "binary": pa.binary()}
-    return pa.schema([pa.field(name, types[kind]) for name, kind in
-                      (column.split() for column in ddl.split(", "))])
 
 
 def _bucket_values(index):
@@ -315,7 +237,7 @@ def _per_recording(params, table):
     import pyarrow as pa
 
     rates, gap_factor, approx = params
-    schema = _arrow_schema(_PARTIAL_SCHEMA)
+    schema = arrow_schema(_PARTIAL_SCHEMA)
     out: dict[str, list[Any]] = {name: [] for name in _PARTIAL_COLUMNS}
 
     def add(**values):
@@ -408,7 +330,7 @@ def _per_service(params, table):
     import pyarrow as pa
 
     row = _service_row(table.to_pydict(), params[2])
-    return pa.Table.from_pylist([row], schema=_arrow_schema(_SERVICE_SCHEMA))
+    return pa.Table.from_pylist([row], schema=arrow_schema(_SERVICE_SCHEMA))
 
 
 def _sort_key(*values: Any) -> tuple[Any, ...]:
@@ -430,18 +352,24 @@ class LogStats:
     gaps: Any
     problems: Any
     events: Any  # the event rows (narrow): recording, file, segment, service, logMonoTime...
+    # (None for a compact read)
     gap_factor: float
     partials: Any = None  # per segment, gap, recording and service: the cached pass
     cached: tuple[Any, ...] = ()  # what unpersist() drops
 
     def timeline(self, bin_seconds: float = 1.0) -> Any:
         """Rate over time: see :func:`rate_timeline` (reads the rows again unless
-        ``log_stats(cache=True)`` kept them)."""
+        ``log_stats(cache=True)`` kept them). Not on the stats of a compact read
+        (ValueError): it has no event rows."""
+        if self.events is None:
+            raise ValueError("the statistics of a compact read have no event rows for a "
+                             "timeline: read with compact=False")
         return rate_timeline(self.events, bin_seconds)
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything collected as plain lists of dicts (JSON-ready), sorted. Two Spark
-        jobs: the cached pass without the intervals, and the per-service merge."""
+        """Everything collected as plain lists of dicts (JSON-ready), sorted. One Spark
+        job, the cached pass without the intervals, and a second for the per-service
+        merge when a service is in more than one recording."""
         rows = [r.asDict() for r in self.partials.drop("dts").collect()]
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
@@ -461,7 +389,14 @@ class LogStats:
                 for r in by_kind.get("gap", [])]
         problems = [{k: r[k] for k in ("file", "segment", "offset", "service", "problem")}
                     for r in by_kind.get("problem", [])]
-        services = [r.asDict() for r in self.services.collect()]
+        partials = by_kind.get("partial", [])
+        if len({r["service"] for r in partials}) == len(partials):
+            # One recording per service: its partial is the service's row (stage 3 on
+            # one partial computes the same numbers), so no job for the merge.
+            services = [{"service": r["service"], **{k: r[k] for k in _PUBLISHED_COLUMNS}}
+                        for r in partials]
+        else:
+            services = [r.asDict() for r in self.services.collect()]
         return {
             "gap_factor": self.gap_factor,
             "services": sorted(services, key=lambda r: _sort_key(r["service"])),
@@ -496,6 +431,11 @@ def log_stats(
     ``cache``: also keep the narrow event rows (memory and disk) for
     :meth:`LogStats.timeline`; the statistics never read the rows twice.
     :meth:`LogStats.unpersist` drops what was cached.
+
+    ``df`` may also be a compact read (``read_logs(..., compact=True)``: the rows
+    already packed per segment file and service by the source, the cheapest input);
+    its LogStats has no ``events`` (no :meth:`LogStats.timeline`) and ``cache`` must be
+    false.
     """
     from functools import partial
 
@@ -505,15 +445,21 @@ def log_stats(
     if not gap_factor > 0:
         raise ValueError(f"gap_factor must be positive, not {gap_factor}")
     rates = dict(expected_rates() if rates is None else rates)
-    narrow = df.select("file", "segment", "offset", "logMonoTime", "service", "valid", "size",
-                       "problem")
     cached = []
-    if cache:
-        narrow = narrow.persist(StorageLevel.MEMORY_AND_DISK)
-        cached.append(narrow)
+    if tuple(df.columns) == COMPACT_COLUMNS:  # packed by the source already
+        if cache:
+            raise ValueError("cache=True keeps the event rows for timeline(); a compact "
+                             "read has none: read with compact=False")
+        narrow, compact = None, df
+    else:
+        narrow = df.select("file", "segment", "offset", "logMonoTime", "service", "valid",
+                           "size", "problem")
+        if cache:
+            narrow = narrow.persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(narrow)
+        compact = narrow.mapInArrow(compact_batches, COMPACT_SCHEMA)
     params = (rates, float(gap_factor), bool(approx_percentiles))
-    partials = narrow.mapInArrow(_compact_batches, _COMPACT_SCHEMA) \
-        .groupBy("kind", "recording", "service") \
+    partials = compact.groupBy("kind", "recording", "service") \
         .applyInArrow(partial(_per_recording, params), _PARTIAL_SCHEMA) \
         .persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(partials)
@@ -531,7 +477,8 @@ def log_stats(
         "duration_ms", "missed")
     problems = partials.where(sf.col("kind") == "problem") \
         .select("file", "segment", "offset", "service", "problem")
-    events = narrow.where(sf.col("service").isNotNull() & sf.col("logMonoTime").isNotNull()) \
+    events = None if narrow is None else \
+        narrow.where(sf.col("service").isNotNull() & sf.col("logMonoTime").isNotNull()) \
         .drop("problem").withColumn("recording", _recording(sf))
     return LogStats(services, segments, gaps, problems, events, gap_factor, partials,
                     tuple(cached))

@@ -16,7 +16,9 @@ default: about 1 M events in 22 segments of 60 s), then, in one run:
 
 Prints one table (wall time, events/s, events/s per core, ratio to the loop), the
 targets of issue 17 with what was measured, and the load average before and after.
-``--tiny`` is the smoke run the tests use; ``--no-cluster`` leaves the cluster out.
+``--tiny`` is the smoke run the tests use; ``--no-cluster`` leaves the cluster out;
+``--seconds`` sets the size (1300: about 1 M events; the table says how many);
+``--no-reads`` leaves the DataFrame reads out (the loop and logstats only).
 """
 
 from __future__ import annotations
@@ -165,7 +167,7 @@ def _same_results(docs: list[dict[str, Any]]) -> bool:
 
 
 def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True,
-        folder: str | None = None) -> dict[str, Any]:
+        folder: str | None = None, reads: bool = True) -> dict[str, Any]:
     """Runs every measurement; returns the rows as dicts, the targets and the load."""
     from msgq.bench.fixtures import SERVICES
 
@@ -193,7 +195,8 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
             finally:
                 running.stop()
         services = (*SERVICES, "logStart")  # every event, as the loop reads them
-        reads = {cores: _spark_reads(folder, cores, services, repeat) for cores in (1, 2)}
+        measured = {cores: _spark_reads(folder, cores, services, repeat)
+                    for cores in ((1, 2) if reads else ())}
     rows: list[dict[str, Any]] = []
     events, loop_seconds = loop
 
@@ -209,14 +212,16 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
         add(f"msgq logstats, {label}", 2 if name != "local[1]" else 1,
             sum(r["count"] for r in doc["services"]), secs)
     for kind, label in (("raw", "raw columns (data=false)"), ("typed", "typed columns")):
-        for cores in (1, 2):
-            add(f"read {label}, local[{cores}]", cores, *reads[cores][kind])
+        for cores in measured:
+            add(f"read {label}, local[{cores}]", cores, *measured[cores][kind])
     l1, l2 = stats["local[1]"][1], stats["local[2]"][1]
-    typed = reads[1]["typed"][0] / reads[1]["typed"][1]  # one core: the per-core rate
+    # one core: the per-core rate
+    typed = measured[1]["typed"][0] / measured[1]["typed"][1] if measured else None
     return {
         "events_written": written, "segments": len(files), "bytes": size,
         "cpu_count": os.cpu_count(), "rows": rows,
-        "jvm_start_s": reads[1]["session"][1],  # the first session of this process
+        # the first session of this process
+        "jvm_start_s": measured[1]["session"][1] if measured else None,
         "cluster_start_s": cluster_start,
         "identical_results": _same_results([doc for doc, _ in stats.values()]),
         "targets": {
@@ -241,20 +246,24 @@ def _table(result: dict[str, Any]) -> str:
     def load(values: Sequence[float]) -> str:
         return " ".join(f"{v:.2f}" for v in values)
 
+    starts = [] if result["jvm_start_s"] is None else \
+        [f"JVM start-up (a session): {result['jvm_start_s']:.1f} s"]
+    if start is not None:
+        starts.append(f"cluster start-up (not counted): {start:.1f} s")
+    typed = t["typed_events_per_s_per_core"]
     return "\n".join([
         f"{result['events_written']} events written in {result['segments']} segments "
         f"(+ a logStart each), {result['bytes'] / 1e6:.1f} MB; {result['cpu_count']} CPUs; "
         f"load average {load(result['load_before'])} before, "
         f"{load(result['load_after'])} after",
         format_table(rows),
-        f"JVM start-up (a session): {result['jvm_start_s']:.1f} s"
-        + ("" if start is None else f"; cluster start-up (not counted): {start:.1f} s"),
+        *(["; ".join(starts)] if starts else []),
         f"logstats results identical on every master: "
         f"{'yes' if result['identical_results'] else 'NO'}",
         f"targets: logstats local[2] = {t['logstats_local2_vs_loop']:.2f}x the loop's time "
         f"(<= 3); local[1] -> local[2] speed-up {t['logstats_speedup_local1_to_local2']:.2f}x "
-        f"(>= 1.6); typed columns {t['typed_events_per_s_per_core']:,.0f} events/s on one "
-        f"core (>= 50,000)",
+        f"(>= 1.6)" + ("" if typed is None else
+                       f"; typed columns {typed:,.0f} events/s on one core (>= 50,000)"),
     ])
 
 
@@ -271,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="best of N runs of the loop and of the reads (default 1)")
     parser.add_argument("--no-cluster", action="store_true",
                         help="leave out the standalone cluster")
+    parser.add_argument("--no-reads", action="store_true",
+                        help="leave out the DataFrame reads (raw and typed columns): "
+                             "the loop and msgq logstats only, e.g. on a larger --seconds")
     parser.add_argument("--tiny", action="store_true",
                         help="a smoke run: 4 simulated seconds in 2 segments, no cluster")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -279,7 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.seconds, args.rotate, args.repeat)
     if seconds <= 0 or rotate <= 0 or repeat < 1:
         parser.error("--seconds and --rotate must be positive, --repeat at least 1")
-    result = run(seconds, rotate, repeat, cluster=not (args.tiny or args.no_cluster))
+    result = run(seconds, rotate, repeat, cluster=not (args.tiny or args.no_cluster),
+                 reads=not args.no_reads)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()

@@ -24,6 +24,7 @@ runs in the executors' Python workers, which load pycapnp and the schema file th
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -33,6 +34,7 @@ import stat
 import threading
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -139,6 +141,7 @@ class ReadOptions:
     root: str = "Event"
     problems: str = "rows"
     with_data: bool = True
+    compact: bool = False
 
     @classmethod
     def parse(cls, options: Any, local_paths: bool = True) -> ReadOptions:
@@ -160,6 +163,7 @@ class ReadOptions:
         if problems not in _PROBLEM_MODES:
             raise ValueError(f"option problems must be one of {_PROBLEM_MODES}, not {problems!r}")
         with_data = _flag(get("data"), True, "data")
+        compact = _flag(get("compact"), False, "compact")
         services = _split_list(get("services"))
         decode_value = (get("decode") or "").strip()
         schema = _load_schema(schema_file, root)
@@ -177,7 +181,12 @@ class ReadOptions:
                 if services is not None and name not in services:
                     raise ValueError(f"decode names {name!r}, which option services leaves "
                                      "out: its column would always be null")
-        return cls(paths, services, decode, schema_file, root, problems, with_data)
+        if compact and decode:
+            raise ValueError("option compact packs the rows per segment file and service: "
+                             "it has no typed columns (leave out decode)")
+        if compact:
+            with_data = False
+        return cls(paths, services, decode, schema_file, root, problems, with_data, compact)
 
 
 def _flag(value: str | None, default: bool, name: str) -> bool:
@@ -222,10 +231,19 @@ def _load_schema(schema_file: str | None, root: str) -> Any:
     return schema
 
 
+_DDL_TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(),
+              "binary": BinaryType()}
+
+
 def output_schema(options: ReadOptions) -> StructType:
     """The DataFrame schema of a read with ``options``."""
     from msgq.spark.capnp_types import member_plan
 
+    if options.compact:
+        from msgq.spark.compact import COMPACT_SCHEMA
+
+        return StructType([StructField(name, _DDL_TYPES[kind], True) for name, kind in
+                           (column.split() for column in COMPACT_SCHEMA.split(", "))])
     fields = list(BASE_COLUMNS)
     taken = {f.name for f in fields}
     if options.decode:
@@ -350,6 +368,21 @@ def _decoders_for(options: ReadOptions) -> dict[str, _Decoder]:
     return decoders
 
 
+@contextmanager
+def _few_collections() -> Iterator[None]:
+    """Python's cyclic garbage collector, rarely, while a segment is read: a batch of
+    typed rows is tens of thousands of tuples and lists alive at once, which made the
+    collector run every few events and rescan them (a fifth of the reading time). None
+    of them is in a reference cycle: reference counting frees them with the batch. The
+    thresholds are restored when the reading ends (or is closed)."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(thresholds[0], 100_000), *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+
+
 class _FailOnProblemError(RuntimeError):
     """Damage found while reading with ``problems=fail``."""
 
@@ -371,6 +404,10 @@ class _SegmentRead:
 
         self._pa = pa
         self.options = options
+        if options.compact:  # rows are built as events, then packed (batches())
+            from dataclasses import replace
+
+            schema = output_schema(replace(options, compact=False))
         self.path = path
         self.segment = segment
         self.content = content
@@ -424,10 +461,10 @@ class _SegmentRead:
             if not values:
                 arrays.append(pa.nulls(rows, type=kind))
                 continue
-            index: list[int | None] = [None] * rows
-            for position, row in enumerate(at):
-                index[row] = position
-            arrays.append(pa.array(values, type=kind).take(pa.array(index, type=pa.int32())))
+            column: list[Any] = [None] * rows
+            for row, value in zip(at, values, strict=True):
+                column[row] = value
+            arrays.append(pa.array(column, type=kind))
         self._reset()
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
@@ -501,7 +538,16 @@ class _SegmentRead:
 
     def batches(self) -> Iterator[Any]:
         """The rows of the segment as Arrow record batches: its events in file order, a
-        problem row after the events read before each problem found."""
+        problem row after the events read before each problem found; with option
+        ``compact``, those batches packed per segment file and service
+        (:mod:`msgq.spark.compact`)."""
+        if not self.options.compact:
+            return self._event_rows()
+        from msgq.spark.compact import compact_batches
+
+        return compact_batches(self._event_rows())
+
+    def _event_rows(self) -> Iterator[Any]:
         if self.content is not None or self._readable():
             try:
                 yield from self._event_batches()
@@ -516,6 +562,10 @@ class _SegmentRead:
             yield self._flush()
 
     def _event_batches(self) -> Iterator[Any]:
+        with _few_collections():
+            yield from self._read_batches()
+
+    def _read_batches(self) -> Iterator[Any]:
         from msgq.logs import CorruptLogWarning, LogReader, TruncatedLogWarning
 
         if self.content is None:

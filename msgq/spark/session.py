@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["DEFAULT_MASTER", "ExecutorPythonError", "JavaMissingError", "check_java",
@@ -294,6 +294,7 @@ def spark_session(
     config: Mapping[str, str] | None = None,
     quiet: bool = True,
     probe: bool | None = None,
+    java_options: Sequence[str] = (),
 ) -> Any:
     """A SparkSession on ``master`` (default ``local[*]``), the msgqlog source registered.
 
@@ -315,6 +316,13 @@ def spark_session(
     spark.files, spark.jars and spark.submit.pyFiles are made absolute first). A zip
     holding msgq among spark.submit.pyFiles is refused (ValueError): it would shadow
     an installed msgq and cannot carry its extensions and schema files.
+
+    ``java_options``: flags for the driver's JVM when this call starts it (before any
+    ``spark.driver.extraJavaOptions`` of ``config``, which win), e.g.
+    ``-XX:TieredStopAtLevel=1`` for a short command (``msgq logstats``). Local sessions
+    run their Python workers under :mod:`msgq.spark.worker_daemon`, which imports the
+    installed pyspark instead of compiling Spark's zipped copy in every worker (unless
+    ``config`` sets ``spark.python.daemon.module``).
     """
     master = master or DEFAULT_MASTER
     if _is_local(master):
@@ -335,6 +343,8 @@ def spark_session(
             "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.sql.shuffle.partitions": str(max(2, 2 * cores)),
+            # the driver's interpreter runs the workers here, so msgq is importable
+            "spark.python.daemon.module": "msgq.spark.worker_daemon",
         })
     starting = SparkSession.getActiveSession() is None
     if starting:
@@ -344,12 +354,15 @@ def spark_session(
         python = worker_python(config)
         os.environ["PYSPARK_PYTHON"] = python
         settings["spark.pyspark.python"] = python
+    jvm_flags = list(java_options) if starting else []
     if quiet and starting:
-        settings["spark.driver.extraJavaOptions"] = \
-            f"-Dlog4j2.configurationFile=file:{_quiet_log_config()}"
+        jvm_flags.insert(0, f"-Dlog4j2.configurationFile=file:{_quiet_log_config()}")
         # pyspark's notice about the pandas release is not the user's concern here
         warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas",
                                 category=FutureWarning)
+    if jvm_flags:  # the caller's own options last: the JVM takes the last of a flag
+        given = config.pop("spark.driver.extraJavaOptions", "")
+        settings["spark.driver.extraJavaOptions"] = " ".join([*jvm_flags, given]).strip()
     settings.update(config)
     _check_py_files(settings)
     folder = _driver_folder(settings["spark.pyspark.python"], settings) if starting else None

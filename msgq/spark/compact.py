@@ -1,0 +1,105 @@
+"""Compact rows: the event rows of a msgqlog read packed per segment file and service.
+
+The first stage of :func:`msgq.spark.analyses.log_stats`. Each Arrow batch of event rows
+(file, segment, offset, logMonoTime, service, valid, size, problem) becomes one row per
+(segment file, service) in it, holding the count, the invalid count, the byte sum and
+the events' logMonoTimes packed as little-endian int64 bytes (``monos``, in the batch's
+order); problem rows pass through as rows of kind ``problem``. A few dozen rows per
+batch of thousands: what Spark moves afterwards is the timestamps, not a row per event.
+
+It runs in two places with the same result: in the msgqlog source's Python worker, on
+the batches it has just read (option ``compact``: :func:`msgq.spark.read_logs` with
+``compact=True``, what ``msgq logstats`` reads: Spark never sees a row per event), and
+in ``mapInArrow`` over any DataFrame of event rows (what ``log_stats`` does with one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+__all__ = ["COMPACT_COLUMNS", "COMPACT_SCHEMA", "arrow_schema", "compact_batches",
+           "recording_of"]
+
+#: The columns of compact rows (a Spark DDL string).
+COMPACT_SCHEMA = ("kind string, recording string, file string, segment int, service string, "
+                  "offset bigint, problem string, count bigint, invalid bigint, "
+                  "size_sum bigint, monos binary")
+#: Their names, in order.
+COMPACT_COLUMNS = tuple(column.split()[0] for column in COMPACT_SCHEMA.split(", "))
+
+
+def arrow_schema(ddl: str) -> Any:
+    """The Arrow schema of a DDL string of string/int/bigint/double/binary columns
+    (pyspark's parser needs a session, which the executors' workers do not have)."""
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
+             "double": pa.float64(), "binary": pa.binary()}
+    return pa.schema([pa.field(name, types[kind]) for name, kind in
+                      (column.split() for column in ddl.split(", "))])
+
+
+def recording_of(file: str) -> str:
+    """The recording of a segment file: the text before the last '/', "" without one."""
+    head, slash, _ = file.rpartition("/")
+    return head if slash else ""
+
+
+def compact_batches(batches: Iterable[Any]) -> Iterator[Any]:
+    """Arrow batches of event rows -> Arrow batches of compact rows (module docstring)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    schema = arrow_schema(COMPACT_SCHEMA)
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        service, mono = batch.column("service"), batch.column("logMonoTime")
+        bad = pc.or_(pc.or_(pc.is_null(service), pc.is_null(mono)),
+                     pc.is_valid(batch.column("problem")))
+        if pc.any(bad).as_py():
+            rows = batch.filter(bad)
+            yield pa.RecordBatch.from_pydict({
+                "kind": ["problem"] * rows.num_rows,
+                "recording": [""] * rows.num_rows,
+                "file": rows.column("file").to_pylist(),
+                "segment": rows.column("segment"),
+                "service": rows.column("service"),
+                "offset": rows.column("offset"),
+                "problem": rows.column("problem"),
+            } | {name: [None] * rows.num_rows for name in ("count", "invalid", "size_sum",
+                                                          "monos")}, schema=schema)
+        good = pc.and_(pc.is_valid(service), pc.is_valid(mono))
+        events = batch if pc.all(good).as_py() else batch.filter(good)
+        if not events.num_rows:
+            continue
+        file_codes = pc.dictionary_encode(events.column("file"))
+        service_codes = pc.dictionary_encode(events.column("service"))
+        key = (file_codes.indices.to_numpy().astype(np.int64) * len(service_codes.dictionary)
+               + service_codes.indices.to_numpy())
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))
+        ends = np.append(starts[1:], len(key))
+        monos = events.column("logMonoTime").to_numpy()[order].astype("<i8")
+        invalid = (~events.column("valid").fill_null(False).to_numpy(zero_copy_only=False))
+        sizes = events.column("size").fill_null(0).to_numpy().astype(np.int64)
+        first = order[starts]
+        file_index = file_codes.indices.to_numpy()[first]
+        service_index = service_codes.indices.to_numpy()[first]
+        file_names = file_codes.dictionary.take(pa.array(file_index)).to_pylist()
+        yield pa.RecordBatch.from_pydict({
+            "kind": ["events"] * len(starts),
+            "recording": [recording_of(f) for f in file_names],
+            "file": file_names,
+            "segment": events.column("segment").take(pa.array(first)),
+            "service": service_codes.dictionary.take(pa.array(service_index)),
+            "offset": [None] * len(starts),
+            "problem": [None] * len(starts),
+            "count": (ends - starts).tolist(),
+            "invalid": np.add.reduceat(invalid[order].astype(np.int64), starts).tolist(),
+            "size_sum": np.add.reduceat(sizes[order], starts).tolist(),
+            "monos": [monos[a:b].tobytes() for a, b in zip(starts, ends, strict=True)],
+        }, schema=schema)
