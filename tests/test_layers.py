@@ -97,9 +97,14 @@ def resolve(module: str, name: str) -> str:
 
 
 def _commented(lines: list[str], line: int) -> bool:
-    text = lines[line - 1]
-    above = lines[line - 2].strip() if line >= 2 else ""
-    return "#" in text or above.startswith("#")
+    """A comment on the import's line, or right above it or above the run of imports
+    it belongs to (one comment may give the reason for a few imports together)."""
+    if "#" in lines[line - 1]:
+        return True
+    i = line - 2
+    while i >= 0 and re.match(r"\s*(import |from \S+ import )", lines[i]):
+        i -= 1
+    return i >= 0 and lines[i].strip().startswith("#")
 
 
 def _is_type_checking(node: ast.AST) -> bool:

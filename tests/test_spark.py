@@ -871,9 +871,9 @@ def test_logstats_through_the_hadoop_path(stats: Stats, recording: Recording) ->
 
 @pytest.mark.slow
 def test_bench_smoke() -> None:
-    """``python -m msgq.spark.bench --tiny`` runs end to end (its own Spark sessions and
+    """``python -m msgq.bench.spark --tiny`` runs end to end (its own Spark sessions and
     msgq logstats processes) and every reader sees every event."""
-    out = subprocess.run([sys.executable, "-m", "msgq.spark.bench", "--tiny", "--json"],
+    out = subprocess.run([sys.executable, "-m", "msgq.bench.spark", "--tiny", "--json"],
                          capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)

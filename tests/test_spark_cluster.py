@@ -34,7 +34,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from msgq.spark.bench import make_recording
+    from msgq.bench.spark import make_recording
 
     folder = str(tmp_path_factory.mktemp("cluster-logs") / "recording")
     make_recording(folder, 12.0, 3.0, drop=0.01)

@@ -21,7 +21,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "visionipc": ("msgq.bench.visionipc", "VisionIPC: frames through shared buffers"),
     "messaging": ("msgq.bench.messaging", "SubMaster.update and PubMaster.send per call"),
     "logs": ("msgq.bench.logs", "log read throughput and the zero-drop record rate"),
-    "spark": ("msgq.spark.bench", "the msgqlog Spark source vs a LogReader loop, 1 and 2 cores"),
+    "spark": ("msgq.bench.spark", "the msgqlog Spark source vs a LogReader loop, 1 and 2 cores"),
 }
 
 DESCRIPTION = """\
@@ -34,7 +34,7 @@ Run the benchmark programs and print their tables.
              with the Cap'n Proto share
   logs       python -m msgq.bench.logs: LogReader events/s and MB/s, and the rate the
              recorder keeps up with, without drops
-  spark      python -m msgq.spark.bench: events/s decoded per core by the Spark data
+  spark      python -m msgq.bench.spark: events/s decoded per core by the Spark data
              source against a plain LogReader loop, and the 1 -> 2 core speed-up
   all        every suite, one after the other (the default)
 

@@ -9,6 +9,9 @@ import sys
 from typing import Any
 
 from msgq.cli.output import EXIT_OK, CommandError, UsageError, paint, print_json, print_table
+from msgq.cli.services import check_services
+from msgq.logs import segment_paths
+from msgq.schemas import ServiceRegistry, default_schema, load_schema
 
 DESCRIPTION = """\
 Read msgq log segments with Spark (the msgqlog data source) and print, per service:
@@ -107,8 +110,10 @@ def _spark_conf(items: list[str]) -> dict[str, str]:
 def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
     """(the local segment files the paths name, the paths read through Hadoop): local
     ones are checked here, before Spark starts; Spark lists the others."""
-    from msgq.logs import segment_paths
+    # imports pyspark: loaded when the command runs, not at CLI start-up
     from msgq.spark.datasource import local_path
+
+    # imports pyspark: loaded when the command runs, not at CLI start-up
     from msgq.spark.hadoop import split_paths
 
     local, remote = split_paths(paths, via)
@@ -124,9 +129,6 @@ def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
 def _check_services(text: str | None, schema_file: str | None) -> list[str] | None:
     """The services of --services, members of the schema's union; an unknown one is a
     usage error (said before Spark starts)."""
-    from msgq.cli.services import check_services
-    from msgq.schemas import ServiceRegistry, default_schema, load_schema
-
     if schema_file is None:
         schema = default_schema()
     else:
@@ -160,8 +162,13 @@ def run(args: argparse.Namespace) -> int:
     files, remote = _check_paths(args.paths, args.via)
     services = _check_services(args.services, args.schema)
     try:
+        # imports pyspark: loaded when the command runs, not at CLI start-up
         from msgq.spark import read_logs
+
+        # imports pyspark: loaded when the command runs, not at CLI start-up
         from msgq.spark.analyses import GAP_FACTOR, expected_rates, log_stats
+
+        # imports pyspark: loaded when the command runs, not at CLI start-up
         from msgq.spark.session import (
             ExecutorPythonError,
             JavaMissingError,
@@ -253,7 +260,10 @@ def _first_line(error: Exception) -> str:
 
 def _write_plot(stats: Any, result: dict[str, Any], path: str,
                 bin_seconds: float | None) -> dict[str, Any]:
+    # imports pyspark: loaded when the command runs, not at CLI start-up
     from msgq.spark.analyses import expected_rates
+
+    # imports pyspark: loaded when the command runs, not at CLI start-up
     from msgq.spark.plot import plot_rates
 
     bin_seconds = bin_seconds or _auto_bin(result["services"])

@@ -50,6 +50,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the chosen action."""
+    # loaded when the command runs, not at CLI start-up
     from msgq.spark.pack import ARCHIVE_ROOT, pack_env
 
     def progress(text: str) -> None:

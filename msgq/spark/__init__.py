@@ -30,6 +30,7 @@ __all__ = ["events", "problems", "read_logs", "register"]
 def register(spark: Any) -> None:
     """Registers the ``msgqlog`` data source with ``spark`` (a SparkSession); safe to
     call again."""
+    # imports pyspark: importing msgq.spark alone must not
     from msgq.spark.datasource import MsgqLogDataSource
 
     spark.dataSource.register(MsgqLogDataSource)
@@ -64,6 +65,7 @@ def read_logs(
     (:mod:`msgq.spark.compact`; no ``decode``). Packed in the reading worker, the events
     never become Spark rows: the cheapest input of ``log_stats`` (``msgq logstats``).
     """
+    # imports pyspark: importing msgq.spark alone must not
     from msgq.spark.hadoop import read_segment_files, split_paths
 
     if isinstance(paths, (str, os.PathLike)):

@@ -31,8 +31,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from functools import partial
 from typing import Any
 
+import numpy as np
+
+from msgq.schemas import SERVICE_LIST
 from msgq.spark.compact import COMPACT_COLUMNS, COMPACT_SCHEMA, arrow_schema, compact_batches
 
 __all__ = ["APPROX_RELATIVE_ERROR", "GAP_FACTOR", "LogStats", "expected_rates", "log_stats",
@@ -48,8 +53,6 @@ def expected_rates(registry: Mapping[str, Any] | None = None) -> dict[str, float
     """service -> expected Hz from a service registry (default ``SERVICE_LIST``); None for
     event-driven services."""
     if registry is None:
-        from msgq.schemas import SERVICE_LIST
-
         registry = SERVICE_LIST
     return {name: (s.frequency if s.frequency > 0 else None) for name, s in registry.items()}
 
@@ -115,8 +118,6 @@ _AGGREGATE_COLUMNS = _names(_AGGREGATES)
 def _bucket_values(index):
     """The value a histogram bucket stands for (within APPROX_RELATIVE_ERROR of all its
     members)."""
-    import numpy as np
-
     values = 2 * np.power(_GAMMA, index.astype(np.float64)) / (_GAMMA + 1)
     return np.where(index == _ZERO_BUCKET, 0.0, values)
 
@@ -124,8 +125,6 @@ def _bucket_values(index):
 def _histogram(dts):
     """(bucket index, count) arrays of non-negative intervals: logarithmic buckets of
     ratio _GAMMA, zero on its own (a mergeable sketch of bounded size)."""
-    import numpy as np
-
     index = np.full(len(dts), _ZERO_BUCKET, dtype=np.int64)
     positive = dts > 0
     index[positive] = np.ceil(np.log(dts[positive].astype(np.float64)) / math.log(_GAMMA))
@@ -134,14 +133,10 @@ def _histogram(dts):
 
 
 def _pack_histogram(buckets, counts):
-    import numpy as np
-
     return np.concatenate((buckets, counts)).astype("<i8").tobytes()
 
 
 def _unpack_histogram(data):
-    import numpy as np
-
     packed = np.frombuffer(data, dtype="<i8")
     half = len(packed) // 2
     return packed[:half], packed[half:]
@@ -174,8 +169,6 @@ def _exact_percentiles(ordered):
 
 
 def _approx_percentiles(buckets, counts):
-    import numpy as np
-
     cumulative = np.cumsum(counts)
     values = _bucket_values(buckets)
     n = int(cumulative[-1]) if len(cumulative) else 0
@@ -184,8 +177,6 @@ def _approx_percentiles(buckets, counts):
 
 def _interval_stats(dts, hz, gap_factor, approx):
     """The aggregates of one set of intervals (numpy int64), and what stage 3 merges."""
-    import numpy as np
-
     if approx:
         buckets, counts = _histogram(dts)
         p50, p99 = _approx_percentiles(buckets, counts)
@@ -225,15 +216,13 @@ def _published(row):
 def _missed(dt, hz):
     """Messages lost in a gap: round(dt x rate) - 1, rounding half up on the decimal form
     of the double (Spark's ``round``)."""
-    from decimal import ROUND_HALF_UP, Decimal
-
     return int(Decimal(repr(dt * hz / 1e9)).quantize(Decimal(1), ROUND_HALF_UP)) - 1
 
 
 def _per_recording(params, table):
     """Stage 2: the compact rows of one (recording, service) -> its segment rows, gap rows
     and partial; problem rows pass through."""
-    import numpy as np
+    # pyarrow: the optional spark extra, imported when Spark is used
     import pyarrow as pa
 
     rates, gap_factor, approx = params
@@ -298,8 +287,6 @@ def _per_recording(params, table):
 def _service_row(rows, approx):
     """Stage 3: the partials of one service's recordings (a dict of column lists) -> its
     published row."""
-    import numpy as np
-
     if approx:
         histograms = [_unpack_histogram(b) for b in rows["dts"]]
         buckets = np.concatenate([h[0] for h in histograms])
@@ -327,6 +314,7 @@ def _service_row(rows, approx):
 
 
 def _per_service(params, table):
+    # pyarrow: the optional spark extra, imported when Spark is used
     import pyarrow as pa
 
     row = _service_row(table.to_pydict(), params[2])
@@ -437,9 +425,11 @@ def log_stats(
     its LogStats has no ``events`` (no :meth:`LogStats.timeline`) and ``cache`` must be
     false.
     """
-    from functools import partial
 
+    # pyspark: the optional spark extra, imported when Spark is used
     from pyspark import StorageLevel
+
+    # pyspark: the optional spark extra, imported when Spark is used
     from pyspark.sql import functions as sf
 
     if not gap_factor > 0:
@@ -493,7 +483,10 @@ def rate_timeline(events: Any, bin_seconds: float = 1.0) -> Any:
     last bin covering less than a quarter of ``bin_seconds`` is left out too (too short
     for a rate). ``events`` is :attr:`LogStats.events` (or any frame with recording,
     service, logMonoTime)."""
+    # pyspark: the optional spark extra, imported when Spark is used
     from pyspark.sql import Window
+
+    # pyspark: the optional spark extra, imported when Spark is used
     from pyspark.sql import functions as sf
 
     if not (bin_seconds > 0 and math.isfinite(bin_seconds)):

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
+
 __all__ = ["COMPACT_COLUMNS", "COMPACT_SCHEMA", "arrow_schema", "compact_batches",
            "recording_of"]
 
@@ -32,6 +34,7 @@ COMPACT_COLUMNS = tuple(column.split()[0] for column in COMPACT_SCHEMA.split(", 
 def arrow_schema(ddl: str) -> Any:
     """The Arrow schema of a DDL string of string/int/bigint/double/binary columns
     (pyspark's parser needs a session, which the executors' workers do not have)."""
+    # pyarrow: the optional spark extra, imported when Spark is used
     import pyarrow as pa
 
     types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
@@ -48,8 +51,10 @@ def recording_of(file: str) -> str:
 
 def compact_batches(batches: Iterable[Any]) -> Iterator[Any]:
     """Arrow batches of event rows -> Arrow batches of compact rows (module docstring)."""
-    import numpy as np
+    # pyarrow: the optional spark extra, imported when Spark is used
     import pyarrow as pa
+
+    # pyarrow: the optional spark extra, imported when Spark is used
     import pyarrow.compute as pc
 
     schema = arrow_schema(COMPACT_SCHEMA)

@@ -35,7 +35,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any
 
@@ -49,6 +49,14 @@ from pyspark.sql.types import (
     StructField,
     StructType,
 )
+
+from msgq.logs import CorruptLogWarning, LogReader, TruncatedLogWarning, segment_paths
+from msgq.logs.index import IndexCache
+from msgq.schemas import SCHEMA_DIR, ServiceRegistry, default_schema, load_schema
+from msgq.schemas.events import decode_event
+from msgq.schemas.services import unknown_service_error
+from msgq.spark.capnp_types import member_plan
+from msgq.spark.compact import COMPACT_SCHEMA, compact_batches
 
 __all__ = [
     "BASE_COLUMNS",
@@ -202,8 +210,6 @@ def _flag(value: str | None, default: bool, name: str) -> bool:
 
 def _check_member(name: str, members: tuple[str, ...]) -> None:
     if name not in members:
-        from msgq.schemas.services import unknown_service_error
-
         raise unknown_service_error(name, members)
 
 
@@ -217,13 +223,9 @@ def _load_schema(schema_file: str | None, root: str) -> Any:
     with _schemas_lock:
         schema = _schemas.get(key)
         if schema is None:
-            from msgq.schemas import ServiceRegistry, default_schema, load_schema
-
             if schema_file is None and root == "Event":
                 schema = default_schema()
             else:
-                from msgq.schemas import SCHEMA_DIR
-
                 path = schema_file or os.path.join(SCHEMA_DIR, "log.capnp")
                 schema = load_schema(path, ServiceRegistry([]), root=root,
                                      register_services=False)
@@ -237,11 +239,7 @@ _DDL_TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType()
 
 def output_schema(options: ReadOptions) -> StructType:
     """The DataFrame schema of a read with ``options``."""
-    from msgq.spark.capnp_types import member_plan
-
     if options.compact:
-        from msgq.spark.compact import COMPACT_SCHEMA
-
         return StructType([StructField(name, _DDL_TYPES[kind], True) for name, kind in
                            (column.split() for column in COMPACT_SCHEMA.split(", "))])
     fields = list(BASE_COLUMNS)
@@ -281,9 +279,6 @@ def plan_segments(options: ReadOptions) -> list[SegmentPartition]:
     """The segment files of a read, one partition each. With ``services``, a segment
     whose final index entry lists none of them is left out unread (see
     :class:`msgq.logs.index.IndexCache` for which entries are final)."""
-    from msgq.logs import segment_paths
-    from msgq.logs.index import IndexCache
-
     partitions = []
     indexes = IndexCache()
     wanted = None if options.services is None else set(options.services)
@@ -305,8 +300,6 @@ class MsgqLogDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        from msgq.logs import segment_paths
-
         options = ReadOptions.parse(self.options)
         segment_paths(list(options.paths))  # a path that names nothing fails at load()
         return output_schema(options)
@@ -352,8 +345,6 @@ _decoders: dict[tuple[str | None, str, tuple[str, ...]], dict[str, _Decoder]] = 
 
 def _decoders_for(options: ReadOptions) -> dict[str, _Decoder]:
     """service -> how to fill its typed column (built once per worker process)."""
-    from msgq.spark.capnp_types import member_plan
-
     key = (options.schema_file, options.root, options.decode)
     decoders = _decoders.get(key)
     if decoders is None:
@@ -399,14 +390,15 @@ class _SegmentRead:
 
     def __init__(self, options: ReadOptions, schema: StructType, path: str,
                  segment: int | None, content: bytes | None = None) -> None:
+        # pyarrow: the optional spark extra, imported when Spark is used
         import pyarrow as pa
+
+        # pyspark: the optional spark extra, imported when Spark is used
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self._pa = pa
         self.options = options
         if options.compact:  # rows are built as events, then packed (batches())
-            from dataclasses import replace
-
             schema = output_schema(replace(options, compact=False))
         self.path = path
         self.segment = segment
@@ -414,7 +406,6 @@ class _SegmentRead:
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self.schema = _load_schema(options.schema_file, options.root)
         self.decoders = _decoders_for(options)
-        from msgq.schemas.events import decode_event
 
         self._decode_event = decode_event
         self._typed_types = [self.arrow_schema.field(i).type
@@ -543,7 +534,6 @@ class _SegmentRead:
         (:mod:`msgq.spark.compact`)."""
         if not self.options.compact:
             return self._event_rows()
-        from msgq.spark.compact import compact_batches
 
         return compact_batches(self._event_rows())
 
@@ -566,8 +556,6 @@ class _SegmentRead:
             yield from self._read_batches()
 
     def _read_batches(self) -> Iterator[Any]:
-        from msgq.logs import CorruptLogWarning, LogReader, TruncatedLogWarning
-
         if self.content is None:
             source: Any = self.path
         else:

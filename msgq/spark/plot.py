@@ -48,9 +48,11 @@ def plot_rates(
     ``expected``: service -> Hz; ``gaps``: rows with recording, service, start_s,
     duration_ms (from the analyses).
     """
+    # matplotlib: the optional spark extra, only for plots
     import matplotlib
 
     matplotlib.use("Agg", force=False)
+    # matplotlib: the optional spark extra, only for plots
     from matplotlib.figure import Figure
 
     series: dict[str, dict[str, dict[int, float]]] = {}

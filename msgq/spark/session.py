@@ -17,9 +17,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
+import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import msgq.spark
 
 __all__ = ["DEFAULT_MASTER", "ExecutorPythonError", "JavaMissingError", "check_java",
            "probe_executors", "probed_executors", "spark_session", "worker_python"]
@@ -122,8 +126,6 @@ def _filter_jvm_stderr() -> tuple[int, int]:
 
 
 def _copy_jvm_stderr(read_end: int, target: int) -> None:
-    import threading
-
     def copy() -> None:
         with os.fdopen(read_end, "rb") as pipe:
             for line in pipe:
@@ -160,8 +162,6 @@ def probe_executors(spark: Any, timeout_s: float = 120.0) -> list[tuple[str, str
     version) of each. ExecutorPythonError, one line naming the interpreter that failed
     and what to set, when a worker cannot start or cannot import msgq, or when no
     executor ran the tasks within ``timeout_s`` (no free cores on the cluster)."""
-    import threading
-
     sc = spark.sparkContext
     python = sc.pythonExec
     hint = ("set spark.pyspark.python (msgq logstats --conf spark.pyspark.python=PATH) or "
@@ -259,8 +259,6 @@ def _check_py_files(settings: Mapping[str, str]) -> None:
     starts: executors would import it ahead of a working installed msgq, and a zip can
     carry neither msgq's compiled extensions nor its schema files (which pycapnp reads
     from real files). Zips of other modules are left alone."""
-    import zipfile
-
     for entry in (settings.get("spark.submit.pyFiles") or "").split(","):
         entry = entry.strip()
         if not entry or (uri_scheme := re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):", entry)) \
@@ -327,9 +325,9 @@ def spark_session(
     master = master or DEFAULT_MASTER
     if _is_local(master):
         check_java()  # a clear message instead of the launcher's
+    # pyspark: the optional spark extra, imported when Spark is used
     from pyspark.sql import SparkSession
 
-    import msgq.spark
 
     config = dict(config or {})
     settings: dict[str, str] = {

@@ -71,6 +71,7 @@ class Cluster:
 
 
 def _start(cluster: Cluster, name: str, args: list[str], env: dict[str, str]) -> None:
+    # pyspark: the optional spark extra, imported when Spark is used
     import pyspark
 
     spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
@@ -102,6 +103,7 @@ def start_cluster(folder: str, workers: int = 2, cores: int = 1, memory: str = "
                   timeout_s: float = 180.0) -> Cluster:
     """Starts a master and ``workers`` workers of ``cores`` cores each; returns once the
     master counts them all alive. Stop it with :meth:`Cluster.stop`."""
+    # pyspark: the optional spark extra, imported when Spark is used
     import pyspark
 
     os.makedirs(folder, exist_ok=True)

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import os
 import re
+import runpy
 import sys
 import zipfile
+from importlib import metadata
 
 __all__ = ["installed_first"]
 
@@ -45,8 +47,6 @@ def _zip_version(path: str) -> str | None:
 def installed_first(path: list[str]) -> list[str]:
     """``path`` without Spark's pyspark/py4j zips whose versions are installed (the
     distribution's metadata says so); the zips stay otherwise."""
-    from importlib import metadata
-
     keep = []
     for entry in path:
         name = os.path.basename(entry)
@@ -64,8 +64,6 @@ def installed_first(path: list[str]) -> list[str]:
 
 def main() -> None:
     """Runs pyspark's daemon with the installed pyspark when it is Spark's own version."""
-    import runpy
-
     sys.path[:] = installed_first(sys.path)
     runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
 

@@ -1,4 +1,4 @@
-"""Benchmark of msgq's Spark pipeline: ``python -m msgq.spark.bench`` (``msgq bench spark``).
+"""Benchmark of msgq's Spark pipeline: ``python -m msgq.bench.spark`` (``msgq bench spark``).
 
 Writes a recording of the 20 services of a controller-style process at their registry
 rates (realistic list sizes, jittered times, outages making gaps; 1300 simulated s by
@@ -24,8 +24,10 @@ targets of issue 17 with what was measured, and the load average before and afte
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from msgq.bench.fixtures import SERVICES, filled_message
+from msgq.logs import LogReader, LogWriter
+from msgq.schemas import SERVICE_LIST
 from msgq.tables import format_table
 
 __all__ = ["main", "make_recording"]
@@ -46,12 +51,6 @@ def make_recording(folder: str, seconds: float, rotate_seconds: float,
     outage of 1 to 4 messages starts (two or more lost: a gap); one in 50 is invalid:
     the analyses see realistic intervals, not one repeated value. Seeded: the same
     arguments write the same recording."""
-    import heapq
-    import random
-
-    from msgq.bench.fixtures import SERVICES, filled_message
-    from msgq.logs import LogWriter
-    from msgq.schemas import SERVICE_LIST
 
     rng = random.Random(seed)
     builders = {s: filled_message(s) for s in SERVICES}
@@ -98,8 +97,6 @@ def _time(fn: Callable[[], int], repeat: int) -> tuple[int, float]:
 
 
 def _reader_decode(folder: str) -> int:
-    from msgq.logs import LogReader
-
     count = 0
     for event in LogReader(folder):
         event.which()
@@ -111,7 +108,10 @@ def _spark_reads(folder: str, cores: int, services: Sequence[str],
                  repeat: int) -> dict[str, tuple[int, float]]:
     """(events, best seconds) of materialising the raw and the typed DataFrame, and the
     seconds the session took to start (JVM included)."""
+    # imports pyspark: only the Spark rows need it
     from msgq.spark import read_logs
+
+    # imports pyspark: only the Spark rows need it
     from msgq.spark.session import spark_session
 
     t0 = time.perf_counter()
@@ -169,8 +169,6 @@ def _same_results(docs: list[dict[str, Any]]) -> bool:
 def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True,
         folder: str | None = None, reads: bool = True) -> dict[str, Any]:
     """Runs every measurement; returns the rows as dicts, the targets and the load."""
-    from msgq.bench.fixtures import SERVICES
-
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="msgq-spark-bench-") as tmp:
         folder = folder or os.path.join(tmp, "recording")
@@ -185,6 +183,7 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
             stats[f"local[{cores}]"] = _logstats(folder, f"local[{cores}]")
         cluster_start = None
         if cluster:
+            # imports pyspark: only the Spark rows need it
             from msgq.spark.standalone import start_cluster
 
             t0 = time.perf_counter()
@@ -269,7 +268,7 @@ def _table(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: prints the table (or JSON)."""
-    parser = argparse.ArgumentParser(prog="python -m msgq.spark.bench",
+    parser = argparse.ArgumentParser(prog="python -m msgq.bench.spark",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=1300.0,
