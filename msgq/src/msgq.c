@@ -86,18 +86,27 @@ static void pub_disconnect(msgq_pub *pub) {
   pub->open = false;
 }
 
+/* The start every (re)open shares: the endpoint checked and copied into name, the
+ * create flags worked out, and the queue file opened (or created) and left locked for
+ * the caller to claim its place under the lock (queue_file.h). */
+static int open_locked(const char *endpoint, uint64_t segment_size, unsigned open_flags,
+                       enum msgq_role role, char *name, msgq_ring *ring, int *locked_fd) {
+  int r = copy_endpoint(endpoint, name);
+  if (r < 0) return r;
+  uint32_t flags;
+  r = create_flags(open_flags & ~MSGQ_OPEN_CONFLATE, &flags);
+  if (r < 0) return r;
+  return msgq_queue_open(name, segment_size, flags, role, ring, locked_fd);
+}
+
 int msgq_pub_reopen(msgq_pub *pub, const char *endpoint, uint64_t segment_size,
                     unsigned open_flags) {
   char name[MSGQ_MAX_NAME_LEN + 1];
-  uint32_t flags;
   if (pub == NULL) return -EINVAL;
-  int r = copy_endpoint(endpoint, name);
-  if (r < 0) return r;
-  r = create_flags(open_flags & ~MSGQ_OPEN_CONFLATE, &flags);
-  if (r < 0) return r;
   msgq_ring ring;
   int locked_fd;
-  r = msgq_queue_open(name, segment_size, flags, MSGQ_ROLE_PUBLISHER, &ring, &locked_fd);
+  int r = open_locked(endpoint, segment_size, open_flags, MSGQ_ROLE_PUBLISHER, name, &ring,
+                      &locked_fd);
   if (r < 0) return r;
   /* Under the new file's lock: nobody re-creates it between our open and our claim. */
   pub_disconnect(pub);
@@ -204,15 +213,11 @@ static void sub_disconnect(msgq_sub *sub) { sub_disconnect_mapped(sub, true); }
 int msgq_sub_reopen(msgq_sub *sub, const char *endpoint, uint64_t segment_size,
                     unsigned open_flags) {
   char name[MSGQ_MAX_NAME_LEN + 1];
-  uint32_t flags;
   if (sub == NULL) return -EINVAL;
-  int r = copy_endpoint(endpoint, name);
-  if (r < 0) return r;
-  r = create_flags(open_flags & ~MSGQ_OPEN_CONFLATE, &flags);
-  if (r < 0) return r;
   msgq_ring ring;
   int locked_fd;
-  r = msgq_queue_open(name, segment_size, flags, MSGQ_ROLE_SUBSCRIBER, &ring, &locked_fd);
+  int r = open_locked(endpoint, segment_size, open_flags, MSGQ_ROLE_SUBSCRIBER, name, &ring,
+                      &locked_fd);
   if (r < 0) return r;
   /* The slot is claimed under the file lock: a publisher re-creating an unused queue
    * sees it (queue_file.h). */

@@ -23,32 +23,7 @@
 #include "os_wait.h"
 #include "queue_file.h"
 
-static int passed, failed;
-static const char *current_test;
-
-#define CHECK(cond)                                                              \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      fprintf(stderr, "%s:%d: %s: check failed: %s\n", __FILE__, __LINE__,      \
-              current_test, #cond);                                              \
-      failed_here = 1;                                                           \
-    }                                                                            \
-  } while (0)
-
-static int failed_here;
-#define RUN(fn)                                  \
-  do {                                           \
-    current_test = #fn;                          \
-    failed_here = 0;                             \
-    fn();                                        \
-    if (failed_here) {                           \
-      failed++;                                  \
-      fprintf(stderr, "FAIL %s\n", #fn);         \
-    } else {                                     \
-      passed++;                                  \
-      printf("ok   %s\n", #fn);                  \
-    }                                            \
-  } while (0)
+#include "check.h"
 
 /* A queue in ordinary memory, formatted like a fresh queue file. */
 typedef struct {

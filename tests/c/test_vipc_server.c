@@ -21,26 +21,7 @@
 #include "vipc_packet.h"
 #include "visionipc.h"
 
-static int passed, failed, failed_here;
-static const char *current_test;
-
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      fprintf(stderr, "%s:%d: %s: check failed: %s\n", __FILE__, __LINE__,         \
-              current_test, #cond);                                                 \
-      failed_here = 1;                                                              \
-    }                                                                               \
-  } while (0)
-
-#define RUN(fn)                                                   \
-  do {                                                            \
-    current_test = #fn;                                           \
-    failed_here = 0;                                              \
-    fn();                                                         \
-    if (failed_here) failed++, fprintf(stderr, "FAIL %s\n", #fn); \
-    else passed++, printf("ok   %s\n", #fn);                      \
-  } while (0)
+#include "check.h"
 
 static int connect_to(const char *path) {
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);

@@ -11,26 +11,7 @@
 #include "vipc_layout.h"
 #include "vipc_packet.h"
 
-static int passed, failed, failed_here;
-static const char *current_test;
-
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      fprintf(stderr, "%s:%d: %s: check failed: %s\n", __FILE__, __LINE__,         \
-              current_test, #cond);                                                 \
-      failed_here = 1;                                                              \
-    }                                                                               \
-  } while (0)
-
-#define RUN(fn)                                                              \
-  do {                                                                       \
-    current_test = #fn;                                                      \
-    failed_here = 0;                                                         \
-    fn();                                                                    \
-    if (failed_here) failed++, fprintf(stderr, "FAIL %s\n", #fn);            \
-    else passed++, printf("ok   %s\n", #fn);                                 \
-  } while (0)
+#include "check.h"
 
 #define PAGE 4096u
 
