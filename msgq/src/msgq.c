@@ -6,6 +6,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,7 @@ struct msgq_sub {
   msgq_subscriber core;
   bool open;
   bool viewing; /* a view is out: msgq_sub_view_end is due */
+  _Atomic int waiters; /* threads inside a wait or poll on this handle (O6) */
   pid_t owner_pid;
   uint64_t segment_size;
   unsigned open_flags;
@@ -278,7 +280,11 @@ int msgq_sub_view(msgq_sub *sub, const void **data, size_t *size) {
       return 1;
     }
     if (r != MSGQ_ESUPERSEDED) return r;
-    /* Everything in the replaced file was read: go on in the endpoint's current one. */
+    /* Everything in the replaced file was read: go on in the endpoint's current one —
+     * unless another thread sleeps on the old ring right now (a Poller, an event loop's
+     * waiter): a replaced file counts as data, so it wakes and lets go, and this call is
+     * made again (-EAGAIN, O6). A ring is never unmapped under a sleeper. */
+    if (atomic_load_explicit(&sub->waiters, memory_order_acquire) > 0) return -EAGAIN;
     r = msgq_sub_reopen(sub, sub->endpoint, sub->segment_size, sub->open_flags);
     if (r < 0) return r;
   }
@@ -309,12 +315,21 @@ static int64_t remaining_ns(int64_t deadline) {
 int msgq_sub_wait(msgq_sub *sub, int64_t timeout_ns) {
   if (!sub->open) return MSGQ_ECLOSED;
   int64_t deadline = timeout_ns < 0 ? -1 : os_monotonic_ns() + timeout_ns;
+  atomic_fetch_add_explicit(&sub->waiters, 1, memory_order_acq_rel);
+  int r;
   for (;;) {
     /* The core may return 0 early (its sleeps are bounded): loop to our deadline. */
-    int r = msgq_subscriber_wait(&sub->core, remaining_ns(deadline));
-    if (r != 0) return r;
-    if (remaining_ns(deadline) == 0) return 0;
+    r = msgq_subscriber_wait(&sub->core, remaining_ns(deadline));
+    if (r != 0 || remaining_ns(deadline) == 0) break;
   }
+  atomic_fetch_sub_explicit(&sub->waiters, 1, memory_order_acq_rel);
+  return r;
+}
+
+/* Counts subs[0..n) as waited on (+1) or no longer (-1): see msgq_sub_view (O6). */
+static void count_waiters(msgq_sub *const *subs, int n, int delta) {
+  for (int i = 0; i < n; i++)
+    atomic_fetch_add_explicit(&subs[i]->waiters, delta, memory_order_acq_rel);
 }
 
 struct msgq_wake {
@@ -329,7 +344,7 @@ void msgq_wake_raise(msgq_wake *wake) { msgq_interrupt_raise(&wake->interrupt); 
 int msgq_sub_poll_until(msgq_sub *const *subs, int n, int64_t timeout_ns, uint8_t *ready,
                         msgq_wake *wake, uint32_t seen) {
   if (wake == NULL || n < 0 || (n > 0 && (subs == NULL || ready == NULL))) return -EINVAL;
-  msgq_subscriber *local[64];
+  msgq_subscriber *local[64] = {0};
   msgq_subscriber **cores = local;
   if (n > 64) {
     cores = malloc((size_t)n * sizeof *cores);
@@ -341,14 +356,18 @@ int msgq_sub_poll_until(msgq_sub *const *subs, int n, int64_t timeout_ns, uint8_
     else if (!subs[i]->open) r = MSGQ_ECLOSED;
     else cores[i] = &subs[i]->core;
   }
-  if (r == 0) r = msgq_poll_until(cores, n, timeout_ns, ready, &wake->interrupt, seen);
+  if (r == 0) {
+    count_waiters(subs, n, 1);
+    r = msgq_poll_until(cores, n, timeout_ns, ready, &wake->interrupt, seen);
+    count_waiters(subs, n, -1);
+  }
   if (cores != local) free(cores);
   return r;
 }
 
 int msgq_sub_poll(msgq_sub *const *subs, int n, int64_t timeout_ns, uint8_t *ready) {
   if (subs == NULL || ready == NULL || n < 1) return -EINVAL;
-  msgq_subscriber *local[64];
+  msgq_subscriber *local[64] = {0};
   msgq_subscriber **cores = local;
   if (n > 64) {
     cores = malloc((size_t)n * sizeof *cores);
@@ -362,10 +381,12 @@ int msgq_sub_poll(msgq_sub *const *subs, int n, int64_t timeout_ns, uint8_t *rea
   }
   if (r == 0) {
     int64_t deadline = timeout_ns < 0 ? -1 : os_monotonic_ns() + timeout_ns;
+    count_waiters(subs, n, 1);
     for (;;) {
       r = msgq_poll(cores, n, remaining_ns(deadline), ready);
       if (r != 0 || remaining_ns(deadline) == 0) break;
     }
+    count_waiters(subs, n, -1);
   }
   if (cores != local) free(cores);
   return r;

@@ -33,7 +33,9 @@
  * Ownership and lifetime.
  *  O1 A handle belongs to the caller from a successful open until its close; close
  *     accepts NULL. Handles are not thread-safe: one thread at a time per handle (two
- *     handles may be used from two threads at once, also on the same endpoint).
+ *     handles may be used from two threads at once, also on the same endpoint), with one
+ *     exception: threads may wait or poll on a subscriber (msgq_sub_wait, msgq_sub_poll,
+ *     msgq_sub_poll_until) while one other thread receives from it.
  *  O2 One publisher per endpoint: opening a publisher takes the endpoint over, and the
  *     previous publisher's next send fails with MSGQ_ENOTOWNER. Subscribers already
  *     connected stay connected and keep receiving.
@@ -52,7 +54,9 @@
  *  O6 A queue file replaced under its name (damaged, foreign, or re-made by a publisher
  *     with another size) is followed transparently: send, reserve, view and recv re-open
  *     the endpoint with the arguments of the last open and go on there. That re-open
- *     can fail like an open (and returns -EAGAIN like one, see below); when it fails
+ *     can fail like an open (and returns -EAGAIN like one, see below; also while
+ *     another thread waits or polls on the same subscriber: a replaced file wakes it at
+ *     once, and the re-open never unmaps a ring under a sleeper: call again); when it fails
  *     after the old queue was given up, the handle is closed-state: every call returns
  *     MSGQ_ECLOSED until msgq_*_reopen succeeds or the handle is closed.
  *  O7 Opening waits at most 50 ms for another process holding the queue file's lock

@@ -453,7 +453,7 @@ static inline void refresh_write_pointer(msgq_subscriber *sub) {
 static void reader_reset(msgq_subscriber *sub) {
   msgq_header *h = sub->ring.header;
   uint64_t wp = not_behind(load_write_pointer(h, sub->read_pointer), sub->read_pointer);
-  sub->read_pointer = wp;
+  atomic_store_explicit(&sub->read_pointer, wp, memory_order_relaxed);
   sub->seen_write_pointer = wp;
   atomic_store_explicit(&h->readers[sub->slot].read_pointer, wp, memory_order_relaxed);
 }
@@ -488,7 +488,9 @@ int msgq_subscriber_init(msgq_subscriber *sub, const msgq_ring *ring, bool confl
       sub->slot = (int)i;
   }
   if (sub->slot < 0) return MSGQ_ENOSLOT;
-  sub->read_pointer = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
+  atomic_store_explicit(&sub->read_pointer,
+                        atomic_load_explicit(&h->write_pointer, memory_order_acquire),
+                        memory_order_relaxed);
   reader_reset(sub);
   return 0;
 }
@@ -506,17 +508,17 @@ void msgq_subscriber_release(msgq_subscriber *sub) {
 }
 
 static inline void store_read_pointer(msgq_subscriber *sub, uint64_t rp) {
-  sub->read_pointer = rp;
+  atomic_store_explicit(&sub->read_pointer, rp, memory_order_relaxed);
   /* relaxed: a report only (I3); nothing is ever decided from it about safety. */
   atomic_store_explicit(&sub->ring.header->readers[sub->slot].read_pointer, rp,
                         memory_order_relaxed);
 }
 
 int msgq_subscriber_has_data(msgq_subscriber *sub) {
-  if (sub->read_pointer != sub->seen_write_pointer) return 1;
+  /* Reads only (see the header): the peek's cache of the write pointer is left alone. */
   const msgq_header *h = sub->ring.header;
-  refresh_write_pointer(sub);
-  if (sub->read_pointer != sub->seen_write_pointer) return 1;
+  uint64_t rp = atomic_load_explicit(&sub->read_pointer, memory_order_relaxed);
+  if (not_behind(load_write_pointer(h, rp), rp) != rp) return 1;
   return atomic_load_explicit(&h->superseded, memory_order_relaxed) != 0;
 }
 
@@ -548,7 +550,7 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
           position_before(newest, sub->seen_write_pointer) &&
           position_in_range(newest, capacity) &&
           sub->seen_write_pointer - newest < ((uint64_t)1 << 32))
-        sub->read_pointer = newest;
+        atomic_store_explicit(&sub->read_pointer, newest, memory_order_relaxed);
     }
     const uint32_t rc = position_cycle(sub->read_pointer);
     const uint32_t ro = position_offset(sub->read_pointer);

@@ -246,7 +246,9 @@ typedef struct {
   msgq_ring ring;
   int slot;
   bool conflate;
-  uint64_t read_pointer;       /* ours alone (I3) */
+  /* Ours alone (I3); atomic (relaxed stores) because a thread that polls this handle
+   * reads it while the receiving thread moves it (msgq_subscriber_has_data). */
+  _Atomic uint64_t read_pointer;
   uint64_t seen_write_pointer; /* cached; reloaded only when we caught up with it */
   /* The message handed out by peek, committed by consume. */
   uint64_t next_read_pointer;
@@ -284,7 +286,8 @@ int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy);
  * Call it after the caller's last access to the payload. */
 int msgq_subscriber_release_view(msgq_subscriber *sub);
 /* 1 when a message is waiting, or when the file was replaced (so that waits end and the
- * next peek reports it); cheap, no side effects except caching. */
+ * next peek reports it); cheap, and it writes nothing in the handle, so a thread may
+ * poll a handle (msgq_poll) while another receives from it. */
 int msgq_subscriber_has_data(msgq_subscriber *sub);
 
 /* Spins briefly, then sleeps until a message may be there, the timeout (< 0: none)

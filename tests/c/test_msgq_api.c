@@ -276,6 +276,39 @@ static void mark_file_superseded(const char *endpoint) {
   close(fd);
 }
 
+static void *wait_long(void *arg) {
+  msgq_sub_wait(arg, 5000000000LL); /* returns once the replaced file counts as data */
+  return NULL;
+}
+
+static void test_follow_waits_for_a_sleeper(void) {
+  /* Another thread sleeps on the subscriber when its file is replaced (O1's exception):
+   * the follow is refused (-EAGAIN) until that thread let go of the old ring, then it
+   * succeeds. Under TSan this is also the check that polling and receiving on one
+   * handle do not race. */
+  msgq_sub *sub = open_sub("follow_sleeper", SMALL, 0);
+  msgq_pub *pub = open_pub("follow_sleeper", SMALL, 0);
+  if (!sub || !pub) return;
+  pthread_t sleeper;
+  pthread_create(&sleeper, NULL, wait_long, sub);
+  usleep(20000); /* let it fall asleep */
+  mark_file_superseded("follow_sleeper");
+  const void *data;
+  size_t n;
+  int r;
+  int64_t give_up = msgq_now_ns() + 3000000000LL;
+  while ((r = msgq_sub_view(sub, &data, &n)) == -EAGAIN && msgq_now_ns() < give_up) {
+  }
+  CHECK(r == 0);
+  CHECK(msgq_sub_is_open(sub) == 1);
+  pthread_join(sleeper, NULL);
+  CHECK(msgq_pub_send(pub, "new", 3) == 0);
+  char buf[8];
+  CHECK(msgq_sub_recv(sub, buf, sizeof buf, &n, 1000000000LL) == 1 && n == 3);
+  msgq_pub_close(pub);
+  msgq_sub_close(sub);
+}
+
 static void test_replaced_file_is_followed(void) {
   msgq_sub *sub = open_sub("follow", SMALL, 0);
   msgq_pub *pub = open_pub("follow", SMALL, 0);
@@ -455,6 +488,7 @@ int main(void) {
   RUN(test_poll);
   RUN(test_conflate);
   RUN(test_replaced_file_is_followed);
+  RUN(test_follow_waits_for_a_sleeper);
   RUN(test_reader_slots_exhaust);
   RUN(test_fork_child_leaves_parent_slot);
   RUN(test_threaded);
