@@ -1,5 +1,6 @@
 """Builds the Cython extensions of msgq from the C core in msgq/src."""
 
+import glob
 import os
 
 from Cython.Build import cythonize
@@ -105,14 +106,16 @@ extensions = [
         extra_compile_args=extra_compile_args,
         depends=[p.replace(".c", ".h") for p in VISIONIPC_C[:5]],
     ),
-    # VisionIPC's listener: the server's side of the handshake, the C loop C servers run.
+    # VisionIPC's server and client (visionipc.h): the C library that C programs link,
+    # which VisionIpcServer and VisionIpcClient wrap. Its packet queues are the caller's
+    # (a Python socket on the selected backend), but the C core is linked in for the
+    # library's own msgq calls; hidden visibility keeps it private to this module.
     Extension(
-        "msgq.visionipc._listener",
-        sources=["visionipc/_listener.pyx", "visionipc/src/vipc_listener.c",
-                 *VISIONIPC_C[:5], "msgq/src/os_wait.c"],
-        include_dirs=["visionipc", "msgq/src"],
-        extra_compile_args=extra_compile_args,
-        depends=["visionipc/src/vipc_listener.h"],
+        "msgq.visionipc._native",
+        sources=["visionipc/_native.pyx", *VISIONIPC_C, *C_CORE],
+        include_dirs=["visionipc", "msgq/src", "visionipc/src"],
+        extra_compile_args=[*extra_compile_args, "-fvisibility=hidden"],
+        depends=sorted(glob.glob("visionipc/src/*.h")) + [p.replace(".c", ".h") for p in C_CORE],
     ),
     # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
     Extension(

@@ -172,29 +172,22 @@ def decode_reply(const uint8_t[::1] data, size_t num_fds, uint16_t kind, uint32_
                                   g.uv_offset, g.size, r.map_size)
 
 
-cdef extern from "src/vipc_buffer.h":
-    int vipc_buffer_create(const char *label, uint64_t map_size) nogil
-    int vipc_buffer_check(int fd, uint64_t map_size, const char **why) nogil
+cdef extern from "src/vipc_layout.h":
+    int vipc_geometry_validate(const vipc_geometry *g, const char **why)
+    uint64_t vipc_trailer_offset(const vipc_geometry *g)
+    uint64_t vipc_map_size(const vipc_geometry *g, uint64_t page_size)
+    int vipc_geometry_has_uv_plane(const vipc_geometry *g)
 
 
-def buffer_create(str label, uint64_t map_size) -> int:
-    """A new sealed buffer memfd of ``map_size`` bytes (its pages reserved); OSError when
-    the system refuses (a full tmpfs: ENOSPC)."""
-    cdef bytes raw = label.encode("utf-8", "replace")[:200]
-    cdef const char *c_label = raw
-    cdef int fd
-    with nogil:
-        fd = vipc_buffer_create(c_label, map_size)
-    if fd < 0:
-        import os
-        raise OSError(-fd, os.strerror(-fd))
-    return fd
-
-
-def buffer_check(int fd, uint64_t map_size):
-    """None when ``fd`` can be mapped safely as a buffer of ``map_size`` bytes (a regular
-    file that large, sealed against shrinking), else why not."""
+def geometry_layout(uint32_t width, uint32_t height, uint32_t stride, uint32_t uv_offset,
+                    uint64_t size, uint64_t page_size):
+    """(why the geometry describes no buffer, or None; trailer offset; map size; whether
+    an NV12 UV plane fits), by the C rules of vipc_layout.h."""
+    cdef vipc_geometry g
     cdef const char *why = NULL
-    if vipc_buffer_check(fd, map_size, &why) == 0:
-        return None
-    return why.decode("ascii")
+    g.width, g.height, g.stride, g.uv_offset, g.size = width, height, stride, uv_offset, size
+    problem = None
+    if vipc_geometry_validate(&g, &why) != 0:
+        problem = why.decode("ascii")
+    return (problem, vipc_trailer_offset(&g), vipc_map_size(&g, page_size),
+            problem is None and vipc_geometry_has_uv_plane(&g) == 1)

@@ -14,18 +14,21 @@ The trailer is the buffer's own record of what it holds (little-endian uint64s):
                                    0 while the server fills it
     trailer_offset + 16  reserved (48 bytes, zero)
 
-The server sets ``sequence`` to 0 and ``frame_id`` to FRAME_ID_WRITING before it writes a
-frame, and ``frame_id`` then ``sequence`` after (before it announces the frame). A reader
-that finds the sequence of its packet in the trailer after it has read the frame read a
-frame the server had not started to recycle (:meth:`VisionBuf.is_current`). On x86-64 the
-ordering of these plain stores is the CPU's (TSO); on weaker CPUs it is best effort.
+The server (the C library, ``src/vipc_server.c``) sets ``sequence`` to 0 and
+``frame_id`` to FRAME_ID_WRITING before it hands a buffer out to be filled, and
+``frame_id`` then ``sequence`` (a release store) after, before it announces the frame. A
+reader that finds the sequence of its packet in the trailer after it has read the frame
+read a frame the server had not started to recycle (:meth:`VisionBuf.is_current`).
+
+The memfds are made and checked by the C library too; this module maps the fds it is
+given (:func:`map_buffer`) so that numpy views keep the memory alive on their own.
 """
 
 from __future__ import annotations
 
 import mmap
-import os
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -39,9 +42,7 @@ __all__ = [
     "TRAILER_SIZE",
     "BufferGeometry",
     "VisionBuf",
-    "BufferImportError",
-    "allocate_buffer",
-    "map_received_buffer",
+    "map_buffer",
 ]
 
 #: Value of the trailer's frame_id while the server is writing a new frame into a buffer
@@ -54,10 +55,6 @@ MAX_BUFFER_SIZE = 1 << 30
 MAX_DIMENSION = 1 << 16
 PAGE_SIZE = mmap.PAGESIZE
 
-
-
-def _align_up(value: int, alignment: int) -> int:
-    return -(-value // alignment) * alignment
 
 
 @dataclass(frozen=True)
@@ -82,51 +79,48 @@ class BufferGeometry:
         return cls(width, height, width, width * height, width * height * 3 // 2)
 
     def validate(self) -> BufferGeometry:
-        """Self, after checking that the numbers describe a buffer (ValueError if not):
-        positive width, height and size within the limits, stride >= width, the Y plane
-        inside the buffer, uv_offset inside the buffer."""
+        """Self, after checking that the numbers describe a buffer (ValueError if not; the
+        rules are the C library's, ``vipc_geometry_validate``): width and height 1 ..
+        65536, width <= stride <= 65536, size 1 .. 2**30 bytes, the Y plane inside the
+        buffer, uv_offset inside the buffer."""
         for field in ("width", "height", "stride", "uv_offset", "size"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{field} must be an int, not {type(value).__name__}")
-        if not (1 <= self.width <= MAX_DIMENSION and 1 <= self.height <= MAX_DIMENSION):
+        fields = (self.width, self.height, self.stride, self.uv_offset)
+        problem = (
+            "a number is out of range"
+            if not all(0 <= v < 2**32 for v in fields) or not 0 <= self.size < 2**64
+            else self._layout[0]
+        )
+        if problem is not None:
             raise ValueError(
-                f"width and height must be 1 .. {MAX_DIMENSION}, not {self.width}x{self.height}"
+                f"{self.width}x{self.height}, stride {self.stride}, uv_offset "
+                f"{self.uv_offset}, {self.size} bytes: {problem}"
             )
-        if not self.width <= self.stride <= MAX_DIMENSION:
-            raise ValueError(f"stride {self.stride} must be >= width {self.width}")
-        if not 1 <= self.size <= MAX_BUFFER_SIZE:
-            raise ValueError(f"buffer size {self.size} must be 1 .. {MAX_BUFFER_SIZE} bytes")
-        if self.stride * (self.height - 1) + self.width > self.size:
-            raise ValueError(
-                f"a {self.width}x{self.height} plane with stride {self.stride} does not fit "
-                f"in {self.size} bytes"
-            )
-        if not 0 <= self.uv_offset <= self.size:
-            raise ValueError(f"uv_offset {self.uv_offset} is outside the {self.size}-byte buffer")
         return self
+
+    @cached_property
+    def _layout(self) -> tuple[str | None, int, int, bool]:
+        return _wire.geometry_layout(  # type: ignore[no-any-return]
+            self.width, self.height, self.stride, self.uv_offset, self.size, PAGE_SIZE
+        )
 
     @property
     def trailer_offset(self) -> int:
         """Offset of the trailer (frame_id, sequence) in the mapping."""
-        return _align_up(self.size, TRAILER_ALIGN)
+        return self._layout[1]
 
     @property
     def map_size(self) -> int:
         """Bytes of each buffer's memfd and mapping (frame, trailer, page padding)."""
-        return _align_up(self.trailer_offset + TRAILER_SIZE, PAGE_SIZE)
+        return self._layout[2]
 
     @property
     def has_uv_plane(self) -> bool:
         """True when an NV12 UV plane (``height // 2`` rows of ``width`` bytes from
         ``uv_offset``) lies inside the buffer, after the Y plane."""
-        rows = self.height // 2
-        if rows == 0:
-            return False
-        return (
-            self.uv_offset >= self.stride * (self.height - 1) + self.width
-            and self.uv_offset + self.stride * (rows - 1) + self.width <= self.size
-        )
+        return self._layout[3]
 
 
 class VisionBuf:
@@ -263,26 +257,6 @@ class VisionBuf:
             f"uv_offset {self.uv_offset} {self.size} B {state}>"
         )
 
-    # --- server side -----------------------------------------------------------------
-
-    def _begin_write(self) -> None:
-        """Marks the buffer as being refilled: sequence first, so a reader that checks the
-        sequence after reading sees the change before any byte of the new frame."""
-        trailer = self._trailer
-        if trailer is None:
-            raise self._released()
-        trailer[1] = 0
-        trailer[0] = FRAME_ID_WRITING
-
-    def _finish_write(self, frame_id: int, sequence: int) -> None:
-        """Records the new frame: frame_id first, the sequence (the commit) last."""
-        trailer = self._trailer
-        if trailer is None:
-            raise self._released()
-        trailer[0] = frame_id
-        trailer[1] = sequence
-        self._recv_sequence = sequence
-
     # --- life cycle ------------------------------------------------------------------
 
     def _release(self) -> None:
@@ -303,44 +277,9 @@ class VisionBuf:
                 pass  # exported arrays still use it; unmapped when they are collected
 
 
-def _memfd_name(label: str) -> str:
-    # memfd names are for /proc/<pid>/fd and debugging only; the kernel limits them to 249.
-    return label[:200]
-
-
-def allocate_buffer(geometry: BufferGeometry, label: str) -> tuple[int, mmap.mmap]:
-    """A new memfd for one buffer (sized, its pages reserved, sealed against shrinking
-    and growing so no holder of the fd can make a mapping fault; made by the C code,
-    ``src/vipc_buffer.c``) and its read-write mapping. The caller owns both."""
-    fd = _wire.buffer_create(_memfd_name(label), geometry.map_size)
-    try:
-        mapping = mmap.mmap(
-            fd,
-            geometry.map_size,
-            flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-            prot=mmap.PROT_READ | mmap.PROT_WRITE,
-        )
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, mapping
-
-
-class BufferImportError(ValueError):
-    """A file descriptor received from a server is not a buffer this client can map safely."""
-
-
-def map_received_buffer(fd: int, geometry: BufferGeometry) -> mmap.mmap:
-    """The read-only mapping of a buffer fd received from a server, after checking that
-    it is a regular file of at least ``geometry.map_size`` bytes sealed against
-    shrinking (so the mapping can never fault; the check is ``src/vipc_buffer.c``'s).
-    BufferImportError otherwise."""
-    why = _wire.buffer_check(fd, geometry.map_size)
-    if why is not None:
-        raise BufferImportError(f"received buffer fd {fd} {why} ({geometry.map_size} bytes)")
-    try:
-        return mmap.mmap(
-            fd, geometry.map_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ
-        )
-    except OSError as e:
-        raise BufferImportError(f"received buffer fd {fd} cannot be mapped: {e}") from None
+def map_buffer(fd: int, map_size: int, writable: bool) -> mmap.mmap:
+    """This process's own mapping of a buffer fd the C library made (the server's) or
+    checked (a client's: a sealed memfd of at least ``map_size`` bytes, so the mapping
+    can never fault). Read-write for the server, read-only for clients."""
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    return mmap.mmap(fd, map_size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=prot)

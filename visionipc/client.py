@@ -4,6 +4,13 @@
 missed), then asks the server for the stream's buffers over its Unix socket and maps them
 read-only. ``recv`` reads the next packet and returns the buffer it names.
 
+The client is the C library's (``src/vipc_client.c``, ``visionipc.h``, bound in
+``_native.pyx``): the exchange, the checks of the server's uid, of the reply and of every
+fd, the packet checks, following restarts and telling recycled frames. This module adds
+the Python API: the packets come from a msgq socket of the selected backend and go to the
+C client one by one, and numpy views of the buffers are this process's own mappings of
+the fds the C client holds.
+
 Restarts: every packet carries the id of the server instance that sent it. A packet with
 an id other than the connected server's makes the client handshake again; if the server
 now answering has that id, the client swaps its buffers for the new server's (the old ones
@@ -29,25 +36,16 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections import deque
 from types import TracebackType
 from typing import Any
 
 import msgq
 
-from .buffer import BufferGeometry, BufferImportError, VisionBuf, map_received_buffer
-from .handshake import (
-    KIND_BUFFERS,
-    KIND_LIST,
-    BuffersReply,
-    HandshakeError,
-    ListReply,
-    ServerUnavailableError,
-    close_fds,
-    exchange,
-)
+from . import _native
+from .buffer import BufferGeometry, VisionBuf, map_buffer
+from .handshake import HandshakeError, handshake_error
 from .names import get_endpoint_name, socket_path, validate_name, validate_stream
-from .packet import PACKET_SEGMENT_SIZE, parse_frame_packet
+from .packet import PACKET_SEGMENT_SIZE
 
 __all__ = ["VisionIpcClient", "available_streams"]
 
@@ -55,53 +53,50 @@ __all__ = ["VisionIpcClient", "available_streams"]
 CONNECT_RETRY_S = 0.02
 #: Default limit of one handshake (s).
 HANDSHAKE_TIMEOUT_S = 2.0
-#: After a failed handshake with a restarted server, wait this long before the next try.
-FOLLOW_RETRY_S = 0.05
-#: Server ids remembered as gone.
-DEAD_SERVERS_KEPT = 16
 
 
 class _ClientResources:
     """What a client must give back, apart from the client (for its finalizer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, native: _native.Client) -> None:
+        self.native = native
         self.sock: Any = None
         self.buffers: list[VisionBuf] = []
-        self.fds: tuple[int, ...] = ()
+        self.generation = 0
 
     def drop_buffers(self) -> None:
         buffers, self.buffers = self.buffers, []
-        fds, self.fds = self.fds, ()
         for buf in buffers:
             buf._release()
-        close_fds(fds)
 
-    def close(self) -> None:
+    def adopt_buffers(self) -> BufferGeometry | None:
+        """Maps the buffers the C client holds now, when they changed (a connect, a
+        restart followed); its geometry, or None when nothing changed."""
+        generation = self.native.generation
+        if generation == self.generation:
+            return None
+        fields, fds = self.native.buffers()
+        geometry = BufferGeometry(*fields)
+        buffers = [
+            VisionBuf(idx, fd, map_buffer(fd, geometry.map_size, False), geometry)
+            for idx, fd in enumerate(fds)
+        ]
         self.drop_buffers()
+        self.buffers = buffers
+        self.generation = generation
+        return geometry
+
+    def close(self) -> dict[str, int]:
+        counters = self.native.stats
+        self.drop_buffers()
+        self.native.close()
         sock, self.sock = self.sock, None
         if sock is not None:
             try:
                 sock.close()
             except Exception:  # noqa: BLE001 - closing a socket must not stop the cleanup
                 pass
-
-
-def _import_buffers(reply: BuffersReply) -> list[VisionBuf]:
-    """Maps the buffers of a reply; closes its fds on failure (HandshakeError)."""
-    buffers: list[VisionBuf] = []
-    try:
-        for idx, fd in enumerate(reply.fds):
-            buffers.append(
-                VisionBuf(idx, fd, map_received_buffer(fd, reply.geometry), reply.geometry)
-            )
-    except BaseException as e:
-        for buf in buffers:
-            buf._release()
-        close_fds(reply.fds)
-        if isinstance(e, BufferImportError):
-            raise HandshakeError(str(e)) from None
-        raise
-    return buffers
+        return counters
 
 
 class VisionIpcClient:
@@ -114,6 +109,12 @@ class VisionIpcClient:
     receive; ``VisionBuf.is_current()`` tells whether the buffer still holds that frame).
     ``skip_recycled``: skip frames whose buffer was refilled before they were received
     instead of returning them. ``handshake_timeout_s``: seconds one handshake may take.
+
+    Counters: ``bad_packets`` (packets on the endpoint that were not well formed, named
+    no buffer, or a frame their buffer never held), ``stale_packets`` (of a server
+    instance that is gone, or not reachable yet), ``recycled_frames`` (returned although
+    their buffer had been refilled: ``is_current()`` False), ``skipped_frames``
+    (``skip_recycled``), ``reconnects`` (handshakes with a new server instance).
     """
 
     def __init__(
@@ -130,27 +131,18 @@ class VisionIpcClient:
         self.conflate = bool(conflate)
         self.skip_recycled = bool(skip_recycled)
         self.handshake_timeout_s = float(handshake_timeout_s)
-        self._res = _ClientResources()
+        native = _native.Client(
+            self.name, self.stream, self.conflate, self.skip_recycled, self.handshake_timeout_s
+        )
+        self._res = _ClientResources(native)
         self._finalizer = weakref.finalize(self, self._res.close)
         self._closed = False
-        self._server_id = 0
+        self._final_counters: dict[str, int] = {}
         self._geometry: BufferGeometry | None = None
-        self._dead_servers: deque[int] = deque(maxlen=DEAD_SERVERS_KEPT)
-        self._follow_retry_at = 0.0
         self.frame_id = 0
         self.timestamp_sof = 0
         self.timestamp_eof = 0
         self.valid = False
-        #: Packets on the endpoint that were not well formed, or named no buffer.
-        self.bad_packets = 0
-        #: Packets of a server instance that is gone (or not reachable yet).
-        self.stale_packets = 0
-        #: Frames returned whose buffer the server had already refilled (is_current False).
-        self.recycled_frames = 0
-        #: Frames skipped (``skip_recycled``) because their buffer had been refilled.
-        self.skipped_frames = 0
-        #: Handshakes with a new server instance after the first connect.
-        self.reconnects = 0
         #: The last handshake failure recv() swallowed (None if none).
         self.last_error: Exception | None = None
 
@@ -163,34 +155,30 @@ class VisionIpcClient:
         the exchange breaks the protocol."""
         self._check_open()
         if self._res.sock is None:
+            # Subscribed before the handshake: no frame announced after it is missed.
             self._res.sock = msgq.sub_sock(
                 get_endpoint_name(self.name, self.stream),
                 conflate=self.conflate,
                 segment_size=PACKET_SEGMENT_SIZE,
             )
         while True:
-            try:
-                self._handshake(self.handshake_timeout_s)
+            code = self._res.native.handshake(self.handshake_timeout_s)
+            if code == 0:
+                self._adopt_buffers()
                 return True
-            except ServerUnavailableError:
-                if not blocking:
-                    return False
+            if code not in _native.UNAVAILABLE:
+                raise handshake_error(code, self._res.native.last_error()[1], self._path())
+            if not blocking:
+                return False
             time.sleep(CONNECT_RETRY_S)
 
-    def _handshake(self, timeout_s: float) -> None:
-        reply = exchange(socket_path(self.name), KIND_BUFFERS, self.stream, timeout_s)
-        if not isinstance(reply, BuffersReply):  # exchange() answers the kind asked for
-            raise HandshakeError("the server answered another request")
-        buffers = _import_buffers(reply)
-        old_id = self._server_id
-        self._res.drop_buffers()
-        self._res.buffers = buffers
-        self._res.fds = reply.fds
-        self._geometry = reply.geometry
-        self._server_id = reply.server_id
-        if old_id and old_id != reply.server_id:
-            self.reconnects += 1
-            self._dead_servers.append(old_id)
+    def _path(self) -> str:
+        return socket_path(self.name)
+
+    def _adopt_buffers(self) -> None:
+        geometry = self._res.adopt_buffers()
+        if geometry is not None:
+            self._geometry = geometry
 
     @staticmethod
     def available_streams(name: str, block: bool = False) -> set[int]:
@@ -200,34 +188,12 @@ class VisionIpcClient:
 
     def is_connected(self) -> bool:
         """True once the client holds a server's buffers."""
-        return self._server_id != 0 and not self._closed
+        return not self._closed and self._res.native.server_id != 0
 
     @property
     def server_id(self) -> int:
         """The id of the server instance whose buffers the client holds (0: none)."""
-        return self._server_id
-
-    def _follow_restart(self, server_id: int, deadline: float | None) -> bool:
-        """Handshakes again after a packet of server instance ``server_id`` arrived; True
-        when the client now holds that instance's buffers."""
-        if server_id in self._dead_servers:
-            return False
-        now = time.monotonic()
-        if now < self._follow_retry_at:
-            return False
-        timeout = self.handshake_timeout_s
-        if deadline is not None:
-            timeout = min(timeout, max(deadline - now, FOLLOW_RETRY_S))
-        try:
-            self._handshake(timeout)
-        except HandshakeError as e:
-            self.last_error = e
-            self._follow_retry_at = time.monotonic() + FOLLOW_RETRY_S
-            return False
-        if self._server_id != server_id:
-            self._dead_servers.append(server_id)  # an instance older than the one serving
-            return False
-        return True
+        return 0 if self._closed else self._res.native.server_id  # type: ignore[no-any-return]
 
     # --- receiving ---------------------------------------------------------------------
 
@@ -240,46 +206,33 @@ class VisionIpcClient:
         deadline = None
         if timeout_ms is not None and timeout_ms >= 0:
             deadline = time.monotonic() + timeout_ms / 1000.0
-        if not self._server_id and not self._connect_until(deadline):
+        if not self.is_connected() and not self._connect_until(deadline):
             return None
-        sock = self._res.sock
+        res = self._res
+        sock = res.sock
         while True:
             if deadline is None:
                 sock.setTimeout(-1)
+                left = -1.0
             else:
-                sock.setTimeout(max(0, int((deadline - time.monotonic()) * 1000.0 + 0.999)))
+                left = deadline - time.monotonic()
+                sock.setTimeout(max(0, int(left * 1000.0 + 0.999)))
             msg = sock.receive()
             if msg is None:
                 return None
-            packet = parse_frame_packet(msg)
-            if packet is None:
-                self.bad_packets += 1
+            frame = res.native.take_packet(msg, left)
+            if res.generation != res.native.generation:
+                self._adopt_buffers()  # a restarted server followed: its buffers now
+            if frame is None:
+                code, detail = res.native.last_error()
+                if code:
+                    self.last_error = handshake_error(code, detail, self._path())
                 continue
-            if packet.server_id != self._server_id and not self._follow_restart(
-                packet.server_id, deadline
-            ):
-                self.stale_packets += 1
-                continue
-            buffers = self._res.buffers
-            if packet.buffer_index >= len(buffers):
-                self.bad_packets += 1
-                continue
-            buf = buffers[packet.buffer_index]
-            held = buf.sequence  # 0 while the server refills the buffer
-            if held != packet.sequence:
-                if held != 0 and held < packet.sequence:
-                    # a frame the buffer never held: the server fills before it announces
-                    self.bad_packets += 1
-                    continue
-                if self.skip_recycled:
-                    self.skipped_frames += 1
-                    continue
-                self.recycled_frames += 1
-            buf._recv_sequence = packet.sequence
-            self.frame_id = packet.frame_id
-            self.timestamp_sof = packet.timestamp_sof
-            self.timestamp_eof = packet.timestamp_eof
-            self.valid = packet.valid
+            idx, self.frame_id, sequence, self.timestamp_sof, self.timestamp_eof, self.valid = (
+                frame
+            )
+            buf = res.buffers[idx]
+            buf._recv_sequence = sequence
             return buf
 
     def _connect_until(self, deadline: float | None) -> bool:
@@ -296,6 +249,38 @@ class VisionIpcClient:
                 time.sleep(min(CONNECT_RETRY_S, remaining))
             else:
                 time.sleep(CONNECT_RETRY_S)
+
+    # --- counters ----------------------------------------------------------------------
+
+    def _counter(self, name: str) -> int:
+        counters = self._final_counters if self._closed else self._res.native.stats
+        return int(counters.get(name, 0))
+
+    @property
+    def bad_packets(self) -> int:
+        """Packets on the endpoint that were not well formed, named no buffer, or
+        announced a frame their buffer never held."""
+        return self._counter("bad_packets")
+
+    @property
+    def stale_packets(self) -> int:
+        """Packets of a server instance that is gone (or not reachable yet)."""
+        return self._counter("stale_packets")
+
+    @property
+    def recycled_frames(self) -> int:
+        """Frames returned whose buffer the server had already refilled."""
+        return self._counter("recycled_frames")
+
+    @property
+    def skipped_frames(self) -> int:
+        """Frames skipped (``skip_recycled``) because their buffer had been refilled."""
+        return self._counter("skipped_frames")
+
+    @property
+    def reconnects(self) -> int:
+        """Handshakes with a new server instance after the first connect."""
+        return self._counter("reconnects")
 
     # --- geometry ----------------------------------------------------------------------
 
@@ -342,10 +327,10 @@ class VisionIpcClient:
 
     def close(self) -> None:
         """Unsubscribes and releases the buffers (idempotent)."""
+        if not self._closed:
+            self._final_counters = self._finalizer() or {}
         self._closed = True
-        self._server_id = 0
         self._geometry = None
-        self._finalizer()
 
     def __enter__(self) -> VisionIpcClient:
         return self
@@ -368,13 +353,11 @@ def available_streams(name: str, block: bool = False) -> set[int]:
     when ``block``, else returns an empty set when it is not there."""
     validate_name(name)
     while True:
-        try:
-            reply = exchange(socket_path(name), KIND_LIST, 0, HANDSHAKE_TIMEOUT_S)
-        except ServerUnavailableError:
-            if not block:
-                return set()
-        else:
-            if not isinstance(reply, ListReply):  # exchange() answers the kind asked for
-                raise HandshakeError("the server answered another request")
-            return set(reply.streams)
+        code, streams = _native.available_streams(name, HANDSHAKE_TIMEOUT_S)
+        if code == 0:
+            return set(streams)
+        if code not in _native.UNAVAILABLE:
+            raise handshake_error(code, None, socket_path(name))
+        if not block:
+            return set()
         time.sleep(CONNECT_RETRY_S)

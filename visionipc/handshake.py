@@ -1,5 +1,5 @@
-"""The handshake on a server's Unix socket: wire format, validation, and the client's side
-of one exchange.
+"""The handshake on a server's Unix socket: wire format, validation, and the exceptions a
+failed exchange raises.
 
 The socket is ``SOCK_SEQPACKET``: every request and reply is one whole message, so there is
 no framing to get wrong and no partial message to wait for. One connection carries one
@@ -37,24 +37,22 @@ message. Error replies have no body.
 
 Every message is encoded and validated by the C code in ``src/vipc_handshake.c`` (through
 ``_wire``), the one implementation that C servers (``visionipc.h``) and this module share;
-this module turns its results into Python values and exceptions.
+this module turns its results into Python values and exceptions. The exchange itself
+(connect, check the server's uid with ``SO_PEERCRED``, request, reply with the fds, and
+the checks of every fd) is the C client's (``src/vipc_client.c``); :func:`handshake_error`
+turns its error codes into the exceptions below.
 """
 
 from __future__ import annotations
 
-import array
 import mmap
-import os
-import socket
 import struct
-import time
 from dataclasses import dataclass
 
 from msgq.errors import IpcError
 
-from . import _wire
+from . import _native, _wire
 from .buffer import BufferGeometry
-from .peers import peer_credentials, server_trusted
 
 __all__ = [
     "KIND_BUFFERS",
@@ -73,7 +71,7 @@ __all__ = [
     "encode_list_reply",
     "encode_request",
     "encode_status_reply",
-    "exchange",
+    "handshake_error",
 ]
 
 REQUEST = struct.Struct("<4sHHII")
@@ -104,8 +102,6 @@ STATUS_NAMES = {
 MAX_BUFFERS = 128
 MAX_STREAMS = 1024
 MAX_REPLY_SIZE = REPLY_HEADER.size + COUNT.size + 4 * MAX_STREAMS
-#: Pause before trying again to connect to a server whose accept queue is full (s).
-CONNECT_BUSY_PAUSE_S = 0.0005
 
 
 class HandshakeError(IpcError):
@@ -208,96 +204,29 @@ def decode_reply(data: bytes, fds: list[int], kind: int, stream: int) -> Buffers
     return BuffersReply(server_id, r_stream, n, geometry, map_size, tuple(fds))
 
 
-def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
-    fds: list[int] = []
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            items = array.array("i")
-            items.frombytes(payload[: len(payload) - len(payload) % items.itemsize])
-            fds.extend(items)
-    return fds
-
-
-def close_fds(fds: list[int] | tuple[int, ...]) -> None:
-    """Closes every fd, ignoring ones already closed."""
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
-class _DroppedError(ServerUnavailableError):
-    """The server closed the connection before answering (it may have been shedding
-    load): worth another try."""
-
-
-def exchange(path: str, kind: int, stream: int, timeout_s: float) -> BuffersReply | ListReply:
-    """A handshake with the server listening on ``path``: connect, check the server's
-    uid (see :mod:`msgq.visionipc.peers`), send the request, read the reply, all within
-    ``timeout_s``. A connection the server drops unanswered is tried again within that
-    time. ServerUnavailableError when nobody answers; HandshakeError (NotAllowedError)
-    on a broken reply or a refusal; the caller owns the fds of a BuffersReply."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return _exchange_once(path, kind, stream, deadline)
-        except _DroppedError as e:
-            if time.monotonic() >= deadline:
-                raise ServerUnavailableError(str(e)) from None
-            time.sleep(CONNECT_BUSY_PAUSE_S)
-
-
-def _exchange_once(path: str, kind: int, stream: int, deadline: float) -> BuffersReply | ListReply:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    fds: list[int] = []
-    try:
-        sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        while True:
-            try:
-                sock.connect(path)
-                break
-            except BlockingIOError as e:
-                # The server's accept queue is full (EAGAIN: a Unix socket does not wait
-                # in a non-blocking connect): try again until the deadline.
-                if time.monotonic() >= deadline:
-                    raise ServerUnavailableError(f"server at {path} is busy: {e}") from None
-                time.sleep(CONNECT_BUSY_PAUSE_S)
-            except (FileNotFoundError, ConnectionRefusedError, TimeoutError) as e:
-                raise ServerUnavailableError(f"no VisionIPC server at {path}: {e}") from None
-            except PermissionError as e:
-                raise NotAllowedError(
-                    f"cannot connect to {path}: {e} (the socket file's mode follows MSGQ_SHM_MODE)"
-                ) from None
-        creds = peer_credentials(sock)
-        if not server_trusted(creds):
-            raise NotAllowedError(
-                f"the VisionIPC server at {path} runs as uid {creds.uid}, which this process "
-                "does not trust; list it in MSGQ_VISIONIPC_ALLOW_UIDS to accept it"
-            )
-        sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        try:
-            sock.sendall(encode_request(kind, stream))
-        except ConnectionError:
-            pass  # the server may have answered (a refusal) and hung up already: read on
-        try:
-            data, ancdata, flags, _ = sock.recvmsg(
-                MAX_REPLY_SIZE + 1, socket.CMSG_SPACE(4 * MAX_BUFFERS)
-            )
-        except TimeoutError as e:
-            raise ServerUnavailableError(
-                f"VisionIPC server at {path} did not answer: {e}"
-            ) from None
-        except ConnectionError as e:
-            raise _DroppedError(f"VisionIPC server at {path} hung up: {e}") from None
-        fds = _received_fds(ancdata)
-        if not data:
-            raise _DroppedError(f"VisionIPC server at {path} closed without answering")
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-            raise HandshakeError(f"VisionIPC server at {path} sent an oversized reply")
-        return decode_reply(data, fds, kind, stream)
-    except BaseException:
-        close_fds(fds)
-        raise
-    finally:
-        sock.close()
+def handshake_error(code: int, detail: str | None, path: str) -> HandshakeError:
+    """The exception for the C client's error ``code`` in an exchange with the server at
+    ``path`` (``detail``: what was wrong with a reply that broke the protocol)."""
+    if code in _native.UNAVAILABLE:
+        return ServerUnavailableError(
+            f"no VisionIPC server (with that stream) answers at {path}: "
+            f"{_native.error_text(code)}"
+        )
+    if code == _native.NOT_ALLOWED:
+        return NotAllowedError(
+            "the server does not serve this process's uid; start it with allowed_uids=... "
+            "or MSGQ_VISIONIPC_ALLOW_UIDS listing this uid"
+        )
+    if code == _native.NOT_TRUSTED:
+        return NotAllowedError(
+            f"the VisionIPC server at {path} runs as a uid which this process does not "
+            "trust; list it in MSGQ_VISIONIPC_ALLOW_UIDS to accept it"
+        )
+    if code == _native.SOCKET_DENIED:
+        return NotAllowedError(
+            f"cannot connect to {path}: permission denied (the socket file's mode follows "
+            "MSGQ_SHM_MODE)"
+        )
+    if code == _native.PROTOCOL_ERROR and detail:
+        return HandshakeError(f"the VisionIPC server at {path} broke the protocol: {detail}")
+    return HandshakeError(f"handshake with {path} failed: {_native.error_text(code)}")

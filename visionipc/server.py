@@ -1,11 +1,15 @@
 """VisionIpcServer: owns a name's frame buffers, hands them to clients, announces frames.
 
-For each stream the server allocates ``num_buffers`` memfd buffers (mapped once, see
-:mod:`msgq.visionipc.buffer`) and a msgq publisher on ``get_endpoint_name(name, stream)``.
-Sending a frame fills the next buffer in turn (round robin), records frame_id and sequence
-in the buffer's trailer and publishes a 48-byte packet (:mod:`msgq.visionipc.packet`).
-Clients get the buffers' fds from the listener thread (:mod:`msgq.visionipc.listener`)
-over the Unix socket at :func:`msgq.visionipc.names.socket_path`.
+The server is the C library's (``src/vipc_server.c``, ``visionipc.h``, bound in
+``_native.pyx``): it allocates each stream's ``num_buffers`` sealed memfd buffers, hands
+them out round robin, keeps the trailer protocol and the stream's sequence numbers, and
+runs the listener thread that hands the buffers' fds to clients over the Unix socket at
+:func:`msgq.visionipc.names.socket_path` (``src/vipc_listener.c``: one poll loop, one
+request per connection within ``handshake_timeout_s``, at most 256 connections waiting,
+peer uids checked with ``SO_PEERCRED``). This module adds the Python API: argument
+checks, numpy views of the buffers (this process's own mappings of the fds, so a view
+kept after ``close`` stays valid), and the packets, published on a msgq socket of the
+selected backend (``get_endpoint_name(name, stream)``).
 
 A buffer is refilled ``num_buffers`` sends after it was last sent: readers that keep a
 frame longer than that must check :meth:`VisionBuf.is_current`.
@@ -15,7 +19,6 @@ One thread at a time may call a server's methods (the listener thread is interna
 
 from __future__ import annotations
 
-import secrets
 import weakref
 from collections.abc import Iterable
 from types import TracebackType
@@ -25,14 +28,13 @@ import numpy as np
 
 import msgq
 from msgq.errors import IpcError
-from msgq.queues import queue_file_mode
 
-from .buffer import MAX_DIMENSION, BufferGeometry, VisionBuf, allocate_buffer
+from ._native import Server as _NativeServer
+from .buffer import MAX_DIMENSION, BufferGeometry, VisionBuf, map_buffer
 from .frame_copy import copy_into
-from .handshake import MAX_BUFFERS, MAX_STREAMS, close_fds
-from .listener import Listener, StreamExport
+from .handshake import MAX_BUFFERS, MAX_STREAMS
 from .names import get_endpoint_name, socket_path, validate_name, validate_stream
-from .packet import PACKET_SEGMENT_SIZE, pack_frame_packet
+from .packet import PACKET_SEGMENT_SIZE
 from .peers import PeerPolicy
 
 __all__ = ["VisionIpcServer"]
@@ -42,25 +44,14 @@ _U64 = 2**64
 
 
 class _ServerStream:
-    """A stream's buffers, publisher and counters."""
+    """A stream's geometry, buffer views and packet publisher."""
 
-    __slots__ = ("stream", "geometry", "buffers", "fds", "pub", "next_index", "sequence")
+    __slots__ = ("geometry", "buffers", "pub")
 
-    def __init__(
-        self,
-        stream: int,
-        geometry: BufferGeometry,
-        buffers: list[VisionBuf],
-        fds: tuple[int, ...],
-        pub: Any,
-    ) -> None:
-        self.stream = stream
+    def __init__(self, geometry: BufferGeometry, buffers: list[VisionBuf], pub: Any) -> None:
         self.geometry = geometry
         self.buffers = buffers
-        self.fds = fds
         self.pub = pub
-        self.next_index = 0
-        self.sequence = 0
 
     def close(self) -> None:
         try:
@@ -69,23 +60,19 @@ class _ServerStream:
             pass
         for buf in self.buffers:
             buf._release()
-        close_fds(self.fds)
 
 
 class _Resources:
     """Everything a server must give back, kept apart from the server object so that a
-    finalizer (and the listener thread) can hold it without keeping the server alive."""
+    finalizer can hold it without keeping the server alive."""
 
-    def __init__(self) -> None:
+    def __init__(self, native: _NativeServer) -> None:
+        self.native = native
         self.streams: dict[int, _ServerStream] = {}
-        self.exports: dict[int, StreamExport] = {}
-        self.listener: Listener | None = None
+        self.listening = False
 
     def close(self) -> None:
-        listener, self.listener = self.listener, None
-        if listener is not None:
-            listener.close()
-        self.exports.clear()
+        self.native.close()  # first: the listener stops handing out the fds
         streams = list(self.streams.values())
         self.streams.clear()
         for stream in streams:
@@ -119,13 +106,16 @@ class VisionIpcServer:
         handshake_timeout_s: float = 1.0,
     ) -> None:
         self.name = validate_name(name)
-        #: Random per instance: clients see a new id in the packets after a restart.
-        self.server_id = secrets.randbits(64) or 1
         self.policy = PeerPolicy.for_server(allowed_uids)
         if not handshake_timeout_s > 0:
             raise ValueError("handshake_timeout_s must be positive")
         self.handshake_timeout_s = float(handshake_timeout_s)
-        self._res = _Resources()
+        native = _NativeServer(self.name)
+        native.allow_uids(self.policy.uids, self.policy.any_uid)
+        native.set_handshake_timeout(self.handshake_timeout_s)
+        #: Random per instance: clients see a new id in the packets after a restart.
+        self.server_id: int = native.server_id
+        self._res = _Resources(native)
         self._closed = False
         self._finalizer = weakref.finalize(self, self._res.close)
 
@@ -165,44 +155,31 @@ class VisionIpcServer:
             raise ValueError(f"stream {stream} of server {self.name!r} already has buffers")
         if len(self._res.streams) >= MAX_STREAMS:
             raise ValueError(f"a server has at most {MAX_STREAMS} streams")
-        fds: list[int] = []
+        g = geometry
+        pub = msgq.pub_sock(get_endpoint_name(self.name, stream), PACKET_SEGMENT_SIZE)
         buffers: list[VisionBuf] = []
         try:
-            for idx in range(num_buffers):
-                fd, mapping = allocate_buffer(geometry, f"visionipc:{self.name}:{stream}:{idx}")
-                fds.append(fd)
-                buffers.append(VisionBuf(idx, fd, mapping, geometry))
-            pub = msgq.pub_sock(get_endpoint_name(self.name, stream), PACKET_SEGMENT_SIZE)
+            # Exported to the listener by the C server: the packets' publisher is up first.
+            map_size, fds = self._res.native.create_buffers(
+                stream, num_buffers, g.width, g.height, g.stride, g.uv_offset, g.size
+            )
+            for idx, fd in enumerate(fds):
+                buffers.append(VisionBuf(idx, fd, map_buffer(fd, map_size, True), geometry))
         except BaseException:
             for buf in buffers:
                 buf._release()
-            close_fds(fds)
+            pub.close()
             raise
-        entry = _ServerStream(stream, geometry, buffers, tuple(fds), pub)
-        self._res.streams[stream] = entry
-        # Published to the listener last: a client served this stream can get its packets.
-        export = StreamExport(geometry, entry.fds)
-        self._res.exports[stream] = export
-        if self._res.listener is not None:
-            self._res.listener.add_stream(stream, export)
+        self._res.streams[stream] = _ServerStream(geometry, buffers, pub)
 
     def start_listener(self) -> None:
         """Starts serving clients on the Unix socket (idempotent). A stale socket left
         by a crashed server of the same name is replaced; so is a live one (the newer
         server takes the name over, as a newer msgq publisher takes an endpoint over)."""
         self._check_open()
-        if self._res.listener is not None:
-            return
-        listener = Listener(
-            socket_path(self.name, create_dir=True),
-            self.server_id,
-            self._res.exports,
-            self.policy,
-            socket_mode=queue_file_mode(),
-            handshake_timeout_s=self.handshake_timeout_s,
-        )
-        listener.start()
-        self._res.listener = listener
+        socket_path(self.name)  # a path too long for a Unix socket: ValueError, explained
+        self._res.native.start_listener()
+        self._res.listening = True
 
     # --- sending -----------------------------------------------------------------------
 
@@ -222,9 +199,8 @@ class VisionIpcServer:
         its ``data`` / ``y`` / ``uv`` / ``array`` views, then pass it to :meth:`send`.
         From this call until that send, readers see the buffer as being refilled."""
         entry = self._stream(stream)
-        buf = entry.buffers[entry.next_index]
-        entry.next_index = (entry.next_index + 1) % len(entry.buffers)
-        buf._begin_write()
+        buf = entry.buffers[self._res.native.get_buffer(stream)]
+        buf._recv_sequence = 0
         return buf
 
     def send(
@@ -263,14 +239,11 @@ class VisionIpcServer:
             if flat is None:  # released: only after close(), which _stream() refuses
                 raise IpcError("server buffers were released")
             copy_into(flat, source)
-        sequence = entry.sequence + 1
-        buf._finish_write(frame_id, sequence)
-        entry.pub.send(
-            pack_frame_packet(
-                self.server_id, sequence, buf.idx, frame_id, timestamp_sof, timestamp_eof, valid
-            )
+        sequence, packet = self._res.native.commit(
+            stream, buf.idx, frame_id, timestamp_sof, timestamp_eof, valid
         )
-        entry.sequence = sequence
+        buf._recv_sequence = sequence
+        entry.pub.send(packet)
 
     # --- introspection and life cycle --------------------------------------------------
 
@@ -292,8 +265,7 @@ class VisionIpcServer:
     def listener_stats(self) -> dict[str, int]:
         """Counters of the listener: served, refused, bad_requests, unknown_stream,
         timeouts, evicted, disconnects, errors (empty before start_listener)."""
-        listener = self._res.listener
-        return dict(listener.stats) if listener is not None else {}
+        return self._res.native.listener_stats if self._res.listening else {}
 
     def _check_open(self) -> None:
         if self._closed:

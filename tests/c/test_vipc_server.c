@@ -315,6 +315,66 @@ static void test_names_and_takeover(void) {
   vipc_server_close(young);
 }
 
+/* The bindings' mode: the caller publishes and receives the packets (any transport);
+ * the library still keeps buffers, trailers, sequences, checks and counters. */
+static void test_caller_transport(void) {
+  vipc_server *srv;
+  CHECK(vipc_server_open_flags("ccaller", VIPC_SERVER_CALLER_PUBLISHES, &srv) == 0);
+  if (!srv) return;
+  CHECK(vipc_server_create_buffers(srv, 0, 2, 16, 8) == 0);
+  CHECK(vipc_server_start_listener(srv) == 0);
+  vipc_stream_info info;
+  CHECK(vipc_server_stream_info(srv, 0, &info) == 0 && info.num_buffers == 2 &&
+        info.fds[0] >= 0 && info.map_size >= 192 + 64);
+  CHECK(vipc_server_stream_info(srv, 1, &info) == -ENOENT);
+  uint8_t frame[192] = {0};
+  CHECK(vipc_server_send_copy(srv, 0, frame, sizeof frame, 1, 0, 0, 1) == -ENOTSUP);
+  CHECK(vipc_server_num_clients(srv, 0) == -ENOTSUP);
+
+  vipc_client *c;
+  CHECK(vipc_client_open_flags("ccaller", 0,
+                               VIPC_CLIENT_CALLER_RECEIVES | VIPC_CLIENT_SKIP_RECYCLED, &c) == 0);
+  if (!c) return;
+  vipc_frame f;
+  uint8_t packet[VIPC_PACKET_SIZE];
+  CHECK(vipc_client_recv(c, &f, 0) == -ENOTSUP);
+  CHECK(vipc_client_take_packet(c, packet, 0, 0, &f) == -ENOTCONN);
+  CHECK(vipc_client_handshake(c, 1000000000) == 0);
+  CHECK(vipc_client_generation(c) == 1 && vipc_client_server_id(c) == vipc_server_id(srv));
+  CHECK(vipc_client_buffer_fd(c, 0) >= 0 && vipc_client_buffer_fd(c, 2) == -1);
+
+  /* Three frames into two buffers: the first packet's buffer now holds the third. */
+  uint8_t packets[3][VIPC_PACKET_SIZE];
+  for (uint32_t i = 0; i < 3; i++) {
+    vipc_buffer buf;
+    CHECK(vipc_server_get_buffer(srv, 0, &buf) == 0 && buf.idx == i % 2);
+    memset(buf.data, (int)(i + 1), buf.size);
+    CHECK(vipc_server_commit(srv, 0, buf.idx, 10 + i, 0, 0, 1, packets[i]) == (int64_t)(i + 1));
+  }
+  CHECK(vipc_server_commit(srv, 0, 2, 0, 0, 0, 1, packet) == -EINVAL);
+  CHECK(vipc_client_take_packet(c, packets[0], VIPC_PACKET_SIZE, 0, &f) == 0); /* recycled */
+  CHECK(vipc_client_take_packet(c, packets[1], VIPC_PACKET_SIZE, 0, &f) == 1 &&
+        f.frame_id == 11 && f.data[0] == 2 && vipc_client_frame_current(c, &f) == 1);
+  CHECK(vipc_client_take_packet(c, packets[2], VIPC_PACKET_SIZE, 0, &f) == 1 &&
+        f.frame_id == 12 && f.sequence == 3 && f.data[0] == 3);
+  /* A packet announcing a frame its buffer never held (sequence ahead of the trailer). */
+  vipc_frame_packet forged = {vipc_server_id(srv), 9, 0, 0, 0, 0, 1};
+  vipc_packet_encode(&forged, packet);
+  CHECK(vipc_client_take_packet(c, packet, VIPC_PACKET_SIZE, 0, &f) == 0);
+  /* A packet of an instance nobody answers to: stale, and not asked about again. */
+  forged.server_id = vipc_server_id(srv) + 1;
+  vipc_packet_encode(&forged, packet);
+  CHECK(vipc_client_take_packet(c, packet, VIPC_PACKET_SIZE, 0, &f) == 0);
+  CHECK(vipc_client_take_packet(c, packet, VIPC_PACKET_SIZE, 0, &f) == 0);
+  vipc_client_stats stats;
+  vipc_client_get_stats(c, &stats);
+  CHECK(stats.skipped_frames == 1 && stats.recycled_frames == 0 && stats.bad_packets == 1 &&
+        stats.stale_packets == 2 && stats.reconnects == 0);
+  CHECK(vipc_client_generation(c) == 1); /* the same server answered: buffers kept */
+  vipc_client_close(c);
+  vipc_server_close(srv);
+}
+
 int main(void) {
   char dir[] = "/tmp/vipc_server_test.XXXXXX";
   if (!mkdtemp(dir)) return 2;
@@ -325,6 +385,7 @@ int main(void) {
   RUN(test_buffers_handshake_and_frames);
   RUN(test_hostile_clients);
   RUN(test_c_client);
+  RUN(test_caller_transport);
   RUN(test_names_and_takeover);
   char cmd[96];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -28,6 +28,10 @@ _Static_assert(VIPC_MAX_BUFFERS_PER_STREAM == VIPC_MAX_BUFFERS, "one limit");
 #define STREAMING_FROM (1u << 20)
 
 int vipc_server_open(const char *name, vipc_server **out) {
+  return vipc_server_open_flags(name, 0, out);
+}
+
+int vipc_server_open_flags(const char *name, unsigned flags, vipc_server **out) {
   if (out == NULL) return -EINVAL;
   *out = NULL;
   if (vipc_validate_name(name) < 0) return -EINVAL;
@@ -40,7 +44,10 @@ int vipc_server_open(const char *name, vipc_server **out) {
   if (srv->server_id == 0) srv->server_id = 1;
   srv->handshake_timeout_ns = 1000000000LL;
   pthread_mutex_init(&srv->lock, NULL);
-  int r = vipc_uids_from_env(&srv->any_uid, &srv->uids, &srv->num_uids);
+  srv->caller_publishes = (flags & VIPC_SERVER_CALLER_PUBLISHES) != 0;
+  int r = flags & VIPC_SERVER_NO_ENV_UIDS
+              ? 0
+              : vipc_uids_from_env(&srv->any_uid, &srv->uids, &srv->num_uids);
   if (r == 0) {
     r = vipc_server_allow_uids(srv, (uint32_t[]){(uint32_t)geteuid()}, 1, 0);
   }
@@ -77,7 +84,7 @@ static vipc_stream *find_stream(vipc_server *srv, uint32_t stream) {
 }
 
 static void free_stream(vipc_stream *s) {
-  msgq_pub_close(s->pub);
+  if (s->pub) msgq_pub_close(s->pub);
   for (uint32_t i = 0; i < s->num_buffers; i++) {
     if (s->maps[i]) munmap(s->maps[i], s->map_size);
     if (s->fds[i] >= 0) close(s->fds[i]);
@@ -119,7 +126,7 @@ int vipc_server_create_buffers_with_geometry(vipc_server *srv, uint32_t stream,
     r = allocate_buffer(label, s.map_size, &s.fds[i], &s.maps[i]);
     if (r == 0) s.num_buffers = i + 1;
   }
-  if (r == 0) {
+  if (r == 0 && !srv->caller_publishes) {
     char endpoint[MSGQ_ENDPOINT_NAME_MAX + 2];
     r = vipc_endpoint_name(srv->name, stream, endpoint, sizeof endpoint);
     while (r == 0 && (r = msgq_pub_open(endpoint, VIPC_PACKET_SEGMENT_SIZE, 0, &s.pub)) == -EAGAIN) {
@@ -188,21 +195,46 @@ int vipc_server_get_buffer(vipc_server *srv, uint32_t stream, vipc_buffer *out) 
   return 0;
 }
 
-static int announce(vipc_server *srv, vipc_stream *s, uint32_t idx, uint32_t frame_id,
-                    uint64_t sof, uint64_t eof, int valid) {
-  uint64_t sequence = s->sequence + 1;
+/* V2: frame_id, then (release) the stream's next sequence into the trailer; the packet
+ * announcing it into bytes. */
+static uint64_t commit(vipc_server *srv, vipc_stream *s, uint32_t idx, uint32_t frame_id,
+                       uint64_t sof, uint64_t eof, int valid, uint8_t bytes[VIPC_PACKET_SIZE]) {
+  uint64_t sequence = ++s->sequence;
   _Atomic uint64_t *t = trailer(s, idx);
   atomic_store_explicit(&t[0], frame_id, memory_order_relaxed);
   /* release: the frame's bytes and frame_id before the sequence (the commit). */
   atomic_store_explicit(&t[1], sequence, memory_order_release);
   vipc_frame_packet p = {srv->server_id, sequence, idx, frame_id, sof, eof, valid != 0};
-  uint8_t bytes[VIPC_PACKET_SIZE];
   vipc_packet_encode(&p, bytes);
+  return sequence;
+}
+
+static int announce(vipc_server *srv, vipc_stream *s, uint32_t idx, uint32_t frame_id,
+                    uint64_t sof, uint64_t eof, int valid) {
+  uint8_t bytes[VIPC_PACKET_SIZE];
+  commit(srv, s, idx, frame_id, sof, eof, valid, bytes);
   int r;
   while ((r = msgq_pub_send(s->pub, bytes, sizeof bytes)) == -EAGAIN) {
   }
-  if (r < 0) return r;
-  s->sequence = sequence;
+  return r < 0 ? r : 0;
+}
+
+int64_t vipc_server_commit(vipc_server *srv, uint32_t stream, uint32_t idx, uint32_t frame_id,
+                           uint64_t timestamp_sof, uint64_t timestamp_eof, int valid,
+                           uint8_t packet[VIPC_PACKET_SIZE]) {
+  vipc_stream *s = find_stream(srv, stream);
+  if (!s) return -ENOENT;
+  if (idx >= s->num_buffers) return -EINVAL;
+  return (int64_t)commit(srv, s, idx, frame_id, timestamp_sof, timestamp_eof, valid, packet);
+}
+
+int vipc_server_stream_info(vipc_server *srv, uint32_t stream, vipc_stream_info *out) {
+  vipc_stream *s = find_stream(srv, stream);
+  if (!s) return -ENOENT;
+  out->geometry = s->geometry;
+  out->map_size = s->map_size;
+  out->num_buffers = s->num_buffers;
+  out->fds = s->fds;
   return 0;
 }
 
@@ -210,6 +242,7 @@ int vipc_server_send(vipc_server *srv, uint32_t stream, uint32_t idx, uint32_t f
                      uint64_t timestamp_sof, uint64_t timestamp_eof, int valid) {
   vipc_stream *s = find_stream(srv, stream);
   if (!s) return -ENOENT;
+  if (srv->caller_publishes) return -ENOTSUP;
   if (idx >= s->num_buffers) return -EINVAL;
   return announce(srv, s, idx, frame_id, timestamp_sof, timestamp_eof, valid);
 }
@@ -219,6 +252,7 @@ int vipc_server_send_copy(vipc_server *srv, uint32_t stream, const void *data, s
                           int valid) {
   vipc_stream *s = find_stream(srv, stream);
   if (!s) return -ENOENT;
+  if (srv->caller_publishes) return -ENOTSUP;
   if (size != s->geometry.size) return -EINVAL;
   vipc_buffer buf;
   vipc_server_get_buffer(srv, stream, &buf);
@@ -228,7 +262,8 @@ int vipc_server_send_copy(vipc_server *srv, uint32_t stream, const void *data, s
 
 int vipc_server_num_clients(vipc_server *srv, uint32_t stream) {
   vipc_stream *s = find_stream(srv, stream);
-  return s ? msgq_pub_num_readers(s->pub) : -ENOENT;
+  if (!s) return -ENOENT;
+  return s->pub ? msgq_pub_num_readers(s->pub) : -ENOTSUP;
 }
 
 uint64_t vipc_server_id(const vipc_server *srv) { return srv->server_id; }

@@ -17,7 +17,7 @@ typedef struct {
   uint32_t num_buffers;
   int fds[VIPC_MAX_BUFFERS_PER_STREAM];
   uint8_t *maps[VIPC_MAX_BUFFERS_PER_STREAM];
-  msgq_pub *pub;
+  msgq_pub *pub; /* NULL when the caller publishes */
   uint32_t next_index;
   uint64_t sequence;
 } vipc_stream;
@@ -30,6 +30,7 @@ struct vipc_server {
   uint32_t *uids;
   size_t num_uids;
   int64_t handshake_timeout_ns;
+  bool caller_publishes; /* VIPC_SERVER_CALLER_PUBLISHES: streams have no pub */
   /* Streams: the listener reads them under `lock`; only the server thread adds. */
   pthread_mutex_t lock;
   vipc_stream *streams;

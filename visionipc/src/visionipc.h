@@ -57,6 +57,7 @@
 
 #include "vipc_errors.h"
 #include "vipc_layout.h"
+#include "vipc_packet.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -86,6 +87,18 @@ typedef struct {
  * $MSGQ_VISIONIPC_ALLOW_UIDS) or -ENOMEM. */
 int vipc_server_open(const char *name, vipc_server **out);
 
+/* Flags of vipc_server_open_flags, for a binding that brings its own packet transport
+ * (the Python VisionIpcServer publishes packets on whichever msgq backend is selected)
+ * and its own uid policy:
+ *  VIPC_SERVER_CALLER_PUBLISHES  no packet publisher per stream: vipc_server_commit
+ *                                hands the packet to the caller, vipc_server_send and
+ *                                vipc_server_send_copy return -ENOTSUP;
+ *  VIPC_SERVER_NO_ENV_UIDS       $MSGQ_VISIONIPC_ALLOW_UIDS is not read: only the
+ *                                effective uid until vipc_server_allow_uids. */
+#define VIPC_SERVER_CALLER_PUBLISHES 1u
+#define VIPC_SERVER_NO_ENV_UIDS 2u
+int vipc_server_open_flags(const char *name, unsigned flags, vipc_server **out);
+
 /* The uids served (V5): any != 0 serves every uid; else uids[0..n). */
 int vipc_server_allow_uids(vipc_server *srv, const uint32_t *uids, size_t n, int any);
 /* How long a connected client may take to send its request (default 1 s). */
@@ -112,6 +125,24 @@ int vipc_server_get_buffer(vipc_server *srv, uint32_t stream, vipc_buffer *out);
  * -ENOENT, -EINVAL (idx out of range), or an error of the packet queue. */
 int vipc_server_send(vipc_server *srv, uint32_t stream, uint32_t idx, uint32_t frame_id,
                      uint64_t timestamp_sof, uint64_t timestamp_eof, int valid);
+
+/* Records buffer idx of stream (filled after get_buffer) as frame frame_id (V2: the
+ * trailer's frame_id, then its sequence, the stream's next) and writes the packet that
+ * announces it into packet, for the caller to publish. 1.. (the frame's sequence),
+ * -ENOENT or -EINVAL (idx out of range). vipc_server_send is this plus the publish. */
+int64_t vipc_server_commit(vipc_server *srv, uint32_t stream, uint32_t idx, uint32_t frame_id,
+                           uint64_t timestamp_sof, uint64_t timestamp_eof, int valid,
+                           uint8_t packet[VIPC_PACKET_SIZE]);
+
+/* A stream's geometry, buffer count, mapping size and buffer fds (the server's: open
+ * until close), for a binding that maps the buffers itself. 0 or -ENOENT. */
+typedef struct {
+  vipc_geometry geometry;
+  uint64_t map_size;
+  uint32_t num_buffers;
+  const int *fds;
+} vipc_stream_info;
+int vipc_server_stream_info(vipc_server *srv, uint32_t stream, vipc_stream_info *out);
 
 /* Copies size bytes (exactly the stream's buffer size, else -EINVAL and nothing is
  * sent) into the next buffer and announces it. */
@@ -148,13 +179,19 @@ void vipc_server_close(vipc_server *srv);
  *     regular file of at least map_size bytes sealed against shrinking, so no mapping can
  *     fault. Any failure closes every fd received. Buffers are mapped read-only.
  *  C3 Packets are untrusted: anything not a well-formed packet of a known server with a
- *     buffer index in range is skipped and counted (bad_packets). A packet of another
- *     server id (a restarted server) makes the client handshake again (at most every
- *     50 ms); when the server now answering has that id, the old buffers are unmapped
- *     (frames from them must no longer be read) and the new ones mapped; packets of ids
- *     no server answers to are skipped (stale_packets).
+ *     buffer index in range, or announcing a frame its buffer never held (the trailer
+ *     holds an older sequence: a server fills before it announces), is skipped and
+ *     counted (bad_packets). A packet of another server id (a restarted server) makes the
+ *     client handshake again (at most every 50 ms, within the receive's time and the
+ *     handshake timeout); when the server now answering has that id, the old buffers are
+ *     unmapped (frames from them must no longer be read) and the new ones mapped; packets
+ *     of ids no server answers to are skipped (stale_packets), and the last 16 such ids
+ *     are not asked about again. A failed handshake is kept (vipc_client_last_error).
  *  C4 A frame's data may be refilled by the server once it is num_buffers frames old:
- *     vipc_client_frame_current after reading says whether the buffer still holds it. */
+ *     vipc_client_frame_current after reading says whether the buffer still holds it. A
+ *     packet whose buffer was already refilled when it was received is returned and
+ *     counted (recycled_frames), or with VIPC_CLIENT_SKIP_RECYCLED skipped and counted
+ *     (skipped_frames). */
 
 typedef struct vipc_client vipc_client;
 
@@ -171,16 +208,53 @@ typedef struct {
 } vipc_frame;
 
 typedef struct {
-  uint64_t bad_packets, stale_packets, reconnects;
+  uint64_t bad_packets, stale_packets, reconnects, recycled_frames, skipped_frames;
 } vipc_client_stats;
 
 /* Opens the client of stream of server name and subscribes to its packets (C1).
  * conflate: only the newest frame. 0, -EINVAL (bad name) or an msgq error. */
 int vipc_client_open(const char *name, uint32_t stream, int conflate, vipc_client **out);
+
+/* Flags of vipc_client_open_flags:
+ *  VIPC_CLIENT_CONFLATE          as conflate above;
+ *  VIPC_CLIENT_SKIP_RECYCLED     skip frames whose buffer was refilled (C4);
+ *  VIPC_CLIENT_CALLER_RECEIVES   no packet subscriber: the caller receives the packets
+ *                                on its own transport (the Python VisionIpcClient, on any
+ *                                msgq backend) and hands each to vipc_client_take_packet;
+ *                                vipc_client_recv returns -ENOTSUP; the buffers' fds stay
+ *                                open (vipc_client_buffer_fd) for the caller to map. */
+#define VIPC_CLIENT_CONFLATE 1u
+#define VIPC_CLIENT_SKIP_RECYCLED 2u
+#define VIPC_CLIENT_CALLER_RECEIVES 4u
+int vipc_client_open_flags(const char *name, uint32_t stream, unsigned flags,
+                           vipc_client **out);
+/* How long one handshake may take when recv follows a restarted server (default 2 s). */
+void vipc_client_set_handshake_timeout(vipc_client *c, int64_t timeout_ns);
+
 /* Handshakes and maps the stream's buffers (C2), retrying every 20 ms while no server
  * answers, up to timeout_ns (< 0: forever). 0, -ETIMEDOUT (nobody answered),
- * VIPC_ENOTALLOWED, VIPC_EPROTOCOL, -EPERM (server uid not trusted), -EINTR, -errno. */
+ * VIPC_ENOTALLOWED, VIPC_EPROTOCOL, -EPERM (server uid not trusted), -EACCES (the
+ * socket's mode), -EINTR, -errno. */
 int vipc_client_connect(vipc_client *c, int64_t timeout_ns);
+/* One handshake within timeout_ns (a connection the server closes unanswered is tried
+ * again within it): 0, -ECONNREFUSED (no server there), VIPC_EUNKNOWNSTREAM (it has no
+ * such stream yet), -ETIMEDOUT (no answer in time), or an error as vipc_client_connect. */
+int vipc_client_handshake(vipc_client *c, int64_t timeout_ns);
+/* With VIPC_CLIENT_CALLER_RECEIVES: the frame announced by the len bytes at data (C3,
+ * C4; a restart handshake may take up to timeout_ns, < 0: the handshake timeout): 1 with
+ * *out, 0 when the packet was skipped (and counted), -ENOTCONN before a connect. */
+int vipc_client_take_packet(vipc_client *c, const void *data, size_t len, int64_t timeout_ns,
+                            vipc_frame *out);
+/* The fd of buffer idx (CALLER_RECEIVES; the client's, open until the next handshake
+ * that replaces the buffers, or close), else -1. */
+int vipc_client_buffer_fd(const vipc_client *c, uint32_t idx);
+/* The server instance whose buffers are mapped (0: none), and a count that grows each
+ * time the mapped buffers are replaced. */
+uint64_t vipc_client_server_id(const vipc_client *c);
+uint64_t vipc_client_generation(const vipc_client *c);
+/* The error of the last failed handshake (0: none) and, when the reply broke the
+ * protocol, a static sentence saying how (else NULL). */
+int vipc_client_last_error(const vipc_client *c, const char **detail);
 /* The next frame (C3), waiting up to timeout_ns: 1 with *out, 0 on timeout, < 0 on an
  * error (-ENOTCONN before a successful connect). */
 int vipc_client_recv(vipc_client *c, vipc_frame *out, int64_t timeout_ns);
