@@ -188,3 +188,16 @@ def test_python_server_to_c_camera_consumer(programs: dict[str, Path]) -> None:
         lines = finish(proc)
     assert lines == [f"{i} {10 + i} {20 + i} {size} {fnv1a(f)} 1"
                          for i, f in enumerate(frames)]
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+def test_libvisionipc_uses_only_the_public_msgq_api() -> None:
+    """libvisionipc links libmsgq through msgq.h alone: every msgq symbol it needs is
+    declared there (a C program can swap libmsgq builds without surprises)."""
+    needed = subprocess.run(
+        ["nm", "-D", "--undefined-only", str(cflags.lib_dir() / "libvisionipc.so")],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    header = (cflags.include_dir() / "msgq.h").read_text()
+    symbols = [s for s in needed if s.startswith(("msgq_", "os_"))]
+    assert symbols and all(f"{s}(" in header for s in symbols), symbols

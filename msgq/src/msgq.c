@@ -495,4 +495,10 @@ int msgq_endpoint_path(const char *endpoint, char *out, size_t out_len) {
   return msgq_queue_path(endpoint, out, out_len);
 }
 
+int msgq_namespace_dir(char *out, size_t out_len, int create) {
+  return create ? msgq_ensure_queue_dir(out, out_len) : msgq_queue_dir(out, out_len);
+}
+
+unsigned msgq_file_mode(void) { return (unsigned)msgq_queue_file_mode(); }
+
 int64_t msgq_now_ns(void) { return os_monotonic_ns(); }

@@ -237,6 +237,12 @@ int msgq_sub_is_open(const msgq_sub *sub);
 int msgq_endpoint_valid(const char *name);
 /* The queue file of endpoint under the current environment, into out. 0 or error. */
 int msgq_endpoint_path(const char *endpoint, char *out, size_t out_len);
+/* The folder of the current namespace ($MSGQ_SHM_DIR or /dev/shm, plus the $MSGQ_PREFIX /
+ * $OPENPILOT_PREFIX folder) into out, creating the prefix folder when create (for other
+ * shared files of a program, as VisionIPC's sockets). 0 or error. */
+int msgq_namespace_dir(char *out, size_t out_len, int create);
+/* The mode of new queue files: $MSGQ_SHM_MODE (octal) or 0600. */
+unsigned msgq_file_mode(void);
 /* Nanoseconds on CLOCK_MONOTONIC (the clock of every msgq timeout). */
 int64_t msgq_now_ns(void);
 

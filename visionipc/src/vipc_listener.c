@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "os_wait.h"
+#include "msgq.h"
 #include "vipc_handshake.h"
 #include "vipc_names.h"
 
@@ -217,7 +217,7 @@ static void accept_batch(vipc_listener *st, int listen_fd) {
     if (serve(srv, fd, allowed)) continue;
     while (st->num_pending >= st->max_pending) make_room(st);
     st->pending[st->num_pending++] = (pending_conn){fd, allowed,
-                                                     os_monotonic_ns() + srv->handshake_timeout_ns};
+                                                     msgq_now_ns() + srv->handshake_timeout_ns};
   }
 }
 
@@ -232,7 +232,7 @@ static void *listener_main(void *arg) {
       fds[2 + i] = (struct pollfd){st->pending[i].fd, POLLIN, 0};
     int timeout_ms = -1;
     if (st->num_pending) {
-      int64_t left = st->pending[0].deadline_ns - os_monotonic_ns();
+      int64_t left = st->pending[0].deadline_ns - msgq_now_ns();
       timeout_ms = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
     }
     int n_polled = st->num_pending;
@@ -250,7 +250,7 @@ static void *listener_main(void *arg) {
     }
     if (fds[1].revents & POLLIN) accept_batch(st, srv->listen_fd);
     /* Deadlines: one last look at each expired connection, then hang up. */
-    int64_t now = os_monotonic_ns();
+    int64_t now = msgq_now_ns();
     while (st->num_pending && st->pending[0].deadline_ns <= now) {
       pending_conn c = st->pending[0];
       drop_pending(st, 0);

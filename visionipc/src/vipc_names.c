@@ -9,7 +9,6 @@
 #include <strings.h>
 
 #include "msgq.h"
-#include "queue_file.h"
 #include "visionipc.h"
 
 int vipc_endpoint_name(const char *name, uint32_t stream, char *out, size_t len) {
@@ -26,8 +25,8 @@ int vipc_validate_name(const char *name) {
 
 int vipc_socket_path(const char *name, int create_dir, char *out, size_t len) {
   if (vipc_validate_name(name) < 0) return -EINVAL;
-  char dir[MSGQ_MAX_PATH_LEN];
-  int r = create_dir ? msgq_ensure_queue_dir(dir, sizeof dir) : msgq_queue_dir(dir, sizeof dir);
+  char dir[MSGQ_ENDPOINT_PATH_MAX];
+  int r = msgq_namespace_dir(dir, sizeof dir, create_dir);
   if (r < 0) return r == MSGQ_EBADNAME ? -EINVAL : r;
   int n = snprintf(out, len, "%s/visionipc_%s.sock", dir, name);
   if (n < 0 || (size_t)n >= len || n > VIPC_SOCKET_PATH_MAX) return -ENAMETOOLONG;

@@ -17,7 +17,6 @@
 #include "vipc_handshake.h"
 #include "vipc_listener.h"
 #include "vipc_names.h"
-#include "queue_file.h"
 #include "vipc_packet.h"
 #include "vipc_server_internal.h"
 
@@ -282,7 +281,7 @@ int vipc_server_start_listener(vipc_server *srv) {
     return r;
   }
   vipc_listener *l;
-  r = vipc_listener_start(srv->socket_path, msgq_queue_file_mode(), srv->server_id,
+  r = vipc_listener_start(srv->socket_path, msgq_file_mode(), srv->server_id,
                           srv->handshake_timeout_ns, 256, &l);
   if (r < 0) return r;
   r = vipc_listener_set_uids(l, srv->uids, srv->num_uids, srv->any_uid);
