@@ -104,7 +104,7 @@ extensions = [
         sources=["visionipc/_wire.pyx", *VISIONIPC_C[:5]],
         include_dirs=["visionipc"],
         extra_compile_args=extra_compile_args,
-        depends=[p.replace(".c", ".h") for p in VISIONIPC_C[:5]],
+        depends=[p.replace(".c", ".h") for p in VISIONIPC_C[:5]] + ["visionipc/_vipc_types.pxi"],
     ),
     # VisionIPC's server and client (visionipc.h): the C library that C programs link,
     # which VisionIpcServer and VisionIpcClient wrap. Its packet queues are the caller's
@@ -115,7 +115,8 @@ extensions = [
         sources=["visionipc/_native.pyx", *VISIONIPC_C, *C_CORE],
         include_dirs=["visionipc", "msgq/src", "visionipc/src"],
         extra_compile_args=[*extra_compile_args, "-fvisibility=hidden"],
-        depends=sorted(glob.glob("visionipc/src/*.h")) + [p.replace(".c", ".h") for p in C_CORE],
+        depends=sorted(glob.glob("visionipc/src/*.h")) + ["visionipc/_vipc_types.pxi"]
+        + [p.replace(".c", ".h") for p in C_CORE],
     ),
     # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
     Extension(

@@ -68,7 +68,7 @@ fi
 
 # Rebuild when any build input changed since the last install.
 inputs_hash="$(cat pyproject.toml setup.py msgq/*.pyx msgq/*.pxd msgq/src/*.[ch] \
-  visionipc/*.pyx visionipc/src/*.[ch] 2>/dev/null \
+  visionipc/*.pyx visionipc/*.pxi visionipc/src/*.[ch] 2>/dev/null \
   | sha256sum | cut -d' ' -f1)"
 stamp=.venv/.msgq-build-inputs
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs_hash" ]; then

@@ -19,25 +19,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from msgq.errors import IpcError
 
 
-cdef extern from "src/vipc_errors.h":
-    enum:
-        VIPC_EPROTOCOL
-        VIPC_ENOTALLOWED
-        VIPC_EUNKNOWNSTREAM
-        VIPC_EGEOMETRY
-    const char *vipc_strerror(int code)
-
-cdef extern from "src/vipc_layout.h":
-    ctypedef struct vipc_geometry:
-        uint32_t width
-        uint32_t height
-        uint32_t stride
-        uint32_t uv_offset
-        uint64_t size
-
-cdef extern from "src/vipc_packet.h":
-    enum:
-        VIPC_PACKET_SIZE
+include "_vipc_types.pxi"
 
 cdef extern from "src/visionipc.h":
     enum:

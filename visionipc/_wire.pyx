@@ -8,25 +8,9 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
 
-cdef extern from "src/vipc_errors.h":
-    enum:
-        VIPC_EPROTOCOL
-        VIPC_ENOTALLOWED
-        VIPC_EUNKNOWNSTREAM
-        VIPC_EBADPACKET
-        VIPC_EGEOMETRY
-
-cdef extern from "src/vipc_layout.h":
-    ctypedef struct vipc_geometry:
-        uint32_t width
-        uint32_t height
-        uint32_t stride
-        uint32_t uv_offset
-        uint64_t size
+include "_vipc_types.pxi"
 
 cdef extern from "src/vipc_packet.h":
-    enum:
-        VIPC_PACKET_SIZE
     ctypedef struct vipc_frame_packet:
         uint64_t server_id
         uint64_t sequence

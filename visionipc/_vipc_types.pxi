@@ -1,0 +1,26 @@
+# The C types and codes both VisionIPC bindings use (_wire.pyx, _native.pyx): included,
+# not cimported, because the sources live in visionipc/ while the modules are in
+# msgq.visionipc. The headers are the definitions; this only declares them to Cython.
+from libc.stdint cimport uint32_t, uint64_t
+
+
+cdef extern from "src/vipc_errors.h":
+    enum:
+        VIPC_EPROTOCOL
+        VIPC_ENOTALLOWED
+        VIPC_EUNKNOWNSTREAM
+        VIPC_EBADPACKET
+        VIPC_EGEOMETRY
+    const char *vipc_strerror(int code)
+
+cdef extern from "src/vipc_layout.h":
+    ctypedef struct vipc_geometry:
+        uint32_t width
+        uint32_t height
+        uint32_t stride
+        uint32_t uv_offset
+        uint64_t size
+
+cdef extern from "src/vipc_packet.h":
+    enum:
+        VIPC_PACKET_SIZE
