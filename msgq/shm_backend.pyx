@@ -26,7 +26,9 @@ import os
 import threading
 import time
 import weakref
+from functools import partial
 
+from msgq.aio import next_message, wait_for_result
 from msgq.errors import IpcError, MessageOverwritten, MultiplePublishersError, readers_timeout
 
 cdef extern from "Python.h":
@@ -886,12 +888,11 @@ cdef class SubSocket:
         msg = self.receive(non_blocking=True)
         if msg is None and self.timeout_ns != 0 and self._await_briefly():
             msg = self.receive(non_blocking=True)
-        while msg is None:
-            if deadline is not None and loop.time() >= deadline:
-                return None
-            await wait_readable_async(loop, [self], deadline)
-            msg = self.receive(non_blocking=True)
-        return msg
+        if msg is not None:
+            return msg
+        return await wait_for_result(
+            loop, partial(self.receive, non_blocking=True),
+            partial(wait_readable_async, loop, [self]), deadline)
 
     cdef bint _await_briefly(self):
         """Looks for data for up to ASYNC_SPIN_NS in the loop's own thread (spinning,
@@ -911,12 +912,10 @@ cdef class SubSocket:
     async def __anext__(self):
         """``async for msg in sub``: every message, waiting as long as it takes (timeouts
         do not end the loop; closing the socket does)."""
-        while True:
-            if self.sub == NULL:
-                raise StopAsyncIteration
-            msg = await self.receive_async()
-            if msg is not None:
-                return msg
+        return await next_message(self, self._is_open)
+
+    def _is_open(self):
+        return self.sub != NULL
 
 
 #: How long an awaiting task looks for data itself before the waiter thread takes over.
@@ -1291,9 +1290,7 @@ cdef class Poller:
         ready = self.poll(0)
         if not ready and timeout != 0:
             ready = self.poll(ASYNC_SPIN_NS / 1e6)  # as SubSocket._await_briefly
-        while not ready:
-            if deadline is not None and loop.time() >= deadline:
-                return ready
-            await wait_readable_async(loop, list(self.sockets), deadline)
-            ready = self.poll(0)
-        return ready
+        ready = await wait_for_result(
+            loop, lambda: self.poll(0) or None,
+            partial(wait_readable_async, loop, list(self.sockets)), deadline, ready or None)
+        return ready or []

@@ -41,6 +41,7 @@ from abc import ABCMeta, abstractmethod
 from types import ModuleType
 from typing import Any
 
+from msgq.aio import next_message
 from msgq.fake_events import SocketEventGate, get_fake_prefix
 
 __all__ = [
@@ -343,10 +344,7 @@ class FakeSubSocket:
 
     async def __anext__(self) -> bytes:
         """``async for msg in sub``: every message, each behind the gate."""
-        while True:
-            msg = await self.receive_async()
-            if msg is not None:
-                return msg
+        return await next_message(self, lambda: True)
 
     def receive_view(self, non_blocking: bool = False) -> Any:
         """Passes the gate, then gives the backend's view of the next message."""

@@ -60,9 +60,8 @@ import os
 import socket as _socket
 import time
 import weakref
+from functools import partial
 from typing import Any
-
-import numpy as np
 
 try:
     import zmq
@@ -72,6 +71,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
         "the zmq backend needs pyzmq: pip install pyzmq (or choose MSGQ_BACKEND=msgq)"
     ) from e
 
+from msgq.aio import next_message, wait_for_result
 from msgq.errors import IpcError, MultiplePublishersError, readers_timeout
 from msgq.queues import (
     MAX_SEGMENT_SIZE,
@@ -883,15 +883,14 @@ class SubSocket:
         """``await sub.receive_async()``: the next message, or None when the socket's
         timeout (ms) passes first. The task sleeps on the socket's descriptor in the
         event loop meanwhile; cancelling it loses no message."""
+        msg = self.receive(non_blocking=True)
+        if msg is not None:
+            return msg
         loop = asyncio.get_running_loop()
         deadline = None if self._timeout_ms < 0 else loop.time() + self._timeout_ms / 1000
-        while True:
-            msg = self.receive(non_blocking=True)
-            if msg is not None:
-                return msg
-            if deadline is not None and loop.time() >= deadline:
-                return None
-            await wait_readable_async(loop, [self], deadline)
+        return await wait_for_result(
+            loop, partial(self.receive, non_blocking=True),
+            partial(wait_readable_async, loop, [self]), deadline)
 
     def __aiter__(self) -> SubSocket:
         return self
@@ -899,12 +898,7 @@ class SubSocket:
     async def __anext__(self) -> bytes:
         """``async for msg in sub``: every message (timeouts do not end the loop; closing
         the socket does)."""
-        while True:
-            if self._sock is None:
-                raise StopAsyncIteration
-            msg = await self.receive_async()
-            if msg is not None:
-                return msg
+        return await next_message(self, lambda: self._sock is not None)
 
     def receive_view(self, non_blocking: bool = False) -> FrameView:
         """The next message without a copy: ``with sub.receive_view() as view:`` gives a
@@ -992,6 +986,9 @@ async def wait_readable_async(loop: asyncio.AbstractEventLoop, socks: list[SubSo
 
 def _address(buffer: memoryview) -> int:
     """Where ``buffer``'s bytes start in memory."""
+    # Imported here: numpy costs 0.15 s at start-up and only views need an address.
+    import numpy as np
+
     return int(np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0])
 
 
@@ -1087,8 +1084,7 @@ class Poller:
         timeout. The task sleeps on the sockets' descriptors meanwhile."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None or timeout < 0 else loop.time() + timeout / 1000
-        while True:
-            ready = self.poll(0)
-            if ready or (deadline is not None and loop.time() >= deadline):
-                return ready
-            await wait_readable_async(loop, list(self._sockets), deadline)
+        ready = await wait_for_result(
+            loop, lambda: self.poll(0) or None,
+            partial(wait_readable_async, loop, list(self._sockets)), deadline)
+        return ready or []

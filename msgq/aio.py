@@ -1,0 +1,50 @@
+"""asyncio steps every backend's sockets share: awaiting a result that a non-blocking
+try may give (``receive_async``, ``poll_async``) and the step of ``async for msg in sub``.
+What differs between backends is only how a task sleeps until input may be there (a
+waiter thread on the futex for msgq, the event loop's readers on ZMQ's descriptors), and
+that comes in as ``wait``.
+
+Layer: foundation — the standard library only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+__all__ = ["next_message", "wait_for_result"]
+
+T = TypeVar("T")
+
+
+async def wait_for_result(
+    loop: asyncio.AbstractEventLoop,
+    take: Callable[[], T | None],
+    wait: Callable[[float | None], Awaitable[None]],
+    deadline: float | None,
+    result: T | None = None,
+) -> T | None:
+    """``result``, or else ``take()``'s first result other than None, awaiting
+    ``wait(deadline)`` between tries; None once the loop's clock has passed ``deadline``
+    (None: no limit). ``take`` must not block. Cancelling loses nothing: only the try
+    that returns a result takes it."""
+    if result is None:
+        result = take()
+    while result is None:
+        if deadline is not None and loop.time() >= deadline:
+            return None
+        await wait(deadline)
+        result = take()
+    return result
+
+
+async def next_message(sub: Any, is_open: Callable[[], bool]) -> bytes:
+    """The next message of ``sub`` for ``async for``: timeouts do not end the loop, a
+    closed socket does (StopAsyncIteration)."""
+    while True:
+        if not is_open():
+            raise StopAsyncIteration
+        msg = await sub.receive_async()
+        if msg is not None:
+            return msg  # type: ignore[no-any-return]
