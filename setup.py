@@ -118,6 +118,12 @@ extensions = [
         depends=sorted(glob.glob("visionipc/src/*.h")) + ["visionipc/_vipc_types.pxi"]
         + [p.replace(".c", ".h") for p in C_CORE],
     ),
+    # Typed Spark columns read straight from Cap'n Proto bytes (pycapnp is the fallback).
+    Extension(
+        "msgq.spark._capnp_reader",
+        sources=["msgq/spark/_capnp_reader.pyx"],
+        extra_compile_args=extra_compile_args,
+    ),
     # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
     Extension(
         "msgq.visionipc._frame_copy",

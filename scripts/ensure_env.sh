@@ -67,7 +67,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 # Rebuild when any build input changed since the last install.
-inputs_hash="$(cat pyproject.toml setup.py msgq/*.pyx msgq/*.pxd msgq/src/*.[ch] \
+inputs_hash="$(cat pyproject.toml setup.py msgq/*.pyx msgq/*.pxd msgq/spark/*.pyx msgq/src/*.[ch] \
   visionipc/*.pyx visionipc/*.pxi visionipc/src/*.[ch] 2>/dev/null \
   | sha256sum | cut -d' ' -f1)"
 stamp=.venv/.msgq-build-inputs

@@ -55,6 +55,7 @@ from msgq.logs.index import IndexCache
 from msgq.schemas import SCHEMA_DIR, ServiceRegistry, default_schema, load_schema
 from msgq.schemas.events import decode_event
 from msgq.schemas.services import unknown_service_error
+from msgq.spark._capnp_reader import FALLBACK, read_member
 from msgq.spark.capnp_types import member_plan
 from msgq.spark.compact import COMPACT_SCHEMA, compact_batches
 
@@ -338,6 +339,23 @@ class _Decoder:
     column: int  # position among the typed columns
     field: Any  # the union member's field of the root struct
     convert: Any  # None: the pycapnp value is the column value
+    layout: Any  # for _capnp_reader.read_member (None: pycapnp always)
+
+    def value(self, data: bytes, schema: Any) -> Any:
+        """The column value of an event's bytes: read straight from them
+        (:mod:`msgq.spark._capnp_reader`), or by pycapnp for a message that reader leaves
+        to it (so the value, or the error, is always pycapnp's)."""
+        if self.layout is not None:
+            value = read_member(data, self.layout)
+            if value is not FALLBACK:
+                return value
+        return self.from_pycapnp(data, schema)
+
+    def from_pycapnp(self, data: bytes, schema: Any) -> Any:
+        """The column value by pycapnp (bounded decoding, the generated converter);
+        raises what pycapnp raises on bytes it cannot read."""
+        value = decode_event(data, schema)._get_by_field(self.field)
+        return value if self.convert is None else self.convert(value)
 
 
 _decoders: dict[tuple[str | None, str, tuple[str, ...]], dict[str, _Decoder]] = {}
@@ -354,7 +372,8 @@ def _decoders_for(options: ReadOptions) -> dict[str, _Decoder]:
         for service in options.decode:
             plan = member_plan(root, service)
             if plan is not None:
-                decoders[service] = _Decoder(len(decoders), root.fields[service], plan.convert)
+                decoders[service] = _Decoder(len(decoders), root.fields[service], plan.convert,
+                                             plan.layout)
         _decoders[key] = decoders
     return decoders
 
@@ -407,7 +426,6 @@ class _SegmentRead:
         self.schema = _load_schema(options.schema_file, options.root)
         self.decoders = _decoders_for(options)
 
-        self._decode_event = decode_event
         self._typed_types = [self.arrow_schema.field(i).type
                              for i in range(len(BASE_COLUMNS), len(self.arrow_schema))]
         self._reset()
@@ -484,10 +502,7 @@ class _SegmentRead:
         if decoder is None:
             return
         try:
-            msg = self._decode_event(event.data, self.schema)
-            value = msg._get_by_field(decoder.field)
-            if decoder.convert is not None:
-                value = decoder.convert(value)
+            value = decoder.value(event.data, self.schema)
         except Exception as e:  # pycapnp raises KjException, ValueError, ...
             self._problems[row] = f"undecodable: {' '.join(str(e).split())}"
             return
