@@ -13,12 +13,17 @@ So the result is pycapnp's for every message, only faster for the common ones.
 
 Layouts are tuples (see capnp_types.py, which builds them beside the Spark types):
 field ``(kind, where, default, extra)``, struct ``(fields, union)``, union
-``(discriminant_offset, {discriminant: (name, index or -1, field or None)}, count)``.
+``(discriminant_offset, {discriminant: (name, index or -1, field or None)}, count)``;
+:func:`compile_member` turns a member's into typed objects once (per worker process), so
+that reading a field costs C struct accesses, not tuple lookups and conversions.
 """
 
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 # Field and element kinds.
@@ -40,32 +45,139 @@ K_LIST = 14
 K_STRUCT = 15
 K_GROUP = 16
 
+# the same, for C
+cdef enum:
+    C_BOOL = 0
+    C_INT8 = 1
+    C_INT16 = 2
+    C_INT32 = 3
+    C_INT64 = 4
+    C_UINT8 = 5
+    C_UINT16 = 6
+    C_UINT32 = 7
+    C_UINT64 = 8
+    C_FLOAT32 = 9
+    C_FLOAT64 = 10
+    C_TEXT = 11
+    C_DATA = 12
+    C_ENUM = 13
+    C_LIST = 14
+    C_STRUCT = 15
+    C_GROUP = 16
+
 #: What read_member returns for a message it leaves to pycapnp.
 FALLBACK = object()
 
 cdef int MAX_DEPTH = 64
 # capnp list element size codes
-cdef int SZ_BIT = 1, SZ_BYTE = 2, SZ_TWO = 3, SZ_FOUR = 4, SZ_EIGHT = 5, SZ_POINTER = 6
-cdef int SZ_COMPOSITE = 7
+cdef enum:
+    SZ_BIT = 1
+    SZ_BYTE = 2
+    SZ_TWO = 3
+    SZ_FOUR = 4
+    SZ_EIGHT = 5
+    SZ_POINTER = 6
+    SZ_COMPOSITE = 7
 
 
 cdef inline int element_size(int kind) noexcept:
     """The list element size code of a list of ``kind`` elements."""
-    if kind == 0:
+    if kind == C_BOOL:
         return SZ_BIT
-    if kind == 1 or kind == 5:
+    if kind == C_INT8 or kind == C_UINT8:
         return SZ_BYTE
-    if kind == 2 or kind == 6 or kind == 13:
+    if kind == C_INT16 or kind == C_UINT16 or kind == C_ENUM:
         return SZ_TWO
-    if kind == 3 or kind == 7 or kind == 9:
+    if kind == C_INT32 or kind == C_UINT32 or kind == C_FLOAT32:
         return SZ_FOUR
-    if kind == 4 or kind == 8 or kind == 10:
+    if kind == C_INT64 or kind == C_UINT64 or kind == C_FLOAT64:
         return SZ_EIGHT
+    if kind == C_STRUCT:
+        return SZ_COMPOSITE
     return SZ_POINTER  # text, data, lists
 
 
 class _Unfollowed(Exception):
     """A message this reader leaves to pycapnp."""
+
+
+cdef class Field:
+    """A compiled field layout (or list element layout)."""
+    cdef int kind
+    cdef Py_ssize_t where  # data offset in units of the value's size, or pointer index
+    cdef uint64_t default  # the default's bits (XORed with what is stored)
+    cdef object names  # enum: {number: name}
+    cdef Field element  # list: its elements
+    cdef StructLayout struct_  # struct, group
+
+
+cdef class Member:
+    """A compiled union member entry: name, position among the members (-1: no column)."""
+    cdef object name
+    cdef Py_ssize_t at
+    cdef Field field
+
+
+cdef class StructLayout:
+    cdef tuple fields  # of Field, the non-union fields in order
+    cdef Py_ssize_t n
+    cdef bint has_union
+    cdef Py_ssize_t discriminant_offset
+    cdef dict members  # discriminant -> Member
+    cdef Py_ssize_t count
+
+
+cdef Field _compile_field(tuple layout):
+    cdef Field f = Field.__new__(Field)
+    f.kind = layout[0]
+    f.where = layout[1]
+    f.default = layout[2]
+    extra = layout[3]
+    if f.kind == C_ENUM:
+        f.names = extra
+    elif f.kind == C_LIST:
+        f.element = _compile_field(extra)
+    elif f.kind == C_STRUCT or f.kind == C_GROUP:
+        f.struct_ = _compile_struct(extra)
+    return f
+
+
+cdef StructLayout _compile_struct(tuple layout):
+    cdef StructLayout s = StructLayout.__new__(StructLayout)
+    cdef Member m
+    s.fields = tuple(_compile_field(f) for f in layout[0])
+    s.n = len(s.fields)
+    union = layout[1]
+    s.has_union = union is not None
+    s.members = {}
+    s.count = 0
+    if s.has_union:
+        s.discriminant_offset = union[0]
+        s.count = union[2]
+        for discriminant, (name, at, field) in union[1].items():
+            m = Member.__new__(Member)
+            m.name = name
+            m.at = at
+            m.field = None if field is None else _compile_field(field)
+            s.members[discriminant] = m
+    return s
+
+
+cdef class CompiledMember:
+    """A union member of the root struct, ready for :func:`read_member`."""
+    cdef Py_ssize_t discriminant_offset
+    cdef uint16_t discriminant
+    cdef Field field
+
+
+def compile_member(tuple member):
+    """``(discriminant_offset, discriminant, field layout)`` (capnp_types.member_plan)
+    compiled for :func:`read_member`."""
+    cdef CompiledMember c = CompiledMember.__new__(CompiledMember)
+    c.discriminant_offset = member[0]
+    c.discriminant = member[1]
+    c.field = _compile_field(member[2])
+    return c
 
 
 cdef struct Struct:
@@ -75,7 +187,7 @@ cdef struct Struct:
     Py_ssize_t ptr_count
 
 
-cdef inline uint64_t load64(const uint8_t *p) nogil:
+cdef inline uint64_t load64(const uint8_t *p) noexcept nogil:
     cdef uint64_t v
     memcpy(&v, p, 8)
     return v
@@ -94,16 +206,15 @@ cdef class _Walk:
             raise _Unfollowed()
         return 0
 
-    cdef Struct struct_at(self, Py_ssize_t at) except *:
+    cdef int struct_at(self, Py_ssize_t at, Struct *s) except -1:
         """The struct the pointer at byte ``at`` points to (a null pointer: an empty
         struct, so every field reads as its default)."""
-        cdef Struct s
         cdef uint64_t w = load64(self.buf + at)
         cdef Py_ssize_t target, dw, pw
         s.data = s.ptrs = at
         s.data_bytes = s.ptr_count = 0
         if w == 0:
-            return s
+            return 0
         if (w & 3) != 0:
             raise _Unfollowed()  # a far pointer, or not a struct pointer
         target = at + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
@@ -116,108 +227,110 @@ cdef class _Walk:
         s.data_bytes = 8 * dw
         s.ptrs = target + 8 * dw
         s.ptr_count = pw
-        return s
+        return 0
 
-    cdef object read_struct(self, Struct s, tuple layout):
-        cdef tuple fields = layout[0]
-        cdef object union = layout[1]
-        cdef Py_ssize_t n = len(fields)
-        cdef Py_ssize_t count, i
-        cdef uint16_t which
-        cdef tuple member
-        if union is None:
-            out = [None] * n
-            for i in range(n):
-                out[i] = self.read_field(s, <tuple>fields[i])
-            return tuple(out)
-        count = union[2]
-        out = [None] * (n + 1 + count)
+    cdef object read_struct(self, const Struct *s, StructLayout layout):
+        cdef Py_ssize_t n = layout.n
+        cdef Py_ssize_t i, total
+        cdef Member member
+        cdef object value
+        total = n + 1 + layout.count if layout.has_union else n
+        out = PyTuple_New(total)
         for i in range(n):
-            out[i] = self.read_field(s, <tuple>fields[i])
-        which = <uint16_t>self.raw_bits(s, 2 * <Py_ssize_t>union[0], 2)
-        member = union[1].get(which)
+            value = self.read_field(s, <Field>layout.fields[i])
+            Py_INCREF(value)
+            PyTuple_SET_ITEM(out, i, value)
+        if not layout.has_union:
+            return out
+        member = layout.members.get(
+            <uint16_t>self.raw_bits(s, 2 * layout.discriminant_offset, 2))
         if member is None:
             raise _Unfollowed()  # a member of a newer schema: pycapnp says what it does
-        out[n] = member[0]
-        if member[1] >= 0:
-            out[n + 1 + <Py_ssize_t>member[1]] = self.read_field(s, <tuple>member[2])
-        return tuple(out)
+        Py_INCREF(member.name)
+        PyTuple_SET_ITEM(out, n, member.name)
+        for i in range(layout.count):
+            if i == member.at:
+                value = self.read_field(s, member.field)
+            else:
+                value = None
+            Py_INCREF(value)
+            PyTuple_SET_ITEM(out, n + 1 + i, value)
+        return out
 
-    cdef uint64_t raw_bits(self, Struct s, Py_ssize_t byte, int width) except? 0xFFFFFFFFFFFFFFFF:
+    cdef inline uint64_t raw_bits(self, const Struct *s, Py_ssize_t byte, int width) noexcept:
         """``width`` bytes at ``byte`` of the data section, zero beyond it."""
         cdef uint64_t v = 0
         if byte + width <= s.data_bytes:
             memcpy(&v, self.buf + s.data + byte, width)
         return v
 
-    cdef object read_field(self, Struct s, tuple field):
-        cdef int kind = field[0]
-        cdef Py_ssize_t where = field[1]
-        cdef Py_ssize_t bit
+    cdef object read_field(self, const Struct *s, Field field):
+        cdef int kind = field.kind
+        cdef Py_ssize_t where = field.where
         cdef uint64_t raw
-        if kind == K_BOOL:
-            bit = where
+        if kind == C_BOOL:
             raw = 0
-            if bit // 8 < s.data_bytes:
-                raw = (self.buf[s.data + bit // 8] >> (bit % 8)) & 1
-            return bool(raw ^ <uint64_t>field[2])
-        if kind <= K_FLOAT64 or kind == K_ENUM:
-            return self.primitive(s, kind, where, <uint64_t>field[2], field[3])
-        if kind == K_GROUP:
-            return self.read_struct(s, <tuple>field[3])
+            if where // 8 < s.data_bytes:
+                raw = (self.buf[s.data + where // 8] >> (where % 8)) & 1
+            return bool(raw ^ field.default)
+        if kind <= C_FLOAT64 or kind == C_ENUM:
+            return self.primitive(s, kind, where, field.default, field.names)
+        if kind == C_GROUP:
+            return self.read_struct(s, field.struct_)
         # pointer fields: where is the pointer index
         if where >= s.ptr_count:
-            return self.null_value(kind, field[3])
-        return self.pointer_value(s.ptrs + 8 * where, kind, field[3])
+            return self.null_value(field)
+        return self.pointer_value(s.ptrs + 8 * where, field)
 
-    cdef object primitive(self, Struct s, int kind, Py_ssize_t where, uint64_t default,
-                          object extra):
+    cdef object primitive(self, const Struct *s, int kind, Py_ssize_t where,
+                          uint64_t default, object names):
         cdef uint64_t raw
         cdef float f
         cdef double d
         cdef uint32_t raw32
-        if kind == K_INT8 or kind == K_UINT8:
+        if kind == C_INT8 or kind == C_UINT8:
             raw = self.raw_bits(s, where, 1) ^ default
-            if kind == K_INT8:
+            if kind == C_INT8:
                 return <int8_t>raw
             return <uint8_t>raw
-        if kind == K_INT16 or kind == K_UINT16 or kind == K_ENUM:
+        if kind == C_INT16 or kind == C_UINT16 or kind == C_ENUM:
             raw = self.raw_bits(s, 2 * where, 2) ^ default
-            if kind == K_ENUM:
-                name = extra.get(<uint16_t>raw)
+            if kind == C_ENUM:
+                name = names.get(<uint16_t>raw)
                 return name if name is not None else str(<uint16_t>raw)
-            if kind == K_INT16:
+            if kind == C_INT16:
                 return <int16_t>raw
             return <uint16_t>raw
-        if kind == K_INT32 or kind == K_UINT32 or kind == K_FLOAT32:
+        if kind == C_INT32 or kind == C_UINT32 or kind == C_FLOAT32:
             raw32 = <uint32_t>(self.raw_bits(s, 4 * where, 4) ^ default)
-            if kind == K_FLOAT32:
+            if kind == C_FLOAT32:
                 memcpy(&f, &raw32, 4)
                 return <double>f
-            if kind == K_INT32:
+            if kind == C_INT32:
                 return <int32_t>raw32
             return raw32
         raw = self.raw_bits(s, 8 * where, 8) ^ default
-        if kind == K_FLOAT64:
+        if kind == C_FLOAT64:
             memcpy(&d, &raw, 8)
             return d
-        if kind == K_INT64:
+        if kind == C_INT64:
             return <int64_t>raw
         return raw
 
-    cdef object null_value(self, int kind, object extra):
-        if kind == K_TEXT:
-            return ""
-        if kind == K_DATA:
-            return b""
-        if kind == K_LIST:
-            return []
+    cdef object null_value(self, Field field):
+        cdef int kind = field.kind
         cdef Struct empty
+        if kind == C_TEXT:
+            return ""
+        if kind == C_DATA:
+            return b""
+        if kind == C_LIST:
+            return []
         empty.data = empty.ptrs = 0
         empty.data_bytes = empty.ptr_count = 0
-        return self.nested(empty, <tuple>extra)  # a struct of defaults
+        return self.nested(&empty, field.struct_)  # a struct of defaults
 
-    cdef object nested(self, Struct s, tuple layout):
+    cdef object nested(self, const Struct *s, StructLayout layout):
         self.depth += 1
         if self.depth > MAX_DEPTH:
             raise _Unfollowed()
@@ -225,20 +338,28 @@ cdef class _Walk:
         self.depth -= 1
         return value
 
-    cdef object pointer_value(self, Py_ssize_t at, int kind, object extra):
+    cdef object pointer_value(self, Py_ssize_t at, Field field):
         cdef uint64_t w = load64(self.buf + at)
-        if w == 0:
-            return self.null_value(kind, extra)
-        if kind == K_STRUCT:
-            return self.nested(self.struct_at(at), <tuple>extra)
-        return self.list_at(at, w, kind, extra)
-
-    cdef object list_at(self, Py_ssize_t at, uint64_t w, int kind, object extra):
-        """The value of a list pointer: text, data, or a list of ``extra`` elements."""
-        cdef Py_ssize_t target, count, i, words, dw, pw, step
-        cdef int size, ekind
-        cdef tuple element
         cdef Struct s
+        if w == 0:
+            return self.null_value(field)
+        if field.kind == C_STRUCT:
+            self.struct_at(at, &s)
+            return self.nested(&s, field.struct_)
+        return self.list_at(at, w, field)
+
+    cdef object list_at(self, Py_ssize_t at, uint64_t w, Field field):
+        """The value of a list pointer: text, data, or a list of the field's elements."""
+        cdef Py_ssize_t target, count, i, words, dw, pw, step
+        cdef int size, ekind, kind = field.kind
+        cdef Field element
+        cdef Struct s
+        cdef object value
+        cdef const uint8_t *p
+        cdef float f
+        cdef double d
+        cdef int32_t i32
+        cdef int64_t i64
         if (w & 3) != 1:
             raise _Unfollowed()
         target = at + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
@@ -246,11 +367,11 @@ cdef class _Walk:
         count = <Py_ssize_t>(w >> 35)
         if target < self.start:
             raise _Unfollowed()
-        if kind == K_TEXT or kind == K_DATA:
+        if kind == C_TEXT or kind == C_DATA:
             if size != SZ_BYTE or target + count > self.end:
                 raise _Unfollowed()
             self.spend((count + 7) // 8)
-            if kind == K_DATA:
+            if kind == C_DATA:
                 return PyBytes_FromStringAndSize(<const char *>self.buf + target, count)
             if count == 0 or self.buf[target + count - 1] != 0:
                 raise _Unfollowed()  # text needs its NUL
@@ -258,11 +379,11 @@ cdef class _Walk:
                 return PyUnicode_DecodeUTF8(<const char *>self.buf + target, count - 1, NULL)
             except UnicodeDecodeError:
                 raise _Unfollowed()
-        element = <tuple>extra
-        ekind = element[0]
-        if ekind == K_STRUCT:
-            if size != SZ_COMPOSITE:
-                raise _Unfollowed()
+        element = field.element
+        ekind = element.kind
+        if ekind == C_GROUP or size != element_size(ekind):
+            raise _Unfollowed()  # another encoding than the type's: pycapnp converts
+        if ekind == C_STRUCT:
             words = count  # the word count, after the tag
             if target + 8 + 8 * words > self.end:
                 raise _Unfollowed()
@@ -279,21 +400,16 @@ cdef class _Walk:
             # are charged one word each (as capnp's amplified reads are), so that a few
             # bytes cannot make millions of tuples.
             self.spend((count if count > words else words) + 1)
-            out = [None] * count
+            out = PyList_New(count)
             s.data_bytes = 8 * dw
             s.ptr_count = pw
             for i in range(count):
                 s.data = target + 8 + i * step
                 s.ptrs = s.data + 8 * dw
-                out[i] = self.nested(s, <tuple>element[3])
+                value = self.nested(&s, element.struct_)
+                Py_INCREF(value)
+                PyList_SET_ITEM(out, i, value)
             return out
-        if ekind > K_DATA and ekind != K_LIST and ekind != K_ENUM:
-            raise _Unfollowed()
-        if ekind == K_LIST or ekind == K_ENUM:
-            if size != (SZ_POINTER if ekind == K_LIST else SZ_TWO):
-                raise _Unfollowed()
-        elif size != element_size(ekind):
-            raise _Unfollowed()
         if size == SZ_BIT:
             words = (count + 63) // 64
         elif size == SZ_POINTER:
@@ -303,55 +419,52 @@ cdef class _Walk:
         if target + 8 * words > self.end:
             raise _Unfollowed()
         self.spend(words if words else 1)
-        out = [None] * count
-        s.data = target
-        s.data_bytes = 8 * words
-        s.ptrs = target
-        s.ptr_count = count
+        out = PyList_New(count)
+        p = self.buf + target
         if size == SZ_POINTER:
             self.depth += 1
             if self.depth > MAX_DEPTH:
                 raise _Unfollowed()
             for i in range(count):
-                out[i] = self.pointer_value(target + 8 * i, ekind, element[3])
+                if load64(p + 8 * i) == 0:
+                    value = self.null_value(element)
+                else:
+                    value = self.pointer_value(target + 8 * i, element)
+                Py_INCREF(value)
+                PyList_SET_ITEM(out, i, value)
             self.depth -= 1
             return out
-        if size == SZ_BIT:
-            for i in range(count):
-                out[i] = bool((self.buf[target + i // 8] >> (i % 8)) & 1)
-            return out
-        cdef const uint8_t *at_ = self.buf + target
-        cdef float f
-        cdef double d
-        cdef int32_t i32
-        cdef int64_t i64
-        if ekind == K_FLOAT32:  # the common lists, without a call per element
-            for i in range(count):
-                memcpy(&f, at_ + 4 * i, 4)
-                out[i] = <double>f
-        elif ekind == K_FLOAT64:
-            for i in range(count):
-                memcpy(&d, at_ + 8 * i, 8)
-                out[i] = d
-        elif ekind == K_INT32:
-            for i in range(count):
-                memcpy(&i32, at_ + 4 * i, 4)
-                out[i] = i32
-        elif ekind == K_INT64:
-            for i in range(count):
-                memcpy(&i64, at_ + 8 * i, 8)
-                out[i] = i64
-        else:
-            for i in range(count):
-                out[i] = self.primitive(s, ekind, i, 0, element[3])
+        s.data = target
+        s.data_bytes = 8 * words
+        s.ptrs = target
+        s.ptr_count = 0
+        for i in range(count):  # the common lists without a call per element
+            if ekind == C_FLOAT32:
+                memcpy(&f, p + 4 * i, 4)
+                value = <double>f
+            elif ekind == C_FLOAT64:
+                memcpy(&d, p + 8 * i, 8)
+                value = d
+            elif ekind == C_INT32:
+                memcpy(&i32, p + 4 * i, 4)
+                value = i32
+            elif ekind == C_INT64:
+                memcpy(&i64, p + 8 * i, 8)
+                value = i64
+            elif ekind == C_BOOL:
+                value = bool((p[i // 8] >> (i % 8)) & 1)
+            else:
+                value = self.primitive(&s, ekind, i, 0, element.names)
+            Py_INCREF(value)
+            PyList_SET_ITEM(out, i, value)
         return out
 
 
-def read_member(const uint8_t[::1] message, tuple member):
+def read_member(const uint8_t[::1] message, CompiledMember member not None):
     """The converted value of a union member of the root struct in ``message`` (one
-    framed message), or FALLBACK when pycapnp should read this message. ``member``:
-    ``(discriminant_offset, discriminant, field)`` (capnp_types.member_plan): a message
-    whose root union holds another member is handed back too, as pycapnp fails on it."""
+    framed message), or FALLBACK when pycapnp should read this message. ``member``: from
+    :func:`compile_member`; a message whose root union holds another member is handed
+    back too, as pycapnp fails on it."""
     cdef Py_ssize_t n = message.shape[0]
     cdef uint32_t words
     cdef _Walk walk
@@ -361,16 +474,16 @@ def read_member(const uint8_t[::1] message, tuple member):
     words = message[4] | (message[5] << 8) | (message[6] << 16) | (<uint32_t>message[7] << 24)
     if 8 + 8 * <Py_ssize_t>words != n:
         return FALLBACK
-    walk = _Walk()
+    walk = _Walk.__new__(_Walk)
     walk.buf = &message[0]
     walk.start = 8
     walk.end = n
     walk.budget = 8 * <Py_ssize_t>words
     walk.depth = 0
     try:
-        root = walk.struct_at(8)
-        if walk.raw_bits(root, 2 * <Py_ssize_t>member[0], 2) != <uint16_t>member[1]:
+        walk.struct_at(8, &root)
+        if walk.raw_bits(&root, 2 * member.discriminant_offset, 2) != member.discriminant:
             return FALLBACK
-        return walk.read_field(root, <tuple>member[2])
+        return walk.read_field(&root, member.field)
     except _Unfollowed:
         return FALLBACK

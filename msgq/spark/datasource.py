@@ -55,7 +55,7 @@ from msgq.logs.index import IndexCache
 from msgq.schemas import SCHEMA_DIR, ServiceRegistry, default_schema, load_schema
 from msgq.schemas.events import decode_event
 from msgq.schemas.services import unknown_service_error
-from msgq.spark._capnp_reader import FALLBACK, read_member
+from msgq.spark._capnp_reader import FALLBACK, compile_member, read_member
 from msgq.spark.capnp_types import member_plan
 from msgq.spark.compact import COMPACT_SCHEMA, compact_batches
 
@@ -339,7 +339,7 @@ class _Decoder:
     column: int  # position among the typed columns
     field: Any  # the union member's field of the root struct
     convert: Any  # None: the pycapnp value is the column value
-    layout: Any  # for _capnp_reader.read_member (None: pycapnp always)
+    layout: Any  # compiled for _capnp_reader.read_member (None: pycapnp always)
 
     def value(self, data: bytes, schema: Any) -> Any:
         """The column value of an event's bytes: read straight from them
@@ -372,8 +372,9 @@ def _decoders_for(options: ReadOptions) -> dict[str, _Decoder]:
         for service in options.decode:
             plan = member_plan(root, service)
             if plan is not None:
+                layout = None if plan.layout is None else compile_member(plan.layout)
                 decoders[service] = _Decoder(len(decoders), root.fields[service], plan.convert,
-                                             plan.layout)
+                                             layout)
         _decoders[key] = decoders
     return decoders
 
