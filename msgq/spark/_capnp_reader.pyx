@@ -4,10 +4,12 @@ struct converts to (capnp_types.py's rules), read by following the Cap'n Proto e
 with a layout built from the schema, instead of through pycapnp one attribute at a time.
 
 The bytes come from files: untrusted. Every pointer is checked against the segment, the
-words read are budgeted (8 times the message, as a traversal limit) and nesting is bounded.
-Anything this reader does not follow — several segments, far pointers, a list encoded
-with another element size than its type's, an unknown union member, text that is not
-UTF-8 with its NUL, a budget or depth exceeded — makes ``read_member`` return FALLBACK,
+words read are budgeted (8 times the message, as a traversal limit; a list of
+zero-sized structs is charged per element) and nesting is bounded. Anything this reader
+does not follow — several segments, far pointers, a list encoded with another element
+size than its type's, an unknown union member, text that is not UTF-8 with its NUL, a
+root union holding another member, a budget or depth exceeded — makes ``read_member``
+return FALLBACK,
 and the caller converts that message with pycapnp as before (same values, same errors).
 So the result is pycapnp's for every message, only faster for the common ones.
 
@@ -26,26 +28,7 @@ from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
-# Field and element kinds.
-K_BOOL = 0
-K_INT8 = 1
-K_INT16 = 2
-K_INT32 = 3
-K_INT64 = 4
-K_UINT8 = 5
-K_UINT16 = 6
-K_UINT32 = 7
-K_UINT64 = 8
-K_FLOAT32 = 9
-K_FLOAT64 = 10
-K_TEXT = 11
-K_DATA = 12
-K_ENUM = 13
-K_LIST = 14
-K_STRUCT = 15
-K_GROUP = 16
-
-# the same, for C
+# Field and element kinds (capnp_types.py builds layouts with the K_ names).
 cdef enum:
     C_BOOL = 0
     C_INT8 = 1
@@ -64,6 +47,24 @@ cdef enum:
     C_LIST = 14
     C_STRUCT = 15
     C_GROUP = 16
+
+K_BOOL = C_BOOL
+K_INT8 = C_INT8
+K_INT16 = C_INT16
+K_INT32 = C_INT32
+K_INT64 = C_INT64
+K_UINT8 = C_UINT8
+K_UINT16 = C_UINT16
+K_UINT32 = C_UINT32
+K_UINT64 = C_UINT64
+K_FLOAT32 = C_FLOAT32
+K_FLOAT64 = C_FLOAT64
+K_TEXT = C_TEXT
+K_DATA = C_DATA
+K_ENUM = C_ENUM
+K_LIST = C_LIST
+K_STRUCT = C_STRUCT
+K_GROUP = C_GROUP
 
 #: What read_member returns for a message it leaves to pycapnp.
 FALLBACK = object()
