@@ -456,8 +456,10 @@ class _SegmentRead:
         for row, problem in self._problems.items():
             problems[row] = problem
         arrays = [
-            pa.array([self.path] * rows, type=types[0]),
-            pa.array([self.segment] * rows, type=types[1]),
+            # one value for every row: repeated by Arrow, not converted per row (the
+            # file's path was a quarter of a microsecond an event)
+            pa.repeat(pa.scalar(self.path, type=types[0]), rows),
+            pa.repeat(pa.scalar(self.segment, type=types[1]), rows),
             pa.array(self._offset, type=types[2]),
             pa.array(self._mono, type=types[3]),
             pa.array(self._service, type=types[4]),
