@@ -145,3 +145,94 @@ def test_a_recording_with_damaged_events_reads_the_same_without_the_fast_reader(
         assert a.keys() == b.keys()
         for key in a:
             _assert_same(a[key], b[key], f"row {i} {key}")
+
+
+KINDS = """\
+@0xc1d2e3f4a5b6c7d8;
+struct Inner {
+  a @0 :Int8 = -7;
+  b @1 :Text;
+  color @2 :Color = green;
+  enum Color { red @0; green @1; blue @2; }
+}
+struct Kinds {
+  i16 @0 :Int16 = -5;
+  u16 @1 :UInt16 = 65535;
+  i32 @2 :Int32;
+  u32 @3 :UInt32 = 4000000000;
+  i64 @4 :Int64 = -9000000000;
+  u64 @5 :UInt64 = 18446744073709551615;
+  f32 @6 :Float32 = 1.5;
+  f64 @7 :Float64 = -0.0;
+  flag @8 :Bool = true;
+  u8 @9 :UInt8 = 200;
+  color @10 :Inner.Color = blue;
+  text @11 :Text;
+  data @12 :Data;
+  bools @13 :List(Bool);
+  colors @14 :List(Inner.Color);
+  texts @15 :List(Text);
+  blobs @16 :List(Data);
+  nested @17 :List(List(Float32));
+  inners @18 :List(Inner);
+  inner @19 :Inner;
+  i8s @20 :List(Int8);
+  u64s @21 :List(UInt64);
+  g :group { x @22 :Float64 = 2.5; y @23 :List(Int64); }
+  union { none @24 :Void; some @25 :Inner; count @26 :UInt32; }
+}
+struct Event {
+  logMonoTime @0 :UInt64;
+  valid @1 :Bool;
+  union {
+    kinds @2 :Kinds;
+    other @3 :Text;
+    withDefault @4 :Inner = (a = 1, b = "x");
+  }
+}
+"""
+
+
+def test_every_kind_and_default_of_a_custom_schema(tmp_path: Path) -> None:
+    """Each field kind, defaults of every primitive type (unset fields, and a struct
+    written without any field set), unset pointers, union members and groups: the fast
+    reader's values are pycapnp's; a member with a pointer default has no layout."""
+    from msgq.schemas import ServiceRegistry, load_schema
+
+    path = tmp_path / "kinds.capnp"
+    path.write_text(KINDS)
+    schema = load_schema(str(path), ServiceRegistry([]), register_services=False)
+    options = datasource.ReadOptions(paths=("unused",), decode=("kinds", "withDefault"),
+                                     schema_file=str(path))
+    decoders = datasource._decoders_for(options)
+    assert decoders["withDefault"].layout is None  # a pointer default: pycapnp
+    empty = schema.event.new_message(logMonoTime=1, valid=True)
+    empty.init("kinds")
+    full = schema.event.new_message(logMonoTime=2, valid=True)
+    k = full.init("kinds")
+    k.i16, k.u16, k.i32, k.u32, k.i64, k.u64 = -1, 7, -(2**31), 2**32 - 1, 2**63 - 1, 0
+    k.f32, k.f64, k.flag, k.u8, k.color = float("nan"), 1e300, False, 0, "red"
+    k.text, k.data = "größe ✓", b"\x00\xff"
+    k.bools = [True, False] * 40
+    k.colors = ["red", "blue", "green"]
+    k.texts = ["", "a", "bc"]
+    k.blobs = [b"", b"\x01"]
+    k.nested = [[1.25, -2.0], [], [3.5]]
+    inners = k.init("inners", 3)
+    inners[0].a, inners[0].b, inners[2].color = 5, "five", "red"
+    k.inner.b = "in"
+    k.i8s = [-128, 127, 0]
+    k.u64s = [2**64 - 1, 1]
+    k.g.x, k.g.y = 0.0, [-(2**63), 2**63 - 1]
+    k.init("some").b = "member"
+    counted = schema.event.new_message(logMonoTime=3, valid=True)
+    counted.init("kinds").count = 12
+    decoder = decoders["kinds"]
+    for msg in (empty, full, counted):
+        data = msg.to_bytes()
+        fast = read_member(data, decoder.layout)
+        assert fast is not FALLBACK
+        _assert_same(fast, decoder.from_pycapnp(data, schema), str(msg.logMonoTime))
+    # the member of another message is handed back, as pycapnp fails on it
+    other = schema.event.new_message(logMonoTime=4, valid=True, other="text").to_bytes()
+    assert read_member(other, decoder.layout) is FALLBACK
