@@ -9,7 +9,9 @@ which the kernel fills in; a peer cannot forge it) is in the server's allowed se
 * else only the server's own effective uid.
 
 A client, in turn, trusts a server that runs as its own uid, as root, or as a uid listed
-in ``MSGQ_VISIONIPC_ALLOW_UIDS`` (``*`` / ``any``: every uid).
+in ``MSGQ_VISIONIPC_ALLOW_UIDS`` (``*`` / ``any``: every uid); both checks are the C
+library's (``src/vipc_listener.c``, ``src/vipc_client.c``), this module gives the server's
+policy to it.
 
 The socket file itself is created with the mode of msgq's queue files (``MSGQ_SHM_MODE``,
 default 0600) inside the namespace folder, so a process of another uid also needs that
@@ -19,8 +21,6 @@ mode (and the folder's) to reach the socket at all.
 from __future__ import annotations
 
 import os
-import socket
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -28,12 +28,9 @@ __all__ = [
     "ALLOW_UIDS_ENV",
     "PeerCredentials",
     "PeerPolicy",
-    "peer_credentials",
-    "server_trusted",
 ]
 
 ALLOW_UIDS_ENV = "MSGQ_VISIONIPC_ALLOW_UIDS"
-_UCRED = struct.Struct("3i")
 _ANY = ("*", "any")
 
 
@@ -44,13 +41,6 @@ class PeerCredentials:
     pid: int
     uid: int
     gid: int
-
-
-def peer_credentials(sock: socket.socket) -> PeerCredentials:
-    """The credentials of ``sock``'s peer (``SO_PEERCRED``)."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    pid, uid, gid = _UCRED.unpack(raw)
-    return PeerCredentials(pid, uid, gid)
 
 
 def _parse_uid(text: str) -> int:
@@ -114,17 +104,3 @@ class PeerPolicy:
 
     def __repr__(self) -> str:
         return f"PeerPolicy({self.describe()})"
-
-
-def server_trusted(server: PeerCredentials) -> bool:
-    """True when a client should accept buffers from ``server``: same uid, root, or a
-    uid the environment lists (a malformed variable trusts no extra uid)."""
-    if server.uid in (os.geteuid(), 0):
-        return True
-    text = os.environ.get(ALLOW_UIDS_ENV, "")
-    if not text.strip():
-        return False
-    try:
-        return PeerPolicy.parse(text).allows(server)
-    except ValueError:
-        return False
