@@ -341,21 +341,32 @@ void msgq_wake_free(msgq_wake *wake) { free(wake); }
 uint32_t msgq_wake_seen(msgq_wake *wake) { return msgq_interrupt_seen(&wake->interrupt); }
 void msgq_wake_raise(msgq_wake *wake) { msgq_interrupt_raise(&wake->interrupt); }
 
+/* The ring subscribers of n open handles, into local (64 of them) or a malloc'd array
+ * (*cores; free it when it is not local). 0, -EINVAL, MSGQ_ECLOSED or -ENOMEM. */
+static int collect_cores(msgq_sub *const *subs, int n, msgq_subscriber **local,
+                         msgq_subscriber ***cores) {
+  *cores = local;
+  if (n > 64) {
+    *cores = malloc((size_t)n * sizeof **cores);
+    if (*cores == NULL) return -ENOMEM;
+  }
+  for (int i = 0; i < n; i++) {
+    if (subs[i] == NULL || !subs[i]->open) {
+      if (*cores != local) free(*cores);
+      *cores = local;
+      return subs[i] == NULL ? -EINVAL : MSGQ_ECLOSED;
+    }
+    (*cores)[i] = &subs[i]->core;
+  }
+  return 0;
+}
+
 int msgq_sub_poll_until(msgq_sub *const *subs, int n, int64_t timeout_ns, uint8_t *ready,
                         msgq_wake *wake, uint32_t seen) {
   if (wake == NULL || n < 0 || (n > 0 && (subs == NULL || ready == NULL))) return -EINVAL;
   msgq_subscriber *local[64] = {0};
-  msgq_subscriber **cores = local;
-  if (n > 64) {
-    cores = malloc((size_t)n * sizeof *cores);
-    if (cores == NULL) return -ENOMEM;
-  }
-  int r = 0;
-  for (int i = 0; i < n && r == 0; i++) {
-    if (subs[i] == NULL) r = -EINVAL;
-    else if (!subs[i]->open) r = MSGQ_ECLOSED;
-    else cores[i] = &subs[i]->core;
-  }
+  msgq_subscriber **cores;
+  int r = collect_cores(subs, n, local, &cores);
   if (r == 0) {
     count_waiters(subs, n, 1);
     r = msgq_poll_until(cores, n, timeout_ns, ready, &wake->interrupt, seen);
@@ -368,17 +379,8 @@ int msgq_sub_poll_until(msgq_sub *const *subs, int n, int64_t timeout_ns, uint8_
 int msgq_sub_poll(msgq_sub *const *subs, int n, int64_t timeout_ns, uint8_t *ready) {
   if (subs == NULL || ready == NULL || n < 1) return -EINVAL;
   msgq_subscriber *local[64] = {0};
-  msgq_subscriber **cores = local;
-  if (n > 64) {
-    cores = malloc((size_t)n * sizeof *cores);
-    if (cores == NULL) return -ENOMEM;
-  }
-  int r = 0;
-  for (int i = 0; i < n && r == 0; i++) {
-    if (subs[i] == NULL) r = -EINVAL;
-    else if (!subs[i]->open) r = MSGQ_ECLOSED;
-    else cores[i] = &subs[i]->core;
-  }
+  msgq_subscriber **cores;
+  int r = collect_cores(subs, n, local, &cores);
   if (r == 0) {
     int64_t deadline = timeout_ns < 0 ? -1 : os_monotonic_ns() + timeout_ns;
     count_waiters(subs, n, 1);
