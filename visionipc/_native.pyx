@@ -176,8 +176,7 @@ cdef class Server:
                        uint64_t size):
         """Allocates the stream's buffers (sealed memfds): (map_size, fds)."""
         cdef vipc_server *srv = self._open()
-        cdef vipc_geometry g
-        g.width, g.height, g.stride, g.uv_offset, g.size = width, height, stride, uv_offset, size
+        cdef vipc_geometry g = vipc_geometry(width, height, stride, uv_offset, size)
         cdef int r
         with nogil:
             r = vipc_server_create_buffers_with_geometry(srv, stream, num_buffers, &g)

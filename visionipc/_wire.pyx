@@ -123,12 +123,7 @@ def encode_list_reply(uint64_t server_id, streams) -> bytes:
 def encode_buffers_reply(uint64_t server_id, uint32_t stream, uint32_t num_buffers,
                          uint32_t width, uint32_t height, uint32_t stride, uint32_t uv_offset,
                          uint64_t size, uint64_t map_size) -> bytes:
-    cdef vipc_geometry g
-    g.width = width
-    g.height = height
-    g.stride = stride
-    g.uv_offset = uv_offset
-    g.size = size
+    cdef vipc_geometry g = vipc_geometry(width, height, stride, uv_offset, size)
     out = PyBytes_FromStringAndSize(NULL, VIPC_BUFFERS_REPLY_SIZE)
     vipc_buffers_reply_encode(server_id, stream, num_buffers, &g, map_size,
                               <uint8_t *>PyBytes_AS_STRING(out))
@@ -167,9 +162,8 @@ def geometry_layout(uint32_t width, uint32_t height, uint32_t stride, uint32_t u
                     uint64_t size, uint64_t page_size):
     """(why the geometry describes no buffer, or None; trailer offset; map size; whether
     an NV12 UV plane fits), by the C rules of vipc_layout.h."""
-    cdef vipc_geometry g
+    cdef vipc_geometry g = vipc_geometry(width, height, stride, uv_offset, size)
     cdef const char *why = NULL
-    g.width, g.height, g.stride, g.uv_offset, g.size = width, height, stride, uv_offset, size
     problem = None
     if vipc_geometry_validate(&g, &why) != 0:
         problem = why.decode("ascii")
