@@ -13,9 +13,22 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["next_message", "wait_for_result"]
+__all__ = ["await_until", "next_message", "wait_for_result"]
 
 T = TypeVar("T")
+
+
+async def await_until(loop: asyncio.AbstractEventLoop, awaitable: Awaitable[Any],
+                      deadline: float | None) -> None:
+    """Awaits ``awaitable`` until the loop's clock reaches ``deadline`` (None: no limit);
+    at the deadline it is cancelled and this returns, as when it completes."""
+    if deadline is None:
+        await awaitable
+        return
+    try:
+        await asyncio.wait_for(awaitable, max(0.0, deadline - loop.time()))
+    except asyncio.TimeoutError:
+        pass
 
 
 async def wait_for_result(

@@ -28,7 +28,7 @@ import time
 import weakref
 from functools import partial
 
-from msgq.aio import next_message, wait_for_result
+from msgq.aio import await_until, next_message, wait_for_result
 from msgq.errors import IpcError, MessageOverwritten, MultiplePublishersError, readers_timeout
 
 cdef extern from "Python.h":
@@ -1104,13 +1104,7 @@ async def wait_readable_async(loop, list socks, deadline=None) -> None:
     fut = loop.create_future()
     waiter.add(socks, fut)
     try:
-        if deadline is None:
-            await fut
-        else:
-            try:
-                await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                pass
+        await await_until(loop, fut, deadline)
     finally:
         waiter.forget(socks, fut)
 

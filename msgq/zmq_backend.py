@@ -71,7 +71,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
         "the zmq backend needs pyzmq: pip install pyzmq (or choose MSGQ_BACKEND=msgq)"
     ) from e
 
-from msgq.aio import next_message, wait_for_result
+from msgq.aio import await_until, next_message, wait_for_result
 from msgq.errors import IpcError, MultiplePublishersError, readers_timeout
 from msgq.queues import (
     MAX_SEGMENT_SIZE,
@@ -972,13 +972,7 @@ async def wait_readable_async(loop: asyncio.AbstractEventLoop, socks: list[SubSo
         # readable, so the loop sees it; looking again costs little and is certain.
         if any(zsock.getsockopt(zmq.EVENTS) & zmq.POLLIN for zsock in zsocks):
             return
-        if deadline is None:
-            await woken
-        else:
-            try:
-                await asyncio.wait_for(woken, max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                pass
+        await await_until(loop, woken, deadline)
     finally:
         for fd in fds:
             loop.remove_reader(fd)
