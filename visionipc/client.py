@@ -62,19 +62,21 @@ class _ClientResources:
         self.native = native
         self.sock: Any = None
         self.buffers: list[VisionBuf] = []
-        self.generation = 0
+        self.geometry: BufferGeometry | None = None  # of the buffers held
+        self.generation = 0  # the native client's, when the buffers were mapped
 
     def drop_buffers(self) -> None:
         buffers, self.buffers = self.buffers, []
+        self.geometry = None
         for buf in buffers:
             buf._release()
 
-    def adopt_buffers(self) -> BufferGeometry | None:
+    def adopt_buffers(self) -> None:
         """Maps the buffers the C client holds now, when they changed (a connect, a
-        restart followed); its geometry, or None when nothing changed."""
+        restart followed)."""
         generation = self.native.generation
         if generation == self.generation:
-            return None
+            return
         fields, fds = self.native.buffers()
         geometry = BufferGeometry(*fields)
         buffers = [
@@ -83,8 +85,8 @@ class _ClientResources:
         ]
         self.drop_buffers()
         self.buffers = buffers
+        self.geometry = geometry
         self.generation = generation
-        return geometry
 
     def close(self) -> dict[str, int]:
         counters = self.native.stats
@@ -97,6 +99,21 @@ class _ClientResources:
             except Exception:  # noqa: BLE001 - closing a socket must not stop the cleanup
                 pass
         return counters
+
+
+class _Counter:
+    """A read-only counter of the C client (``vipc_client_stats``), by attribute name;
+    after ``close`` the last values."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, client: Any, owner: type | None = None) -> Any:
+        return self if client is None else client._counter(self.name)
 
 
 class VisionIpcClient:
@@ -138,7 +155,6 @@ class VisionIpcClient:
         self._finalizer = weakref.finalize(self, self._res.close)
         self._closed = False
         self._final_counters: dict[str, int] = {}
-        self._geometry: BufferGeometry | None = None
         self.frame_id = 0
         self.timestamp_sof = 0
         self.timestamp_eof = 0
@@ -164,7 +180,7 @@ class VisionIpcClient:
         while True:
             code = self._res.native.handshake(self.handshake_timeout_s)
             if code == 0:
-                self._adopt_buffers()
+                self._res.adopt_buffers()
                 return True
             if code not in _native.UNAVAILABLE:
                 raise handshake_error(code, self._res.native.last_error()[1], self._path())
@@ -174,11 +190,6 @@ class VisionIpcClient:
 
     def _path(self) -> str:
         return socket_path(self.name)
-
-    def _adopt_buffers(self) -> None:
-        geometry = self._res.adopt_buffers()
-        if geometry is not None:
-            self._geometry = geometry
 
     @staticmethod
     def available_streams(name: str, block: bool = False) -> set[int]:
@@ -221,8 +232,7 @@ class VisionIpcClient:
             if msg is None:
                 return None
             frame = res.native.take_packet(msg, left)
-            if res.generation != res.native.generation:
-                self._adopt_buffers()  # a restarted server followed: its buffers now
+            res.adopt_buffers()  # after a restart was followed: the new server's buffers
             if frame is None:
                 code, detail = res.native.last_error()
                 if code:
@@ -250,64 +260,48 @@ class VisionIpcClient:
             else:
                 time.sleep(CONNECT_RETRY_S)
 
-    # --- counters ----------------------------------------------------------------------
+    # --- counters ---------------------------------------------------------------------
 
     def _counter(self, name: str) -> int:
         counters = self._final_counters if self._closed else self._res.native.stats
         return int(counters.get(name, 0))
 
-    @property
-    def bad_packets(self) -> int:
-        """Packets on the endpoint that were not well formed, named no buffer, or
-        announced a frame their buffer never held."""
-        return self._counter("bad_packets")
-
-    @property
-    def stale_packets(self) -> int:
-        """Packets of a server instance that is gone (or not reachable yet)."""
-        return self._counter("stale_packets")
-
-    @property
-    def recycled_frames(self) -> int:
-        """Frames returned whose buffer the server had already refilled."""
-        return self._counter("recycled_frames")
-
-    @property
-    def skipped_frames(self) -> int:
-        """Frames skipped (``skip_recycled``) because their buffer had been refilled."""
-        return self._counter("skipped_frames")
-
-    @property
-    def reconnects(self) -> int:
-        """Handshakes with a new server instance after the first connect."""
-        return self._counter("reconnects")
+    bad_packets = _Counter("Packets on the endpoint that were not well formed, named no "
+                           "buffer, or announced a frame their buffer never held.")
+    stale_packets = _Counter("Packets of a server instance that is gone (or not reachable "
+                             "yet).")
+    recycled_frames = _Counter("Frames returned whose buffer the server had already "
+                               "refilled.")
+    skipped_frames = _Counter("Frames skipped (``skip_recycled``) because their buffer had "
+                              "been refilled.")
+    reconnects = _Counter("Handshakes with a new server instance after the first connect.")
 
     # --- geometry ----------------------------------------------------------------------
 
     @property
     def width(self) -> int | None:
         """Width of the stream's frames (None until connected)."""
-        return self._geometry.width if self._geometry else None
+        return self._res.geometry.width if self._res.geometry else None
 
     @property
     def height(self) -> int | None:
         """Height of the stream's frames (None until connected)."""
-        return self._geometry.height if self._geometry else None
+        return self._res.geometry.height if self._res.geometry else None
 
     @property
     def stride(self) -> int | None:
         """Bytes from one row to the next (None until connected)."""
-        return self._geometry.stride if self._geometry else None
+        return self._res.geometry.stride if self._res.geometry else None
 
     @property
     def uv_offset(self) -> int | None:
         """Offset of the UV plane (None until connected)."""
-        return self._geometry.uv_offset if self._geometry else None
+        return self._res.geometry.uv_offset if self._res.geometry else None
 
     @property
     def buffer_len(self) -> int | None:
         """Bytes of a frame (None until connected)."""
-        return self._geometry.size if self._geometry else None
+        return self._res.geometry.size if self._res.geometry else None
 
     @property
     def num_buffers(self) -> int:
@@ -330,7 +324,6 @@ class VisionIpcClient:
         if not self._closed:
             self._final_counters = self._finalizer() or {}
         self._closed = True
-        self._geometry = None
 
     def __enter__(self) -> VisionIpcClient:
         return self
