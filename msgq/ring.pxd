@@ -102,6 +102,7 @@ cdef extern from "src/msgq.h" nogil:
     int msgq_pub_num_readers(const msgq_pub *pub)
     int msgq_pub_all_readers_updated(const msgq_pub *pub)
     uint64_t msgq_pub_reclaimed_slots(const msgq_pub *pub)
+    uint64_t msgq_pub_early_wraps(const msgq_pub *pub)
     uint32_t msgq_pub_segment_size(const msgq_pub *pub)
     uint32_t msgq_pub_max_message_size(const msgq_pub *pub)
     int msgq_pub_checksum(const msgq_pub *pub)

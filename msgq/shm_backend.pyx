@@ -577,6 +577,13 @@ cdef class PubSocket:
         self._check_connected()
         return msgq_pub_reclaimed_slots(self.pub)
 
+    @property
+    def early_wraps(self) -> int:
+        """Wraps to the ring's start taken early because every subscriber had read
+        everything (the ring's start is reused while cached; docs/ring.md)."""
+        self._check_connected()
+        return msgq_pub_early_wraps(self.pub)
+
     def close(self) -> None:
         """Releases the queue (abandoning an open reservation); the socket can connect
         again. Raises IpcError while another thread is inside a call on it."""

@@ -310,6 +310,67 @@ def test_overtaken_reader_resets_and_goes_on(endpoint: str) -> None:
     ]
 
 
+def _echo(endpoint: str, ready, stop: bytes) -> None:
+    """Child: sends every message of ``endpoint`` back on ``endpoint + "_echo"``."""
+    back = msgq.pub_sock(endpoint + "_echo", segment_size=1 << 20)
+    sub = msgq.sub_sock(endpoint, timeout=10_000, segment_size=1 << 20)
+    ready.release()
+    msg = sub.receive()
+    while msg is not None and msg != stop:
+        back.send(msg)
+        msg = sub.receive()
+
+
+def test_ring_start_is_reused_while_a_reader_in_another_process_keeps_up(
+    endpoint: str,
+) -> None:
+    """A request/response pattern: the reader (another process) has read everything
+    before each send, so the publisher wraps early and the ring's bytes in use stay
+    within its first 256 KiB and a message, instead of walking the whole MiB."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    pub = msgq.pub_sock(endpoint, segment_size=1 << 20)
+    pong = msgq.sub_sock(endpoint + "_echo", timeout=10_000, segment_size=1 << 20)
+    ready = ctx.Semaphore(0)
+    child = ctx.Process(target=_echo, args=(endpoint, ready, b"stop"))
+    child.start()
+    assert ready.acquire(timeout=10)
+    path = queues.queue_path(endpoint)
+    rng = random.Random(5)
+    highest = 0
+    for i in range(600):
+        msg = i.to_bytes(4, "little") + rng.randbytes(8188)
+        pub.send(msg)
+        assert pong.receive() == msg
+        highest = max(highest, queues.inspect_queue(path)["write_offset"])
+    pub.send(b"stop")
+    child.join(10)
+    assert child.exitcode == 0
+    assert pub.early_wraps >= 600 * 8200 // (256 * 1024 + 8200) - 1
+    assert highest <= 256 * 1024 + 8200
+
+
+def test_reader_that_stops_after_an_early_wrap_loses_nothing_a_ring_holds(
+    endpoint: str,
+) -> None:
+    pub = msgq.pub_sock(endpoint, segment_size=64 * 1024)
+    sub = msgq.sub_sock(endpoint)
+    i = 0
+    while pub.early_wraps == 0:  # read as we go until the writer goes back early
+        i += 1
+        pub.send(i.to_bytes(4, "little") * 250)
+        if pub.early_wraps == 0:
+            assert sub.receive(non_blocking=True) == i.to_bytes(4, "little") * 250
+    first_unread = i
+    while i < first_unread + 60:  # 60 x 1008 B: most of the ring, the reader asleep
+        i += 1
+        pub.send(i.to_bytes(4, "little") * 250)
+    got = msgq.drain_sock_raw(sub)
+    assert got == [n.to_bytes(4, "little") * 250 for n in range(first_unread, i + 1)]
+    assert sub.resets == 0 and pub.early_wraps == 1
+
+
 def test_conflate_skips_to_newest_across_wraps(endpoint: str) -> None:
     pub = msgq.pub_sock(endpoint, segment_size=4096)
     sub = msgq.sub_sock(endpoint, conflate=True)

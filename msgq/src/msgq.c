@@ -190,6 +190,7 @@ int msgq_pub_all_readers_updated(const msgq_pub *pub) {
 }
 
 uint64_t msgq_pub_reclaimed_slots(const msgq_pub *pub) { return pub->core.reclaimed_slots; }
+uint64_t msgq_pub_early_wraps(const msgq_pub *pub) { return pub->core.early_wraps; }
 uint32_t msgq_pub_segment_size(const msgq_pub *pub) { return pub->core.ring.capacity; }
 uint32_t msgq_pub_max_message_size(const msgq_pub *pub) {
   return pub->open ? msgq_ring_max_message_size(pub->core.ring.capacity) : 0;

@@ -63,7 +63,7 @@
  *     (creating or registering); then it returns -EAGAIN: call it again (a C program
  *     simply loops; the Python binding checks for Ctrl-C in between).
  *
- * Safety of received bytes. The ring is a seqlock (docs/ring.md, invariants I1-I6 in
+ * Safety of received bytes. The ring is a seqlock (docs/ring.md, invariants I1-I7 in
  * msgq_ring.h): the publisher may overwrite a message while a slow subscriber reads it.
  * A copy (msgq_sub_recv, msgq_sub_recv_alloc) is checked after it was taken and is only
  * returned when intact: no call of this API ever returns overwritten bytes as a message.
@@ -141,6 +141,9 @@ int msgq_pub_num_readers(const msgq_pub *pub);
 int msgq_pub_all_readers_updated(const msgq_pub *pub);
 /* Reader slots of dead subscribers this publisher gave back (statistics). */
 uint64_t msgq_pub_reclaimed_slots(const msgq_pub *pub);
+/* Wraps taken before the end of the ring because every subscriber had caught up, so
+ * that the ring's start was reused while still cached (docs/ring.md; statistics). */
+uint64_t msgq_pub_early_wraps(const msgq_pub *pub);
 uint32_t msgq_pub_segment_size(const msgq_pub *pub);
 uint32_t msgq_pub_max_message_size(const msgq_pub *pub);
 int msgq_pub_checksum(const msgq_pub *pub); /* 1: the queue carries CRC32Cs */

@@ -234,6 +234,12 @@ void msgq_publisher_init(msgq_publisher *pub, const msgq_ring *ring) {
   pub->write_pointer = wp;
   pub->sends_to_clock_check = MSGQ_SWEEP_CHECK_SENDS;
   pub->next_sweep_ns = 0; /* the first check sweeps */
+  pub->early_wrap_from = ring->capacity / 4u < MSGQ_EARLY_WRAP_BYTES ? ring->capacity / 4u
+                                                                     : MSGQ_EARLY_WRAP_BYTES;
+  pub->early_wrap_retry = ring->capacity / 16u < MSGQ_EARLY_WRAP_RETRY_BYTES
+                              ? ring->capacity / 16u
+                              : MSGQ_EARLY_WRAP_RETRY_BYTES;
+  pub->early_wrap_check = pub->early_wrap_from;
 }
 
 void msgq_publisher_release(msgq_publisher *pub) {
@@ -326,6 +332,34 @@ static inline int publish_write_pointer(msgq_publisher *pub, uint64_t next) {
   return 0;
 }
 
+/* Whether every claimed reader slot reports `wp` (I7): nobody is reading, holding a view
+ * or behind. A slot of a dead subscriber counts as behind until the sweep frees it. The
+ * acquire loads order the readers' last reads (before their reports, I3's fence) before
+ * the ring bytes this send writes. */
+static bool readers_all_at(const msgq_header *h, uint64_t wp) {
+  for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++) {
+    const msgq_reader_slot *slot = &h->readers[i];
+    if (atomic_load_explicit(&slot->owner_pid, memory_order_acquire) == 0) continue;
+    if (atomic_load_explicit(&slot->read_pointer, memory_order_acquire) != wp) return false;
+  }
+  return true;
+}
+
+/* Whether this send should go to offset 0 before the ring's end (I7): far enough in that
+ * reusing the start pays, the marker at `offset` stays clear of the `total` bytes about
+ * to be written at 0 (so a reader that reads the marker finds it intact), and every
+ * reader has caught up. The slots are looked at only every MSGQ_EARLY_WRAP_RETRY_BYTES
+ * while a reader is behind, so a stalled reader costs the sends nothing measurable. */
+static bool wrap_early(msgq_publisher *pub, uint32_t offset, uint32_t total) {
+  if (offset < pub->early_wrap_check || offset < total) return false;
+  if (!readers_all_at(pub->ring.header, pub->write_pointer)) {
+    pub->early_wrap_check = (uint64_t)offset + pub->early_wrap_retry;
+    return false;
+  }
+  pub->early_wraps++;
+  return true;
+}
+
 int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
   msgq_ring *ring = &pub->ring;
   int r = check_owner(pub);
@@ -336,11 +370,15 @@ int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
   uint32_t cycle = position_cycle(pub->write_pointer);
   uint32_t offset = position_offset(pub->write_pointer);
 
-  if ((uint64_t)offset + total + 8u > ring->capacity) {
-    /* Not enough room before the end (keeping 8 bytes for the marker): the rest of this
-     * cycle is skipped. The reserve covers the marker and the message after the wrap. */
+  if ((uint64_t)offset + total + 8u > ring->capacity || wrap_early(pub, offset, total)) {
+    /* Not enough room before the end (keeping 8 bytes for the marker), or every reader
+     * is here and the ring's start is warm (I7): the rest of this cycle is skipped. The
+     * reserve covers the marker and the message after the wrap. */
     announce_reserve(pub, make_position(cycle + 1u, total));
     store_prefix(ring->data + offset, MSGQ_WRAP_MARKER);
+    /* relaxed: published by the write_pointer store below (release), like the marker. */
+    atomic_store_explicit(&ring->header->last_wrap, pub->write_pointer, memory_order_relaxed);
+    pub->early_wrap_check = pub->early_wrap_from;
     r = publish_write_pointer(pub, make_position(cycle + 1u, 0));
     if (r < 0) return r;
     cycle += 1u;
@@ -575,6 +613,12 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
     const uint64_t prefix = load_prefix(ring->data + ro);
     /* The prefix is only trusted once the bytes it came from are known intact (I3). */
     if (!region_intact(h, rc, ro)) {
+      /* The cycle ended exactly here (I7): the marker was overwritten, the next cycle's
+       * messages may still be intact; they are checked like any others. */
+      if (atomic_load_explicit(&h->last_wrap, memory_order_relaxed) == sub->read_pointer) {
+        store_read_pointer(sub, make_position(rc + 1u, 0));
+        continue;
+      }
       sub->resets++;
       reader_reset(sub);
       continue;

@@ -48,6 +48,15 @@
  *  I6 superseded != 0 says this file was replaced under its name (queue_file.c): the
  *     publisher stops sending into it (MSGQ_ESUPERSEDED) and a subscriber that has read
  *     everything in it reports MSGQ_ESUPERSEDED, so both re-open the endpoint.
+ *  I7 The publisher may wrap early (a wrap marker before the end of the ring) when every
+ *     claimed reader slot reports the current write_pointer: nobody is reading or holds
+ *     a view, so the ring's start can be reused while it is still in the cache. The
+ *     marker's position is also stored in last_wrap before write_pointer moves to the
+ *     next cycle: a reader that finds the marker overwritten while it stands exactly at
+ *     last_wrap goes on at the next cycle's start, so a reader that falls behind right
+ *     after an early wrap keeps a whole ring of buffering. Safety does not depend on the
+ *     reports or on last_wrap (I3 decides alone); a false value only costs a reader
+ *     messages, as being overtaken does.
  *     docs/ring.md has the argument and the crash windows.
  *
  * Every value read from the segment is untrusted: offsets, sizes and the header are
@@ -62,7 +71,7 @@
 #include <sys/types.h>
 
 #define MSGQ_MAGIC 0x31474e5251475351ULL /* "QSGQRNG1" little-endian */
-#define MSGQ_LAYOUT_VERSION 2u
+#define MSGQ_LAYOUT_VERSION 3u
 #define MSGQ_READER_SLOTS 64u
 #define MSGQ_CACHE_LINE 64u
 
@@ -78,13 +87,20 @@
 #define MSGQ_FLAG_CHECKSUM 1u /* every message carries the CRC32C of its payload */
 #define MSGQ_KNOWN_FLAGS MSGQ_FLAG_CHECKSUM
 
+/* Early wrap (I7): looked at once the write offset reaches MSGQ_EARLY_WRAP_BYTES (a
+ * quarter of a smaller ring), then at most once per MSGQ_EARLY_WRAP_RETRY_BYTES (a
+ * sixteenth of a smaller ring) written while some reader is behind. */
+#define MSGQ_EARLY_WRAP_BYTES (256u * 1024u)
+#define MSGQ_EARLY_WRAP_RETRY_BYTES (64u * 1024u)
+
 /* Dead-subscriber sweep of the publisher (I5). */
 #define MSGQ_SWEEP_INTERVAL_NS 20000000LL /* 20 ms */
 #define MSGQ_SWEEP_CHECK_SENDS 64u
 
 typedef struct {
   /* Written by the subscriber that owns the slot (a report of how far it has read, for
-   * all_readers_updated and tools; never used to decide what is safe to read). */
+   * all_readers_updated, the publisher's early wrap (I7) and tools; never used to decide
+   * what is safe to read). */
   _Atomic uint64_t read_pointer;
   /* Process id of the subscriber holding the slot; 0 = free. */
   _Atomic int32_t owner_pid;
@@ -116,7 +132,11 @@ typedef struct {
   /* Position of the newest published message (a hint for conflating readers, which
    * jump straight to it; it is checked like any other position). */
   _Atomic uint64_t last_message;
-  uint8_t pad1[MSGQ_CACHE_LINE - 40];
+  /* Where the newest wrap marker was written (the end of that cycle, I7): a reader that
+   * stands exactly there may go on at the next cycle's start even when the marker itself
+   * was overwritten already. A hint like last_message: what is read there is checked. */
+  _Atomic uint64_t last_wrap;
+  uint8_t pad1[MSGQ_CACHE_LINE - 48];
 
   /* Wake line: subscribers sleep on notify_seq; the publisher bumps it and wakes them
    * only while a waiting bit is set, so a send with nobody asleep makes no syscall. */
@@ -209,6 +229,12 @@ typedef struct {
   uint32_t sends_to_clock_check;
   int64_t next_sweep_ns;
   uint64_t reclaimed_slots; /* statistics: dead subscribers' slots given back */
+  /* Early wrap (I7): the write offset at which the reader slots are looked at next, and
+   * this ring's first-look offset and retry distance. */
+  uint64_t early_wrap_check;
+  uint32_t early_wrap_from;
+  uint32_t early_wrap_retry;
+  uint64_t early_wraps; /* statistics: wraps taken before the end of the ring */
 } msgq_publisher;
 
 /* Takes ownership of the ring: later sends of any previous publisher fail with
