@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
                     f"({args.master or 'local[*]'}) ...", "dim", sys.stderr), file=sys.stderr)
     try:
         spark = spark_session(args.master, app_name="msgq logstats", config=conf,
-                              java_options=_JAVA_OPTIONS)
+                              java_options=_JAVA_OPTIONS, class_cache=True)
     except (JavaMissingError, ExecutorPythonError) as e:
         raise CommandError(str(e)) from None
     except Exception as e:  # a bad master URL or setting: the JVM's reason, one line

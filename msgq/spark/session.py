@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgq.spark
+import msgq.spark.class_cache
 
 __all__ = ["DEFAULT_MASTER", "ExecutorPythonError", "JavaMissingError", "check_java",
            "probe_executors", "probed_executors", "spark_session", "worker_python"]
@@ -73,6 +74,12 @@ def _java_command() -> str | None:
 def check_java() -> int:
     """The major version of the Java runtime Spark will use; JavaMissingError (saying how
     to install one) when there is none or it is older than 17."""
+    return _java_runtime()[2]
+
+
+def _java_runtime() -> tuple[str, str, int]:
+    """The java command Spark will use, its ``-version`` text and its major version;
+    JavaMissingError as for :func:`check_java`."""
     hint = ("Spark needs Java 17 or newer: run scripts/ensure_env.sh as root, or "
             "apt-get install openjdk-17-jre-headless (or set JAVA_HOME)")
     java = _java_command()
@@ -91,7 +98,7 @@ def check_java() -> int:
         major = int(match.group(2))
     if major < _MIN_JAVA:
         raise JavaMissingError(f"{java} is Java {major}; {hint}")
-    return major
+    return java, out, major
 
 
 def _is_local(master: str) -> bool:
@@ -293,6 +300,7 @@ def spark_session(
     quiet: bool = True,
     probe: bool | None = None,
     java_options: Sequence[str] = (),
+    class_cache: bool = False,
 ) -> Any:
     """A SparkSession on ``master`` (default ``local[*]``), the msgqlog source registered.
 
@@ -321,10 +329,15 @@ def spark_session(
     run their Python workers under :mod:`msgq.spark.worker_daemon`, which imports the
     installed pyspark instead of compiling Spark's zipped copy in every worker (unless
     ``config`` sets ``spark.python.daemon.module``).
+
+    ``class_cache``: a local session's JVM maps the classes it needs from the archive of
+    :mod:`msgq.spark.class_cache` (written by the first such run when its JVM exits):
+    about 3 s less start-up for a short command such as ``msgq logstats``.
     """
     master = master or DEFAULT_MASTER
+    runtime = None
     if _is_local(master):
-        check_java()  # a clear message instead of the launcher's
+        runtime = _java_runtime()  # a clear message instead of the launcher's
     # pyspark: the optional spark extra, imported when Spark is used
     from pyspark.sql import SparkSession
 
@@ -352,7 +365,10 @@ def spark_session(
         python = worker_python(config)
         os.environ["PYSPARK_PYTHON"] = python
         settings["spark.pyspark.python"] = python
-    jvm_flags = list(java_options) if starting else []
+    cache_flags: list[str] = []
+    if class_cache and starting and runtime is not None:
+        cache_flags = msgq.spark.class_cache.jvm_flags(runtime[0], runtime[1])
+    jvm_flags = [*cache_flags, *java_options] if starting else []
     if quiet and starting:
         jvm_flags.insert(0, f"-Dlog4j2.configurationFile=file:{_quiet_log_config()}")
         # pyspark's notice about the pandas release is not the user's concern here
@@ -382,6 +398,13 @@ def spark_session(
             spark = builder.getOrCreate()
     finally:
         os.chdir(here)
+    if runtime is not None and msgq.spark.class_cache.writes_archive(cache_flags):
+        from pyspark import SparkContext
+
+        gateway = getattr(SparkContext, "_gateway", None)
+        process = getattr(gateway, "proc", None)
+        if process is not None:  # it writes the archive when it exits, maybe after us
+            msgq.spark.class_cache.record_writer(runtime[0], runtime[1], process.pid)
     if quiet:
         spark.sparkContext.setLogLevel("ERROR")
     msgq.spark.register(spark)

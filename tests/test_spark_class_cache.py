@@ -1,0 +1,139 @@
+"""The driver JVM's class-data-sharing archive (msgq.spark.class_cache): which flags a
+starting driver gets, and real ``msgq logstats`` runs that write the archive, map it, and
+shrug off a damaged one with the same results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from msgq.spark import class_cache  # noqa: E402
+from msgq.spark.session import _java_runtime  # noqa: E402
+
+JAVA = "/opt/java/bin/java"
+VERSION = 'openjdk version "17.0.1"\n'
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("MSGQ_SPARK_CLASS_CACHE", raising=False)
+    return tmp_path / "msgq"
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_the_first_run_writes_the_archive_and_later_runs_map_it(cache: Path) -> None:
+    path = class_cache.archive_path(JAVA, VERSION)
+    assert os.path.dirname(path) == str(cache)
+    flags = class_cache.jvm_flags(JAVA, VERSION)
+    assert flags == [f"-XX:ArchiveClassesAtExit={path}", "-Xlog:cds*=off"]
+    assert class_cache.writes_archive(flags)
+    # While its JVM (alive: this process stands in for it) writes, nobody else does.
+    class_cache.record_writer(JAVA, VERSION, os.getpid())
+    assert class_cache.jvm_flags(JAVA, VERSION) == []
+    Path(path).write_bytes(b"half an archive")
+    assert class_cache.jvm_flags(JAVA, VERSION) == []  # there, but not whole yet
+    # The writer is gone: the archive is used and the marker cleared.
+    class_cache.record_writer(JAVA, VERSION, _dead_pid())
+    flags = class_cache.jvm_flags(JAVA, VERSION)
+    assert flags == [f"-XX:SharedArchiveFile={path}", "-XX:+VerifySharedSpaces",
+                     "-Xlog:cds*=off"]
+    assert not class_cache.writes_archive(flags)
+    assert not os.path.exists(path + ".writing")
+    assert class_cache.wait_for_archive(JAVA, VERSION, timeout_s=1)
+
+
+def test_another_runtime_gets_its_own_archive_and_the_old_one_goes(cache: Path) -> None:
+    old = class_cache.archive_path(JAVA, VERSION)
+    cache.mkdir(parents=True)
+    Path(old).write_bytes(b"x")
+    other = 'openjdk version "21.0.2"\n'
+    new = class_cache.archive_path(JAVA, other)
+    assert new != old
+    assert class_cache.jvm_flags(JAVA, other)[0] == f"-XX:ArchiveClassesAtExit={new}"
+    assert not os.path.exists(old)
+
+
+def test_cache_off_or_unwritable_means_no_flags(cache: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSGQ_SPARK_CLASS_CACHE", "0")
+    assert class_cache.jvm_flags(JAVA, VERSION) == []
+    monkeypatch.delenv("MSGQ_SPARK_CLASS_CACHE")
+    cache.parent.chmod(0o500)
+    try:
+        if os.access(cache.parent, os.W_OK):  # root writes anyway: a file in the way
+            cache.parent.chmod(0o700)
+            cache.write_bytes(b"not a folder")
+        assert class_cache.jvm_flags(JAVA, VERSION) == []
+    finally:
+        cache.parent.chmod(0o700)
+
+
+def test_an_archive_others_may_write_is_not_loaded(cache: Path) -> None:
+    path = class_cache.archive_path(JAVA, VERSION)
+    cache.mkdir(parents=True, mode=0o700)
+    Path(path).write_bytes(b"x")
+    os.chmod(path, 0o666)
+    assert class_cache.jvm_flags(JAVA, VERSION) == []
+    os.chmod(path, 0o444)
+    assert class_cache.jvm_flags(JAVA, VERSION)[0] == f"-XX:SharedArchiveFile={path}"
+    cache.chmod(0o777)
+    assert class_cache.jvm_flags(JAVA, VERSION) == []
+    cache.chmod(0o700)
+
+
+def test_a_marker_left_by_a_run_that_died_long_ago_is_ignored(cache: Path) -> None:
+    path = class_cache.archive_path(JAVA, VERSION)
+    cache.mkdir(parents=True)
+    Path(path + ".writing").write_text(f"{os.getpid()}\n")
+    os.utime(path + ".writing", (1, 1))  # older than WRITE_TIMEOUT_S
+    assert class_cache.writes_archive(class_cache.jvm_flags(JAVA, VERSION))
+
+
+def _logstats(folder: str, cache_home: Path) -> dict:
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
+    env.pop("MSGQ_SPARK_CLASS_CACHE", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "msgq", "logstats", "--master", "local[1]", "--json", folder],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)  # nothing of the JVM's on stdout
+
+
+@pytest.mark.timeout(600)
+def test_logstats_writes_maps_and_survives_a_damaged_archive(tmp_path: Path) -> None:
+    from msgq.bench.spark import make_recording
+
+    folder = str(tmp_path / "log")
+    make_recording(folder, seconds=20, rotate_seconds=60)
+    home = tmp_path / "cache"
+    java, version, _ = _java_runtime()
+    os.environ["XDG_CACHE_HOME"] = str(home)
+    try:
+        path = class_cache.archive_path(java, version)
+        first = _logstats(folder, home)
+        assert class_cache.wait_for_archive(java, version)  # written by the first JVM
+        assert os.path.getsize(path) > 10 << 20
+        assert _logstats(folder, home) == first  # mapped
+        os.chmod(path, 0o600)
+        with open(path, "r+b") as f:  # damaged: the JVM runs without it
+            f.seek(4096)
+            f.write(os.urandom(1 << 16))
+        assert _logstats(folder, home) == first
+        os.remove(path)
+        Path(path).write_bytes(b"garbage")
+        assert _logstats(folder, home) == first
+    finally:
+        del os.environ["XDG_CACHE_HOME"]
