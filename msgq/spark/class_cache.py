@@ -11,12 +11,13 @@ machine with a 15 k-event recording (``msgq logstats``, ``local[1]``): session s
 ``$XDG_CACHE_HOME/msgq`` (else ``~/.cache/msgq``), one file per Java runtime, Spark
 installation and pyspark version (the name says which), about 170 MB. The first run
 writes it when its JVM exits: that JVM goes on for some seconds after the command
-returned (in the background) and a ``.writing`` marker (the JVM's pid, from
-:func:`record_writer`) stops other runs from writing the same archive meanwhile. A damaged, partial or mismatched archive is not an error: the
-JVM checks it (CRCs included) when it starts and runs without it (its CDS messages are
-turned off). Archives and their folder are used only when they belong to this user and
-nobody else may write them: the archive holds code the JVM runs.
-``MSGQ_SPARK_CLASS_CACHE=0`` turns the cache off.
+returned (in the background), and a ``.writing`` marker (the JVM's pid, from
+:func:`record_writer`) stops other runs from writing the same archive meanwhile. A
+damaged, partial or mismatched archive is not an error: the JVM checks it (CRCs
+included) when it starts and runs without it (its CDS messages are turned off).
+Archives and their folder are used only when they belong to this user and nobody else
+may write them: the archive holds code the JVM runs. ``MSGQ_SPARK_CLASS_CACHE=0`` turns
+the cache off.
 """
 
 from __future__ import annotations
