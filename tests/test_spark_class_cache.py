@@ -53,6 +53,9 @@ def test_the_first_run_writes_the_archive_and_later_runs_map_it(cache: Path) -> 
     assert not class_cache.writes_archive(flags)
     assert not os.path.exists(path + ".writing")
     assert class_cache.wait_for_archive(JAVA, VERSION, timeout_s=1)
+    # Nobody writing and nothing there: no wait at all.
+    os.remove(path)
+    assert not class_cache.wait_for_archive(JAVA, VERSION, timeout_s=60)
 
 
 def test_another_runtime_gets_its_own_archive_and_the_old_one_goes(cache: Path) -> None:

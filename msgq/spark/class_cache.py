@@ -147,15 +147,15 @@ def _remove(path: str) -> None:
 
 
 def wait_for_archive(java: str, java_version: str, timeout_s: float = WRITE_TIMEOUT_S) -> bool:
-    """Waits until the archive exists and nobody is writing it (a benchmark does, so that
-    no JVM writes it in the background of what it times); True when it is there."""
+    """Waits until nobody writes the archive (a benchmark does, so that no JVM writes it
+    in the background of what it times); True when it is there, whole."""
     path = archive_path(java, java_version)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if os.path.isfile(path) and not _writing(path):
-            return True
+        if not _writing(path):  # done, or nobody is writing it (then it stays missing)
+            return os.path.isfile(path)
         time.sleep(0.2)
-    return os.path.isfile(path)
+    return os.path.isfile(path) and not _writing(path)
 
 
 def _writing(path: str) -> bool:

@@ -952,7 +952,10 @@ static void *stress_reader_main(void *arg) {
   return NULL;
 }
 
-static void test_threaded_stress(void) {
+/* `burst_max` 0: the writer waits for the readers every 2048 messages; else after bursts
+ * of 1 to burst_max messages, so that most sends find every reader caught up and wrap
+ * early (I7), and a reader that pauses right after such a wrap leans on last_wrap. */
+static void threaded_stress(int burst_max) {
   test_queue q = make_queue(8192);
   _Atomic int done = 0;
   stress_reader readers[STRESS_READERS];
@@ -977,7 +980,7 @@ static void test_threaded_stress(void) {
     memcpy(msg, &seq, 8);
     memcpy(msg + 8, &sum, 4);
     CHECK(msgq_publisher_send(&pub, msg, (uint32_t)len) == 0);
-    if (seq % 2048 == 0) {
+    if (burst_max ? rand_r(&seed) % (unsigned)burst_max == 0 : seq % 2048 == 0) {
       /* Every reader must come back to the write position (by reading or by being
        * overtaken and reset) before the writer goes on, at most 50 ms: the readers
        * really run during the writes even when the scheduler would starve a thread. */
@@ -996,10 +999,17 @@ static void test_threaded_stress(void) {
     total += readers[i].received;
     overwritten += readers[i].overwritten_views;
   }
-  printf("     stress: %ld messages received by %d readers (copies and views), 0 torn; "
-         "%ld views reported overwritten, %llu early wraps\n", total, STRESS_READERS,
+  printf("     stress (bursts of %s): %ld messages received by %d readers (copies and views), 0 torn; "
+         "%ld views reported overwritten, %llu early wraps\n",
+         burst_max ? "1 to 64" : "2048", total, STRESS_READERS,
          overwritten, (unsigned long long)pub.early_wraps);
   free_queue(&q);
+}
+
+static void test_threaded_stress(void) { threaded_stress(0); }
+
+static void test_threaded_stress_with_early_wraps(void) {
+  threaded_stress(64);
 }
 
 int main(void) {
@@ -1030,6 +1040,7 @@ int main(void) {
   RUN(test_queue_file_inspect_and_remove);
   RUN(test_opener_of_a_removed_file_opens_again);
   RUN(test_threaded_stress);
+  RUN(test_threaded_stress_with_early_wraps);
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }
