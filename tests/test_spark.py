@@ -907,3 +907,45 @@ def test_the_worker_daemon_drops_only_the_zips_of_installed_versions(tmp_path: P
     old_py4j = str(tmp_path / "py4j-0.0.1-src.zip")
     path = [same, py4j, "/usr/lib/python3", other, old_py4j]
     assert installed_first(path) == ["/usr/lib/python3", other, old_py4j]
+
+
+def test_local_workers_import_the_installed_pyspark_ahead_of_sparks_zip(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter a local session gives its Python workers (the data source's
+    driver-side planners included) imports the installed pyspark and py4j even with
+    Spark's zips first on PYTHONPATH, as the JVM starts them; and nothing else moves
+    ahead of the standard library. Where Spark's zip is another version, or the workers
+    run another interpreter, the interpreter is left as it is."""
+    import glob
+    import zipfile
+
+    import pyspark
+
+    from msgq.spark.session import _installed_pyspark_first
+
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    wrapper = _installed_pyspark_first(sys.executable)
+    assert wrapper != sys.executable and os.access(wrapper, os.X_OK)
+    zips = sorted(glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "python", "lib",
+                                         "*.zip")))
+    assert len(zips) == 2
+    script = ("import json, py4j, pyspark; "
+              "print(pyspark.__file__, py4j.__file__, json.__file__)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(zips)}
+    spark_way = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                               text=True, check=True).stdout.split()
+    assert all(".zip" in f for f in spark_way[:2])  # what the planners paid for
+    ours = subprocess.run([wrapper, "-c", script], env=env, capture_output=True, text=True,
+                          check=True).stdout.split()
+    folder = os.path.dirname(wrapper)
+    assert all(f.startswith(folder) and ".zip" not in f for f in ours[:2])
+    assert ours[2] == spark_way[2]  # the standard library's json, not something installed
+    assert sorted(os.listdir(folder)) == ["py4j", "pyspark", "python"]
+
+    assert _installed_pyspark_first("/usr/bin/python3") == "/usr/bin/python3"
+    home = tmp_path / "spark"
+    (home / "python" / "lib").mkdir(parents=True)
+    with zipfile.ZipFile(home / "python" / "lib" / "pyspark.zip", "w") as archive:
+        archive.writestr("pyspark/version.py", "__version__: str = '0.0.1'\n")
+    monkeypatch.setenv("SPARK_HOME", str(home))
+    assert _installed_pyspark_first(sys.executable) == sys.executable
