@@ -272,15 +272,22 @@ static bool is_message(const uint8_t *buf, long got, uint64_t seq, uint32_t len)
   return memcmp(buf, want, len) == 0;
 }
 
+/* A fresh queue of `capacity` bytes with a publisher and one subscriber. */
+static void open_pair(test_queue *q, uint32_t capacity, msgq_publisher *pub,
+                      msgq_subscriber *sub) {
+  *q = make_queue(capacity);
+  msgq_publisher_init(pub, &q->ring);
+  CHECK(msgq_subscriber_init(sub, &q->ring, false) == 0);
+}
+
 static void test_early_wrap_keeps_the_ring_warm(void) {
   /* A reader that keeps up lets the writer go back to the ring's start once it is a
    * quarter in (I7): the bytes in use stay few, and every message arrives whole. */
   const uint32_t capacity = 64u * 1024u, len = 1000u, total = 8u + 1000u;
-  test_queue q = make_queue(capacity);
+  test_queue q;
   msgq_publisher pub;
   msgq_subscriber sub;
-  msgq_publisher_init(&pub, &q.ring);
-  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  open_pair(&q, capacity, &pub, &sub);
   uint8_t msg[1000], buf[2048];
   uint32_t highest = 0;
   for (uint64_t seq = 1; seq <= 2000; seq++) {
@@ -359,11 +366,10 @@ static void test_reader_stalled_after_an_early_wrap_keeps_a_whole_ring(void) {
    * overwritten, yet last_wrap lets it go on at the new cycle's start, so it loses
    * nothing until the writer comes round the whole ring. */
   const uint32_t capacity = 64u * 1024u, len = 1000u, total = 8u + 1000u;
-  test_queue q = make_queue(capacity);
+  test_queue q;
   msgq_publisher pub;
   msgq_subscriber sub;
-  msgq_publisher_init(&pub, &q.ring);
-  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  open_pair(&q, capacity, &pub, &sub);
   uint8_t msg[1000], buf[2048];
   uint64_t seq = 0;
   while (pub.early_wraps == 0 && seq < 1000) {
@@ -395,11 +401,10 @@ static void test_damaged_last_wrap_costs_messages_never_bytes(void) {
   const uint32_t capacity = 16u * 1024u, len = 500u;
   uint8_t msg[500], buf[2048];
   for (int variant = 0; variant < 3; variant++) {
-    test_queue q = make_queue(capacity);
+    test_queue q;
     msgq_publisher pub;
     msgq_subscriber sub;
-    msgq_publisher_init(&pub, &q.ring);
-    CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+    open_pair(&q, capacity, &pub, &sub);
     uint64_t seq = 0, last = 0, delivered = 0;
     for (int round = 0; round < 200; round++) {
       int burst = 1 + (round * 7 + variant) % 45;
