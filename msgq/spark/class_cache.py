@@ -29,7 +29,7 @@ import time
 from importlib import metadata
 
 __all__ = ["archive_path", "cache_folder", "enabled", "jvm_flags", "record_writer",
-           "wait_for_archive", "writes_archive"]
+           "spark_home", "wait_for_archive", "writes_archive"]
 
 #: A ``.writing`` marker older than this is left over from a run that died: ignored.
 WRITE_TIMEOUT_S = 120.0
@@ -50,7 +50,8 @@ def cache_folder() -> str:
     return os.path.join(base, "msgq")
 
 
-def _spark_home() -> str:
+def spark_home() -> str:
+    """Spark's installation folder: $SPARK_HOME, else the pip pyspark package."""
     home = os.environ.get("SPARK_HOME")
     if home:
         return os.path.realpath(home)
@@ -62,7 +63,7 @@ def _spark_home() -> str:
 def archive_path(java: str, java_version: str) -> str:
     """The archive for this Java runtime (its path and ``java -version`` text) and this
     Spark installation (its folder, its jars, the pyspark version)."""
-    home = _spark_home()
+    home = spark_home()
     jars = sorted(glob.glob(os.path.join(home, "jars", "*.jar")))
     try:
         pyspark_version = metadata.version("pyspark")

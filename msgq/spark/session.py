@@ -11,6 +11,7 @@ paths (see docs/spark.md).
 from __future__ import annotations
 
 import atexit
+import glob
 import os
 import re
 import shlex
@@ -149,10 +150,8 @@ def _installed_pyspark_first(python: str) -> str:
     # small, but only local sessions need it
     from msgq.spark.worker_daemon import installed_first
 
-    home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
-    zips = [os.path.join(home, "python", "lib", n)
-            for n in sorted(os.listdir(os.path.join(home, "python", "lib")))
-            if n.endswith(".zip")] if os.path.isdir(os.path.join(home, "python", "lib")) else []
+    lib = os.path.join(msgq.spark.class_cache.spark_home(), "python", "lib")
+    zips = sorted(glob.glob(os.path.join(lib, "*.zip")))
     if not zips or installed_first(zips):
         return python
     folder = tempfile.mkdtemp(prefix="msgq-spark-python-")
@@ -375,7 +374,9 @@ def spark_session(
     ``-XX:TieredStopAtLevel=1`` for a short command (``msgq logstats``). Local sessions
     run their Python workers under :mod:`msgq.spark.worker_daemon`, which imports the
     installed pyspark instead of compiling Spark's zipped copy in every worker (unless
-    ``config`` sets ``spark.python.daemon.module``).
+    ``config`` sets ``spark.python.daemon.module``), and where the workers run this
+    interpreter they get a wrapper of it that does the same for the data source's
+    driver-side planner processes (:func:`_installed_pyspark_first`).
 
     ``class_cache``: a local session's JVM maps the classes it needs from the archive of
     :mod:`msgq.spark.class_cache` (written by the first such run when its JVM exits):
