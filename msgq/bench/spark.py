@@ -9,9 +9,9 @@ default: about 1 M events in 22 segments of 60 s), then, in one run:
 * ``msgq logstats`` as a user runs it (its own process, JVM start-up included) on
   ``local[1]``, ``local[2]`` and a standalone cluster of two one-core workers started
   here with pyspark's ``spark-class`` (its start-up not counted); their results must be
-  identical. An untimed command on one segment comes first: it writes the driver JVM's
-  class archive (msgq.spark.class_cache) that every later command maps, as a user's
-  second command would;
+  identical. Two commands on one segment come first: an untimed one that writes the
+  driver JVM's class archive (msgq.spark.class_cache) that every later command maps,
+  as a user's second command would, and a timed one: the fixed part of a command;
 * reading the recording into a DataFrame (every row materialised by the ``noop``
   writer) with the raw columns and with every service decoded into typed columns, in
   ``local[1]`` and ``local[2]`` sessions.
@@ -157,21 +157,23 @@ def _logstats(folder: str, master: str) -> tuple[dict[str, Any], float]:
     return json.loads(done.stdout), seconds
 
 
-def _warm_class_cache(folder: str) -> bool:
+def _fixed_part(folder: str) -> tuple[bool, int, float]:
     """An untimed ``msgq logstats`` of one segment, so that the timed commands start as
     every command after a user's first does: with the driver JVM's class archive
-    (:mod:`msgq.spark.class_cache`) written, and no JVM writing it in the background.
-    Returns whether the archive is in use."""
+    (:mod:`msgq.spark.class_cache`) written, and no JVM writing it in the background;
+    then the same command timed: the part of every command that does not grow with the
+    recording. Returns (archive in use, that segment's events, seconds)."""
     # imports pyspark: only the Spark rows need it
     from msgq.spark import class_cache
     from msgq.spark.session import _java_runtime
 
-    if not class_cache.enabled():
-        return False
-    first = sorted(n for n in os.listdir(folder) if n.startswith("segment-"))[0]
-    _logstats(os.path.join(folder, first), "local[1]")
+    first = os.path.join(folder, sorted(n for n in os.listdir(folder)
+                                        if n.startswith("segment-"))[0])
+    _logstats(first, "local[1]")
     java, version, _ = _java_runtime()
-    return class_cache.wait_for_archive(java, version)
+    in_use = class_cache.enabled() and class_cache.wait_for_archive(java, version)
+    doc, seconds = _logstats(first, "local[1]")
+    return in_use, sum(r["count"] for r in doc["services"]), seconds
 
 
 def _note(text: str) -> None:
@@ -197,7 +199,7 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
         _note(f"{written} events written")
         loop = _time(lambda: _reader_decode(folder), repeat)
         _note(f"LogReader loop: {loop[1]:.1f} s")
-        class_archive = _warm_class_cache(folder)
+        class_archive, fixed_events, fixed_seconds = _fixed_part(folder)
         stats: dict[str, tuple[dict[str, Any], float]] = {}
         for cores in (1, 2):
             stats[f"local[{cores}]"] = _logstats(folder, f"local[{cores}]")
@@ -243,6 +245,7 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
         "jvm_start_s": measured[1]["session"][1] if measured else None,
         "cluster_start_s": cluster_start,
         "class_archive": class_archive,
+        "fixed_part": {"events": fixed_events, "seconds": fixed_seconds},
         "identical_results": _same_results([doc for doc, _ in stats.values()]),
         "targets": {
             "logstats_local2_vs_loop": l2 / loop_seconds,  # <= 3
@@ -273,6 +276,10 @@ def _table(result: dict[str, Any]) -> str:
     starts.append("driver JVM class archive: " + (
         "in use (written by an untimed first command)" if result["class_archive"]
         else "not in use"))
+    fixed = result["fixed_part"]
+    starts.append(f"msgq logstats of one segment ({fixed['events']} events), local[1]: "
+                  f"{fixed['seconds']:.1f} s (the part of a command that does not grow "
+                  f"with the recording)")
     typed = t["typed_events_per_s_per_core"]
     return "\n".join([
         f"{result['events_written']} events written in {result['segments']} segments "
@@ -280,7 +287,7 @@ def _table(result: dict[str, Any]) -> str:
         f"load average {load(result['load_before'])} before, "
         f"{load(result['load_after'])} after",
         format_table(rows),
-        *(["; ".join(starts)] if starts else []),
+        *starts,
         f"logstats results identical on every master: "
         f"{'yes' if result['identical_results'] else 'NO'}",
         f"targets: logstats local[2] = {t['logstats_local2_vs_loop']:.2f}x the loop's time "
