@@ -45,7 +45,12 @@ def test_the_first_run_writes_the_archive_and_later_runs_map_it(cache: Path) -> 
     assert class_cache.jvm_flags(JAVA, VERSION) == []
     Path(path).write_bytes(b"half an archive")
     assert class_cache.jvm_flags(JAVA, VERSION) == []  # there, but not whole yet
-    # The writer is gone: the archive is used and the marker cleared.
+    # Its writer died: what does not start like an archive is written again.
+    class_cache.record_writer(JAVA, VERSION, _dead_pid())
+    assert class_cache.jvm_flags(JAVA, VERSION)[0] == f"-XX:ArchiveClassesAtExit={path}"
+    assert not os.path.exists(path)
+    # The writer is gone and left an archive: it is used and the marker cleared.
+    Path(path).write_bytes((0xF00BABA8).to_bytes(4, sys.byteorder) + b"the rest")
     class_cache.record_writer(JAVA, VERSION, _dead_pid())
     flags = class_cache.jvm_flags(JAVA, VERSION)
     assert flags == [f"-XX:SharedArchiveFile={path}", "-XX:+VerifySharedSpaces",
@@ -87,7 +92,7 @@ def test_cache_off_or_unwritable_means_no_flags(cache: Path,
 def test_an_archive_others_may_write_is_not_loaded(cache: Path) -> None:
     path = class_cache.archive_path(JAVA, VERSION)
     cache.mkdir(parents=True, mode=0o700)
-    Path(path).write_bytes(b"x")
+    Path(path).write_bytes((0xF00BABA8).to_bytes(4, sys.byteorder))
     os.chmod(path, 0o666)
     assert class_cache.jvm_flags(JAVA, VERSION) == []
     os.chmod(path, 0o444)
@@ -136,7 +141,10 @@ def test_logstats_writes_maps_and_survives_a_damaged_archive(tmp_path: Path) -> 
             f.write(os.urandom(1 << 16))
         assert _logstats(folder, home) == first
         os.remove(path)
-        Path(path).write_bytes(b"garbage")
+        Path(path).write_bytes(b"garbage")  # not an archive: written again
         assert _logstats(folder, home) == first
+        assert class_cache.wait_for_archive(java, version)
+        with open(path, "rb") as f:
+            assert int.from_bytes(f.read(4), sys.byteorder) == 0xF00BABA8
     finally:
         del os.environ["XDG_CACHE_HOME"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import sys
 import time
 from importlib import metadata
 
@@ -84,8 +85,9 @@ def _fresh(path: str) -> bool:
 
 def jvm_flags(java: str, java_version: str) -> list[str]:
     """The JVM flags of a driver about to start: map the archive when there is one; else
-    write it at exit. None while another run writes it, when the cache is off, or when
-    its folder cannot be written."""
+    write it at exit. No flags while another run writes it, when the cache is off, or
+    when its folder cannot be written. A file there that does not even start like an
+    archive (garbage, or the start of one whose writer was killed) is written again."""
     if not enabled():
         return []
     path = archive_path(java, java_version)
@@ -97,8 +99,10 @@ def jvm_flags(java: str, java_version: str) -> list[str]:
             _remove(marker)
         if not _private(path) or not _private(cache_folder()):
             return []  # classes another user could have written are not loaded
-        return [f"-XX:SharedArchiveFile={path}", _VERIFY, _QUIET]
-    if _fresh(marker):
+        if _starts_like_an_archive(path):
+            return [f"-XX:SharedArchiveFile={path}", _VERIFY, _QUIET]
+        _remove(path)
+    elif _fresh(marker):
         return []
     try:
         os.makedirs(cache_folder(), mode=0o700, exist_ok=True)
@@ -128,6 +132,19 @@ def record_writer(java: str, java_version: str, pid: int) -> None:
             f.write(f"{pid}\n")
     except OSError:
         pass
+
+
+#: The first word of a dynamic CDS archive (host byte order), as JDK 13 and later write it.
+_DYNAMIC_ARCHIVE_MAGIC = 0xF00BABA8
+
+
+def _starts_like_an_archive(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return len(head) == 4 and int.from_bytes(head, sys.byteorder) == _DYNAMIC_ARCHIVE_MAGIC
 
 
 def _private(path: str) -> bool:
@@ -167,7 +184,7 @@ def _writing(path: str) -> bool:
             pid = int(f.read().strip() or 0)
     except (OSError, ValueError):
         return False
-    if not _fresh(path + ".writing"):
+    if pid <= 0 or not _fresh(path + ".writing"):
         return False
     try:
         os.kill(pid, 0)
