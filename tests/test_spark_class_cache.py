@@ -63,15 +63,33 @@ def test_the_first_run_writes_the_archive_and_later_runs_map_it(cache: Path) -> 
     assert not class_cache.wait_for_archive(JAVA, VERSION, timeout_s=60)
 
 
-def test_another_runtime_gets_its_own_archive_and_the_old_one_goes(cache: Path) -> None:
-    old = class_cache.archive_path(JAVA, VERSION)
+def test_archives_of_other_runtimes_stay_up_to_a_few_used_last(cache: Path) -> None:
+    """Two virtual environments on one machine (another Spark home, another runtime) do
+    not take turns rewriting one archive: the archives used last are kept, up to
+    KEEP_ARCHIVES; one being written is never removed."""
     cache.mkdir(parents=True)
-    Path(old).write_bytes(b"x")
-    other = 'openjdk version "21.0.2"\n'
-    new = class_cache.archive_path(JAVA, other)
-    assert new != old
-    assert class_cache.jvm_flags(JAVA, other)[0] == f"-XX:ArchiveClassesAtExit={new}"
-    assert not os.path.exists(old)
+    versions = [f'openjdk version "{major}.0.1"\n' for major in (11, 17, 21, 22, 23)]
+    paths = [class_cache.archive_path(JAVA, v) for v in versions]
+    assert len(set(paths)) == len(paths)
+    for age, path in enumerate(paths[:3]):  # paths[0] used last, paths[2] longest ago
+        Path(path).write_bytes((0xF00BABA8).to_bytes(4, sys.byteorder))
+        os.utime(path, (1000 - age, 1000 - age))
+    being_written = paths[3]
+    Path(being_written).write_bytes(b"half")
+    Path(being_written + ".writing").write_text(f"{os.getpid()}\n")
+    stale_marker = paths[2] + ".writing"
+    Path(stale_marker).write_text(f"{_dead_pid()}\n")
+    os.utime(stale_marker, (1, 1))
+
+    new = paths[4]
+    assert class_cache.jvm_flags(JAVA, versions[4])[0] == f"-XX:ArchiveClassesAtExit={new}"
+    assert os.path.exists(paths[0]) and os.path.exists(paths[1])  # used last: kept
+    assert not os.path.exists(paths[2]) and not os.path.exists(stale_marker)
+    assert os.path.exists(being_written)
+
+    # Mapping an archive dates it: it is among those used last from then on.
+    assert class_cache.jvm_flags(JAVA, versions[1])[0] == f"-XX:SharedArchiveFile={paths[1]}"
+    assert os.stat(paths[1]).st_mtime > os.stat(paths[0]).st_mtime
 
 
 def test_cache_off_or_unwritable_means_no_flags(cache: Path,

@@ -9,7 +9,9 @@ machine with a 15 k-event recording (``msgq logstats``, ``local[1]``): session s
 
 :func:`jvm_flags` picks the flags for a driver about to start. The archive lives under
 ``$XDG_CACHE_HOME/msgq`` (else ``~/.cache/msgq``), one file per Java runtime, Spark
-installation and pyspark version (the name says which), about 170 MB. The first run
+installation and pyspark version (the name says which), about 170 MB; the
+:data:`KEEP_ARCHIVES` used last are kept, so several virtual environments on one machine
+do not take turns rewriting one. The first run
 writes it when its JVM exits: that JVM goes on for some seconds after the command
 returned (in the background), and a ``.writing`` marker (the JVM's pid, from
 :func:`record_writer`) stops other runs from writing the same archive meanwhile. A
@@ -34,6 +36,9 @@ __all__ = ["archive_path", "cache_folder", "enabled", "jvm_flags", "record_write
 
 #: A ``.writing`` marker older than this is left over from a run that died: ignored.
 WRITE_TIMEOUT_S = 120.0
+#: Archives kept (the ones used last): one per Java runtime and Spark installation in
+#: use, e.g. a project's virtual environment beside a clean clone's.
+KEEP_ARCHIVES = 3
 _QUIET = "-Xlog:cds*=off"
 #: The JVM checks the archive's CRCs when it maps it (free here: 0.1 s or less) and runs
 #: without it when they do not match; unchecked, a damaged archive crashes the JVM.
@@ -100,6 +105,7 @@ def jvm_flags(java: str, java_version: str) -> list[str]:
         if not _private(path) or not _private(cache_folder()):
             return []  # classes another user could have written are not loaded
         if _starts_like_an_archive(path):
+            _mark_used(path)
             return [f"-XX:SharedArchiveFile={path}", _VERIFY, _QUIET]
         _remove(path)
     elif _fresh(marker):
@@ -112,10 +118,7 @@ def jvm_flags(java: str, java_version: str) -> list[str]:
             f.write(f"{os.getpid()}\n")  # the JVM's pid replaces it once it runs
     except OSError:
         return []
-    # One archive per folder: those of other runtimes or Spark versions go.
-    for old in glob.glob(os.path.join(cache_folder(), "spark-*.jsa*")):
-        if old not in (path, marker):
-            _remove(old)
+    _remove_unused_archives(keep=path)
     return [f"-XX:ArchiveClassesAtExit={path}", _QUIET]
 
 
@@ -145,6 +148,35 @@ def _starts_like_an_archive(path: str) -> bool:
     except OSError:
         return False
     return len(head) == 4 and int.from_bytes(head, sys.byteorder) == _DYNAMIC_ARCHIVE_MAGIC
+
+
+def _mark_used(path: str) -> None:
+    """Dates the archive now: the archives used last are the ones kept."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _remove_unused_archives(keep: str) -> None:
+    """Makes room for ``keep`` (about to be written): of the other archives, the ones
+    used last stay, up to :data:`KEEP_ARCHIVES` in all; one being written stays; markers
+    left by runs that died go."""
+    folder = cache_folder()
+    others = []
+    for old in glob.glob(os.path.join(folder, "spark-*.jsa")):
+        if old == keep or _writing(old):
+            continue
+        try:
+            others.append((os.stat(old).st_mtime, old))
+        except OSError:
+            continue
+    others.sort(reverse=True)
+    for _, old in others[KEEP_ARCHIVES - 1:]:
+        _remove(old)
+    for marker in glob.glob(os.path.join(folder, "spark-*.jsa.writing")):
+        if marker != keep + ".writing" and not _fresh(marker):
+            _remove(marker)
 
 
 def _private(path: str) -> bool:
