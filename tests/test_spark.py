@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import warnings
 from collections import defaultdict
 from contextlib import redirect_stdout
@@ -943,6 +944,17 @@ def test_local_workers_import_the_installed_pyspark_ahead_of_sparks_zip(
     assert sorted(os.listdir(folder)) == ["py4j", "pyspark", "python"]
 
     assert _installed_pyspark_first("/usr/bin/python3") == "/usr/bin/python3"
+
+    # A process killed before its exit handlers ran left its folder: the next one removes
+    # it (links inside, not what they point to); a live process's folder stays.
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    dead = tempfile.mkdtemp(prefix=f"msgq-spark-python-{child.stdout.strip()}-")
+    os.symlink(os.path.dirname(pyspark.__file__), os.path.join(dead, "pyspark"))
+    again = _installed_pyspark_first(sys.executable)
+    assert not os.path.exists(dead) and os.path.isdir(os.path.dirname(pyspark.__file__))
+    assert os.path.isdir(folder) and os.path.isdir(os.path.dirname(again))
+
     home = tmp_path / "spark"
     (home / "python" / "lib").mkdir(parents=True)
     with zipfile.ZipFile(home / "python" / "lib" / "pyspark.zip", "w") as archive:

@@ -31,6 +31,8 @@ import sys
 import time
 from importlib import metadata
 
+from msgq.queues import process_alive
+
 __all__ = ["archive_path", "cache_folder", "enabled", "jvm_flags", "record_writer",
            "spark_home", "wait_for_archive", "writes_archive"]
 
@@ -216,12 +218,4 @@ def _writing(path: str) -> bool:
             pid = int(f.read().strip() or 0)
     except (OSError, ValueError):
         return False
-    if pid <= 0 or not _fresh(path + ".writing"):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _fresh(path + ".writing") and process_alive(pid)

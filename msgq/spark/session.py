@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from typing import Any
 
 import msgq.spark
 import msgq.spark.class_cache
+from msgq.queues import process_alive
 
 __all__ = ["DEFAULT_MASTER", "ExecutorPythonError", "JavaMissingError", "check_java",
            "probe_executors", "probed_executors", "spark_session", "worker_python"]
@@ -124,6 +126,25 @@ def worker_python(config: Mapping[str, str] | None = None) -> str:
             or sys.executable)
 
 
+#: The wrapper folders of :func:`_installed_pyspark_first`: this prefix, the pid, a dash.
+_WRAPPER_PREFIX = "msgq-spark-python-"
+
+
+def _remove_dead_wrappers() -> None:
+    """Removes the wrapper folders of processes that died before their exit handlers ran
+    (a SIGKILL): this user's folders, named by a pid that is gone."""
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), _WRAPPER_PREFIX + "*")):
+        pid, dash, _ = os.path.basename(folder)[len(_WRAPPER_PREFIX):].partition("-")
+        if not dash or not pid.isdigit() or process_alive(int(pid)):
+            continue
+        try:
+            info = os.lstat(folder)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            shutil.rmtree(folder, ignore_errors=True)  # links inside are removed, not followed
+
+
 def _installed_pyspark_first(python: str) -> str:
     """An interpreter for the Python workers of a local session that imports the
     installed pyspark and py4j ahead of Spark's zips, or ``python`` unchanged.
@@ -154,7 +175,8 @@ def _installed_pyspark_first(python: str) -> str:
     zips = sorted(glob.glob(os.path.join(lib, "*.zip")))
     if not zips or installed_first(zips):
         return python
-    folder = tempfile.mkdtemp(prefix="msgq-spark-python-")
+    _remove_dead_wrappers()
+    folder = tempfile.mkdtemp(prefix=f"{_WRAPPER_PREFIX}{os.getpid()}-")
     atexit.register(shutil.rmtree, folder, True)
     for package in (pyspark, py4j):
         name = package.__name__
