@@ -80,11 +80,14 @@ def test_archives_of_other_runtimes_stay_up_to_a_few_used_last(cache: Path) -> N
     stale_marker = paths[2] + ".writing"
     Path(stale_marker).write_text(f"{_dead_pid()}\n")
     os.utime(stale_marker, (1, 1))
+    dead_writer = paths[1] + ".writing"  # fresh, but its writer is gone
+    Path(dead_writer).write_text(f"{_dead_pid()}\n")
 
     new = paths[4]
     assert class_cache.jvm_flags(JAVA, versions[4])[0] == f"-XX:ArchiveClassesAtExit={new}"
     assert os.path.exists(paths[0]) and os.path.exists(paths[1])  # used last: kept
     assert not os.path.exists(paths[2]) and not os.path.exists(stale_marker)
+    assert not os.path.exists(dead_writer)
     assert os.path.exists(being_written)
 
     # Mapping an archive dates it: it is among those used last from then on.

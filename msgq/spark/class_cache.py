@@ -177,7 +177,8 @@ def _remove_unused_archives(keep: str) -> None:
     for _, old in others[KEEP_ARCHIVES - 1:]:
         _remove(old)
     for marker in glob.glob(os.path.join(folder, "spark-*.jsa.writing")):
-        if marker != keep + ".writing" and not _fresh(marker):
+        archive = marker[: -len(".writing")]
+        if archive != keep and not _writing(archive):
             _remove(marker)
 
 
