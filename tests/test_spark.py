@@ -941,19 +941,22 @@ def test_local_workers_import_the_installed_pyspark_ahead_of_sparks_zip(
     folder = os.path.dirname(wrapper)
     assert all(f.startswith(folder) and ".zip" not in f for f in ours[:2])
     assert ours[2] == spark_way[2]  # the standard library's json, not something installed
-    assert sorted(os.listdir(folder)) == ["py4j", "pyspark", "python"]
+    assert sorted(os.listdir(folder)) == [".lock", "py4j", "pyspark", "python"]
 
     assert _installed_pyspark_first("/usr/bin/python3") == "/usr/bin/python3"
 
-    # A process killed before its exit handlers ran left its folder: the next one removes
-    # it (links inside, not what they point to); a live process's folder stays.
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                           capture_output=True, text=True, check=True)
-    dead = tempfile.mkdtemp(prefix=f"msgq-spark-python-{child.stdout.strip()}-")
+    # A process killed before its exit handlers ran left its folder, its lock free: the
+    # next one removes it (links inside, not what they point to). A folder whose lock is
+    # held (this process's) stays, and so does one without a lock.
+    dead = tempfile.mkdtemp(prefix="msgq-spark-python-1-")
+    Path(dead, ".lock").touch()
     os.symlink(os.path.dirname(pyspark.__file__), os.path.join(dead, "pyspark"))
+    unlocked = tempfile.mkdtemp(prefix="msgq-spark-python-2-")
     again = _installed_pyspark_first(sys.executable)
     assert not os.path.exists(dead) and os.path.isdir(os.path.dirname(pyspark.__file__))
     assert os.path.isdir(folder) and os.path.isdir(os.path.dirname(again))
+    assert os.path.isdir(unlocked)
+    os.rmdir(unlocked)
 
     home = tmp_path / "spark"
     (home / "python" / "lib").mkdir(parents=True)

@@ -11,6 +11,7 @@ paths (see docs/spark.md).
 from __future__ import annotations
 
 import atexit
+import fcntl
 import glob
 import os
 import re
@@ -28,7 +29,6 @@ from typing import Any
 
 import msgq.spark
 import msgq.spark.class_cache
-from msgq.queues import process_alive
 
 __all__ = ["DEFAULT_MASTER", "ExecutorPythonError", "JavaMissingError", "check_java",
            "probe_executors", "probed_executors", "spark_session", "worker_python"]
@@ -128,21 +128,39 @@ def worker_python(config: Mapping[str, str] | None = None) -> str:
 
 #: The wrapper folders of :func:`_installed_pyspark_first`: this prefix, the pid, a dash.
 _WRAPPER_PREFIX = "msgq-spark-python-"
+#: In each wrapper folder: a file its process holds an flock on while it lives.
+_WRAPPER_LOCK = ".lock"
+#: The lock files this process holds (their locks last as long as the files are open).
+_held_locks: list[Any] = []
+
+
+def _hold_wrapper_folder(folder: str) -> None:
+    """Takes the folder's lock for the life of this process: a lock dies with its
+    process, whatever pid namespace the process runs in."""
+    lock = open(os.path.join(folder, _WRAPPER_LOCK), "w")  # noqa: SIM115 - held until exit
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    _held_locks.append(lock)
 
 
 def _remove_dead_wrappers() -> None:
     """Removes the wrapper folders of processes that died before their exit handlers ran
-    (a SIGKILL): this user's folders, named by a pid that is gone."""
+    (a SIGKILL): this user's folders whose lock nobody holds any more. A pid alone would
+    not do: a process in another pid namespace sharing this temp folder looks dead."""
     for folder in glob.glob(os.path.join(tempfile.gettempdir(), _WRAPPER_PREFIX + "*")):
-        pid, dash, _ = os.path.basename(folder)[len(_WRAPPER_PREFIX):].partition("-")
-        if not dash or not pid.isdigit() or process_alive(int(pid)):
-            continue
         try:
             info = os.lstat(folder)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            fd = os.open(os.path.join(folder, _WRAPPER_LOCK), os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
-            continue
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
-            shutil.rmtree(folder, ignore_errors=True)  # links inside are removed, not followed
+            continue  # not ours, or a folder without a lock: left alone
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its process lives
+        finally:
+            os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)  # links inside are removed, not followed
 
 
 def _installed_pyspark_first(python: str) -> str:
@@ -178,6 +196,7 @@ def _installed_pyspark_first(python: str) -> str:
     _remove_dead_wrappers()
     folder = tempfile.mkdtemp(prefix=f"{_WRAPPER_PREFIX}{os.getpid()}-")
     atexit.register(shutil.rmtree, folder, True)
+    _hold_wrapper_folder(folder)
     for package in (pyspark, py4j):
         name = package.__name__
         os.symlink(os.path.dirname(os.path.realpath(package.__file__)),
