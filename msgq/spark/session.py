@@ -130,16 +130,19 @@ def worker_python(config: Mapping[str, str] | None = None) -> str:
 _WRAPPER_PREFIX = "msgq-spark-python-"
 #: In each wrapper folder: a file its process holds an flock on while it lives.
 _WRAPPER_LOCK = ".lock"
-#: The lock files this process holds (their locks last as long as the files are open).
-_held_locks: list[Any] = []
 
 
 def _hold_wrapper_folder(folder: str) -> None:
-    """Takes the folder's lock for the life of this process: a lock dies with its
-    process, whatever pid namespace the process runs in."""
-    lock = open(os.path.join(folder, _WRAPPER_LOCK), "w")  # noqa: SIM115 - held until exit
+    """Takes the folder's lock for the life of this process (a lock dies with its
+    process, whatever pid namespace the process runs in); at exit the folder goes."""
+    lock = os.open(os.path.join(folder, _WRAPPER_LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)
-    _held_locks.append(lock)
+    atexit.register(_release_wrapper_folder, folder, lock)
+
+
+def _release_wrapper_folder(folder: str, lock: int) -> None:
+    os.close(lock)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _remove_dead_wrappers() -> None:
@@ -195,7 +198,6 @@ def _installed_pyspark_first(python: str) -> str:
         return python
     _remove_dead_wrappers()
     folder = tempfile.mkdtemp(prefix=f"{_WRAPPER_PREFIX}{os.getpid()}-")
-    atexit.register(shutil.rmtree, folder, True)
     _hold_wrapper_folder(folder)
     for package in (pyspark, py4j):
         name = package.__name__
