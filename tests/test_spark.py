@@ -922,6 +922,7 @@ def test_local_workers_import_the_installed_pyspark_ahead_of_sparks_zip(
 
     import pyspark
 
+    from msgq.spark import session
     from msgq.spark.session import _installed_pyspark_first
 
     monkeypatch.delenv("SPARK_HOME", raising=False)
@@ -957,6 +958,16 @@ def test_local_workers_import_the_installed_pyspark_ahead_of_sparks_zip(
     assert os.path.isdir(folder) and os.path.isdir(os.path.dirname(again))
     assert os.path.isdir(unlocked)
     os.rmdir(unlocked)
+
+    # A forked child that runs the exit handlers leaves its parent's folder alone.
+    child = os.fork()
+    if child == 0:
+        try:
+            session._release_wrapper_folder(folder, os.open(os.devnull, os.O_RDONLY),
+                                            os.getppid())
+        finally:
+            os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0 and os.path.isdir(folder)
 
     home = tmp_path / "spark"
     (home / "python" / "lib").mkdir(parents=True)

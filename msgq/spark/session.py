@@ -126,7 +126,8 @@ def worker_python(config: Mapping[str, str] | None = None) -> str:
             or sys.executable)
 
 
-#: The wrapper folders of :func:`_installed_pyspark_first`: this prefix, the pid, a dash.
+#: The wrapper folders of :func:`_installed_pyspark_first` (then the owner's pid, for
+#: whoever looks at the temp folder; their lock, not the pid, says whether it lives).
 _WRAPPER_PREFIX = "msgq-spark-python-"
 #: In each wrapper folder: a file its process holds an flock on while it lives.
 _WRAPPER_LOCK = ".lock"
@@ -137,12 +138,15 @@ def _hold_wrapper_folder(folder: str) -> None:
     process, whatever pid namespace the process runs in); at exit the folder goes."""
     lock = os.open(os.path.join(folder, _WRAPPER_LOCK), os.O_WRONLY | os.O_CREAT, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)
-    atexit.register(_release_wrapper_folder, folder, lock)
+    atexit.register(_release_wrapper_folder, folder, lock, os.getpid())
 
 
-def _release_wrapper_folder(folder: str, lock: int) -> None:
-    os.close(lock)
-    shutil.rmtree(folder, ignore_errors=True)
+def _release_wrapper_folder(folder: str, lock: int, owner: int) -> None:
+    """At exit, in the process that made the folder only: a forked child that exits
+    through its exit handlers leaves its parent's folder alone."""
+    if os.getpid() == owner:
+        os.close(lock)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _remove_dead_wrappers() -> None:
