@@ -4,9 +4,13 @@
   first use so that importing msgq stays cheap.
 * :data:`SERVICE_LIST` — the default service registry (:mod:`msgq.schemas.services`).
 * :class:`Schema` — a schema file, its root struct and its registry together;
-  :func:`default_schema` is ours, :func:`load_schema` loads an application's own, which
-  PubMaster / SubMaster, the logs and the CLI accept in place of ours
-  (:mod:`msgq.schemas.schema`).
+  :func:`load_schema` loads an application's own (a ``.capnp`` file or a module pycapnp
+  already loaded, with a registry in code or in a file: :func:`load_registry`);
+  :func:`msgq_schema` is msgq's own (:mod:`msgq.schemas.schema`).
+* The schema in force (:mod:`msgq.schemas.selection`): one per process, set once with
+  :func:`use_schema` or the ``MSGQ_SCHEMA``/``MSGQ_SERVICES`` environment variables, and
+  read by every layer (:func:`default_schema` / :func:`schema_in_force`); a
+  :class:`SchemaSpec` rebuilds it in another process.
 * :mod:`msgq.schemas.events` — making and parsing Event messages (``new_message``,
   ``log_from_bytes``, ``decode_event``).
 * :mod:`msgq.schemas.framing` — Cap'n Proto stream framing and :class:`EventLayout`, the
@@ -30,39 +34,58 @@ from msgq.schemas.schema import (
     Schema,
     default_schema,
     load_schema,
+    msgq_schema,
     schema_fingerprint,
+)
+from msgq.schemas.selection import (
+    SchemaSpec,
+    registry_in_force,
+    schema_in_force,
+    spec_in_force,
+    use_schema,
 )
 from msgq.schemas.services import (
     SERVICE_LIST,
+    UNSIZED_QUEUE_SIZE,
     Service,
     ServiceRegistry,
     derive_queue_size,
     find_service,
+    load_registry,
 )
 
 __all__ = [
     "NO_TRAVERSAL_LIMIT",
     "SCHEMA_DIR",
     "SERVICE_LIST",
+    "UNSIZED_QUEUE_SIZE",
     "EventLayout",
     "MessageDecodeError",
     "Schema",
+    "SchemaSpec",
     "Service",
     "ServiceRegistry",
     "decode_event",
     "default_schema",
     "derive_queue_size",
     "find_service",
+    "load_registry",
     "load_schema",
     "log",
     "log_from_bytes",
+    "msgq_schema",
     "new_message",
+    "registry_in_force",
     "schema_fingerprint",
+    "schema_in_force",
+    "spec_in_force",
+    "use_schema",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    # ``msgq.schemas.log`` (and ``from msgq.schemas import log``) load the schema lazily.
+    # ``msgq.schemas.log`` (and ``from msgq.schemas import log``): the schema in force's
+    # module, loaded lazily.
     if name == "log":
         return default_schema().module
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,8 @@ from typing import Any
 
 from msgq import clock
 from msgq.errors import MessageDecodeError
-from msgq.schemas.schema import NO_TRAVERSAL_LIMIT, Schema, default_schema, read_struct
+from msgq.schemas.schema import NO_TRAVERSAL_LIMIT, Schema, read_struct
+from msgq.schemas.selection import schema_in_force
 from msgq.schemas.services import unknown_service_error
 
 __all__ = [
@@ -25,11 +26,11 @@ __all__ = [
 
 def new_message(service: str | None = None, size: int | None = None,
                 schema: Schema | None = None, **kwargs: Any) -> Any:
-    """A new Event builder: ``logMonoTime`` = now (ns; CLOCK_MONOTONIC, or the replayed time
-    under the lockstep harness, see :mod:`msgq.clock`), ``valid`` False, ``kwargs`` set as
-    fields; with ``service``, that union member is initialised (``size`` elements when it
+    """A new Event builder of the schema in force (or ``schema``): ``logMonoTime`` = now
+    (ns; CLOCK_MONOTONIC, or the replayed time under the lockstep harness, see
+    :mod:`msgq.clock`), ``valid`` False (as cereal's), ``kwargs`` set as fields; with ``service``, that union member is initialised (``size`` elements when it
     is a list). Unknown service → KeyError with close matches."""
-    schema = schema or default_schema()
+    schema = schema_in_force(schema)
     kwargs.setdefault("logMonoTime", clock.monotonic_ns())
     kwargs.setdefault("valid", False)
     msg = schema.event.new_message(**kwargs)
@@ -43,11 +44,11 @@ def new_message(service: str | None = None, size: int | None = None,
 def log_from_bytes(dat: bytes, struct: Any = None) -> Any:
     """The Event (or ``struct``) reader over ``dat``, without a traversal limit (trusted
     bytes). Raises pycapnp's error on malformed bytes."""
-    return read_struct(struct if struct is not None else default_schema().event, dat,
+    return read_struct(struct if struct is not None else schema_in_force().event, dat,
                        NO_TRAVERSAL_LIMIT)
 
 
 def decode_event(data: bytes, schema: Schema | None = None) -> Any:
     """The Event reader over ``data`` (bytes from another process), with a traversal limit
     proportional to its size. Malformed bytes → :class:`MessageDecodeError`."""
-    return (schema or default_schema()).decode(data)
+    return schema_in_force(schema).decode(data)

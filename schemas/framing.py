@@ -137,13 +137,19 @@ def message_extent(message: Any) -> int | None:
 @dataclass(frozen=True)
 class EventLayout:
     """Where the root struct of a schema keeps ``logMonoTime``, ``valid`` and its union
-    discriminant, so they can be read from a message's bytes without pycapnp."""
+    discriminant, so they can be read from a message's bytes without pycapnp, and the
+    defaults the schema declares for them: Cap'n Proto stores a field XOR its default
+    (openpilot declares ``valid @67 :Bool = true``), and a field beyond the end of an
+    older writer's data section reads as its default. Union discriminants have no
+    default (zero)."""
 
     mono_byte: int
     valid_byte: int
     valid_bit: int
     discriminant_byte: int
     services: tuple[str, ...]  # union members by discriminant value
+    mono_default: int = 0
+    valid_default: bool = False
     schema: Any = field(default=None, repr=False, compare=False)  # decodes what peek cannot
 
     @classmethod
@@ -162,6 +168,8 @@ class EventLayout:
             valid_bit=valid.offset % 8,
             discriminant_byte=2 * node.struct.discriminantOffset,
             services=tuple(by_value[i] for i in range(len(by_value))),
+            mono_default=int(mono.defaultValue.uint64),
+            valid_default=bool(valid.defaultValue.bool),
             schema=schema,
         )
 
@@ -214,10 +222,11 @@ class EventLayout:
         def inside(byte: int, width: int) -> bool:
             return data + byte + width <= data_end
 
-        mono = _U64.unpack_from(message, data + self.mono_byte)[0] \
-            if inside(self.mono_byte, 8) else 0
+        # stored XOR the declared default; a field past the data section is its default
+        mono = _U64.unpack_from(message, data + self.mono_byte)[0] ^ self.mono_default \
+            if inside(self.mono_byte, 8) else self.mono_default
         valid = bool(message[data + self.valid_byte] >> self.valid_bit & 1) \
-            if inside(self.valid_byte, 1) else False
+            ^ self.valid_default if inside(self.valid_byte, 1) else self.valid_default
         which = _U16.unpack_from(message, data + self.discriminant_byte)[0] \
             if inside(self.discriminant_byte, 2) else 0
         if which >= len(self.services):

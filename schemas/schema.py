@@ -1,6 +1,14 @@
 """What a schema is: :class:`Schema` (a Cap'n Proto file, its root Event struct and its
-service registry), loading one (:func:`load_schema`, :func:`default_schema`) and decoding
-bytes as its root struct with a bounded traversal (:meth:`Schema.decode`).
+service registry), loading one (:func:`load_schema`; :func:`default_schema` is the schema
+in force, :func:`msgq_schema` msgq's own) and decoding bytes as its root struct with a
+bounded traversal (:meth:`Schema.decode`).
+
+Loading never aborts the process: pycapnp aborts ("Duplicate ID") when a file it already
+parsed is parsed again with other import folders — what happens when a program did ``from
+cereal import log`` (``capnp.load(path)``) and then loads the same file again. A file
+already loaded in this process (found by its ``@0x...`` id among pycapnp's loaded
+modules) is reused, never parsed twice, and a file is loaded with the import folders the
+caller gives and no others, as cereal loads it.
 
 Traversal limits: pycapnp refuses to walk more than a traversal limit of words per
 message, which stops a crafted message whose pointers all point at the same data from
@@ -25,14 +33,22 @@ from typing import Any
 
 from msgq.errors import MessageDecodeError
 from msgq.schemas.framing import EventLayout
-from msgq.schemas.services import SERVICE_LIST, Service, ServiceRegistry, register
+from msgq.schemas.selection import SchemaSpec, schema_in_force, set_socket_registry
+from msgq.schemas.services import (
+    Service,
+    ServiceRegistry,
+    load_registry,
+    registry_from_mapping,
+)
 
 __all__ = [
     "NO_TRAVERSAL_LIMIT",
     "SCHEMA_DIR",
     "Schema",
+    "build_schema",
     "default_schema",
     "load_schema",
+    "msgq_schema",
     "read_struct",
     "schema_fingerprint",
 ]
@@ -47,8 +63,8 @@ _MIN_TRAVERSAL_WORDS = 8 * 1024 * 1024
 SCHEMA_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _IMPORT_RE = re.compile(rb'import\s+"([^"]+)"')
+_FILE_ID_RE = re.compile(rb'^\s*@0x([0-9a-fA-F]{16})\s*;', re.MULTILINE)
 _lock = threading.Lock()
-_default: Schema | None = None
 
 
 def _capnp() -> Any:
@@ -78,13 +94,46 @@ def schema_fingerprint(path: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def _loaded_module(path: str) -> Any:
+    """The module pycapnp already loaded from the file at ``path`` in this process (found
+    by the file's ``@0x...`` id), or None."""
+    import capnp.lib.capnp as capnp_lib
+
+    parser = getattr(capnp_lib, "_global_schema_parser", None)
+    if parser is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            match = _FILE_ID_RE.search(f.read())
+    except OSError:
+        return None
+    if match is None:
+        return None
+    module = parser.modules_by_id.get(int(match.group(1), 16))
+    return module if getattr(module, "__file__", None) is not None else None
+
+
+def load_module(path: str, imports: Iterable[str] = ()) -> Any:
+    """The pycapnp module of the schema file at ``path``: the one already loaded in this
+    process when there is one (never parsed twice, which would abort the process), else
+    loaded with ``imports`` as its only extra folders."""
+    capnp = _capnp()
+    with _lock:
+        module = _loaded_module(path)
+        if module is None:
+            module = capnp.load(path, imports=list(imports))
+    return module
+
+
 class Schema:
     """A Cap'n Proto schema, its root struct (one union field per service, plus
-    ``logMonoTime`` and ``valid``) and its service registry."""
+    ``logMonoTime`` and ``valid``) and its service registry. ``spec`` is its
+    :class:`msgq.schemas.SchemaSpec`: pickle that, not the Schema, to rebuild it in
+    another process."""
 
-    def __init__(self, module: Any, registry: ServiceRegistry, root: str, path: str) -> None:
+    def __init__(self, module: Any, registry: ServiceRegistry | None, root: str, path: str,
+                 spec: SchemaSpec | None = None) -> None:
         self.module = module
-        self.services = registry
         self.path = path
         self.root_name = root
         try:
@@ -96,6 +145,11 @@ class Schema:
         if missing:
             raise ValueError(f"{root} in {path} lacks the fields {sorted(missing)}")
         self.union_fields: tuple[str, ...] = tuple(self.event.schema.union_fields)
+        if registry is None:
+            # no registry: every union member is an event-driven, logged service
+            registry = ServiceRegistry(Service(name, True, 0.0) for name in self.union_fields)
+        self.services = registry
+        self.spec = spec if spec is not None else SchemaSpec(path, registry, root)
         unknown = [name for name in registry if name not in self.union_fields]
         if unknown:
             raise ValueError(
@@ -140,42 +194,83 @@ class Schema:
         return f"Schema({self.path!r}, root={self.root_name!r}, {len(self.services)} services)"
 
 
+def _registry_of(services: Any) -> ServiceRegistry | None:
+    if services is None or isinstance(services, ServiceRegistry):
+        return services
+    if isinstance(services, (str, os.PathLike)):
+        return load_registry(os.fspath(services))
+    if hasattr(services, "items"):
+        return registry_from_mapping(services)
+    return ServiceRegistry(services)
+
+
+def spec_of(schema: Any, services: Any = None, root: str = "Event",
+            imports: Iterable[str] = ()) -> SchemaSpec:
+    """The :class:`SchemaSpec` of a schema named as :func:`load_schema` takes it."""
+    if schema is None:
+        path = None
+    elif isinstance(schema, (str, os.PathLike)):
+        path = os.path.abspath(os.fspath(schema))
+    elif getattr(schema, "__file__", None):  # a module pycapnp loaded
+        path = os.path.abspath(schema.__file__)
+    else:
+        raise TypeError(f"a schema is a .capnp path or a loaded pycapnp module, not "
+                        f"{type(schema).__name__}")
+    if path is not None and not os.path.isfile(path):
+        raise FileNotFoundError(f"schema file {path} does not exist")
+    services_path = os.path.abspath(os.fspath(services)) \
+        if isinstance(services, (str, os.PathLike)) else None
+    return SchemaSpec(path=path, services=_registry_of(services), root=root,
+                      imports=tuple(os.path.abspath(i) for i in imports),
+                      services_path=services_path)
+
+
+def build_schema(spec: SchemaSpec) -> Schema:
+    """Loads the schema ``spec`` describes (:meth:`SchemaSpec.load` caches it)."""
+    path = spec.path or os.path.join(SCHEMA_DIR, "log.capnp")
+    module = load_module(path, spec.imports)
+    registry = spec.registry()
+    schema = Schema(module, registry, spec.root, path, spec)
+    return schema
+
+
 def load_schema(
-    path: str,
-    services: ServiceRegistry | Iterable[Service],
+    path: Any,
+    services: ServiceRegistry | Iterable[Service] | str | Any = None,
     root: str = "Event",
     imports: Iterable[str] = (),
-    register_services: bool = True,
+    register_services: bool = False,
 ) -> Schema:
-    """Loads an application's own schema file with its registry.
+    """Loads an application's own schema with its registry (it does not make it the
+    process default: :func:`msgq.schemas.use_schema` does).
 
-    ``services`` names the union members of ``root`` that are services (with their
-    frequency, logging policy and message size); ``imports`` are extra folders for
-    ``import "/..."`` lines. With ``register_services`` the plain ``pub_sock``/``sub_sock``
-    also size those services' queues from the registry. Raises ValueError when the file
-    does not define ``root`` with ``logMonoTime``, ``valid`` and a member per service.
+    ``path``: the ``.capnp`` file, or a module pycapnp already loaded (``from cereal
+    import log``: reused, never parsed twice). ``services``: the registry — a
+    :class:`ServiceRegistry` or list of :class:`Service`, a registry file (``.py`` like
+    cereal's ``services.py``, ``.toml``, ``.json``), a mapping like cereal's
+    ``SERVICE_LIST``, or None (every union member, event-driven). ``imports`` are extra
+    folders for ``import "/..."`` lines. ``register_services``: plain
+    ``pub_sock``/``sub_sock`` size queues from this registry from now on (one registry is
+    in force; prefer ``use_schema``). Raises ValueError when the file does not define
+    ``root`` with ``logMonoTime``, ``valid`` and a member per service.
     """
-    capnp = _capnp()
-    path = os.path.abspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"schema file {path} does not exist")
-    registry = services if isinstance(services, ServiceRegistry) else ServiceRegistry(services)
-    module = capnp.load(path, imports=[os.path.dirname(path), SCHEMA_DIR, *imports])
-    schema = Schema(module, registry, root, path)
+    spec = spec_of(path, services, root, imports)
+    schema = spec.load()
     if register_services:
-        register(registry)
+        set_socket_registry(schema.services)
     return schema
 
 
 def default_schema() -> Schema:
-    """msgq's own schema (schemas/log.capnp) with :data:`SERVICE_LIST`; loaded once."""
-    global _default
-    with _lock:
-        if _default is None:
-            path = os.path.join(SCHEMA_DIR, "log.capnp")
-            module = _capnp().load(path, imports=[SCHEMA_DIR])
-            _default = Schema(module, SERVICE_LIST, "Event", path)
-    return _default
+    """The schema in force in this process (:func:`msgq.schemas.use_schema`, the
+    ``MSGQ_SCHEMA``/``MSGQ_SERVICES`` environment variables, else msgq's own)."""
+    return schema_in_force()
+
+
+def msgq_schema() -> Schema:
+    """msgq's own schema (schemas/log.capnp) with :data:`SERVICE_LIST`, whatever is in
+    force; loaded once."""
+    return SchemaSpec().load()
 
 
 

@@ -4,7 +4,8 @@ For each service: its expected frequency (Hz, 0 for event-driven services), whet
 logged, its decimation in reduced logs, the largest message expected on it, and — derived
 from those — its queue size and ZMQ port.
 
-Queue size rule (:func:`derive_queue_size`)::
+Queue size rule (:func:`derive_queue_size`), for a service whose registry gives its largest
+message::
 
     buffered = message_size * max(frequency, EVENT_DRIVEN_RATE_HZ) * BUFFER_SECONDS
     floor    = max(MIN_QUEUE_SIZE, 4 * message_size)
@@ -14,7 +15,14 @@ A queue accepts messages up to a third of its size (the ring protocol needs at l
 to fit), so the floor of four messages guarantees that a message of ``message_size``
 bytes always fits, whatever the frequency or the bound. Memory stays proportional to what
 a service carries: a 100 Hz IMU gets 64 KiB, a 20 Hz model output a few MiB, instead of
-10 MiB each. ``python -m msgq.schemas`` prints the table and the total.
+10 MiB each. A registry without message sizes (openpilot's ``services.py`` has frequency,
+should_log and decimation only) gets :data:`UNSIZED_QUEUE_SIZE` for every service: the 10
+MiB upstream msgq gives every queue, so a drop-in never has a smaller queue than upstream.
+``python -m msgq.schemas`` prints the table and the total.
+
+Registries come from code (:class:`ServiceRegistry` of :class:`Service`) or from a file
+(:func:`load_registry`): a Python file with a ``SERVICE_LIST`` mapping like cereal's
+``services.py``, or a TOML/JSON file with a ``[services.NAME]`` table per service.
 
 This module imports no Cap'n Proto: the socket layer and the ZMQ backend read it cheaply.
 """
@@ -22,8 +30,12 @@ This module imports no Cap'n Proto: the socket layer and the ZMQ backend read it
 from __future__ import annotations
 
 import difflib
+import json
+import os
+import runpy
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from msgq.tables import format_table, human_bytes
 
@@ -33,11 +45,14 @@ __all__ = [
     "MAX_QUEUE_SIZE",
     "MIN_QUEUE_SIZE",
     "SERVICE_LIST",
+    "UNSIZED_QUEUE_SIZE",
     "Service",
     "ServiceRegistry",
     "derive_queue_size",
     "find_service",
+    "load_registry",
     "register",
+    "registry_from_mapping",
     "unknown_service_error",
 ]
 
@@ -49,6 +64,9 @@ EVENT_DRIVEN_RATE_HZ = 10.0
 MIN_QUEUE_SIZE = 64 * 1024
 #: Largest queue the buffering term alone may ask for (the 4-message floor can exceed it).
 MAX_QUEUE_SIZE = 64 * 1024 * 1024
+#: Queue size of a service whose registry gives no message size (upstream's default for
+#: every queue).
+UNSIZED_QUEUE_SIZE = 10 * 1024 * 1024
 #: First ZMQ port of the default registry (the ZMQ backend's base port).
 BASE_PORT = 8023
 
@@ -74,20 +92,25 @@ class Service:
 
     ``frequency`` is in Hz (0 = event-driven); ``decimation`` keeps every Nth message in
     reduced logs (None: not in reduced logs); ``message_size`` is the largest encoded Event
-    expected (bytes); ``queue_size`` is derived from them; ``port`` is the ZMQ port (None:
-    the backend hashes the name).
+    expected (bytes; None: not known, the queue gets :data:`UNSIZED_QUEUE_SIZE`);
+    ``queue_size`` is derived from them; ``port`` is the ZMQ port (None: the backend hashes
+    the name).
     """
 
     name: str
     should_log: bool
     frequency: float
-    message_size: int
+    message_size: int | None = None
     decimation: int | None = None
     port: int | None = None
     queue_size: int = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "queue_size", derive_queue_size(self.message_size, self.frequency))
+        if self.frequency < 0:
+            raise ValueError(f"{self.name}: frequency must be >= 0 Hz, not {self.frequency}")
+        size = UNSIZED_QUEUE_SIZE if self.message_size is None else \
+            derive_queue_size(self.message_size, self.frequency)
+        object.__setattr__(self, "queue_size", size)
         if self.decimation is not None and self.decimation < 1:
             raise ValueError(f"{self.name}: decimation must be >= 1 or None")
 
@@ -124,6 +147,14 @@ class ServiceRegistry(Mapping[str, Service]):
     def __len__(self) -> int:
         return len(self._services)
 
+    def __hash__(self) -> int:
+        return hash(tuple(self._services.values()))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ServiceRegistry):
+            return list(self._services.values()) == list(other._services.values())
+        return Mapping.__eq__(self, other)
+
     def __repr__(self) -> str:
         return f"ServiceRegistry({len(self)} services)"
 
@@ -138,7 +169,8 @@ class ServiceRegistry(Mapping[str, Service]):
         for s in self._services.values():
             rows.append((
                 s.name, f"{s.frequency:g}", "yes" if s.should_log else "no",
-                "-" if s.decimation is None else str(s.decimation), str(s.message_size),
+                "-" if s.decimation is None else str(s.decimation),
+                "-" if s.message_size is None else str(s.message_size),
                 human_bytes(s.queue_size), "-" if s.port is None else str(s.port),
             ))
         lines = [format_table(rows)]
@@ -201,27 +233,105 @@ SERVICE_LIST = ServiceRegistry(
     for index, (name, should_log, frequency, size, decimation) in enumerate(_DEFAULT_SERVICES)
 )
 
-# Registries whose services pub_sock/sub_sock and the ZMQ backend know by name; the
-# default one first (register() appends).
-_registries: list[ServiceRegistry] = [SERVICE_LIST]
+def _number(value: Any, what: str, name: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"service {name!r}: {what} must be a number, not {value!r}")
+    return value
 
 
-def register(registry: ServiceRegistry) -> None:
-    """Makes ``registry``'s services known to ``pub_sock``/``sub_sock`` (queue sizes) and
-    the ZMQ backend (ports). Names already known keep their first definition."""
-    if registry not in _registries:
-        _registries.append(registry)
+def _service_from(name: str, entry: Any, index: int) -> Service:
+    """A :class:`Service` from one registry entry: a Service, an object with cereal's
+    attributes (``should_log``, ``frequency``, ``decimation``, optional ``port``,
+    ``message_size``) or a dict with those keys."""
+    if isinstance(entry, Service):
+        return entry if entry.name == name else Service(
+            name, entry.should_log, entry.frequency, entry.message_size, entry.decimation,
+            entry.port)
+    get = entry.get if isinstance(entry, Mapping) else \
+        (lambda key, default=None: getattr(entry, key, default))
+    frequency = get("frequency")
+    if frequency is None:
+        raise ValueError(f"service {name!r} has no frequency")
+    size = get("message_size")
+    decimation = get("decimation")
+    port = get("port")
+    return Service(
+        str(name),
+        bool(get("should_log", True)),
+        float(_number(frequency, "frequency", name)),
+        None if size is None else int(_number(size, "message_size", name)),
+        None if decimation is None or decimation < 0 else
+        max(1, int(_number(decimation, "decimation", name))),
+        None if port is None else int(_number(port, "port", name)),
+    )
+
+
+def registry_from_mapping(services: Mapping[str, Any]) -> ServiceRegistry:
+    """A :class:`ServiceRegistry` from a mapping of service name to entry (see
+    :func:`load_registry` for what an entry may be), keeping its order."""
+    if isinstance(services, ServiceRegistry):
+        return services
+    return ServiceRegistry(_service_from(str(name), entry, index)
+                           for index, (name, entry) in enumerate(services.items()))
+
+
+def load_registry(path: str) -> ServiceRegistry:
+    """The service registry in the file at ``path``:
+
+    * ``.py`` — a Python file (run as a script, as cereal's ``services.py`` is imported)
+      defining ``SERVICE_LIST``: a mapping of name to an object with ``should_log``,
+      ``frequency`` and ``decimation`` attributes (cereal's ``Service``; ``port`` and
+      ``message_size`` are used where present), or a :class:`ServiceRegistry`;
+    * ``.toml`` / ``.json`` — a ``services`` table of name to ``{frequency, should_log,
+      decimation, message_size, port}`` (only ``frequency`` is required).
+
+    Raises FileNotFoundError, or ValueError naming the file and what is wrong with it."""
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"service registry {path} does not exist")
+    suffix = os.path.splitext(path)[1].lower()
+    try:
+        if suffix == ".py":
+            namespace = runpy.run_path(path, run_name="msgq_services")
+            services = namespace.get("SERVICE_LIST")
+            if not isinstance(services, Mapping):
+                raise ValueError("it defines no SERVICE_LIST mapping")
+        elif suffix in (".toml", ".json"):
+            with open(path, "rb") as f:
+                if suffix == ".toml":
+                    import tomllib
+
+                    doc = tomllib.load(f)
+                else:
+                    doc = json.load(f)
+            services = doc.get("services") if isinstance(doc, dict) else None
+            if not isinstance(services, dict):
+                raise ValueError("it has no 'services' table")
+        else:
+            raise ValueError("a registry is a .py, .toml or .json file")
+        return registry_from_mapping(services)
+    except (ValueError, TypeError, SyntaxError) as e:
+        raise ValueError(f"service registry {path}: {e}") from None
+
+
+def register(registry: ServiceRegistry | None) -> None:
+    """Makes ``registry`` the one ``pub_sock``/``sub_sock`` (queue sizes) and the ZMQ
+    backend (ports) use, in place of the registry of the schema in force (see
+    :func:`msgq.schemas.use_schema`, which sets both; None: back to it). One registry is
+    in force."""
+    from msgq.schemas import selection  # the selection sits above the registry
+
+    selection.set_socket_registry(registry)
 
 
 def find_service(name: str | bytes) -> Service | None:
-    """The registered service called ``name``, or None when no registry has it."""
+    """The service called ``name`` in the registry in force, or None when it has none
+    of that name."""
+    from msgq.schemas import selection  # the selection sits above the registry
+
     if isinstance(name, bytes):
         name = name.decode("utf-8", "replace")
-    for registry in _registries:
-        service = registry._services.get(name)  # noqa: SLF001 - same module
-        if service is not None:
-            return service
-    return None
+    return selection.registry_in_force()._services.get(name)  # noqa: SLF001 - same package
 
 
 def main() -> None:

@@ -26,6 +26,45 @@ def prefix(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     )
 
 
+@pytest.fixture(autouse=True)
+def schema_in_force(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test starts with msgq's own schema in force (whatever the caller's
+    environment says) and leaves no other behind."""
+    from msgq.schemas import selection, services
+
+    for name in (selection.ENV_SCHEMA, selection.ENV_SERVICES, selection.ENV_ROOT):
+        monkeypatch.delenv(name, raising=False)
+    selection.reset_to_environment()
+    yield
+    services.register(None)
+    selection.reset_to_environment()
+
+
+@pytest.fixture
+def robot(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """tests/schemas/robot (a real-schema profile, see schema_profiles.py) in force for
+    this test and its child processes; yields the Schema."""
+    from schema_profiles import ROBOT_SCHEMA, ROBOT_SERVICES
+
+    from msgq.schemas import use_schema
+
+    schema = use_schema(ROBOT_SCHEMA, ROBOT_SERVICES)  # exports MSGQ_SCHEMA/MSGQ_SERVICES
+    for name, value in schema.spec.environment().items():
+        monkeypatch.setenv(name, value)  # restored after the test
+    yield schema
+
+
+@pytest.fixture(params=["msgq", "robot"])
+def schema_profile(request: pytest.FixtureRequest) -> object:
+    """Runs a test on each schema profile (msgq's own, then the robot schema), in force;
+    yields the Schema."""
+    if request.param == "robot":
+        return request.getfixturevalue("robot")
+    from msgq.schemas import msgq_schema
+
+    return msgq_schema()
+
+
 @pytest.fixture(params=sorted(msgq.BACKENDS))
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs the test once per backend, selected the way users select it."""

@@ -101,8 +101,11 @@ def test_registered_custom_registry_sizes_plain_sockets() -> None:
         sock = msgq.pub_sock("myBigThing")
         # the existing (unused) queue is re-made at the registry's size
         assert sock.segment_size == custom["myBigThing"].queue_size
+        # one registry is in force: msgq's own services are no longer sized from its
+        assert registry_module.find_service("gyroscope") is None
     finally:
-        registry_module._registries.remove(custom)
+        registry_module.register(None)  # type: ignore[arg-type]
+    assert registry_module.find_service("gyroscope") == SERVICE_LIST["gyroscope"]
 
 
 def test_duplicate_service_is_refused() -> None:

@@ -6,9 +6,11 @@
 :class:`SubMaster` and the schema module ``log``.
 Written once against the socket protocol, so it runs on every backend.
 
-Sockets made by ``pub_sock``/``sub_sock`` for a registry service get the registry's queue
-size. Messages received by the ``recv_*``/``drain_sock`` helpers are decoded with a
-traversal limit proportional to their size (see :mod:`msgq.schemas.events`); bytes
+Everything here uses the schema in force (:func:`msgq.schemas.use_schema`, or the
+``MSGQ_SCHEMA``/``MSGQ_SERVICES`` environment variables; msgq's own by default): ``log`` is
+its module, ``new_message`` builds its root struct, and sockets made by
+``pub_sock``/``sub_sock`` for a service of its registry get the registry's queue size.
+Messages received by the ``recv_*``/``drain_sock`` helpers are decoded with a traversal limit proportional to their size (see :mod:`msgq.schemas.events`); bytes
 that are not an Event raise :class:`MessageDecodeError` there (SubMaster counts and skips
 them instead).
 
@@ -26,7 +28,7 @@ from msgq import NO_TRAVERSAL_LIMIT, SubSocket, drain_sock_raw, pub_sock, sub_so
 from msgq.messaging.frequency import FrequencyTracker
 from msgq.messaging.pub_master import PubMaster
 from msgq.messaging.sub_master import AsyncSubMaster, SubMaster
-from msgq.schemas import SERVICE_LIST, Schema, default_schema
+from msgq.schemas import SERVICE_LIST, Schema, schema_in_force
 from msgq.schemas.events import MessageDecodeError, decode_event, log_from_bytes, new_message
 
 __all__ = [
@@ -52,8 +54,13 @@ __all__ = [
     "sub_sock",
 ]
 
-#: The compiled schema module (``log.Event`` is the root struct).
-log = default_schema().module
+
+def __getattr__(name: str) -> Any:
+    # ``log``: the schema in force's compiled module (``log.Event`` is the root struct),
+    # looked up at each use so that a use_schema() after this import is followed.
+    if name == "log":
+        return schema_in_force().module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def drain_sock(sock: Any, wait_for_one: bool = False) -> list[Any]:
@@ -105,7 +112,7 @@ def recv_view(sock: SubSocket, non_blocking: bool = False,
     (and any sub-reader taken from it) reads the queue's memory directly, so after the
     block it sees whatever the publisher wrote there since (the memory stays readable: a
     misused reader never crashes the process)."""
-    schema = schema or default_schema()
+    schema = schema_in_force(schema)
     message_view = sock.receive_view(non_blocking)
     with message_view as view:
         if view is None:

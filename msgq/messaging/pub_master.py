@@ -6,20 +6,21 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgq
-from msgq.schemas import Schema, default_schema
+from msgq.schemas import Schema, schema_in_force
 
 __all__ = ["PubMaster"]
 
 
 class PubMaster:
-    """Publishes the services named in ``services`` (of ``schema``, default msgq's).
+    """Publishes the services named in ``services`` (of ``schema``, default: the schema in
+    force).
 
     Each service gets a publisher socket sized from the registry. Unknown service names
     raise KeyError with close matches.
     """
 
     def __init__(self, services: Iterable[str], schema: Schema | None = None) -> None:
-        self.schema = schema or default_schema()
+        self.schema = schema_in_force(schema)
         self.sock: dict[str, Any] = {}
         for service in services:
             self.schema.services[service]  # KeyError naming close matches

@@ -1,0 +1,245 @@
+"""The schema in force: one schema and one service registry per process, read from one
+place by every layer — sockets (queue sizes, ZMQ ports), messaging, logs, replay, the CLI
+and Spark.
+
+Resolution (:func:`schema_in_force`): an explicit ``schema`` argument, else the process
+default, else msgq's own (``schemas/log.capnp`` with :data:`msgq.schemas.SERVICE_LIST`).
+The process default is set once, without changing any call site (cereal's API has no
+schema argument):
+
+* in the environment, before the process starts: ``MSGQ_SCHEMA`` (a ``.capnp`` file),
+  ``MSGQ_SERVICES`` (a registry file, see :func:`msgq.schemas.load_registry`) and
+  ``MSGQ_SCHEMA_ROOT`` (the root struct, default ``Event``); or
+* in code: :func:`use_schema`, which also exports those variables when the schema and
+  registry are files, so that child processes (lockstep children, ``msgq`` commands run
+  from the program, local Spark workers) follow.
+
+:class:`SchemaSpec` is the small, picklable description of a schema (file, root struct,
+registry, import folders) that a Spark executor, a lockstep child or a CLI command
+rebuilds identically (:meth:`SchemaSpec.load`, cached per spec); every
+:class:`msgq.schemas.Schema` carries its own as ``schema.spec``.
+
+The registry in force (:func:`registry_in_force`) is read without loading Cap'n Proto: the
+socket layer and the ZMQ backend look up queue sizes and ports through it on every
+``pub_sock``/``sub_sock``.
+
+Layer: the Event layer; imports the standard library and the rest of the Event layer.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from msgq.schemas.services import SERVICE_LIST, ServiceRegistry, load_registry
+
+if TYPE_CHECKING:
+    from msgq.schemas.schema import Schema
+
+__all__ = [
+    "ENV_ROOT",
+    "ENV_SCHEMA",
+    "ENV_SERVICES",
+    "SchemaSpec",
+    "registry_in_force",
+    "schema_in_force",
+    "set_socket_registry",
+    "spec_in_force",
+    "use_schema",
+]
+
+#: Environment variable naming the schema file in force.
+ENV_SCHEMA = "MSGQ_SCHEMA"
+#: Environment variable naming the service registry file in force.
+ENV_SERVICES = "MSGQ_SERVICES"
+#: Environment variable naming the root struct of the schema in force (default Event).
+ENV_ROOT = "MSGQ_SCHEMA_ROOT"
+
+_lock = threading.RLock()
+
+
+@dataclass(frozen=True)
+class SchemaSpec:
+    """What a schema is, in a form that pickles and rebuilds identically elsewhere.
+
+    ``path``: the ``.capnp`` file (None: msgq's own). ``services``: the registry — a
+    :class:`ServiceRegistry`, or None: msgq's own registry with msgq's schema, else every
+    union member of the root struct as an event-driven, logged service (a schema without a
+    registry still reads logs; it has no rates to check). ``services_path``: the registry
+    file the registry came from, if any (what :func:`use_schema` exports). ``root``: the
+    root struct. ``imports``: folders for ``import "/..."`` lines.
+    """
+
+    path: str | None = None
+    services: ServiceRegistry | None = None
+    root: str = "Event"
+    imports: tuple[str, ...] = ()
+    services_path: str | None = None
+
+    @classmethod
+    def from_files(cls, schema: str | None = None, services: str | None = None,
+                   root: str | None = None, imports: tuple[str, ...] = ()) -> SchemaSpec:
+        """The spec of a schema file and a registry file (either may be None: msgq's
+        own schema; no registry)."""
+        registry = None if services is None else load_registry(services)
+        return cls(
+            path=None if schema is None else os.path.abspath(schema),
+            services=registry,
+            root=root or "Event",
+            imports=tuple(os.path.abspath(i) for i in imports),
+            services_path=None if services is None else os.path.abspath(services),
+        )
+
+    @property
+    def is_msgq_own(self) -> bool:
+        """Whether this is msgq's own schema and registry."""
+        return self.path is None and self.services is None and self.root == "Event"
+
+    def registry(self) -> ServiceRegistry | None:
+        """The registry when it is known without loading the schema (msgq's own, or an
+        explicit one); None when it is derived from the schema's union."""
+        if self.services is not None:
+            return self.services
+        return SERVICE_LIST if self.path is None else None
+
+    def load(self) -> Schema:
+        """The :class:`msgq.schemas.Schema` this spec describes (loaded once per spec in a
+        process)."""
+        with _lock:
+            schema = _loaded.get(self)
+            if schema is None:
+                from msgq.schemas.schema import build_schema
+
+                schema = _loaded[self] = build_schema(self)
+            return schema
+
+    def environment(self) -> dict[str, str]:
+        """The environment variables that make this spec the default of a child process;
+        raises ValueError when the registry was given in code and has no file."""
+        if self.is_msgq_own:
+            return {}
+        if self.services is not None and self.services_path is None:
+            raise ValueError("a registry given in code has no file to name in the "
+                             f"environment: write it to a file for {ENV_SERVICES}")
+        env = {ENV_ROOT: self.root}
+        if self.path is not None:
+            env[ENV_SCHEMA] = self.path
+        if self.services_path is not None:
+            env[ENV_SERVICES] = self.services_path
+        return env
+
+
+_loaded: dict[SchemaSpec, Schema] = {}
+_MSGQ_OWN = SchemaSpec()
+# The process default (None: not read from the environment yet) and the registry sockets
+# use when set apart from it (register()).
+_default_spec: SchemaSpec | None = None
+_socket_registry: ServiceRegistry | None = None
+_registry_cache: tuple[SchemaSpec, ServiceRegistry] | None = None
+
+
+def _spec_from_environment() -> SchemaSpec:
+    schema = os.environ.get(ENV_SCHEMA) or None
+    services = os.environ.get(ENV_SERVICES) or None
+    root = os.environ.get(ENV_ROOT) or None
+    if schema is None and services is None and root in (None, "Event"):
+        return _MSGQ_OWN
+    try:
+        return SchemaSpec.from_files(schema, services, root)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"the schema in force ({ENV_SCHEMA}={schema or ''}, "
+                         f"{ENV_SERVICES}={services or ''}) cannot be read: {e}") from None
+
+
+def spec_in_force() -> SchemaSpec:
+    """The process default's spec (from :func:`use_schema`, else the environment, else
+    msgq's own)."""
+    global _default_spec
+    spec = _default_spec
+    if spec is None:
+        with _lock:
+            if _default_spec is None:
+                _default_spec = _spec_from_environment()
+            spec = _default_spec
+    return spec
+
+
+def schema_in_force(schema: Schema | None = None) -> Schema:
+    """``schema`` when given, else the process default (see the module docstring)."""
+    if schema is not None:
+        return schema
+    return spec_in_force().load()
+
+
+def registry_in_force() -> ServiceRegistry:
+    """The registry that sizes queues and numbers ZMQ ports in this process: the one set
+    by :func:`msgq.schemas.services.register`, else the schema in force's. Read without
+    loading Cap'n Proto when the registry is known from its file."""
+    global _registry_cache
+    if _socket_registry is not None:
+        return _socket_registry
+    spec = spec_in_force()
+    cached = _registry_cache
+    if cached is not None and cached[0] is spec:
+        return cached[1]
+    registry = spec.registry()
+    if registry is None:
+        registry = spec.load().services
+    _registry_cache = (spec, registry)
+    return registry
+
+
+def set_socket_registry(registry: ServiceRegistry | None) -> None:
+    """Sockets size queues from ``registry`` (None: from the schema in force's)."""
+    global _socket_registry
+    _socket_registry = registry
+
+
+def use_schema(
+    schema: Any = None,
+    services: ServiceRegistry | str | Any = None,
+    root: str = "Event",
+    imports: tuple[str, ...] = (),
+    export: bool = True,
+) -> Schema:
+    """Makes a schema the process default and returns it.
+
+    ``schema``: a ``.capnp`` path, a :class:`msgq.schemas.Schema`, a module pycapnp
+    already loaded (``from cereal import log``: it is reused, never loaded twice), or None
+    for msgq's own. ``services``: a registry file, a :class:`ServiceRegistry`, a mapping
+    like cereal's ``SERVICE_LIST``, or None (see :class:`SchemaSpec`). With ``export``
+    (default) the environment variables are set too, so child processes follow, when the
+    schema and registry are files. Every later ``new_message``, ``PubMaster``,
+    ``SubMaster``, ``pub_sock``/``sub_sock`` (queue sizes), log reader/writer and replay
+    of this process use it."""
+    global _default_spec, _registry_cache
+    from msgq.schemas.schema import Schema, spec_of
+
+    if isinstance(schema, Schema):
+        if services is not None or root != "Event" or imports:
+            raise ValueError("give a Schema alone, or a path with its services")
+        spec = schema.spec
+    else:
+        spec = spec_of(schema, services, root, imports)
+    loaded = spec.load()  # fails here, not at the first socket, when the schema is wrong
+    with _lock:
+        _default_spec = spec
+        _registry_cache = None
+    if export:
+        for name in (ENV_SCHEMA, ENV_SERVICES, ENV_ROOT):
+            os.environ.pop(name, None)
+        try:
+            os.environ.update(spec.environment())
+        except ValueError:
+            pass  # a registry given in code: children get the spec passed explicitly
+    return loaded
+
+
+def reset_to_environment() -> None:
+    """Forgets the process default: the next use reads the environment again (tests)."""
+    global _default_spec, _registry_cache
+    with _lock:
+        _default_spec = None
+        _registry_cache = None
