@@ -8,7 +8,7 @@
   already loaded, with a registry in code or in a file: :func:`load_registry`);
   :func:`msgq_schema` is msgq's own (:mod:`msgq.schemas.schema`).
 * The schema in force (:mod:`msgq.schemas.selection`): one per process, set once with
-  :func:`use_schema` or the ``MSGQ_SCHEMA``/``MSGQ_SERVICES`` environment variables, and
+  :func:`use_schema` or the ``MSGQ_SCHEMA``/``MSGQ_REGISTRY`` environment variables, and
   read by every layer (:func:`default_schema` / :func:`schema_in_force`); a
   :class:`SchemaSpec` rebuilds it in another process.
 * :mod:`msgq.schemas.events` — making and parsing Event messages (``new_message``,

@@ -28,8 +28,9 @@ def new_message(service: str | None = None, size: int | None = None,
                 schema: Schema | None = None, **kwargs: Any) -> Any:
     """A new Event builder of the schema in force (or ``schema``): ``logMonoTime`` = now
     (ns; CLOCK_MONOTONIC, or the replayed time under the lockstep harness, see
-    :mod:`msgq.clock`), ``valid`` False (as cereal's), ``kwargs`` set as fields; with ``service``, that union member is initialised (``size`` elements when it
-    is a list). Unknown service → KeyError with close matches."""
+    :mod:`msgq.clock`), ``valid`` False (as cereal's), ``kwargs`` set as fields; with
+    ``service``, that union member is initialised (``size`` elements when it is a list).
+    Unknown service → KeyError with close matches."""
     schema = schema_in_force(schema)
     kwargs.setdefault("logMonoTime", clock.monotonic_ns())
     kwargs.setdefault("valid", False)

@@ -152,8 +152,11 @@ class Schema:
         self.spec = spec if spec is not None else SchemaSpec(path, registry, root)
         unknown = [name for name in registry if name not in self.union_fields]
         if unknown:
+            shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more"
+                                              if len(unknown) > 5 else "")
             raise ValueError(
-                f"services {unknown} of the registry are not members of {root}'s union in {path}")
+                f"{len(unknown)} services of the registry are not members of {root}'s "
+                f"union in {path} ({shown}): is it the registry of another schema?")
         fields = self.event.schema.fields
         # Union members initialised with a length (lists, text, data) rather than as structs.
         self.sized_fields = frozenset(
@@ -263,7 +266,7 @@ def load_schema(
 
 def default_schema() -> Schema:
     """The schema in force in this process (:func:`msgq.schemas.use_schema`, the
-    ``MSGQ_SCHEMA``/``MSGQ_SERVICES`` environment variables, else msgq's own)."""
+    ``MSGQ_SCHEMA``/``MSGQ_REGISTRY`` environment variables, else msgq's own)."""
     return schema_in_force()
 
 

@@ -8,7 +8,7 @@ The process default is set once, without changing any call site (cereal's API ha
 schema argument):
 
 * in the environment, before the process starts: ``MSGQ_SCHEMA`` (a ``.capnp`` file),
-  ``MSGQ_SERVICES`` (a registry file, see :func:`msgq.schemas.load_registry`) and
+  ``MSGQ_REGISTRY`` (a registry file, see :func:`msgq.schemas.load_registry`) and
   ``MSGQ_SCHEMA_ROOT`` (the root struct, default ``Event``); or
 * in code: :func:`use_schema`, which also exports those variables when the schema and
   registry are files, so that child processes (lockstep children, ``msgq`` commands run
@@ -52,8 +52,9 @@ __all__ = [
 
 #: Environment variable naming the schema file in force.
 ENV_SCHEMA = "MSGQ_SCHEMA"
-#: Environment variable naming the service registry file in force.
-ENV_SERVICES = "MSGQ_SERVICES"
+#: Environment variable naming the service registry file in force (the ``msgq`` command's
+#: ``--registry``; ``--services`` there selects services by name).
+ENV_SERVICES = "MSGQ_REGISTRY"
 #: Environment variable naming the root struct of the schema in force (default Event).
 ENV_ROOT = "MSGQ_SCHEMA_ROOT"
 

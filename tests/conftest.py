@@ -48,7 +48,7 @@ def robot(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
 
     from msgq.schemas import use_schema
 
-    schema = use_schema(ROBOT_SCHEMA, ROBOT_SERVICES)  # exports MSGQ_SCHEMA/MSGQ_SERVICES
+    schema = use_schema(ROBOT_SCHEMA, ROBOT_SERVICES)  # exports MSGQ_SCHEMA/MSGQ_REGISTRY
     for name, value in schema.spec.environment().items():
         monkeypatch.setenv(name, value)  # restored after the test
     yield schema

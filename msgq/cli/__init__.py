@@ -40,7 +40,8 @@ from msgq.cli.output import (
 from msgq.errors import IpcError
 from msgq.sockets import backend_name
 
-__all__ = ["COMMANDS", "CommandParser", "build_parser", "main"]
+__all__ = ["COMMANDS", "CommandParser", "add_schema_options", "apply_schema_options",
+           "build_parser", "main"]
 
 #: The subcommands, in the order ``msgq --help`` lists them: modules of msgq.cli.
 COMMANDS: tuple[str, ...] = (
@@ -74,10 +75,16 @@ examples:
   msgq bench core -- --quick                  a short run of the pub/sub benchmark
   msgq <command> --help                       options and examples of one command
 
+your own schema: every command takes --schema FILE.capnp and --registry FILE (a
+services.py like cereal's, or .toml/.json), or reads MSGQ_SCHEMA and MSGQ_REGISTRY:
+  msgq --schema cereal/log.capnp --registry cereal/services.py dump carState
+  MSGQ_SCHEMA=cereal/log.capnp MSGQ_REGISTRY=cereal/services.py msgq replay route/
+
 exit codes: 0 done, 1 failed (one line on stderr says why), 2 bad command line,
 130 interrupted (Ctrl-C).
 environment: MSGQ_PREFIX / OPENPILOT_PREFIX (namespace), MSGQ_SHM_DIR (shm folder,
-default /dev/shm), NO_COLOR (no colour even on a terminal)."""
+default /dev/shm), MSGQ_SCHEMA / MSGQ_REGISTRY / MSGQ_SCHEMA_ROOT (the schema in force),
+NO_COLOR (no colour even on a terminal)."""
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -116,6 +123,45 @@ def _unavailable(error: ImportError) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def add_schema_options(parser: argparse.ArgumentParser) -> None:
+    """The options that set the schema in force, on the main parser and every
+    subcommand's (``msgq --schema F dump ...`` and ``msgq dump --schema F ...`` both
+    work); applied once by :func:`main`, before the command runs."""
+    group = parser.add_argument_group(
+        "schema", "the schema in force (default: MSGQ_SCHEMA / MSGQ_REGISTRY, else msgq's own)")
+    group.add_argument("--schema", metavar="FILE.capnp", default=argparse.SUPPRESS,
+                       help="the application's Cap'n Proto schema (e.g. cereal's log.capnp)")
+    group.add_argument("--registry", metavar="FILE", default=argparse.SUPPRESS,
+                       help="its service registry: a services.py like cereal's, or .toml/.json")
+    group.add_argument("--schema-root", metavar="STRUCT", default=argparse.SUPPRESS,
+                       help="the schema's root struct (default Event)")
+
+
+def apply_schema_options(args: argparse.Namespace) -> None:
+    """Makes the schema of ``--schema``/``--registry``/``--schema-root`` the one in force
+    (exported to child processes too); raises CommandError naming the file when it cannot
+    be loaded. Without the options the environment's (else msgq's own) stays in force."""
+    schema = getattr(args, "schema", None)
+    registry = getattr(args, "registry", None)
+    root = getattr(args, "schema_root", None)
+    from msgq.schemas import selection  # cheap: no Cap'n Proto until a schema is loaded
+
+    try:
+        if schema is None and registry is None and root is None:
+            selection.spec_in_force()  # a bad MSGQ_SCHEMA / MSGQ_REGISTRY is said here
+            return
+        env = os.environ
+        selection.use_schema(
+            schema if schema is not None else env.get(selection.ENV_SCHEMA) or None,
+            registry if registry is not None else env.get(selection.ENV_SERVICES) or None,
+            root=root or env.get(selection.ENV_ROOT) or "Event")
+    except (OSError, ValueError, TypeError) as e:
+        raise CommandError(str(e)) from None
+    except Exception as e:  # pycapnp's parse errors: their first line
+        raise CommandError(f"cannot load the schema {schema}: "
+                           f"{str(e).strip().splitlines()[0]}") from None
+
+
 def build_parser() -> CommandParser:
     """The ``msgq`` parser with every subcommand of COMMANDS registered."""
     parser = CommandParser(
@@ -125,6 +171,7 @@ def build_parser() -> CommandParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"msgq {_version()}")
+    add_schema_options(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
     for name in COMMANDS:
         module = _load(name)
@@ -133,16 +180,28 @@ def build_parser() -> CommandParser:
             sub.set_defaults(_run=_unavailable(module))
         else:
             sub = module.add_parser(subparsers)
+            add_schema_options(sub)
             sub.set_defaults(_run=module.run)
         parser.command_parsers[name] = sub
     return parser
 
 
+_MAIN_OPTIONS_WITH_VALUE = ("--schema", "--registry", "--schema-root")
+
+
 def _first_command(argv: Sequence[str]) -> str | None:
-    """The subcommand word of argv (the main parser has only flag options)."""
+    """The subcommand word of argv (skipping the main parser's options and their
+    values)."""
+    skip = False
     for arg in argv:
+        if skip:
+            skip = False
+            continue
         if arg == "--":
             return None
+        if arg in _MAIN_OPTIONS_WITH_VALUE:
+            skip = True
+            continue
         if not arg.startswith("-"):
             return arg
     return None
@@ -179,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error(args.command, str(e))
         return EXIT_USAGE
     try:
+        apply_schema_options(args)
         code = int(args._run(args))
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code

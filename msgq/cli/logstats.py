@@ -11,7 +11,7 @@ from typing import Any
 from msgq.cli.output import EXIT_OK, CommandError, UsageError, paint, print_json, print_table
 from msgq.cli.services import check_services
 from msgq.logs import segment_paths
-from msgq.schemas import ServiceRegistry, default_schema, load_schema
+from msgq.schemas import default_schema
 
 DESCRIPTION = """\
 Read msgq log segments with Spark (the msgqlog data source) and print, per service:
@@ -83,8 +83,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="time bin of the plot (default 1 s, coarser for long logs)")
     parser.add_argument("--approx", action="store_true",
                         help="approximate percentiles (bounded memory for huge logs)")
-    parser.add_argument("--schema", metavar="FILE.capnp",
-                        help="the schema the logs were written with (default msgq's)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting (repeatable), e.g. --conf "
                              "spark.executor.memory=4g --conf spark.archives=env.tar.gz"
@@ -126,20 +124,10 @@ def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
     return files, remote
 
 
-def _check_services(text: str | None, schema_file: str | None) -> list[str] | None:
-    """The services of --services, members of the schema's union; an unknown one is a
-    usage error (said before Spark starts)."""
-    if schema_file is None:
-        schema = default_schema()
-    else:
-        try:
-            schema = load_schema(schema_file, ServiceRegistry([]), register_services=False)
-        except (OSError, ValueError) as e:
-            raise CommandError(f"cannot load the schema {schema_file}: {e}") from None
-        except Exception as e:  # pycapnp's parse errors
-            raise CommandError(f"cannot load the schema {schema_file}: "
-                               f"{' '.join(str(e).split())}") from None
-    return None if text is None else check_services([text], schema.union_fields)
+def _check_services(text: str | None) -> list[str] | None:
+    """The services of --services, members of the union of the schema in force; an
+    unknown one is a usage error (said before Spark starts)."""
+    return None if text is None else check_services([text], default_schema().union_fields)
 
 
 def _auto_bin(services: list[dict[str, Any]]) -> float:
@@ -160,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-gaps must be 0 or more")
     conf = _spark_conf(args.conf)
     files, remote = _check_paths(args.paths, args.via)
-    services = _check_services(args.services, args.schema)
+    services = _check_services(args.services)
     try:
         # imports pyspark: loaded when the command runs, not at CLI start-up
         from msgq.spark import read_logs
@@ -192,8 +180,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Without a plot only the statistics are wanted: the source packs the events per
         # segment file and service as it reads them (no Spark row per event).
-        df = read_logs(spark, args.paths, services=services, schema_file=args.schema,
-                       data=False, via=args.via, compact=not args.plot)
+        df = read_logs(spark, args.paths, services=services,
+                       schema_file=getattr(args, "schema", None), data=False, via=args.via,
+                       compact=not args.plot)
         # the files Spark listed for the Hadoop paths (the source's are not listed here)
         count = len(files) + (len(df.inputFiles()) if remote else 0)
     except Exception as e:  # bad option values surface as Spark analysis errors

@@ -7,11 +7,11 @@
 Written once against the socket protocol, so it runs on every backend.
 
 Everything here uses the schema in force (:func:`msgq.schemas.use_schema`, or the
-``MSGQ_SCHEMA``/``MSGQ_SERVICES`` environment variables; msgq's own by default): ``log`` is
+``MSGQ_SCHEMA``/``MSGQ_REGISTRY`` environment variables; msgq's own by default): ``log`` is
 its module, ``new_message`` builds its root struct, and sockets made by
 ``pub_sock``/``sub_sock`` for a service of its registry get the registry's queue size.
-Messages received by the ``recv_*``/``drain_sock`` helpers are decoded with a traversal limit proportional to their size (see :mod:`msgq.schemas.events`); bytes
-that are not an Event raise :class:`MessageDecodeError` there (SubMaster counts and skips
+Messages received by the ``recv_*``/``drain_sock`` helpers are decoded with a traversal
+limit proportional to their size (see :mod:`msgq.schemas.events`); bytes that are not an Event raise :class:`MessageDecodeError` there (SubMaster counts and skips
 them instead).
 
 Layer: a service — over the package's sockets, the Event layer (schemas, events) and
