@@ -11,8 +11,8 @@ Everything here uses the schema in force (:func:`msgq.schemas.use_schema`, or th
 its module, ``new_message`` builds its root struct, and sockets made by
 ``pub_sock``/``sub_sock`` for a service of its registry get the registry's queue size.
 Messages received by the ``recv_*``/``drain_sock`` helpers are decoded with a traversal
-limit proportional to their size (see :mod:`msgq.schemas.events`); bytes that are not an Event raise :class:`MessageDecodeError` there (SubMaster counts and skips
-them instead).
+limit proportional to their size (see :mod:`msgq.schemas.events`); bytes that are not an
+Event raise :class:`MessageDecodeError` there (SubMaster counts and skips them instead).
 
 Layer: a service — over the package's sockets, the Event layer (schemas, events) and
 the clock; it imports neither ``msgq.logs`` nor ``msgq.visionipc``, its peers.
