@@ -84,6 +84,8 @@ class SchemaSpec:
                    root: str | None = None, imports: tuple[str, ...] = ()) -> SchemaSpec:
         """The spec of a schema file and a registry file (either may be None: msgq's
         own schema; no registry)."""
+        if schema is not None and not os.path.isfile(schema):
+            raise FileNotFoundError(f"schema file {os.path.abspath(schema)} does not exist")
         registry = None if services is None else load_registry(services)
         return cls(
             path=None if schema is None else os.path.abspath(schema),

@@ -225,12 +225,16 @@ def test_alive_and_freq_ok_at_the_right_rate() -> None:
     assert sm.alive["vehicleState"] and sm.freq_ok["vehicleState"]
     assert sm.freq["vehicleState"] == pytest.approx(100.0, rel=0.01)
     assert sm.all_checks()
-    # a third of the rate: still alive (3 periods < 10) but not at its frequency, once
-    # both windows have forgotten the good rate
-    _feed(sm, "vehicleState", 100.0 / 3, 11.0, start=end, update_hz=100.0)
+    # cereal's band for a service that is not polled: [0.8 * 100 / 2, 1.2 * 100]
+    assert (sm.min_freq["vehicleState"], sm.max_freq["vehicleState"]) == (40.0, 120.0)
+    # a quarter of the rate: still alive (4 periods < 10) but not at its frequency: the
+    # recent tenth of the window is at 25 Hz, the whole window (the last 1000 intervals,
+    # cereal's 10 x freq) averages the 200 good and 275 slow intervals to 36.5 Hz
+    _feed(sm, "vehicleState", 100.0 / 4, 11.0, start=end, update_hz=100.0)
     assert sm.alive["vehicleState"]
     assert not sm.freq_ok["vehicleState"]
-    assert sm.freq["vehicleState"] == pytest.approx(33.3, rel=0.03)
+    assert sm.freq["vehicleState"] == pytest.approx(475 / 13, rel=0.02)
+    assert sm.freq_tracker["vehicleState"].recent_rate == pytest.approx(25.0, rel=0.01)
     assert not sm.all_checks() and not sm.all_freq_ok()
 
 

@@ -1,56 +1,85 @@
 """Receive-rate tracking for SubMaster: is a service arriving as often as it should?
 
-A subscriber sees a service at most at the rate it looks for messages: a SubMaster that
-updates at 20 Hz on conflating sockets sees a 100 Hz service 20 times a second. The
-acceptable band therefore follows from three rates: the service's own, the rate of
-updates (the polled service's, or the ``frequency`` argument), and whether this service
-is the one polled. See :class:`FrequencyTracker`.
+cereal's rule, so that the same stack gets the same answers on msgq:
+
+* The rate a subscriber can see is ``freq = max(min(service, update), 1)`` Hz: a
+  SubMaster that updates at 20 Hz on conflating sockets sees a 100 Hz service 20 times a
+  second, and no service is judged against less than 1 Hz.
+* The band is ``[0.8 * low, 1.2 * high]``: a polled service must arrive at ``freq``
+  (``low = high = freq``); otherwise ``high = min(freq, update)`` and ``low`` is the
+  update rate when the service is at least twice as fast as updates, ``freq`` when updates
+  are at least twice as fast as the service, and ``freq / 2`` in between (beats between
+  the two clocks can skip one update in two).
+* Two moving averages of the receive intervals: the last ``int(10 * freq)`` (about 10 s)
+  and the most recent tenth of those (about 1 s; all of them when that is 0). ``ok`` when
+  either average rate lies in the band — slow to fall, quick to recover.
+* Only services faster than :data:`CHECKED_ABOVE_HZ` (0.99 Hz) count in
+  ``SubMaster.all_freq_ok()`` (openpilot's carParams at 0.02 Hz and clocks at 0.1 Hz are
+  never "at their rate" over a 1 Hz floor).
+
+One deliberate difference from cereal: a service that stopped (not alive) is not at its
+rate (``SubMaster`` reports ``freq_ok`` False for it), where cereal keeps the verdict of
+its last messages.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["LONG_WINDOW_S", "RECENT_WINDOW_S", "TOLERANCE_HIGH", "TOLERANCE_LOW",
-           "FrequencyTracker", "RateWindow"]
+__all__ = ["CHECKED_ABOVE_HZ", "FLOOR_HZ", "TOLERANCE_HIGH", "TOLERANCE_LOW",
+           "FrequencyTracker", "RateWindow", "rate_band"]
 
-#: Length of the long averaging window (seconds).
-LONG_WINDOW_S = 10.0
-#: Length of the recent averaging window (seconds).
-RECENT_WINDOW_S = 1.0
-#: The band is [TOLERANCE_LOW * min_rate, TOLERANCE_HIGH * max_rate].
+#: No service is judged against a rate below this (Hz).
+FLOOR_HZ = 1.0
+#: Services at or below this rate (Hz) are left out of ``all_freq_ok()``.
+CHECKED_ABOVE_HZ = 0.99
+#: The band is [TOLERANCE_LOW * low, TOLERANCE_HIGH * high].
 TOLERANCE_LOW = 0.8
 TOLERANCE_HIGH = 1.2
+#: The long window holds this many seconds' worth of intervals at the seen rate; the
+#: recent one a tenth of it.
+WINDOW_SECONDS = 10
+
+
+def rate_band(service_hz: float, update_hz: float, polled: bool) -> tuple[float, float, float]:
+    """``(freq, low, high)`` in Hz for a service of ``service_hz`` read by a SubMaster
+    updating at ``update_hz`` (see the module docstring); the band is
+    ``[TOLERANCE_LOW * low, TOLERANCE_HIGH * high]``."""
+    freq = max(min(service_hz, update_hz), FLOOR_HZ)
+    if polled:
+        return freq, freq, freq
+    high = min(freq, update_hz)
+    if service_hz >= 2 * update_hz:
+        low = update_hz
+    elif update_hz >= 2 * service_hz:
+        low = freq
+    else:
+        low = min(freq, freq / 2)
+    return freq, low, high
 
 
 class RateWindow:
-    """Receive intervals whose later end lies in the last ``length_s`` seconds, with their
-    running sum: the average rate is ``count / sum`` in O(1) per update."""
+    """The last ``length`` receive intervals with their running sum: the average rate is
+    ``count / sum`` in O(1) per interval."""
 
-    __slots__ = ("_intervals", "_length_s", "_total")
+    __slots__ = ("_added", "_intervals", "_length", "_total")
 
-    def __init__(self, length_s: float) -> None:
-        self._length_s = length_s
-        self._intervals: deque[tuple[float, float]] = deque()  # (end time, interval)
+    def __init__(self, length: int) -> None:
+        self._length = max(1, int(length))
+        self._intervals: deque[float] = deque()
         self._total = 0.0
+        self._added = 0
 
-    def add(self, end_time: float, interval: float) -> None:
-        """One receive interval of ``interval`` seconds that ended at ``end_time`` (s)."""
-        self._intervals.append((end_time, interval))
-        self._total += interval
-
-    def expire(self, now: float) -> bool:
-        """Drops intervals that ended more than the window length before ``now``; returns
-        whether any was dropped."""
-        cutoff = now - self._length_s
+    def add(self, interval: float) -> None:
+        """One receive interval of ``interval`` seconds."""
         intervals = self._intervals
-        if not intervals or intervals[0][0] >= cutoff:
-            return False
-        while intervals and intervals[0][0] < cutoff:
-            self._total -= intervals.popleft()[1]
-        if not intervals:
-            self._total = 0.0  # no drift from repeated float subtraction
-        return True
+        intervals.append(interval)
+        self._total += interval
+        if len(intervals) > self._length:
+            self._total -= intervals.popleft()
+        self._added += 1
+        if self._added % (16 * self._length) == 0:
+            self._total = sum(intervals)  # no drift from repeated float subtraction
 
     @property
     def rate(self) -> float:
@@ -65,38 +94,27 @@ class FrequencyTracker:
 
     ``service_hz`` is the service's expected rate, ``update_hz`` the rate at which the
     SubMaster updates (0 or None: unknown, take the service's), ``polled`` whether this is
-    the service the SubMaster waits on (then every update sees exactly one message).
-
-    The band: a polled service must arrive at its own rate. Otherwise the subscriber sees
-    at most ``min(service, update)``; at least the update rate when the service is more
-    than twice as fast as updates, the service's rate when updates are more than twice as
-    fast as the service, and half of the slower one in between (beats between the two
-    clocks can skip one update in two). ``ok`` when the average over the long window or
-    over the recent one lies in ``[0.8 * min, 1.2 * max]``.
+    the service the SubMaster waits on. The band and the averages are cereal's (module
+    docstring).
     """
 
-    __slots__ = ("expected_hz", "max_hz", "min_hz", "_last_time", "_long", "_ok", "_recent")
+    __slots__ = ("checked", "expected_hz", "max_hz", "min_hz", "_last_time", "_long", "_ok",
+                 "_recent")
 
     def __init__(self, service_hz: float, update_hz: float | None, polled: bool) -> None:
         if service_hz <= 0:
             raise ValueError("an event-driven service (0 Hz) has no rate to track")
         update_hz = update_hz if update_hz and update_hz > 0 else service_hz
-        if polled:
-            low = high = service_hz
-        else:
-            high = min(service_hz, update_hz)
-            if service_hz >= 2 * update_hz:
-                low = update_hz
-            elif update_hz >= 2 * service_hz:
-                low = service_hz
-            else:
-                low = high / 2
-        #: The rate this subscriber should see (Hz).
-        self.expected_hz = high
-        self.min_hz = TOLERANCE_LOW * low
-        self.max_hz = TOLERANCE_HIGH * high
-        self._long = RateWindow(LONG_WINDOW_S)
-        self._recent = RateWindow(RECENT_WINDOW_S)
+        freq, low, high = rate_band(service_hz, update_hz, polled)
+        #: The rate this subscriber should see (Hz): the slower of the service and updates.
+        self.expected_hz = min(service_hz, update_hz)
+        self.min_hz = low * TOLERANCE_LOW
+        self.max_hz = high * TOLERANCE_HIGH
+        #: Whether the service counts in all_freq_ok() (faster than CHECKED_ABOVE_HZ).
+        self.checked = service_hz > CHECKED_ABOVE_HZ
+        length = int(WINDOW_SECONDS * freq)
+        self._long = RateWindow(length)
+        self._recent = RateWindow(int(length / WINDOW_SECONDS) or length)
         self._last_time: float | None = None
         self._ok: bool | None = None  # cached verdict; None: the windows changed
 
@@ -104,15 +122,10 @@ class FrequencyTracker:
         """Counts one message received at ``recv_time`` (seconds, monotonic)."""
         last = self._last_time
         self._last_time = recv_time
-        if last is not None and recv_time > last:
+        if last is not None:
             interval = recv_time - last
-            self._long.add(recv_time, interval)
-            self._recent.add(recv_time, interval)
-            self._ok = None
-
-    def expire(self, now: float) -> None:
-        """Forgets intervals older than the windows, as of ``now``."""
-        if self._long.expire(now) | self._recent.expire(now):
+            self._long.add(interval)
+            self._recent.add(interval)
             self._ok = None
 
     @property

@@ -1,13 +1,15 @@
 """SubMaster: the latest message of each of several services, and whether every one of
 them is alive, valid and arriving at its expected rate.
 
-Rules (upstream-compatible; the rate band is in :mod:`msgq.messaging.frequency`):
+Rules (cereal's; the rate band and averages are in :mod:`msgq.messaging.frequency`):
 
 * ``alive[s]``: a message of ``s`` arrived within the last 10 expected periods (the period
   of the rate this subscriber can see: the slower of the service and the updates). With
   ``SIMULATION=1`` alive means "seen at least once", as simulated time has no periods.
-* ``freq_ok[s]``: the average receive rate over the last 10 s, or over the last 1 s, is
-  within the service's band.
+* ``freq_ok[s]``: the average receive rate over about the last 10 s, or over about the
+  last 1 s, of intervals is within the service's band, and the service is alive.
+* ``all_freq_ok()`` counts only services faster than about 1 Hz that are in neither
+  ``ignore_alive`` nor ``ignore_avg_freq`` (cereal's ``_check_avg_freq``).
 * Event-driven services (frequency 0) are always alive (once seen, under SIMULATION) and
   always freq_ok.
 * ``valid[s]``: the ``valid`` flag of the last message (False before the first one).
@@ -32,8 +34,8 @@ from typing import Any
 
 import msgq
 from msgq import clock
-from msgq.messaging.frequency import FrequencyTracker
-from msgq.schemas import Schema, default_schema
+from msgq.messaging.frequency import TOLERANCE_HIGH, TOLERANCE_LOW, FrequencyTracker, rate_band
+from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.events import MessageDecodeError
 from msgq.tables import format_table
 
@@ -96,7 +98,11 @@ class SubMaster:
     None waits for any. ``frequency``: the rate at which the caller runs ``update`` when
     no ``poll`` service gives it (default: the fastest service's). ``ignore_*``: services
     left out of ``all_alive`` / ``all_freq_ok`` / ``all_valid``. ``addr``: the publishers'
-    host (ZMQ backend). ``schema``: an application's own (:func:`msgq.schemas.load_schema`).
+    host (ZMQ backend). ``schema``: default the schema in force (see
+    :func:`msgq.schemas.use_schema`).
+
+    cereal's ``max_freq`` / ``min_freq`` (the band of each service, Hz) and
+    ``_check_avg_freq(s)`` are there too.
     """
 
     def __init__(
@@ -110,7 +116,7 @@ class SubMaster:
         frequency: float | None = None,
         schema: Schema | None = None,
     ) -> None:
-        self.schema = schema or default_schema()
+        self.schema = schema_in_force(schema)
         registry = self.schema.services
         self.services: list[str] = list(dict.fromkeys(services))
         for s in self.services:
@@ -147,6 +153,8 @@ class SubMaster:
         self.logMonoTime: dict[str, int] = {}  # noqa: N815 (upstream name)
         self.bad_messages: dict[str, int] = {}
         self.freq_tracker: dict[str, FrequencyTracker] = {}
+        self.max_freq: dict[str, float] = {}
+        self.min_freq: dict[str, float] = {}
         self.sock: dict[str, Any] = {}
         self.poller = msgq.Poller()
         self._service_of_sock: dict[int, str] = {}
@@ -168,6 +176,9 @@ class SubMaster:
             self.recv_frame[s] = 0
             self.logMonoTime[s] = 0
             self.bad_messages[s] = 0
+            _, low, high = rate_band(service.frequency, self.update_freq, s == poll)
+            self.min_freq[s] = low * TOLERANCE_LOW
+            self.max_freq[s] = high * TOLERANCE_HIGH
             if service.frequency > 0:
                 self.freq_tracker[s] = FrequencyTracker(service.frequency, self.update_freq,
                                                         polled=s == poll)
@@ -175,6 +186,8 @@ class SubMaster:
         self._tracked = [(s, t, ALIVE_PERIODS / t.expected_hz)
                          for s, t in self.freq_tracker.items()]
         self._untracked = [s for s in self.services if s not in self.freq_tracker]
+        # services all_freq_ok() counts: faster than about 1 Hz (cereal's rule)
+        self._rate_checked = frozenset(s for s, t in self.freq_tracker.items() if t.checked)
 
     def __getitem__(self, service: str) -> Any:
         try:
@@ -267,14 +280,19 @@ class SubMaster:
             self.alive[s] = True
         seen, recv_time = self.seen, self.recv_time
         for s, tracker, alive_s in self._tracked:
-            tracker.expire(cur_time)
-            self.alive[s] = seen[s] and cur_time - recv_time[s] < alive_s
-            self.freq_ok[s] = tracker.ok
+            alive = self.alive[s] = seen[s] and cur_time - recv_time[s] < alive_s
+            self.freq_ok[s] = alive and tracker.ok
+
+    def _check_avg_freq(self, service: str) -> bool:
+        """Whether ``service`` counts in :meth:`all_freq_ok` (cereal's name): faster than
+        about 1 Hz and in neither ignore_alive nor ignore_avg_freq."""
+        return (service in self._rate_checked and service not in self.ignore_average_freq
+                and service not in self.ignore_alive)
 
     @property
     def freq(self) -> dict[str, float]:
-        """Measured average receive rate per service over the last 10 s (Hz; 0.0 for
-        event-driven services and before two messages)."""
+        """Measured average receive rate per service over its long window (about the last
+        10 s of intervals; Hz; 0.0 for event-driven services and before two messages)."""
         return {s: (t.rate if (t := self.freq_tracker.get(s)) else 0.0) for s in self.services}
 
     def _all(self, flags: dict[str, bool], ignore: Sequence[str],
@@ -287,11 +305,12 @@ class SubMaster:
         return self._all(self.alive, self.ignore_alive, service_list)
 
     def all_freq_ok(self, service_list: Iterable[str] | None = None) -> bool:
-        """Whether every service arrives at its expected rate, leaving out ignore_alive
-        services (as cereal does: a service that need not be alive need not keep its rate)
-        and ignore_avg_freq services."""
-        return self._all(self.freq_ok, [*self.ignore_alive, *self.ignore_average_freq],
-                         service_list)
+        """Whether every service faster than about 1 Hz arrives at its expected rate,
+        leaving out ignore_alive services (a service that need not be alive need not keep
+        its rate) and ignore_avg_freq services — cereal's rule."""
+        names = self.services if service_list is None else service_list
+        freq_ok = self.freq_ok
+        return all(freq_ok[s] for s in names if self._check_avg_freq(s))
 
     def all_valid(self, service_list: Iterable[str] | None = None) -> bool:
         """Whether every service not in ignore_valid sent valid=True last."""
