@@ -50,6 +50,7 @@ COMMANDS: tuple[str, ...] = (
     "queues",
     "record",
     "replay",
+    "info",
     "logstats",
     "spark",
     "bridge",
