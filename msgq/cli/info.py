@@ -19,6 +19,7 @@ from typing import Any
 from msgq.cli.output import EXIT_OK, CommandError, human_bytes, print_json, print_table
 from msgq.logs import segment_paths
 from msgq.logs.index import INDEX_NAME, IndexCache
+from msgq.schemas import SCHEMA_DIR, schema_fingerprint, spec_in_force
 
 __all__ = ["BOOKKEEPING_SERVICES", "RecordingInfo", "SegmentInfo", "add_parser",
            "recording_info", "run"]
@@ -170,8 +171,6 @@ def _read_index_metadata(folder: str) -> dict[str, Any]:
 
 def _fingerprint_in_force() -> str:
     """The fingerprint of the schema in force, from its file (no Cap'n Proto load)."""
-    from msgq.schemas import SCHEMA_DIR, schema_fingerprint, spec_in_force
-
     spec = spec_in_force()
     return schema_fingerprint(spec.path or os.path.join(SCHEMA_DIR, "log.capnp"))
 
