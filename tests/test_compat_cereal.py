@@ -353,3 +353,13 @@ def test_script_runs_cereal_style_tests(checkout: Path) -> None:
     assert "1 failed, 3 passed" in done.stdout, done.stdout
     assert "test_pub_sub_master.py::TestSubMaster::test_fails" in done.stdout
     assert not list(tests.glob("__pycache__"))  # the checkout is left as it was
+
+
+def test_shim_command_refuses_a_folder_that_is_not_a_checkout(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "msgq.compat.cereal", str(tmp_path),
+                           str(tmp_path / "shim")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"error: {tmp_path} has no log.capnp: give the cereal "
+                                   "folder (the one with log.capnp and services.py, "
+                                   "openpilot/cereal)")
+    assert not (tmp_path / "shim").exists()
