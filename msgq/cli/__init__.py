@@ -52,6 +52,8 @@ COMMANDS: tuple[str, ...] = (
     "replay",
     "info",
     "logstats",
+    "export",
+    "foxglove",
     "spark",
     "bridge",
     "bench",
