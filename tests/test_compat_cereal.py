@@ -91,7 +91,7 @@ def test_cereal_code_runs_with_the_checkouts_schema(checkout: Path) -> None:
         import cereal.messaging as messaging
         from cereal.services import SERVICE_LIST
         import msgq, msgq.messaging
-        from msgq.schemas import UNSIZED_QUEUE_SIZE, schema_in_force
+        from msgq.schemas import UNSIZED_QUEUE_SIZE, find_service, schema_in_force
 
         out = {{}}
         out["log_file"] = log.__file__
@@ -117,9 +117,13 @@ def test_cereal_code_runs_with_the_checkouts_schema(checkout: Path) -> None:
         pm = messaging.PubMaster(["armState", "missionLog"])
         sm = messaging.SubMaster(["armState", "missionLog"])
         sock = messaging.sub_sock("armState", timeout=2000)
-        queue = glob.glob(os.path.join(os.environ.get("MSGQ_SHM_DIR", "/dev/shm"),
-                                       os.environ["MSGQ_PREFIX"], "*armState*"))
-        out["queue_bytes"] = [os.path.getsize(q) >= UNSIZED_QUEUE_SIZE for q in queue]
+        out["queue_size"] = find_service("armState").queue_size == UNSIZED_QUEUE_SIZE
+        if msgq.backend_name() == "msgq":  # the queue file holds the queue and a header
+            queue = glob.glob(os.path.join(os.environ.get("MSGQ_SHM_DIR", "/dev/shm"),
+                                           os.environ["MSGQ_PREFIX"], "*armState*"))
+            out["queue_bytes"] = [os.path.getsize(q) >= UNSIZED_QUEUE_SIZE for q in queue]
+        else:
+            out["queue_bytes"] = [True]
 
         msg = messaging.new_message("armState", valid=True)
         msg.armState.speedLimit = 2.5
@@ -151,7 +155,8 @@ def test_cereal_code_runs_with_the_checkouts_schema(checkout: Path) -> None:
     assert out["env"] == [str(checkout / "log.capnp"), str(checkout / "services.py")]
     assert out["new_valid"] is False  # cereal's new_message: valid False
     assert out["new_which"] == "armState"
-    assert out["queue_bytes"] == [True]  # a registry without sizes: upstream's 10 MiB
+    assert out["queue_size"] is True  # a registry without sizes: upstream's 10 MiB
+    assert out["queue_bytes"] == [True]
     assert out["recv"] == ["armState", 2.5, False, 12.5, True]
     # valid=True is the schema's default (stored as 0): read from raw bytes, it is True
     assert out["sm"] == [2.5, "go", True, False, True]
@@ -216,6 +221,7 @@ def test_shim_package_serves_every_process(checkout: Path, tmp_path: Path) -> No
             import cereal, cereal.messaging as messaging
             from cereal.services import SERVICE_LIST
             pm = messaging.PubMaster(["heartbeat"])
+            pm.sock["heartbeat"].wait_for_readers(timeout=10)  # the subscriber's socket
             msg = messaging.new_message("heartbeat")
             pm.send("heartbeat", msg)
             print(cereal.__file__, SERVICE_LIST["heartbeat"].frequency)
