@@ -64,5 +64,5 @@ fi
 status=0
 "$python" -m pytest -q -p no:cacheprovider --rootdir="$scratch" "${files[@]}" "$@" ||
   status=$?
-rm -rf "/dev/shm/$MSGQ_PREFIX"
+rm -rf "${MSGQ_SHM_DIR:-/dev/shm}/$MSGQ_PREFIX"
 exit "$status"
