@@ -1,0 +1,257 @@
+"""Recordings → MCAP: every event a message on a channel per service, JSON-encoded with
+the JSON Schema of :mod:`msgq.viz.json_schema`, log time and publish time = logMonoTime,
+in zstd-compressed chunks with the summary and indexes (viewers seek at once), and
+metadata records saying what was exported.
+
+Streaming: one event at a time, the writer keeps one chunk (1 MiB by default) in memory;
+memory does not grow with the recording. Damaged segments export what is intact: each
+segment is read on its own, past corrupt data, and what could not be read is listed in
+:attr:`ExportStats.problems` (file, byte offset, what).
+
+Metadata records (``Metadata`` in the MCAP file):
+
+* ``msgq`` — ``msgq_version``, ``schema_path``, ``schema_fingerprint``, ``schema_root``,
+  ``registry`` (the registry file, if any), ``export_host``, ``source``, ``segments``
+  (the segment files, a JSON list), ``recording_host``, ``recording_id`` (from
+  ``index.json`` where the recording has one);
+* ``recording`` — every other key of the recording's ``index.json`` (values as JSON);
+* ``logStart`` — the first ``logStart`` event's fields (JSON values), when the schema has
+  that member and the recording holds one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from msgq.errors import MessageDecodeError
+from msgq.logs import LogProblem, LogReader, segment_paths
+from msgq.logs.index import IndexCache, read_recording
+from msgq.schemas import Schema, schema_in_force
+from msgq.viz import require
+from msgq.viz.json_schema import event_converter
+
+__all__ = ["ExportStats", "export_mcap", "first_mono_ns"]
+
+#: Bytes of messages per MCAP chunk (before compression).
+CHUNK_SIZE = 1024 * 1024
+
+
+@dataclass
+class ExportStats:
+    """What an export wrote and what it could not read."""
+
+    output: str
+    messages: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    first_mono_ns: int | None = None
+    last_mono_ns: int | None = None
+    segments: int = 0
+    unreadable_segments: int = 0
+    problems: list[str] = field(default_factory=list)
+    bytes_in: int = 0  # event bytes read
+    bytes_out: int = 0  # size of the MCAP file
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stats as a JSON-able dict."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _msgq_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("msgq-shm", "msgq"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def _recording_folders(paths: list[str]) -> list[str]:
+    return list(dict.fromkeys(os.path.dirname(os.path.abspath(p)) for p in paths))
+
+
+def first_mono_ns(paths: list[str], schema: Schema) -> int | None:
+    """The logMonoTime of a recording's first event: from the index where it is sealed,
+    else the first readable event of the first segment that has one."""
+    indexes = IndexCache()
+    firsts = [e.first_mono_ns for e in (indexes.entry(p) for p in paths)
+              if e is not None and e.events]
+    if firsts and len(firsts) == len(paths):
+        return min(firsts)
+    for path in paths:
+        try:
+            reader = LogReader(path, skip_corrupt=True, schema=schema, warn=False)
+            for event in reader.raw():
+                return event.mono_ns
+        except (OSError, ValueError, EOFError):
+            continue
+    return None
+
+
+def _metadata(schema: Schema, source: Iterable[str], paths: list[str]) -> dict[str, dict[str, str]]:
+    spec = schema.spec
+    msgq_meta = {
+        "msgq_version": _msgq_version(),
+        "schema_path": schema.path,
+        "schema_fingerprint": schema.fingerprint,
+        "schema_root": schema.root_name,
+        "registry": spec.services_path or ("msgq" if spec.is_msgq_own else ""),
+        "export_host": socket.gethostname(),
+        "source": json.dumps(list(source)),
+        "segments": json.dumps(paths),
+    }
+    recording: dict[str, str] = {}
+    for folder in _recording_folders(paths):
+        doc = read_recording(folder)
+        if doc is None:
+            continue
+        for key in ("hostname", "host"):
+            if key in doc:
+                msgq_meta["recording_host"] = str(doc[key])
+        if "recording_id" in doc:
+            msgq_meta["recording_id"] = str(doc["recording_id"])
+        for key, value in doc.items():
+            recording.setdefault(key, value if isinstance(value, str) else json.dumps(value))
+        break  # the first recording's (an export of several lists every segment above)
+    records = {"msgq": msgq_meta}
+    if recording:
+        records["recording"] = recording
+    return records
+
+
+def export_mcap(
+    source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    output: str,
+    services: Iterable[str] | None = None,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    schema: Schema | None = None,
+    chunk_size: int = CHUNK_SIZE,
+    progress: Callable[[int], None] | None = None,
+) -> ExportStats:
+    """Exports the events of ``source`` (a segment, a recording folder, a glob or a list,
+    as :class:`msgq.logs.LogReader` takes them) to the MCAP file ``output``.
+
+    ``services``: only these. ``start_ns``/``end_ns``: only events with logMonoTime in
+    [start_ns, end_ns]. ``schema``: default the schema in force. ``progress`` is called
+    with the event bytes read since its last call. Raises FileNotFoundError when the
+    source names no file, and :class:`msgq.viz.MissingExtraError` without the ``mcap``
+    library. Damage does not raise: see :attr:`ExportStats.problems`."""
+    require("mcap")
+    from mcap.writer import CompressionType, Writer
+
+    schema = schema_in_force(schema)
+    converter = event_converter(schema)
+    paths = segment_paths(source)
+    wanted = None if services is None else list(dict.fromkeys(services))
+    for name in wanted or ():
+        if name not in schema.union_fields:
+            from msgq.schemas.services import unknown_service_error
+
+            raise unknown_service_error(name, schema.union_fields)
+    stats = ExportStats(output=output)
+    sources = [os.fspath(source)] if isinstance(source, (str, os.PathLike)) else \
+        [os.fspath(s) for s in source]
+    indexes = IndexCache()
+    tmp = f"{output}.{os.getpid()}.part"
+    with open(tmp, "wb") as stream:
+        writer = Writer(stream, chunk_size=chunk_size, compression=CompressionType.ZSTD)
+        writer.start(profile="", library=f"msgq {_msgq_version()} (mcap)")
+        channels: dict[str, int] = {}
+        sequences: dict[str, int] = {}
+        log_start: dict[str, Any] | None = None
+        has_log_start = "logStart" in schema.union_fields
+
+        def channel_of(service: str) -> int:
+            schema_id = writer.register_schema(
+                name=converter.schema_name(service), encoding="jsonschema",
+                data=json.dumps(converter.json_schema(service)).encode())
+            service_info = schema.services.get(service)
+            meta = {"service": service}
+            if service_info is not None:
+                meta["frequency_hz"] = f"{service_info.frequency:g}"
+            channel_id = writer.register_channel(
+                topic=f"/{service}", message_encoding="json", schema_id=schema_id,
+                metadata=meta)
+            channels[service] = channel_id
+            sequences[service] = 0
+            return channel_id
+
+        for path in paths:
+            entry = indexes.entry(path)
+            if entry is not None and end_ns is not None and entry.first_mono_ns > end_ns:
+                continue
+            stats.segments += 1
+            reader = LogReader(path, services=wanted, skip_corrupt=True,
+                               start_mono_ns=start_ns, schema=schema, warn=False,
+                               indexes=indexes)
+            read_any = False
+            try:
+                for event in reader.raw():
+                    read_any = True
+                    if end_ns is not None and event.mono_ns > end_ns:
+                        continue
+                    try:
+                        message = schema.decode(event.data)
+                    except MessageDecodeError as e:
+                        stats.problems.append(f"{event.path} at byte {event.offset}: {e}")
+                        continue
+                    value = converter.to_json(message)
+                    data = _encode(value)
+                    service = event.service
+                    channel_id = channels.get(service)
+                    if channel_id is None:
+                        channel_id = channel_of(service)
+                    sequence = sequences[service]
+                    sequences[service] = sequence + 1
+                    writer.add_message(channel_id=channel_id, log_time=event.mono_ns,
+                                       data=data, publish_time=event.mono_ns,
+                                       sequence=sequence & 0xFFFFFFFF)
+                    if has_log_start and log_start is None and service == "logStart":
+                        log_start = value.get("logStart")
+                    stats.messages += 1
+                    stats.counts[service] = sequence + 1
+                    if stats.first_mono_ns is None or event.mono_ns < stats.first_mono_ns:
+                        stats.first_mono_ns = event.mono_ns
+                    if stats.last_mono_ns is None or event.mono_ns > stats.last_mono_ns:
+                        stats.last_mono_ns = event.mono_ns
+                    stats.bytes_in += len(event.data)
+                    if progress is not None:
+                        progress(len(event.data))
+            except (OSError, ValueError, EOFError) as e:
+                # a file that cannot be opened or decompressed at all
+                stats.problems.append(f"{path}: {_one_line(e)}")
+                if not read_any:
+                    stats.unreadable_segments += 1
+            for problem in (*reader.truncated, *reader.corrupt):
+                stats.problems.append(_problem_text(problem))
+        for name, record in _metadata(schema, sources, paths).items():
+            writer.add_metadata(name, record)
+        if isinstance(log_start, dict):
+            writer.add_metadata("logStart", {k: v if isinstance(v, str) else json.dumps(v)
+                                             for k, v in log_start.items()})
+        writer.finish()
+    os.replace(tmp, output)
+    stats.bytes_out = os.path.getsize(output)
+    return stats
+
+
+def _encode(value: dict[str, Any]) -> bytes:
+    from msgq.viz.json_schema import encode_json
+
+    return encode_json(value)
+
+
+def _problem_text(problem: LogProblem) -> str:
+    return str(problem)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
