@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from schema_profiles import ROBOT_SCHEMA, ROBOT_SERVICES
 from test_viz_export import validate
 
 from msgq.schemas import Schema
@@ -264,3 +265,232 @@ def test_channels_values_rates_and_health(schema_profile: Schema) -> None:
         server.stop()
         publisher.kill()
         publisher.wait()
+
+
+FLOOD = textwrap.dedent("""
+    import sys, time
+    from msgq.messaging import PubMaster, new_message
+    seconds, size = float(sys.argv[1]), int(sys.argv[2])
+    pm = PubMaster(["cameraFrame"])
+    image = bytes(range(256)) * (size // 256)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    start = time.monotonic()
+    n = 0
+    while time.monotonic() - start < seconds:
+        msg = new_message("cameraFrame", valid=True)
+        msg.cameraFrame.frameId = n
+        msg.cameraFrame.image = image
+        pm.send("cameraFrame", msg)
+        n += 1
+    print(n, n / (time.monotonic() - start), flush=True)
+""")
+
+
+def flood_rate(seconds: float, size: int, during: Callable[[], None] | None = None
+               ) -> float:
+    """Messages a second a publisher in another process sends of cameraFrame events with
+    ``size`` bytes of image, as fast as it can, for ``seconds``; ``during`` runs while it
+    sends."""
+    process = subprocess.Popen([PYTHON, "-c", FLOOD, str(seconds), str(size)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert process.stdout is not None and process.stdin is not None
+        assert process.stdout.readline().strip() == "ready"
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        if during is not None:
+            during()
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    return float(out.split()[1])
+
+
+@pytest.mark.slow
+def test_a_stalled_viewer_slows_neither_the_publisher_nor_other_viewers(robot: Schema
+                                                                        ) -> None:
+    """A viewer that stops reading (a small receive buffer, never read) while a publisher
+    floods 32 KiB frames: the publisher's send rate is the one it has with only a
+    reading viewer, the server goes on sending to the reading viewer at its rate, and the
+    stalled viewer gets a bounded part of the stream."""
+    from msgq.viz.live import LiveServer
+
+    server = LiveServer(["cameraFrame"], port=0, max_rate=200.0, backlog=16).start()
+    reader = FoxgloveClient(server.port)
+    stalled = None
+    try:
+        reader.subscribe("/cameraFrame")
+        received: list[int] = []
+
+        def read_for(seconds: float) -> Callable[[], None]:
+            def read() -> None:
+                received.append(len([m for m in reader.messages(seconds)
+                                     if m[0] == "/cameraFrame"]))
+            return read
+
+        rate_alone = flood_rate(1.5, 32 * 1024, read_for(1.5))
+        stalled = FoxgloveClient(server.port, receive_buffer=4096)
+        stalled.subscribe("/cameraFrame")
+        sent_before = server.stats.sent["cameraFrame"]
+        rate_stalled = flood_rate(1.5, 32 * 1024, read_for(1.5))
+        sent_during = server.stats.sent["cameraFrame"] - sent_before
+        print(f"publisher: {rate_alone:.0f} msg/s with a reading viewer, "
+              f"{rate_stalled:.0f} msg/s with a stalled one too; server sent "
+              f"{sent_during} while stalled; the reader got {received}")
+        assert rate_stalled > 0.6 * rate_alone, (rate_alone, rate_stalled)
+        # the loop never waited for the stalled viewer: the reading one got its share
+        assert received[1] > 0.5 * received[0] and received[1] > 100, received
+        # what the stalled viewer can still read is bounded (its queue dropped the rest)
+        stalled.sock.settimeout(0.5)
+        backlog = 0
+        try:
+            while True:
+                kind, _ = stalled.next()
+                backlog += kind == "data"
+        except (TimeoutError, OSError):
+            pass
+        assert backlog < sent_during / 2, (backlog, sent_during)
+    finally:
+        reader.close()
+        if stalled is not None:
+            stalled.close()
+        server.stop()
+
+
+def test_survives_a_viewer_leaving_and_a_publisher_restarting() -> None:
+    from msgq.viz.live import HEALTH_TOPIC, LiveServer
+
+    first = start_publisher("vehicleState", "speed", 100.0, 20.0, offset=0)
+    server = LiveServer(["vehicleState"], port=0, max_rate=50.0, health_rate=10.0).start()
+    second = None
+    try:
+        leaving = FoxgloveClient(server.port)
+        leaving.subscribe("/vehicleState")
+        assert any(t == "/vehicleState" for t, _, _ in leaving.messages(0.5))
+        leaving.sock.close()  # gone without a close frame, mid-stream
+        first.kill()
+        first.wait()
+        second = start_publisher("vehicleState", "speed", 100.0, 20.0, offset=100_000)
+        viewer = FoxgloveClient(server.port)
+        viewer.subscribe("/vehicleState", HEALTH_TOPIC)
+        restarted: list[float] = []
+        health: list[dict[str, Any]] = []
+
+        def new_values_and_alive() -> bool:
+            for topic, _, payload in viewer.messages(0.2):
+                value = json.loads(payload)
+                if topic == HEALTH_TOPIC:
+                    health.append(value["services"]["vehicleState"])
+                elif value["vehicleState"]["speed"] >= 50_000:
+                    restarted.append(value["vehicleState"]["speed"])
+            return len(restarted) >= 5 and bool(health) and health[-1]["alive"]
+
+        viewer.wait_for(new_values_and_alive, timeout=15)
+        assert server._thread is not None and server._thread.is_alive()
+        viewer.close()
+    finally:
+        server.stop()
+        for process in (first, second):
+            if process is not None:
+                process.kill()
+                process.wait()
+
+
+def _protobuf_fields(data: bytes) -> dict[int, list[Any]]:
+    """The top-level fields of a protobuf message (varints and length-delimited)."""
+    fields: dict[int, list[Any]] = {}
+    at = 0
+
+    def varint() -> int:
+        nonlocal at
+        value = shift = 0
+        while True:
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    while at < len(data):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            fields.setdefault(number, []).append(varint())
+        elif wire == 2:
+            n = varint()
+            fields.setdefault(number, []).append(data[at:at + n])
+            at += n
+        else:
+            raise AssertionError(f"wire type {wire} not expected")
+    return fields
+
+
+def test_cameras_arrive_as_jpeg() -> None:
+    """The demo robot's camera process (VisionIPC, 640x480 NV12): frames arrive as
+    foxglove.CompressedImage holding a JPEG of --camera-width, at about --camera-rate."""
+    from PIL import Image
+
+    from msgq.viz.live import LiveServer
+
+    camera = subprocess.Popen([PYTHON, "-c", "from msgq.demo.robot import run_camera; "
+                               "run_camera(15.0)"], cwd=REPO, stderr=subprocess.PIPE)
+    server = LiveServer(["roadCameraState"], port=0, cameras=[("camerad", 0)],
+                        camera_rate=5.0, camera_width=320).start()
+    viewer = FoxgloveClient(server.port)
+    try:
+        channel = viewer.channel("/camera/camerad/0")
+        assert channel["schemaName"] == "foxglove.CompressedImage"
+        assert channel["encoding"] == "protobuf"
+        viewer.subscribe("/camera/camerad/0")
+        frames: list[bytes] = []
+
+        def two_seconds_of_frames() -> bool:
+            frames.extend(p for t, _, p in viewer.messages(0.25)
+                          if t == "/camera/camerad/0")
+            return len(frames) >= 3
+
+        viewer.wait_for(two_seconds_of_frames, timeout=15)
+        start = len(frames)
+        frames.extend(p for t, _, p in viewer.messages(2.0) if t == "/camera/camerad/0")
+        assert 6 <= len(frames) - start <= 12  # 5 a second
+        fields = _protobuf_fields(frames[-1])
+        jpeg = next(v for values in fields.values() for v in values
+                    if isinstance(v, bytes) and v.startswith(b"\xff\xd8"))
+        assert b"jpeg" in [v for values in fields.values() for v in values]
+        import io
+
+        image = Image.open(io.BytesIO(jpeg))
+        assert image.format == "JPEG" and image.size == (320, 240)
+    finally:
+        viewer.close()
+        server.stop()
+        camera.kill()
+        camera.wait()
+
+
+def test_cli_serves_the_schema_in_force() -> None:
+    """``msgq foxglove --schema ... --registry ...``: the robot's channels, named and
+    typed by its schema; the command stops after --duration with exit code 0."""
+    process = subprocess.Popen(
+        [PYTHON, "-m", "msgq", "foxglove", "--schema", ROBOT_SCHEMA, "--registry",
+         ROBOT_SERVICES, "--services", "armState,imu", "--port", "0", "--duration", "3"],
+        stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert process.stderr is not None
+        line = process.stderr.readline()
+        assert "serving 2 services on ws://127.0.0.1:" in line, line
+        port = int(line.split("ws://127.0.0.1:")[1].split()[0])
+        viewer = FoxgloveClient(port)
+        topics = {viewer.channel(t)["schemaName"] for t in ("/armState", "/imu")}
+        assert topics == {"Event.armState", "Event.imu"}
+        assert "/msgq/health" in {c["topic"] for c in viewer.channels.values()}
+        viewer.close()
+        assert process.wait(timeout=20) == 0
+        assert "received" in process.stderr.read()
+    finally:
+        process.kill()
+        process.wait()

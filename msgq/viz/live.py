@@ -204,7 +204,11 @@ class LiveServer:
         while not self._stop.is_set():
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            ready = poller.poll(20)
+            if self.services:
+                ready = poller.poll(20)
+            else:  # cameras only: nothing to poll
+                ready = []
+                time.sleep(0.01)
             now = clock.monotonic()
             peeked = []
             for sock in ready:
