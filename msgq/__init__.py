@@ -37,7 +37,7 @@ from msgq.fake_events import (
     wait_for_one_event,
 )
 from msgq.schemas.schema import NO_TRAVERSAL_LIMIT
-from msgq.schemas.services import find_service
+from msgq.schemas.selection import find_service
 from msgq.sockets import (
     BACKENDS,
     Context,

@@ -80,7 +80,7 @@ from msgq.queues import (
     namespace_prefix,
     validate_endpoint,
 )
-from msgq.schemas import services
+from msgq.schemas import selection, services
 
 __all__ = [
     "DEFAULT_BASE_PORT",
@@ -197,7 +197,7 @@ def endpoint_port(endpoint: str | bytes, prefix: str | None = None) -> int:
             f"MSGQ_ZMQ_BASE_PORT={base} with MSGQ_ZMQ_PORT_SPAN={span} goes past port 65535; "
             "lower one of them")
     if not prefix:
-        service = services.find_service(name)
+        service = selection.find_service(name)
         if service is not None and service.port is not None:
             offset = service.port - services.BASE_PORT
             if 0 <= offset < span:

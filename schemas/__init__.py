@@ -32,13 +32,14 @@ from msgq.schemas.schema import (
     NO_TRAVERSAL_LIMIT,
     SCHEMA_DIR,
     Schema,
-    default_schema,
+    SchemaSpec,
     load_schema,
     msgq_schema,
     schema_fingerprint,
 )
 from msgq.schemas.selection import (
-    SchemaSpec,
+    default_schema,
+    find_service,
     registry_in_force,
     schema_in_force,
     spec_in_force,
@@ -50,7 +51,6 @@ from msgq.schemas.services import (
     Service,
     ServiceRegistry,
     derive_queue_size,
-    find_service,
     load_registry,
 )
 

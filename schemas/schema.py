@@ -29,15 +29,17 @@ import os
 import re
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from msgq.errors import MessageDecodeError
 from msgq.schemas.framing import EventLayout
-from msgq.schemas.selection import SchemaSpec, schema_in_force, set_socket_registry
 from msgq.schemas.services import (
+    SERVICE_LIST,
     Service,
     ServiceRegistry,
     load_registry,
+    register,
     registry_from_mapping,
 )
 
@@ -45,8 +47,12 @@ __all__ = [
     "NO_TRAVERSAL_LIMIT",
     "SCHEMA_DIR",
     "Schema",
+    "ENV_ROOT",
+    "ENV_SCHEMA",
+    "ENV_SERVICES",
+    "SchemaSpec",
     "build_schema",
-    "default_schema",
+    "load_module",
     "load_schema",
     "msgq_schema",
     "read_struct",
@@ -64,7 +70,15 @@ SCHEMA_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _IMPORT_RE = re.compile(rb'import\s+"([^"]+)"')
 _FILE_ID_RE = re.compile(rb'^\s*@0x([0-9a-fA-F]{16})\s*;', re.MULTILINE)
-_lock = threading.Lock()
+_lock = threading.RLock()
+
+#: Environment variable naming the schema file in force.
+ENV_SCHEMA = "MSGQ_SCHEMA"
+#: Environment variable naming the service registry file in force (the ``msgq`` command's
+#: ``--registry``; ``--services`` there selects services by name).
+ENV_SERVICES = "MSGQ_REGISTRY"
+#: Environment variable naming the root struct of the schema in force (default Event).
+ENV_ROOT = "MSGQ_SCHEMA_ROOT"
 
 
 def _capnp() -> Any:
@@ -94,10 +108,84 @@ def schema_fingerprint(path: str) -> str:
     return digest.hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class SchemaSpec:
+    """What a schema is, in a form that pickles and rebuilds identically elsewhere.
+
+    ``path``: the ``.capnp`` file (None: msgq's own). ``services``: the registry — a
+    :class:`ServiceRegistry`, or None: msgq's own registry with msgq's schema, else every
+    union member of the root struct as an event-driven, logged service (a schema without a
+    registry still reads logs; it has no rates to check). ``services_path``: the registry
+    file the registry came from, if any (what :func:`use_schema` exports). ``root``: the
+    root struct. ``imports``: folders for ``import "/..."`` lines.
+    """
+
+    path: str | None = None
+    services: ServiceRegistry | None = None
+    root: str = "Event"
+    imports: tuple[str, ...] = ()
+    services_path: str | None = None
+
+    @classmethod
+    def from_files(cls, schema: str | None = None, services: str | None = None,
+                   root: str | None = None, imports: tuple[str, ...] = ()) -> SchemaSpec:
+        """The spec of a schema file and a registry file (either may be None: msgq's
+        own schema; no registry)."""
+        if schema is not None and not os.path.isfile(schema):
+            raise FileNotFoundError(f"schema file {os.path.abspath(schema)} does not exist")
+        registry = None if services is None else load_registry(services)
+        return cls(
+            path=None if schema is None else os.path.abspath(schema),
+            services=registry,
+            root=root or "Event",
+            imports=tuple(os.path.abspath(i) for i in imports),
+            services_path=None if services is None else os.path.abspath(services),
+        )
+
+    @property
+    def is_msgq_own(self) -> bool:
+        """Whether this is msgq's own schema and registry."""
+        return self.path is None and self.services is None and self.root == "Event"
+
+    def registry(self) -> ServiceRegistry | None:
+        """The registry when it is known without loading the schema (msgq's own, or an
+        explicit one); None when it is derived from the schema's union."""
+        if self.services is not None:
+            return self.services
+        return SERVICE_LIST if self.path is None else None
+
+    def load(self) -> Schema:
+        """The :class:`msgq.schemas.Schema` this spec describes (loaded once per spec in a
+        process)."""
+        with _lock:
+            schema = _loaded.get(self)
+            if schema is None:
+                schema = _loaded[self] = build_schema(self)
+            return schema
+
+    def environment(self) -> dict[str, str]:
+        """The environment variables that make this spec the default of a child process;
+        raises ValueError when the registry was given in code and has no file."""
+        if self.is_msgq_own:
+            return {}
+        if self.services is not None and self.services_path is None:
+            raise ValueError("a registry given in code has no file to name in the "
+                             f"environment: write it to a file for {ENV_SERVICES}")
+        env = {ENV_ROOT: self.root}
+        if self.path is not None:
+            env[ENV_SCHEMA] = self.path
+        if self.services_path is not None:
+            env[ENV_SERVICES] = self.services_path
+        return env
+
+
+_loaded: dict[SchemaSpec, Schema] = {}
+
+
 def _loaded_module(path: str) -> Any:
     """The module pycapnp already loaded from the file at ``path`` in this process (found
     by the file's ``@0x...`` id), or None."""
-    import capnp.lib.capnp as capnp_lib
+    import capnp.lib.capnp as capnp_lib  # pycapnp is loaded on first use (cheap import)
 
     parser = getattr(capnp_lib, "_global_schema_parser", None)
     if parser is None:
@@ -260,14 +348,8 @@ def load_schema(
     spec = spec_of(path, services, root, imports)
     schema = spec.load()
     if register_services:
-        set_socket_registry(schema.services)
+        register(schema.services)
     return schema
-
-
-def default_schema() -> Schema:
-    """The schema in force in this process (:func:`msgq.schemas.use_schema`, the
-    ``MSGQ_SCHEMA``/``MSGQ_REGISTRY`` environment variables, else msgq's own)."""
-    return schema_in_force()
 
 
 def msgq_schema() -> Schema:

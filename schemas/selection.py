@@ -30,116 +30,30 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from msgq.schemas.services import SERVICE_LIST, ServiceRegistry, load_registry
-
-if TYPE_CHECKING:
-    from msgq.schemas.schema import Schema
+from msgq.schemas.schema import ENV_ROOT, ENV_SCHEMA, ENV_SERVICES, Schema, SchemaSpec, spec_of
+from msgq.schemas.services import Service, ServiceRegistry, socket_registry
 
 __all__ = [
     "ENV_ROOT",
     "ENV_SCHEMA",
     "ENV_SERVICES",
     "SchemaSpec",
+    "default_schema",
+    "find_service",
     "registry_in_force",
     "schema_in_force",
-    "set_socket_registry",
     "spec_in_force",
     "use_schema",
 ]
 
-#: Environment variable naming the schema file in force.
-ENV_SCHEMA = "MSGQ_SCHEMA"
-#: Environment variable naming the service registry file in force (the ``msgq`` command's
-#: ``--registry``; ``--services`` there selects services by name).
-ENV_SERVICES = "MSGQ_REGISTRY"
-#: Environment variable naming the root struct of the schema in force (default Event).
-ENV_ROOT = "MSGQ_SCHEMA_ROOT"
-
 _lock = threading.RLock()
 
 
-@dataclass(frozen=True)
-class SchemaSpec:
-    """What a schema is, in a form that pickles and rebuilds identically elsewhere.
-
-    ``path``: the ``.capnp`` file (None: msgq's own). ``services``: the registry — a
-    :class:`ServiceRegistry`, or None: msgq's own registry with msgq's schema, else every
-    union member of the root struct as an event-driven, logged service (a schema without a
-    registry still reads logs; it has no rates to check). ``services_path``: the registry
-    file the registry came from, if any (what :func:`use_schema` exports). ``root``: the
-    root struct. ``imports``: folders for ``import "/..."`` lines.
-    """
-
-    path: str | None = None
-    services: ServiceRegistry | None = None
-    root: str = "Event"
-    imports: tuple[str, ...] = ()
-    services_path: str | None = None
-
-    @classmethod
-    def from_files(cls, schema: str | None = None, services: str | None = None,
-                   root: str | None = None, imports: tuple[str, ...] = ()) -> SchemaSpec:
-        """The spec of a schema file and a registry file (either may be None: msgq's
-        own schema; no registry)."""
-        if schema is not None and not os.path.isfile(schema):
-            raise FileNotFoundError(f"schema file {os.path.abspath(schema)} does not exist")
-        registry = None if services is None else load_registry(services)
-        return cls(
-            path=None if schema is None else os.path.abspath(schema),
-            services=registry,
-            root=root or "Event",
-            imports=tuple(os.path.abspath(i) for i in imports),
-            services_path=None if services is None else os.path.abspath(services),
-        )
-
-    @property
-    def is_msgq_own(self) -> bool:
-        """Whether this is msgq's own schema and registry."""
-        return self.path is None and self.services is None and self.root == "Event"
-
-    def registry(self) -> ServiceRegistry | None:
-        """The registry when it is known without loading the schema (msgq's own, or an
-        explicit one); None when it is derived from the schema's union."""
-        if self.services is not None:
-            return self.services
-        return SERVICE_LIST if self.path is None else None
-
-    def load(self) -> Schema:
-        """The :class:`msgq.schemas.Schema` this spec describes (loaded once per spec in a
-        process)."""
-        with _lock:
-            schema = _loaded.get(self)
-            if schema is None:
-                from msgq.schemas.schema import build_schema
-
-                schema = _loaded[self] = build_schema(self)
-            return schema
-
-    def environment(self) -> dict[str, str]:
-        """The environment variables that make this spec the default of a child process;
-        raises ValueError when the registry was given in code and has no file."""
-        if self.is_msgq_own:
-            return {}
-        if self.services is not None and self.services_path is None:
-            raise ValueError("a registry given in code has no file to name in the "
-                             f"environment: write it to a file for {ENV_SERVICES}")
-        env = {ENV_ROOT: self.root}
-        if self.path is not None:
-            env[ENV_SCHEMA] = self.path
-        if self.services_path is not None:
-            env[ENV_SERVICES] = self.services_path
-        return env
-
-
-_loaded: dict[SchemaSpec, Schema] = {}
 _MSGQ_OWN = SchemaSpec()
-# The process default (None: not read from the environment yet) and the registry sockets
-# use when set apart from it (register()).
+# The process default (None: not read from the environment yet).
 _default_spec: SchemaSpec | None = None
-_socket_registry: ServiceRegistry | None = None
 _registry_cache: tuple[SchemaSpec, ServiceRegistry] | None = None
 
 
@@ -176,13 +90,20 @@ def schema_in_force(schema: Schema | None = None) -> Schema:
     return spec_in_force().load()
 
 
+def default_schema() -> Schema:
+    """The schema in force in this process (:func:`use_schema`, the
+    ``MSGQ_SCHEMA``/``MSGQ_REGISTRY`` environment variables, else msgq's own)."""
+    return spec_in_force().load()
+
+
 def registry_in_force() -> ServiceRegistry:
     """The registry that sizes queues and numbers ZMQ ports in this process: the one set
     by :func:`msgq.schemas.services.register`, else the schema in force's. Read without
     loading Cap'n Proto when the registry is known from its file."""
     global _registry_cache
-    if _socket_registry is not None:
-        return _socket_registry
+    registered = socket_registry()
+    if registered is not None:
+        return registered
     spec = spec_in_force()
     cached = _registry_cache
     if cached is not None and cached[0] is spec:
@@ -194,10 +115,12 @@ def registry_in_force() -> ServiceRegistry:
     return registry
 
 
-def set_socket_registry(registry: ServiceRegistry | None) -> None:
-    """Sockets size queues from ``registry`` (None: from the schema in force's)."""
-    global _socket_registry
-    _socket_registry = registry
+def find_service(name: str | bytes) -> Service | None:
+    """The service called ``name`` in the registry in force, or None when it has none
+    of that name (socket queue sizes, ZMQ ports)."""
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "replace")
+    return registry_in_force().get(name)
 
 
 def use_schema(
@@ -218,8 +141,6 @@ def use_schema(
     ``SubMaster``, ``pub_sock``/``sub_sock`` (queue sizes), log reader/writer and replay
     of this process use it."""
     global _default_spec, _registry_cache
-    from msgq.schemas.schema import Schema, spec_of
-
     if isinstance(schema, Schema):
         if services is not None or root != "Event" or imports:
             raise ValueError("give a Schema alone, or a path with its services")

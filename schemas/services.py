@@ -18,7 +18,7 @@ a service carries: a 100 Hz IMU gets 64 KiB, a 20 Hz model output a few MiB, ins
 10 MiB each. A registry without message sizes (openpilot's ``services.py`` has frequency,
 should_log and decimation only) gets :data:`UNSIZED_QUEUE_SIZE` for every service: the 10
 MiB upstream msgq gives every queue, so a drop-in never has a smaller queue than upstream.
-``python -m msgq.schemas`` prints the table and the total.
+``python -m msgq.schemas`` prints the registry in force and the total.
 
 Registries come from code (:class:`ServiceRegistry` of :class:`Service`) or from a file
 (:func:`load_registry`): a Python file with a ``SERVICE_LIST`` mapping like cereal's
@@ -49,10 +49,10 @@ __all__ = [
     "Service",
     "ServiceRegistry",
     "derive_queue_size",
-    "find_service",
     "load_registry",
     "register",
     "registry_from_mapping",
+    "socket_registry",
     "unknown_service_error",
 ]
 
@@ -299,7 +299,7 @@ def load_registry(path: str) -> ServiceRegistry:
         elif suffix in (".toml", ".json"):
             with open(path, "rb") as f:
                 if suffix == ".toml":
-                    import tomllib
+                    import tomllib  # read only for a .toml registry
 
                     doc = tomllib.load(f)
                 else:
@@ -314,30 +314,19 @@ def load_registry(path: str) -> ServiceRegistry:
         raise ValueError(f"service registry {path}: {e}") from None
 
 
+# The registry sockets use when one is set apart from the schema in force (register()).
+_socket_registry: ServiceRegistry | None = None
+
+
 def register(registry: ServiceRegistry | None) -> None:
     """Makes ``registry`` the one ``pub_sock``/``sub_sock`` (queue sizes) and the ZMQ
     backend (ports) use, in place of the registry of the schema in force (see
     :func:`msgq.schemas.use_schema`, which sets both; None: back to it). One registry is
-    in force."""
-    from msgq.schemas import selection  # the selection sits above the registry
-
-    selection.set_socket_registry(registry)
-
-
-def find_service(name: str | bytes) -> Service | None:
-    """The service called ``name`` in the registry in force, or None when it has none
-    of that name."""
-    from msgq.schemas import selection  # the selection sits above the registry
-
-    if isinstance(name, bytes):
-        name = name.decode("utf-8", "replace")
-    return selection.registry_in_force()._services.get(name)  # noqa: SLF001 - same package
+    in force: :func:`msgq.schemas.find_service` looks names up in it."""
+    global _socket_registry
+    _socket_registry = registry
 
 
-def main() -> None:
-    """Prints the default registry and the shared memory its queues take."""
-    print(SERVICE_LIST.table())
-
-
-if __name__ == "__main__":
-    main()
+def socket_registry() -> ServiceRegistry | None:
+    """The registry set by :func:`register`, or None."""
+    return _socket_registry

@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("socket factory", ("msgq.sockets",)),
     ("package", ("msgq",)),
     ("services", ("msgq.messaging", "msgq.logs", "msgq.visionipc")),
-    ("tools", ("msgq.lockstep", "msgq.bridge", "msgq.spark")),
+    ("tools", ("msgq.lockstep", "msgq.bridge", "msgq.spark", "msgq.compat", "msgq.viz")),
     ("program output", ("msgq.cli.output",)),
     ("programs", ("msgq.bench", "msgq.demo", "msgq.cflags")),
     ("command line", ("msgq.cli",)),

@@ -11,6 +11,7 @@ import pytest
 import msgq
 from msgq import schemas
 from msgq.queues import MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE
+from msgq.schemas import selection
 from msgq.schemas import services as registry_module
 from msgq.schemas.services import (
     MAX_QUEUE_SIZE,
@@ -102,10 +103,10 @@ def test_registered_custom_registry_sizes_plain_sockets() -> None:
         # the existing (unused) queue is re-made at the registry's size
         assert sock.segment_size == custom["myBigThing"].queue_size
         # one registry is in force: msgq's own services are no longer sized from its
-        assert registry_module.find_service("gyroscope") is None
+        assert selection.find_service("gyroscope") is None
     finally:
         registry_module.register(None)  # type: ignore[arg-type]
-    assert registry_module.find_service("gyroscope") == SERVICE_LIST["gyroscope"]
+    assert selection.find_service("gyroscope") == SERVICE_LIST["gyroscope"]
 
 
 def test_duplicate_service_is_refused() -> None:
