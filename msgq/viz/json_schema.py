@@ -46,6 +46,11 @@ from typing import Any
 
 from msgq.schemas import Schema
 
+try:  # optional: ten times faster than json for event values (see EventConverter.dumps)
+    import orjson as _orjson
+except ImportError:
+    _orjson = None
+
 __all__ = ["EventConverter", "NON_FINITE", "WHICH", "encode_json", "event_converter",
            "json_value"]
 
@@ -101,6 +106,7 @@ class EventConverter:
         self.schema = schema
         self._converters: dict[int, Any] = {}
         self._json_schemas: dict[str, dict[str, Any]] = {}
+        self._nullable: dict[str, bool] = {}
         self._lock = threading.Lock()
         root = schema.event.schema
         self._root = self._struct_converter(root)
@@ -113,8 +119,28 @@ class EventConverter:
         return self._root(event)
 
     def encode(self, event: Any) -> bytes:
-        """The Event reader as compact UTF-8 JSON (see :func:`encode_json`)."""
-        return encode_json(self._root(event))
+        """The Event reader as compact UTF-8 JSON (see :meth:`dumps`)."""
+        return self.dumps(event.which(), self._root(event))
+
+    def dumps(self, service: str, value: dict[str, Any]) -> bytes:
+        """``value`` (an event of ``service`` from :meth:`to_json`) as compact UTF-8
+        JSON, the same text :func:`encode_json` makes. With orjson installed (about ten
+        times faster than the standard library's encoder) it encodes events whose type
+        holds no Void or AnyPointer field; orjson writes NaN and infinities as null, so
+        output holding a null is made again the exact way."""
+        if _orjson is not None:
+            nullable = self._nullable.get(service)
+            if nullable is None:
+                nullable = self._nullable[service] = _holds_null(
+                    self.json_schema(service))
+            if not nullable:
+                try:
+                    text = _orjson.dumps(value)
+                except (TypeError, ValueError):  # e.g. a lone surrogate in a Text
+                    return encode_json(value)
+                if b"null" not in text:
+                    return text
+        return encode_json(value)
 
     def _value_converter(self, kind: str, type_proto: Any, type_schema: Any) -> Any:
         """The function turning pycapnp's value of this type into its JSON value (None:
@@ -310,6 +336,18 @@ class EventConverter:
                     "items": self._type_json(element_kind, element, element_schema, stack,
                                              defs)}
         raise TypeError(f"a field of Cap'n Proto type {kind} cannot be converted to JSON")
+
+
+def _holds_null(doc: Any) -> bool:
+    """Whether a JSON Schema allows null anywhere (Void, AnyPointer, interface)."""
+    if isinstance(doc, dict):
+        kind = doc.get("type")
+        if kind == "null" or (isinstance(kind, list) and "null" in kind):
+            return True
+        return any(_holds_null(v) for v in doc.values())
+    if isinstance(doc, list):
+        return any(_holds_null(v) for v in doc)
+    return False
 
 
 def _identity(value: Any) -> Any:

@@ -256,7 +256,8 @@ class LiveServer:
         except MessageDecodeError:
             self.stats.bad[service] += 1
             return
-        channel.log(encode_json(self._converter.to_json(event)), log_time=mono)
+        channel.log(self._converter.dumps(service, self._converter.to_json(event)),
+                    log_time=mono)
         self.stats.sent[service] += 1
 
     def health(self) -> dict[str, Any]:

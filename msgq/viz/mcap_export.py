@@ -203,8 +203,8 @@ def export_mcap(
                         stats.problems.append(f"{event.path} at byte {event.offset}: {e}")
                         continue
                     value = converter.to_json(message)
-                    data = _encode(value)
                     service = event.service
+                    data = converter.dumps(service, value)
                     channel_id = channels.get(service)
                     if channel_id is None:
                         channel_id = channel_of(service)
@@ -240,12 +240,6 @@ def export_mcap(
     os.replace(tmp, output)
     stats.bytes_out = os.path.getsize(output)
     return stats
-
-
-def _encode(value: dict[str, Any]) -> bytes:
-    from msgq.viz.json_schema import encode_json
-
-    return encode_json(value)
 
 
 def _problem_text(problem: LogProblem) -> str:
