@@ -199,6 +199,7 @@ def test_bridge_drops_garbage_on_the_wire(prefix: str) -> None:
 
         def every_kind_counted() -> bool:
             return (inbound.counts["bad_messages"] >= 4
+                    and inbound.counts["mislabeled"] >= 1  # right bytes, wrong service
                     and inbound.counts["unknown_services"] >= 1
                     and inbound.counts["bad_frames"] >= 5)
 

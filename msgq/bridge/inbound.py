@@ -5,9 +5,13 @@ subscribers (``sub_sock``, SubMaster, ``VisionIpcClient``) work.
 Services are re-published byte for byte on local publishers (made on first message).
 Frames are re-served by a local ``VisionIpcServer`` per VisionIPC name, with buffers of
 the remote stream's geometry (made on its first frame, re-made if the geometry changes),
-frame ids and timestamps preserved. Everything received is validated; anything that is not
-a well-formed message of a registry service or a well-formed frame is counted in
-``counts`` and dropped.
+frame ids and timestamps preserved. Everything received is validated against the schema
+in force (msgq's own, or the application's: :func:`msgq.schemas.use_schema`, or
+MSGQ_SCHEMA/MSGQ_REGISTRY); anything that is not a well-formed Event of a service of its
+registry, received on that service's topic, or a well-formed frame, is counted in
+``counts`` and dropped. A well-formed Event of another service than its topic's is counted
+as ``mislabeled`` (the other side uses another schema, typically) and
+``last_service_error`` says which.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from msgq.bridge.wire import (
     parse_vision_topic,
     service_topic,
 )
-from msgq.schemas import SERVICE_LIST, default_schema
+from msgq.schemas import Schema, schema_in_force
 from msgq.visionipc import VisionIpcServer
 
 __all__ = ["FRAME_BUFFERS", "Inbound"]
@@ -46,15 +50,25 @@ _MAX_FRAME = 1 << 30
 class Inbound:
     """Subscribes to the bridge at ``address``:``port`` (and ``port + 1`` for frames)
     and re-publishes locally. ``services``: only these (default: every registry service
-    that arrives); ``vision``: also re-serve VisionIPC frames. Call :meth:`run` (until
-    ``stop()``), then :meth:`close`."""
+    that arrives); ``vision``: also re-serve VisionIPC frames; ``schema``: the schema the
+    remote side sends (default: the schema in force). Call :meth:`run` (until ``stop()``),
+    then :meth:`close`."""
 
     def __init__(self, address: str, port: int = DEFAULT_PORT,
-                 services: list[str] | None = None, vision: bool = True) -> None:
+                 services: list[str] | None = None, vision: bool = True,
+                 schema: Schema | None = None) -> None:
 
-        self._registry = SERVICE_LIST
-        self._layout = default_schema().layout
+        schema = schema_in_force(schema)
+        self._registry = schema.services
+        self._layout = schema.layout
+        if services is not None:
+            for name in services:
+                self._registry[name]  # KeyError naming close matches
+        #: Why the last frame was dropped.
         self.last_error = ""
+        #: Why the last service message of an unknown service or another service's Event
+        #: was dropped (the other side's schema is not the one in force).
+        self.last_service_error = ""
         self.counts: Counter[str] = Counter()
         self._stop = threading.Event()
         self._zmq = zmq.Context()
@@ -108,25 +122,30 @@ class Inbound:
         except WireError:
             self.counts["bad_messages"] += 1
             return
-        if service not in self._registry or (self.wanted is not None
-                                             and service not in self.wanted):
+        if service not in self._registry:
+            self.counts["unknown_services"] += 1
+            self.last_service_error = (f"{service!r} is not a service of the schema in "
+                                       "force: does the other side use the same schema?")
+            return
+        if self.wanted is not None and service not in self.wanted:
             self.counts["unknown_services"] += 1
             return
         data = parts[1]
-        if not self._is_event_of(data, service):
+        identity = self._layout.identify(data)
+        if identity is None:
             self.counts["bad_messages"] += 1
+            return
+        if identity[2] != service:
+            self.counts["mislabeled"] += 1
+            self.last_service_error = (f"a message on {service} is a {identity[2]} Event "
+                                       "of the schema in force: does the other side use "
+                                       "the same schema?")
             return
         pub = self._publishers.get(service)
         if pub is None:
             pub = self._publishers[service] = msgq.pub_sock(service)
         pub.send(data)
         self.counts["messages"] += 1
-
-    def _is_event_of(self, data: bytes, service: str) -> bool:
-        """True when ``data`` is exactly one well-framed Event of ``service`` (the check
-        the recorder and the log writer make: :meth:`EventLayout.identify`)."""
-        identity = self._layout.identify(data)
-        return identity is not None and identity[2] == service
 
     def _on_frame(self, parts: list[bytes]) -> None:
         try:

@@ -16,8 +16,8 @@ from msgq.cli.output import (
     print_json,
     print_table,
 )
-from msgq.cli.services import check_services
-from msgq.schemas import SERVICE_LIST
+from msgq.cli.services import check_schema_in_force, check_services
+from msgq.schemas import registry_in_force
 
 EPILOG = """\
 examples:
@@ -28,7 +28,14 @@ examples:
                                                           local subscribers and VisionIpcClient
                                                           work unchanged
   msgq bridge connect 192.168.1.10 vehicleState --no-vision
+  msgq --schema cereal/log.capnp --registry cereal/services.py bridge serve carState
+                                                          an application's schema (cereal's)
 
+Services are those of the registry in force: msgq's own, or the one --schema FILE.capnp
+and --registry FILE (or MSGQ_SCHEMA and MSGQ_REGISTRY) select; --all is every one of them.
+Both sides must use the same schema: connect re-publishes only messages that are Events of
+the service they came on, and counts the others (mislabeled: another service's Events,
+the other side's schema is another).
 Two TCP ports: --port (services, default 8010) and --port + 1 (VisionIPC frames).
 Frames travel raw by default (lossless, no CPU, ~3.5 MB per 1928x1208 frame: 20 fps needs
 ~70 MB/s, gigabit Ethernet or faster); --compress zstd trades robot CPU for bandwidth
@@ -49,7 +56,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "serve", help="forward local services (and frames) to ZMQ", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("services", nargs="*", metavar="SERVICE")
-    serve.add_argument("--all", action="store_true", help="every registry service")
+    serve.add_argument("--all", action="store_true",
+                       help="every service of the registry in force")
     serve.add_argument("--vision", action="append", default=[], metavar="NAME:STREAMS",
                        help="VisionIPC server NAME and comma-separated stream ids (repeatable)")
     serve.add_argument("--bind", default="*", help="address to bind (default every interface)")
@@ -92,11 +100,12 @@ def run(args: argparse.Namespace) -> int:
     # every other command and `msgq --help` would pay for at start-up.
     from msgq.bridge import DEFAULT_PORT, Inbound, Outbound
 
+    check_schema_in_force()
     port = DEFAULT_PORT if args.port is None else args.port
     if not 1 <= port < 65535:
         raise UsageError("--port must be 1..65534 (frames use the next port)")
     if args.side == "serve":
-        services = list(SERVICE_LIST) if args.all else check_services(args.services)
+        services = list(registry_in_force()) if args.all else check_services(args.services)
         vision = _vision_specs(args.vision)
         if not services and not vision:
             raise UsageError("name services to forward (or --all) and/or --vision NAME:STREAMS")
@@ -129,4 +138,8 @@ def run(args: argparse.Namespace) -> int:
         print_json(counts)
     else:
         print_table(("counter", "value"), list(counts.items()) or [("messages", 0)])
+    dropped = counts.get("mislabeled", 0) + counts.get("unknown_services", 0)
+    if dropped and getattr(side, "last_service_error", ""):
+        print(f"msgq bridge {args.side}: {dropped} messages dropped, the last because "
+              f"{side.last_service_error}", file=sys.stderr)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK

@@ -1,4 +1,8 @@
-"""``msgq dump``: print the messages of services as they arrive, decoded."""
+"""``msgq dump``: print the messages of services as they arrive, decoded with the schema in
+force (msgq's own, or the application's of ``--schema``/``--registry``): the values
+pycapnp reads, declared defaults included. A message that is not an Event of the service
+it came on (another schema's, or mislabeled) is said in one line, never shown as that
+service."""
 
 from __future__ import annotations
 
@@ -13,8 +17,8 @@ from typing import Any
 
 import msgq
 from msgq.cli.output import EXIT_FAILURE, EXIT_OK, UsageError, number, print_error
-from msgq.cli.services import check_services
-from msgq.schemas import MessageDecodeError, decode_event, new_message
+from msgq.cli.services import check_schema_in_force, check_services, schema_in_force_name
+from msgq.schemas import MessageDecodeError, decode_event, new_message, schema_in_force
 
 EPILOG = """\
 examples:
@@ -24,8 +28,14 @@ examples:
   msgq dump vehicleState --values speed      one field per line (a dotted path works too:
                                              --values cruiseState.setSpeed)
   ZMQ=1 msgq dump gpsLocation --addr 192.168.1.10   from another machine, over ZMQ
+  msgq --schema cereal/log.capnp --registry cereal/services.py dump carState
+                                             an application's schema (cereal's here)
 
-Only messages sent after the command started are shown. Exit 0 after --count messages or
+SERVICE is a service of the registry in force: msgq's own, or the one --schema FILE.capnp
+and --registry FILE (or MSGQ_SCHEMA and MSGQ_REGISTRY) select; messages are decoded with
+that schema, so it must be the publisher's. A message that is another service's Event
+(another schema's) is shown as one line saying so. Only messages sent after the command
+started are shown. Exit 0 after --count messages or
 Ctrl-C; 1 when --timeout passes with nothing received."""
 
 #: Seconds without a message before dump says on stderr what it is waiting for.
@@ -37,9 +47,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "dump", help="print messages of services as they arrive",
         description="Subscribe to SERVICE(s) and print each message as it arrives, decoded "
-                    "with the schema.",
+                    "with the schema in force.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("services", nargs="+", metavar="SERVICE", help="registry services")
+    parser.add_argument("services", nargs="+", metavar="SERVICE",
+                        help="services of the registry in force")
     form = parser.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true", help="one JSON object per message")
     form.add_argument("--raw", action="store_true", help="the message bytes in hex")
@@ -125,12 +136,25 @@ def _reason(error: BaseException) -> str:
     return text[:160] or type(error).__name__
 
 
+def _mislabeled(data: bytes, service: str) -> str | None:
+    """The line that says ``data`` is not an Event of ``service`` in the schema in force
+    (an Event of another member: the publisher's schema is another), else None."""
+    identity = schema_in_force().layout.identify(data)
+    if identity is None or identity[2] == service:
+        return None  # not an Event at all is said by the decoder
+    return (f"{service}: a {identity[2]} event, not {service} ({len(data)} bytes): does the "
+            f"publisher use the schema in force, {schema_in_force_name()}?")
+
+
 def _format(args: argparse.Namespace, service: str, data: bytes) -> str:
     import capnp  # for its exception type; loading pycapnp would slow every command's start
 
     if args.raw:
         return f"{service} {data.hex()}"
     try:
+        mislabeled = _mislabeled(data, service)
+        if mislabeled is not None:
+            return mislabeled
         msg = decode_event(data)
         if args.json:
             return json.dumps({"service": service, "logMonoTime": msg.logMonoTime,
@@ -146,11 +170,13 @@ def _format(args: argparse.Namespace, service: str, data: bytes) -> str:
             ValueError) as e:
         # A root that reads but a damaged pointer further in (pycapnp finds it while
         # formatting): shown as undecodable like any other bad message; dump goes on.
-        return f"{service}: undecodable message ({len(data)} bytes): {_reason(e)}"
+        return (f"{service}: undecodable message ({len(data)} bytes): {_reason(e)} (is "
+                f"{schema_in_force_name()} the publisher's schema?)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Prints messages until --count, --timeout or Ctrl-C."""
+    check_schema_in_force()
     services = check_services(args.services)
     if args.values:
         check_values_path(services, args.values)

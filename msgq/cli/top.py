@@ -1,5 +1,6 @@
-"""``msgq top``: a live table of the registry services that have a publisher — expected and
-measured rate, bytes/s, readers, alive — like ``top`` for topics.
+"""``msgq top``: a live table of the services (of the registry in force: msgq's own, or the
+application's of ``--schema``/``--registry``) that have a publisher — expected and measured
+rate, bytes/s, readers, alive — like ``top`` for topics.
 
 Rates are measured by subscribing: every message that arrives during a sampling interval
 is counted (and its bytes summed), so ``Hz`` is what a subscriber really receives. On the
@@ -20,9 +21,9 @@ from typing import Any
 
 import msgq
 from msgq.cli.output import EXIT_OK, human_bytes, number, paint, print_json, print_table
-from msgq.cli.services import check_services
+from msgq.cli.services import check_schema_in_force, check_services, schema_in_force_name
 from msgq.queues import inspect_queue, namespace_prefix, queue_path
-from msgq.schemas import SERVICE_LIST
+from msgq.schemas import registry_in_force
 from msgq.sockets import backend_name
 
 EPILOG = """\
@@ -31,11 +32,15 @@ examples:
   msgq top --once --json             one 1-second sample as JSON, for scripts
   msgq top --interval 5 --once       one 5-second sample (more precise rates)
   msgq top --services can,vehicleState
+  msgq --schema cereal/log.capnp --registry cereal/services.py top --services carState
 
-columns: expected Hz (registry; 0 = event-driven), measured Hz and bytes/s received by
-this command during the interval, readers (other subscribers of the queue), alive (the
-publisher's process is alive and, for a service with a rate, a message arrived within 10
-of its periods)."""
+services: those of the registry in force: msgq's own, or the one --schema FILE.capnp and
+--registry FILE (or MSGQ_SCHEMA and MSGQ_REGISTRY) select, e.g. cereal's.
+columns: expected Hz (the registry's; 0 = event-driven), measured Hz and bytes/s received
+by this command during the interval, readers (other subscribers of the queue), alive (the
+publisher's process is alive and, for a service with a rate, it has not been silent for
+10 of its periods: since its last message, or since top began watching it, so a 0.5 Hz
+service is not called dead between two messages)."""
 
 ALIVE_PERIODS = 10.0
 
@@ -44,7 +49,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Registers ``msgq top``."""
     parser = subparsers.add_parser(
         "top", help="live table of services: rates, bytes/s, readers, alive",
-        description="A live table of the registry services that have a publisher.",
+        description="A live table of the services of the registry in force that have a "
+                    "publisher.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--once", action="store_true", help="one sample, then exit")
     parser.add_argument("--json", action="store_true", help="JSON output (implies --once)")
@@ -69,6 +75,8 @@ class _Watcher:
         self.counts: dict[str, int] = {}
         self.bytes: dict[str, int] = {}
         self.last_seen: dict[str, float] = {}
+        #: When each service began to be watched (monotonic seconds).
+        self.watched_since: dict[str, float] = {}
 
     def watch(self, services: list[str]) -> None:
         """Subscribes to those of ``services`` not watched yet."""
@@ -80,6 +88,13 @@ class _Watcher:
             self.by_id[id(sock)] = s
             self.counts[s] = 0
             self.bytes[s] = 0
+            self.watched_since[s] = time.monotonic()
+
+    def silence(self, service: str, now: float) -> float:
+        """Seconds ``service`` has been silent at ``now``: since its last message, or
+        since it began to be watched when none came yet."""
+        seen = self.last_seen.get(service)
+        return now - (self.watched_since[service] if seen is None else seen)
 
     def collect(self, until: float) -> None:
         """Counts what arrives until ``until`` (monotonic seconds)."""
@@ -100,8 +115,11 @@ class _Watcher:
     def reset(self) -> None:
         """Starts a sample: what is already queued belongs to the time before it."""
         for s, sock in self.sockets.items():
+            drained = False
             while sock.receive(non_blocking=True) is not None:
-                pass
+                drained = True
+            if drained:  # it arrived while the last sample was printed: not silent
+                self.last_seen[s] = time.monotonic()
             self.counts[s] = 0
             self.bytes[s] = 0
 
@@ -115,8 +133,15 @@ def _queue_info(service: str) -> dict[str, Any] | None:
     return info if info.get("valid") else None
 
 
+def _alive_within(expected_hz: float) -> float:
+    """Seconds of silence after which a service with rate ``expected_hz`` is dead
+    (infinite for an event-driven one): cereal's SubMaster rule, 10 periods."""
+    return ALIVE_PERIODS / expected_hz if expected_hz > 0 else float("inf")
+
+
 def _sample(watcher: _Watcher, interval: float, shm: bool) -> list[dict[str, Any]]:
     services = list(watcher.sockets)
+    registry = registry_in_force()
     watcher.reset()
     start = time.monotonic()
     watcher.collect(start + interval)
@@ -124,7 +149,7 @@ def _sample(watcher: _Watcher, interval: float, shm: bool) -> list[dict[str, Any
     now = time.monotonic()
     rows = []
     for s in services:
-        expected = SERVICE_LIST[s].frequency
+        expected = registry[s].frequency
         row: dict[str, Any] = {
             "service": s,
             "expected_hz": expected,
@@ -133,20 +158,22 @@ def _sample(watcher: _Watcher, interval: float, shm: bool) -> list[dict[str, Any
             "messages": watcher.counts[s],
         }
         seen = watcher.last_seen.get(s)
-        recent = seen is not None and (expected <= 0 or now - seen < ALIVE_PERIODS / expected)
+        # Not silent too long: a slow service (0.5 Hz) is not dead between its messages,
+        # nor before its first one until 10 of its periods have passed.
+        recent = watcher.silence(s, now) < _alive_within(expected)
         if shm:
             info = _queue_info(s)
             publisher_alive = bool(info and info.get("publisher_alive"))
             row["publisher_pid"] = info.get("publisher_pid") if info else None
             # our own reader is one of the live ones
             row["readers"] = max(0, int(info.get("readers_live", 0)) - 1) if info else 0
-            row["alive"] = publisher_alive and (recent or expected <= 0)
+            row["alive"] = publisher_alive and recent
             row["has_publisher"] = publisher_alive
         else:
             row["publisher_pid"] = None
             row["readers"] = None
-            row["alive"] = recent
             row["has_publisher"] = watcher.counts[s] > 0 or seen is not None
+            row["alive"] = row["has_publisher"] and recent
         rows.append(row)
     return rows
 
@@ -170,12 +197,13 @@ def _print(rows: list[dict[str, Any]], interval: float, show_all: bool) -> None:
     if table:
         print_table(header, table, colours)
     else:
-        print("no service of the registry has a publisher in this namespace")
+        print(f"no service of {schema_in_force_name()} has a publisher in this namespace")
 
 
 def run(args: argparse.Namespace) -> int:
     """Samples and prints until Ctrl-C (or once)."""
-    services = check_services([args.services]) if args.services else list(SERVICE_LIST)
+    check_schema_in_force()
+    services = check_services([args.services]) if args.services else list(registry_in_force())
     shm = backend_name() == "msgq"
     watcher = _Watcher(args.addr)
     once = args.once or args.json
