@@ -495,3 +495,19 @@ def test_cli_export_without_the_extra_says_what_to_install(tmp_path: Path) -> No
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
     assert "install msgq-shm[viz]" in lines[0]
+
+
+def test_export_benchmark_prints_its_table() -> None:
+    """python -m msgq.bench.export on a short recording: the four rows, the decode row
+    at 100 % and the export row a share of it."""
+    result = subprocess.run([PYTHON, "-m", "msgq.bench.export", "--seconds", "0.5",
+                             "--repeat", "1"], capture_output=True, text=True, timeout=120,
+                            cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    rows = {line.split("  ")[0]: line for line in lines[2:]}
+    assert set(rows) == {"decode (LogReader loop)", "convert", "convert + JSON",
+                         "export to MCAP"}, result.stdout
+    assert rows["decode (LogReader loop)"].endswith("100 %")
+    share = int(rows["export to MCAP"].split()[-2])
+    assert 0 < share < 100

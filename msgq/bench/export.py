@@ -14,6 +14,14 @@ then, best of ``--repeat`` runs each:
   plus the MCAP writer: chunks, zstd, indexes).
 
 Each row gives events/s, MB/s of event bytes and its rate as a share of the decode row.
+
+``--live SECONDS`` measures the live server instead, on the demo robot
+(:mod:`msgq.demo.robot`: sensors, vehicle and a 640x480 camera in their own processes):
+``msgq foxglove --cameras camerad:0`` in a process of its own, a viewer
+(:class:`msgq.viz.ws_client.FoxgloveClient`) subscribed to every channel. It prints the
+server's CPU time per second of wall time (its share of one core), and per service the
+rate the robot publishes at as the server's SubMaster measured it (health channel), the
+expected rate and the rate the viewer received (decimated to ``--max-rate``).
 """
 
 from __future__ import annotations
@@ -95,6 +103,85 @@ def measure(folder: str, out: str, repeat: int) -> list[dict[str, float | int | 
     return rows
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_live(seconds: float, max_rate: float) -> dict[str, object]:
+    """The live server on the demo robot (see the module docstring): its CPU share and,
+    per service, expected / measured / viewer rates."""
+    import subprocess
+    import uuid
+
+    from msgq.demo.robot import SERVICES, start_robot
+    from msgq.viz.live import HEALTH_TOPIC
+    from msgq.viz.ws_client import FoxgloveClient
+
+    prefix = f"bench_live_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    os.environ["MSGQ_PREFIX"] = prefix  # the robot and the server: a namespace of their own
+    robot = start_robot(seconds + 8)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "msgq", "foxglove", "--port", "0", "--services",
+         ",".join(SERVICES), "--cameras", "camerad:0", "--max-rate", f"{max_rate:g}",
+         "--duration", f"{seconds + 6:g}"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr is not None
+        line = server.stderr.readline()
+        if "ws://" not in line:
+            raise RuntimeError(f"msgq foxglove did not start: {line.strip()}")
+        port = int(line.rsplit(":", 1)[1].split()[0])
+        client = FoxgloveClient(port)
+        topics = [f"/{s}" for s in SERVICES] + [HEALTH_TOPIC, "/camera/camerad/0"]
+        client.subscribe(*topics)
+        client.messages(2.0)  # warm-up: the SubMaster's rate windows fill
+        cpu0, wall0 = _cpu_seconds(server.pid), time.monotonic()
+        messages = client.messages(seconds)
+        cpu1, wall1 = _cpu_seconds(server.pid), time.monotonic()
+        client.close()
+    finally:
+        server.kill()
+        server.wait()
+        for process in robot:
+            process.kill()
+        shutil.rmtree(os.path.join(os.environ.get("MSGQ_SHM_DIR", "/dev/shm"), prefix),
+                      ignore_errors=True)
+    wall = wall1 - wall0
+    health = [json.loads(p) for t, _, p in messages if t == HEALTH_TOPIC]
+    counts: dict[str, int] = {}
+    for topic, _, _ in messages:
+        counts[topic] = counts.get(topic, 0) + 1
+    last = health[-1]["services"] if health else {}
+    services = {s: {"expected_hz": last.get(s, {}).get("expected_hz"),
+                    "measured_hz": last.get(s, {}).get("freq_hz"),
+                    "freq_ok": last.get(s, {}).get("freq_ok"),
+                    "viewer_hz": round(counts.get(f"/{s}", 0) / wall, 1)}
+                for s in SERVICES}
+    return {"seconds": round(wall, 2), "server_cpu_share": round((cpu1 - cpu0) / wall, 3),
+            "camera_viewer_hz": round(counts.get("/camera/camerad/0", 0) / wall, 1),
+            "all_freq_ok": bool(health and health[-1]["all_freq_ok"]),
+            "services": services}
+
+
+def print_live(result: dict[str, object], max_rate: float) -> None:
+    """The live measurement as a table."""
+    services = result["services"]
+    assert isinstance(services, dict)
+    print(f"live server on the demo robot: {result['seconds']} s, server CPU "
+          f"{100 * float(result['server_cpu_share']):.1f} % of one core (JSON channels at "
+          f"most {max_rate:g} Hz each, camera JPEG at 5 Hz: "
+          f"{result['camera_viewer_hz']} frames/s received); all_freq_ok "
+          f"{result['all_freq_ok']}")
+    rows = [["service", "expected Hz", "measured Hz", "freq_ok", "viewer Hz"]]
+    for name, s in services.items():
+        rows.append([name, f"{s['expected_hz']:g}" if s["expected_hz"] is not None else "-",
+                     f"{s['measured_hz']:.1f}" if s["measured_hz"] is not None else "-",
+                     str(s["freq_ok"]), f"{s['viewer_hz']:.1f}"])
+    print(format_table(rows))
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m msgq.bench.export",
@@ -104,6 +191,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=3, help="runs per row; the best "
                                                               "counts (default 3)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--live", type=float, metavar="SECONDS", default=None,
+                        help="measure the live server on the demo robot for SECONDS "
+                             "instead")
+    parser.add_argument("--max-rate", type=float, default=30.0,
+                        help="the live server's --max-rate (default 30)")
     return parser.parse_args(argv)
 
 
@@ -117,6 +209,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MissingExtraError as e:
         print(f"msgq.bench.export: {e}", file=sys.stderr)
         return 1
+    if args.live is not None:
+        result = measure_live(args.live, args.max_rate)
+        print_live(result, args.max_rate)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
     from msgq.bench.logs import write_mixed_recording
 
     workdir = tempfile.mkdtemp(prefix="msgq-bench-export-")
