@@ -1,7 +1,14 @@
-"""Builds the Cython extensions of msgq from the C core in msgq/src."""
+"""Builds the Cython extensions of msgq from the C core in msgq/src.
+
+Release builds (the default: wheels, ``pip install``) carry no debug info and their
+shared objects are stripped; ``MSGQ_DEBUG=1`` builds with ``-g`` and keeps the symbols
+(``MSGQ_DEBUG=1 ./test.sh`` rebuilds a checkout that way). ``MSGQ_WERROR=1`` makes
+warnings errors. The extensions compile in parallel, one per core.
+"""
 
 import glob
 import os
+import re
 
 from Cython.Build import cythonize
 from setuptools import Extension, find_packages, setup
@@ -16,9 +23,18 @@ C_CORE = [
     "msgq/src/crc32c.c",
 ]
 
-extra_compile_args = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-function"]
+#: Where the project lives; the README's relative links point there on the package index.
+REPOSITORY = "https://github.com/msgq-shm/msgq"
+
+DEBUG = os.environ.get("MSGQ_DEBUG", "") not in ("", "0")
+
+# -g0 after Python's own CFLAGS (which carry -g) drops the debug info of a release build.
+extra_compile_args = ["-std=c11", "-O2", "-g" if DEBUG else "-g0", "-Wall", "-Wextra",
+                      "-Wno-unused-function"]
 if os.environ.get("MSGQ_WERROR"):
     extra_compile_args.append("-Werror")
+#: Link flags of every shared object: stripped unless MSGQ_DEBUG.
+strip_args = [] if DEBUG else ["-s"]
 
 #: VisionIPC's C code: the wire formats and the server (libvisionipc, over libmsgq).
 VISIONIPC_C = [
@@ -52,6 +68,13 @@ class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command sty
     and copies the public headers to msgq/include (``python -m msgq.cflags`` prints the
     flags that find them)."""
 
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        # The extensions build side by side, one per core (unless -j says otherwise):
+        # the build is most of a fresh checkout's set-up time.
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
     def run(self) -> None:
         super().run()
         in_source = self.inplace or getattr(self, "editable_mode", False)
@@ -66,7 +89,7 @@ class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command sty
             extra_postargs=extra_compile_args)
         self.compiler.link_shared_object(
             objects, "libmsgq.so", output_dir=lib_dir, libraries=["pthread"],
-            extra_preargs=["-Wl,-soname,libmsgq.so"])
+            extra_preargs=["-Wl,-soname,libmsgq.so"], extra_postargs=strip_args)
         self.compiler.create_static_lib(objects, "msgq", output_dir=lib_dir)
         vipc_objects = self.compiler.compile(
             VISIONIPC_C, output_dir=os.path.join(self.build_temp, "libvisionipc"),
@@ -77,7 +100,8 @@ class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command sty
             libraries=["msgq", "pthread"], library_dirs=[lib_dir],
             # $ORIGIN: libvisionipc.so finds libmsgq.so beside it, whatever the program's
             # own search path.
-            extra_preargs=["-Wl,-soname,libvisionipc.so", "-Wl,-rpath,$ORIGIN"])
+            extra_preargs=["-Wl,-soname,libvisionipc.so", "-Wl,-rpath,$ORIGIN"],
+            extra_postargs=strip_args)
         self.compiler.create_static_lib(vipc_objects, "visionipc", output_dir=lib_dir)
         for header in PUBLIC_HEADERS:
             self.copy_file(header, include_dir)
@@ -94,7 +118,7 @@ extensions = [
         # msgq_sub_view, ...) into the hot paths: calling msgq.h costs nothing over
         # calling the ring directly.
         extra_compile_args=[*extra_compile_args, "-fvisibility=hidden", "-flto"],
-        extra_link_args=["-flto", "-O2"],
+        extra_link_args=["-flto", "-O2", *strip_args],
         depends=[p.replace(".c", ".h") for p in C_CORE] + ["msgq/ring.pxd"],
     ),
     # VisionIPC's wire formats (packet, handshake, buffer layout): the C implementation
@@ -104,6 +128,7 @@ extensions = [
         sources=["visionipc/_wire.pyx", *VISIONIPC_C[:5]],
         include_dirs=["visionipc"],
         extra_compile_args=extra_compile_args,
+        extra_link_args=strip_args,
         depends=[p.replace(".c", ".h") for p in VISIONIPC_C[:5]] + ["visionipc/_vipc_types.pxi"],
     ),
     # VisionIPC's server and client (visionipc.h): the C library that C programs link,
@@ -115,6 +140,7 @@ extensions = [
         sources=["visionipc/_native.pyx", *VISIONIPC_C, *C_CORE],
         include_dirs=["visionipc", "msgq/src", "visionipc/src"],
         extra_compile_args=[*extra_compile_args, "-fvisibility=hidden"],
+        extra_link_args=strip_args,
         depends=sorted(glob.glob("visionipc/src/*.h")) + ["visionipc/_vipc_types.pxi"]
         + [p.replace(".c", ".h") for p in C_CORE],
     ),
@@ -123,6 +149,7 @@ extensions = [
         "msgq.spark._capnp_reader",
         sources=["msgq/spark/_capnp_reader.pyx"],
         extra_compile_args=extra_compile_args,
+        extra_link_args=strip_args,
     ),
     # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
     Extension(
@@ -130,11 +157,31 @@ extensions = [
         sources=["visionipc/_frame_copy.pyx", "visionipc/src/frame_copy.c"],
         include_dirs=["visionipc"],
         extra_compile_args=extra_compile_args,
+        extra_link_args=strip_args,
         depends=["visionipc/src/frame_copy.h"],
     ),
 ]
 
+
+def long_description() -> str:
+    """README.md with its relative links (docs/, examples/, LICENSE) made absolute, so
+    that they work on the package index page as they do in the repository."""
+    with open("README.md", encoding="utf-8") as f:
+        text = f.read()
+
+    def absolute(match: re.Match) -> str:
+        target = match.group(2)
+        if re.match(r"[a-z]+:|#|/", target):
+            return match.group(0)
+        kind = "tree" if target.rstrip("/").split("#")[0].count(".") == 0 else "blob"
+        return f"{match.group(1)}({REPOSITORY}/{kind}/main/{target})"
+
+    return re.sub(r"(\])\(([^)\s]+)\)", absolute, text)
+
+
 setup(
+    long_description=long_description(),
+    long_description_content_type="text/markdown",
     ext_modules=cythonize(extensions, language_level=3),
     cmdclass={"build_ext": build_ext_with_c_library},
     package_dir={
@@ -150,7 +197,15 @@ setup(
         "msgq.schemas",
     ],
     package_data={
-        "msgq": ["py.typed", "*.pyi", "include/*.h", "lib/*.so", "lib/*.a"],
+        "": ["*.pyi"],
+        "msgq": ["py.typed", "include/*.h", "lib/*.so", "lib/*.a"],
         "msgq.schemas": ["*.capnp"],
+    },
+    # The wheel holds what runs: the sources the sdist carries (C trees, Cython files, the
+    # C that Cython generates) stay out of it.
+    exclude_package_data={
+        "": ["*.c", "*.pyx", "*.pxd", "*.pxi"],
+        "msgq": ["src/*"],
+        "msgq.visionipc": ["src/*"],
     },
 )
