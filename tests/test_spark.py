@@ -416,7 +416,22 @@ def test_typed_columns_match_the_log_reader(spark: Any, recording: Recording) ->
 
 SHAPES = """\
 @0xb5d3c2a1f0e4d6c7;
-using Log = import "/log.capnp";
+# msgq's LogStart, declared here (an import of msgq's log.capnp would parse that file a
+# second time in a process that loaded it already, with other import folders)
+struct LogStart {
+  version @0 :Text;
+  schemaFingerprint @1 :Text;
+  wallTimeNs @2 :UInt64;
+  monoTimeNs @3 :UInt64;
+  hostname @4 :Text;
+  segmentNum @5 :UInt32;
+  recordingId @6 :Text;
+  metadata @7 :List(KeyValue);
+}
+struct KeyValue {
+  key @0 :Text;
+  value @1 :Text;
+}
 struct Shape {
   name @0 :Text;
   union {
@@ -442,7 +457,7 @@ struct Event {
   logMonoTime @0 :UInt64;
   valid @1 :Bool;
   union {
-    logStart @2 :Log.LogStart;
+    logStart @2 :LogStart;
     shape @3 :Shape;
     note @4 :Text;
     ping @5 :Void;
@@ -454,7 +469,7 @@ struct Event {
 def test_unions_groups_and_recursion_of_a_custom_schema(spark: Any, tmp_path: Path) -> None:
     path = tmp_path / "shapes.capnp"
     path.write_text(SHAPES)
-    schema = load_schema(str(path), ServiceRegistry([]), register_services=False)
+    schema = load_schema(str(path), ServiceRegistry([]))
     folder = str(tmp_path / "rec")
     with LogWriter(folder, schema=schema) as writer:
         a = schema.event.new_message(logMonoTime=10, valid=True)

@@ -203,7 +203,7 @@ def test_every_kind_and_default_of_a_custom_schema(tmp_path: Path) -> None:
     path.write_text(KINDS)
     schema = load_schema(str(path), ServiceRegistry([]), register_services=False)
     options = datasource.ReadOptions(paths=("unused",), decode=("kinds", "withDefault"),
-                                     schema_file=str(path))
+                                     spec=schema.spec)
     decoders = datasource._decoders_for(options)
     assert decoders["withDefault"].layout is None  # a pointer default: pycapnp
     empty = schema.event.new_message(logMonoTime=1, valid=True)

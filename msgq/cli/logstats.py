@@ -19,6 +19,11 @@ message count, expected rate (the service registry's) and measured rate, inter-a
 times (p50, p99, max of dt), gaps, the fraction of invalid messages and the mean size;
 then the gaps with their times and any damage found in the files (with file and offset).
 
+The logs are read with the schema in force: --schema FILE.capnp and --registry FILE
+(e.g. cereal's log.capnp and services.py), else MSGQ_SCHEMA / MSGQ_REGISTRY, else msgq's
+own; the expected rates are that registry's, and each field is read with the schema's
+declared defaults (openpilot's valid defaults to true).
+
 PATH is a segment file, a recording folder or a glob (quote it), as many as you like.
 Local paths and file: URIs are read by the msgqlog source (Python I/O on the executors);
 any other URI Spark accepts (hdfs://, s3a://, abfs://, gs://: the cluster needs that
@@ -40,6 +45,7 @@ examples:
   msgq logstats '/data/*/segment-*.log.zst' --segments
   msgq logstats rec --services vehicleState,can --plot rates.png
   msgq logstats rec --json > stats.json
+  msgq logstats --schema cereal/log.capnp --registry cereal/services.py route--0/rlog.zst
   msgq logstats rec --master spark://head:7077     on a cluster (shared storage)
   msgq logstats rec --master spark://head:7077 --conf spark.archives=env.tar.gz#environment \
       --conf spark.pyspark.python=./environment/bin/python
@@ -180,8 +186,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Without a plot only the statistics are wanted: the source packs the events per
         # segment file and service as it reads them (no Spark row per event).
-        df = read_logs(spark, args.paths, services=services,
-                       schema_file=getattr(args, "schema", None), data=False, via=args.via,
+        # the schema in force (--schema/--registry, MSGQ_SCHEMA/MSGQ_REGISTRY, else
+        # msgq's own) travels with the read to the executors
+        df = read_logs(spark, args.paths, services=services, data=False, via=args.via,
                        compact=not args.plot)
         # the files Spark listed for the Hadoop paths (the source's are not listed here)
         count = len(files) + (len(df.inputFiles()) if remote else 0)

@@ -27,13 +27,18 @@ from typing import Any
 __all__ = ["events", "problems", "read_logs", "register"]
 
 
-def register(spark: Any) -> None:
+def register(spark: Any, schema: Any = None) -> None:
     """Registers the ``msgqlog`` data source with ``spark`` (a SparkSession); safe to
-    call again."""
+    call again. Its reads use ``schema`` (a :class:`msgq.schemas.Schema` or
+    :class:`msgq.schemas.SchemaSpec`; default: the schema in force in this process now)
+    unless their options name one (``schemaSpec``, ``schemaFile``): the spec is sent
+    with the source, not read from the Spark workers' environment. After
+    :func:`msgq.schemas.use_schema`, register again (:func:`read_logs` always passes the
+    schema in force)."""
     # imports pyspark: importing msgq.spark alone must not
-    from msgq.spark.datasource import MsgqLogDataSource
+    from msgq.spark.datasource import source_class
 
-    spark.dataSource.register(MsgqLogDataSource)
+    spark.dataSource.register(source_class(schema))
 
 
 def read_logs(
@@ -46,6 +51,7 @@ def read_logs(
     data: bool = True,
     via: str = "auto",
     compact: bool = False,
+    schema: Any = None,
 ) -> Any:
     """The msgqlog DataFrame of ``paths`` (files, recording folders, globs): events and
     problem rows (see :func:`events`, :func:`problems`). ``data=False`` leaves the
@@ -64,7 +70,17 @@ def read_logs(
     the count, invalid count, byte sum and packed logMonoTimes, and the problem rows
     (:mod:`msgq.spark.compact`; no ``decode``). Packed in the reading worker, the events
     never become Spark rows: the cheapest input of ``log_stats`` (``msgq logstats``).
+
+    The schema the logs were written with: ``schema`` (a :class:`msgq.schemas.Schema` or
+    :class:`msgq.schemas.SchemaSpec`), else ``schema_file`` (a ``.capnp`` file: with the
+    registry in force when it is the schema in force's file), else the schema in force
+    in this process (:func:`msgq.schemas.use_schema`, ``MSGQ_SCHEMA``/``MSGQ_REGISTRY``),
+    whatever the Spark workers' environment says: its spec travels with the read
+    (option ``schemaSpec``) and the executors rebuild it.
     """
+    # imports pyspark: importing msgq.spark alone must not
+    from msgq.spark.datasource import read_spec, spec_option
+
     # imports pyspark: importing msgq.spark alone must not
     from msgq.spark.hadoop import read_segment_files, split_paths
 
@@ -80,8 +96,7 @@ def read_logs(
         options["decode"] = "true"
     elif decode is not False:
         options["decode"] = ",".join(decode)
-    if schema_file is not None:
-        options["schemaFile"] = os.fspath(schema_file)
+    options["schemaSpec"] = spec_option(read_spec(schema, schema_file))
     frames = []
     if local or not remote:  # no paths at all: the source says what is missing
         register(spark)

@@ -37,8 +37,15 @@ from typing import Any
 
 import numpy as np
 
-from msgq.schemas import SERVICE_LIST
-from msgq.spark.compact import COMPACT_COLUMNS, COMPACT_SCHEMA, arrow_schema, compact_batches
+from msgq.schemas import registry_in_force
+from msgq.spark.compact import (
+    COMPACT_COLUMNS,
+    COMPACT_SCHEMA,
+    LOGGERD_FILE,
+    LOGGERD_FOLDER,
+    arrow_schema,
+    compact_batches,
+)
 
 __all__ = ["APPROX_RELATIVE_ERROR", "GAP_FACTOR", "LogStats", "expected_rates", "log_stats",
            "rate_timeline"]
@@ -50,16 +57,22 @@ _NS = 1_000_000_000
 
 
 def expected_rates(registry: Mapping[str, Any] | None = None) -> dict[str, float | None]:
-    """service -> expected Hz from a service registry (default ``SERVICE_LIST``); None for
-    event-driven services."""
+    """service -> expected Hz from a service registry (default: the registry in force,
+    :func:`msgq.schemas.registry_in_force`: ``--registry``, ``MSGQ_REGISTRY`` or
+    :func:`msgq.schemas.use_schema`'s, else msgq's own); None for event-driven
+    services."""
     if registry is None:
-        registry = SERVICE_LIST
+        registry = registry_in_force()
     return {name: (s.frequency if s.frequency > 0 else None) for name, s in registry.items()}
 
 
 def _recording(sf: Any) -> Any:
-    """The recording of a row: the folder of its segment file."""
-    return sf.regexp_extract(sf.col("file"), r"^(.*)/[^/]*$", 1)
+    """The recording of a row: the folder of its segment file, or a loggerd segment's
+    route (as :func:`msgq.spark.compact.recording_of`)."""
+    folder = sf.regexp_extract(sf.col("file"), r"^(.*)/[^/]*$", 1)
+    name = sf.regexp_extract(sf.col("file"), r"([^/]*)$", 1)
+    return sf.when(name.rlike(LOGGERD_FILE) & folder.rlike(LOGGERD_FOLDER),
+                   sf.regexp_extract(folder, LOGGERD_FOLDER, 1)).otherwise(folder)
 
 
 # -- the one pass over the rows -------------------------------------------------------------
@@ -411,7 +424,8 @@ def log_stats(
     """The analyses of a msgqlog DataFrame (see the module docstring), in one pass over
     its rows.
 
-    ``rates``: service -> expected Hz (None: event-driven); default the registry's.
+    ``rates``: service -> expected Hz (None: event-driven); default the registry in
+    force's (:func:`expected_rates`).
     ``approx_percentiles``: p50 and p99 from a logarithmic histogram, within
     :data:`APPROX_RELATIVE_ERROR` (0.5 %) of the exact values, in memory bounded per
     service; exact percentiles (the default) hold 8 bytes per interval of a service in

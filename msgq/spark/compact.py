@@ -15,13 +15,14 @@ in ``mapInArrow`` over any DataFrame of event rows (what ``log_stats`` does with
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
-__all__ = ["COMPACT_COLUMNS", "COMPACT_SCHEMA", "arrow_schema", "compact_batches",
-           "recording_of"]
+__all__ = ["COMPACT_COLUMNS", "COMPACT_SCHEMA", "LOGGERD_FILE", "LOGGERD_FOLDER",
+           "arrow_schema", "compact_batches", "loggerd_route", "recording_of"]
 
 #: The columns of compact rows (a Spark DDL string).
 COMPACT_SCHEMA = ("kind string, recording string, file string, segment int, service string, "
@@ -43,8 +44,31 @@ def arrow_schema(ddl: str) -> Any:
                       (column.split() for column in ddl.split(", "))])
 
 
+#: A loggerd segment file's name: rlog or qlog, zstd, bz2 or uncompressed.
+LOGGERD_FILE = r"^[rq]log(?:\.zst|\.bz2)?$"
+#: A loggerd segment's folder: ``<route>--<segment number>``.
+LOGGERD_FOLDER = r"^(.*)--([0-9]+)$"
+_LOGGERD_FILE = re.compile(LOGGERD_FILE)
+_LOGGERD_FOLDER = re.compile(LOGGERD_FOLDER)
+
+
+def loggerd_route(file: str) -> str | None:
+    """The route of a loggerd segment file (``/data/<route>--<n>/rlog.zst`` ->
+    ``/data/<route>``), None for any other file."""
+    folder, _, name = file.rpartition("/")
+    if not _LOGGERD_FILE.match(name):
+        return None
+    match = _LOGGERD_FOLDER.match(folder)
+    return match.group(1) if match else None
+
+
 def recording_of(file: str) -> str:
-    """The recording of a segment file: the text before the last '/', "" without one."""
+    """The recording of a segment file: the text before the last '/' ("" without one),
+    or a loggerd segment's route (its segments ``<route>--<n>/rlog.zst`` are one
+    recording: one monotonic clock, intervals taken across their boundaries)."""
+    route = loggerd_route(file)
+    if route is not None:
+        return route
     head, slash, _ = file.rpartition("/")
     return head if slash else ""
 

@@ -19,7 +19,11 @@ why in ``problem``. docs/spark.md has the whole contract.
 Where things run: Spark calls ``schema()`` and ``reader()``/``partitions()`` in a Python
 process of the driver (paths are listed and the recording indexes read there); ``read()``
 runs in the executors' Python workers, which load pycapnp and the schema file themselves
-(cached per worker process). Only strings and numbers travel between them.
+(cached per worker process). Only strings, numbers and the schema's
+:class:`~msgq.schemas.SchemaSpec` travel between them. The schema is the one in force in
+the process that asked for the read — sent as the option ``schemaSpec``
+(:func:`msgq.spark.read_logs`) or with the registered source class (:func:`source_class`)
+— never the workers' environment, which may predate :func:`msgq.schemas.use_schema`.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ import os
 import re
 import socket
 import stat
-import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,12 +55,19 @@ from pyspark.sql.types import (
 
 from msgq.logs import CorruptLogWarning, LogReader, TruncatedLogWarning, segment_paths
 from msgq.logs.index import IndexCache
-from msgq.schemas import SCHEMA_DIR, ServiceRegistry, default_schema, load_schema
+from msgq.schemas import (
+    SCHEMA_DIR,
+    Schema,
+    SchemaSpec,
+    Service,
+    ServiceRegistry,
+    spec_in_force,
+)
 from msgq.schemas.events import decode_event
 from msgq.schemas.services import unknown_service_error
 from msgq.spark._capnp_reader import FALLBACK, compile_member, read_member
 from msgq.spark.capnp_types import member_plan
-from msgq.spark.compact import COMPACT_SCHEMA, compact_batches
+from msgq.spark.compact import COMPACT_SCHEMA, compact_batches, loggerd_route
 
 __all__ = [
     "BASE_COLUMNS",
@@ -69,7 +79,11 @@ __all__ = [
     "local_path",
     "output_schema",
     "plan_segments",
+    "read_spec",
     "segment_number",
+    "source_class",
+    "spec_from_option",
+    "spec_option",
     "uri_scheme",
 ]
 
@@ -94,9 +108,11 @@ _BATCH_ROWS = 4096
 _BATCH_BYTES = 16 << 20
 _CHUNK_EVENTS = 512
 _MAX_LONG = (1 << 63) - 1
-_SEGMENT_NUMBER = re.compile(r"(\d+)(?:\.log)?(?:\.zst|\.bz2)?$")
+_SEGMENT_NUMBER = re.compile(r"(\d+)(?:\.log)?$")
+_COMPRESSION_SUFFIX = re.compile(r"\.(?:zst|bz2)$")
 
 
+_MSGQ_SCHEMA_FILE = os.path.join(SCHEMA_DIR, "log.capnp")
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$", re.DOTALL)
 
 
@@ -141,16 +157,27 @@ def _split_list(value: str | None) -> tuple[str, ...] | None:
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """The options of one read, parsed and checked (plain data: pickled to executors)."""
+    """The options of one read, parsed and checked (plain data: pickled to executors).
+    ``spec``: the schema the logs are read with (None: the schema in force where the
+    options are made); executors rebuild it with :meth:`SchemaSpec.load`."""
 
     paths: tuple[str, ...]
     services: tuple[str, ...] | None = None
     decode: tuple[str, ...] = ()
-    schema_file: str | None = None
-    root: str = "Event"
+    spec: SchemaSpec | None = None
     problems: str = "rows"
     with_data: bool = True
     compact: bool = False
+
+    def __post_init__(self) -> None:
+        if self.spec is None:
+            object.__setattr__(self, "spec", spec_in_force())
+
+    @property
+    def schema(self) -> Schema:
+        """The schema of the read (loaded once per process)."""
+        assert self.spec is not None  # set by __post_init__
+        return self.spec.load()
 
     @classmethod
     def parse(cls, options: Any, local_paths: bool = True) -> ReadOptions:
@@ -166,8 +193,6 @@ class ReadOptions:
         if not raw_paths:
             raise ValueError("msgqlog needs a path: spark.read.format('msgqlog').load(PATH)")
         paths = tuple(local_path(p) if local_paths else p for p in raw_paths)
-        schema_file = local_path(get("schemaFile")) if get("schemaFile") else None
-        root = get("root") or "Event"
         problems = (get("problems") or "rows").strip().lower()
         if problems not in _PROBLEM_MODES:
             raise ValueError(f"option problems must be one of {_PROBLEM_MODES}, not {problems!r}")
@@ -175,8 +200,8 @@ class ReadOptions:
         compact = _flag(get("compact"), False, "compact")
         services = _split_list(get("services"))
         decode_value = (get("decode") or "").strip()
-        schema = _load_schema(schema_file, root)
-        members = schema.union_fields
+        spec = _spec_of_options(get)
+        members = spec.load().union_fields
         for name in services or ():
             _check_member(name, members)
         if decode_value.lower() in ("", "false", "no", "none", "0"):
@@ -195,7 +220,90 @@ class ReadOptions:
                              "it has no typed columns (leave out decode)")
         if compact:
             with_data = False
-        return cls(paths, services, decode, schema_file, root, problems, with_data, compact)
+        return cls(paths, services, decode, spec, problems, with_data, compact)
+
+
+def spec_option(spec: SchemaSpec) -> str:
+    """``spec`` as the value of the source's ``schemaSpec`` option (JSON: the schema
+    file, root struct, import folders and the registry itself, so that a registry given
+    in code travels too); :func:`msgq.spark.read_logs` sets it to the schema in force."""
+    registry = None if spec.services is None else [
+        [s.name, s.should_log, s.frequency, s.message_size, s.decimation, s.port]
+        for s in spec.services.values()]
+    return json.dumps({"path": spec.path, "root": spec.root, "imports": list(spec.imports),
+                       "services_path": spec.services_path, "services": registry})
+
+
+def spec_from_option(text: str) -> SchemaSpec:
+    """The :class:`SchemaSpec` a ``schemaSpec`` option holds (:func:`spec_option`)."""
+    try:
+        doc = json.loads(text)
+        services = doc["services"]
+        registry = None if services is None else ServiceRegistry(
+            Service(str(n), bool(log), float(hz), size, decimation, port)
+            for n, log, hz, size, decimation, port in services)
+        return SchemaSpec(path=doc["path"], services=registry, root=str(doc["root"]),
+                          imports=tuple(doc["imports"]), services_path=doc["services_path"])
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"option schemaSpec is not one msgq.spark.datasource.spec_option "
+                         f"wrote ({type(e).__name__}: {e}): leave it out, or pass schemaFile "
+                         "and registry instead") from None
+
+
+def read_spec(schema: Any = None, schema_file: str | os.PathLike[str] | None = None
+              ) -> SchemaSpec:
+    """The spec of a read given ``schema`` (a Schema or SchemaSpec), else ``schema_file``
+    (see :func:`_spec_of_options`), else the schema in force."""
+    if schema is not None:
+        if schema_file is not None:
+            raise ValueError("give schema or schema_file, not both")
+        if isinstance(schema, SchemaSpec):
+            return schema
+        if isinstance(schema, Schema):
+            return schema.spec
+        raise TypeError(f"schema is a msgq.schemas.Schema or SchemaSpec, not "
+                        f"{type(schema).__name__}")
+    if schema_file is None:
+        return spec_in_force()
+    return _spec_of_options({"schemaFile": os.fspath(schema_file)}.get)
+
+
+def _spec_of_options(get: Any) -> SchemaSpec:
+    """The schema of a read: option ``schemaSpec`` (what :func:`msgq.spark.read_logs`
+    passes), else ``schemaFile``/``registry``/``root``/``imports`` (a registry-less file
+    takes the registry in force when it is the schema in force's file, msgq's own for
+    msgq's file, else none: every member event-driven), else the schema in force in this
+    process."""
+    text = get("schemaSpec")
+    schema_file = get("schemaFile")
+    registry = get("registry")
+    root = get("root")
+    imports = tuple(local_path(p) for p in (get("imports") or "").split(os.pathsep) if p)
+    if text:
+        if schema_file or registry or root or imports:
+            raise ValueError("option schemaSpec already names the schema: leave out "
+                             "schemaFile, registry, root and imports")
+        return spec_from_option(text)
+    in_force = spec_in_force()
+    if not (schema_file or registry or imports):
+        return in_force if not root or root == in_force.root else replace(in_force, root=root)
+    path = local_path(schema_file) if schema_file else in_force.path
+    root = root or "Event"
+    if registry:
+        try:
+            return SchemaSpec.from_files(path, local_path(registry), root, imports)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"option registry: {e}") from None
+    if path is not None and not os.path.isfile(path):
+        raise ValueError(f"option schemaFile: {path} does not exist")
+    if path is None or os.path.samefile(path, _MSGQ_SCHEMA_FILE):
+        if root == "Event" and not imports:
+            return SchemaSpec()  # msgq's own, with msgq's registry
+        return SchemaSpec(root=root, imports=imports)
+    if in_force.path is not None and os.path.samefile(path, in_force.path) \
+            and (root, imports) == (in_force.root, in_force.imports):
+        return in_force  # the file in force: with its registry
+    return SchemaSpec(path=path, root=root, imports=imports)
 
 
 def _flag(value: str | None, default: bool, name: str) -> bool:
@@ -214,26 +322,6 @@ def _check_member(name: str, members: tuple[str, ...]) -> None:
         raise unknown_service_error(name, members)
 
 
-_schemas: dict[tuple[str | None, str], Any] = {}
-_schemas_lock = threading.Lock()
-
-
-def _load_schema(schema_file: str | None, root: str) -> Any:
-    """msgq's schema, or the file's (loaded once per process)."""
-    key = (schema_file, root)
-    with _schemas_lock:
-        schema = _schemas.get(key)
-        if schema is None:
-            if schema_file is None and root == "Event":
-                schema = default_schema()
-            else:
-                path = schema_file or os.path.join(SCHEMA_DIR, "log.capnp")
-                schema = load_schema(path, ServiceRegistry([]), root=root,
-                                     register_services=False)
-            _schemas[key] = schema
-    return schema
-
-
 _DDL_TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(),
               "binary": BinaryType()}
 
@@ -246,7 +334,7 @@ def output_schema(options: ReadOptions) -> StructType:
     fields = list(BASE_COLUMNS)
     taken = {f.name for f in fields}
     if options.decode:
-        schema = _load_schema(options.schema_file, options.root)
+        schema = options.schema
         for service in options.decode:
             if service in taken:
                 raise ValueError(f"service {service!r} has the name of a base column; it "
@@ -270,9 +358,14 @@ class SegmentPartition(InputPartition):
 
 
 def segment_number(path: str) -> int | None:
-    """The segment number in a segment file's name: its last digits
-    (``segment-00003.log.zst`` -> 3), None when it ends in none."""
-    match = _SEGMENT_NUMBER.search(path.rsplit("/", 1)[-1])
+    """The segment number of a segment file: the last digits of its name
+    (``segment-00003.log.zst`` -> 3), or, for a loggerd segment (``rlog.zst``,
+    ``qlog.bz2``, ``rlog`` ...), of its folder ``<route>--<n>`` (``route--7/rlog.zst`` ->
+    7); None when neither has any."""
+    if loggerd_route(path) is not None:
+        return int(path.rpartition("/")[0].rpartition("--")[2])
+    # the digits before .log/.zst/.bz2 (never the 2 of .bz2)
+    match = _SEGMENT_NUMBER.search(_COMPRESSION_SUFFIX.sub("", path.rpartition("/")[2]))
     return int(match.group(1)) if match else None
 
 
@@ -294,24 +387,58 @@ def plan_segments(options: ReadOptions) -> list[SegmentPartition]:
 
 class MsgqLogDataSource(DataSource):
     """``spark.read.format("msgqlog")``: msgq log segments, one row per event (options
-    and columns: module docstring and docs/spark.md)."""
+    and columns: module docstring and docs/spark.md). ``default_spec``: the
+    ``schemaSpec`` option of reads that name no schema (:func:`source_class`; None: the
+    schema in force in the planning worker)."""
+
+    default_spec: str | None = None
 
     @classmethod
     def name(cls) -> str:
         return SOURCE_NAME
 
+    def _options(self) -> ReadOptions:
+        options = self.options
+        if self.default_spec is not None and not any(
+                options.get(key) for key in ("schemaSpec", "schemaFile", "registry", "root")):
+            options = {**dict(options.items()), "schemaSpec": self.default_spec}
+            options = {key.lower(): value for key, value in options.items()}
+            return ReadOptions.parse(_CaseInsensitive(options))
+        return ReadOptions.parse(options)
+
     def schema(self) -> StructType:
-        options = ReadOptions.parse(self.options)
+        options = self._options()
         segment_paths(list(options.paths))  # a path that names nothing fails at load()
         return output_schema(options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        options = ReadOptions.parse(self.options)
+        options = self._options()
         ours = output_schema(options)
         if schema != ours:
             raise ValueError("the msgqlog source defines its own schema (from the capnp "
                              "schema and the decode option): do not pass .schema(...)")
         return MsgqLogReader(options, ours)
+
+
+class _CaseInsensitive:
+    """Options looked up by name in any case (as Spark's own)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self._options = options
+
+    def get(self, key: str) -> str | None:
+        return self._options.get(key.lower())
+
+
+def source_class(schema: Any = None) -> type[MsgqLogDataSource]:
+    """The msgqlog data source class whose reads default to ``schema`` (a Schema or
+    SchemaSpec; None: the schema in force here): a subclass carrying the spec, which
+    Spark pickles by value to the workers that plan the reads, whatever their
+    environment says."""
+    spec = read_spec(schema)
+    return type(MsgqLogDataSource.__name__, (MsgqLogDataSource,),
+                {"default_spec": spec_option(spec), "__doc__": MsgqLogDataSource.__doc__,
+                 "__module__": __name__})
 
 
 class MsgqLogReader(DataSourceReader):
@@ -358,16 +485,15 @@ class _Decoder:
         return value if self.convert is None else self.convert(value)
 
 
-_decoders: dict[tuple[str | None, str, tuple[str, ...]], dict[str, _Decoder]] = {}
+_decoders: dict[tuple[SchemaSpec | None, tuple[str, ...]], dict[str, _Decoder]] = {}
 
 
 def _decoders_for(options: ReadOptions) -> dict[str, _Decoder]:
     """service -> how to fill its typed column (built once per worker process)."""
-    key = (options.schema_file, options.root, options.decode)
+    key = (options.spec, options.decode)
     decoders = _decoders.get(key)
     if decoders is None:
-        schema = _load_schema(options.schema_file, options.root)
-        root = schema.event.schema
+        root = options.schema.event.schema
         decoders = {}
         for service in options.decode:
             plan = member_plan(root, service)
@@ -425,7 +551,7 @@ class _SegmentRead:
         self.segment = segment
         self.content = content
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        self.schema = _load_schema(options.schema_file, options.root)
+        self.schema = options.schema
         self.decoders = _decoders_for(options)
 
         self._typed_types = [self.arrow_schema.field(i).type

@@ -71,9 +71,9 @@ def read_segment_files(spark: Any, uris: Iterable[str | os.PathLike[str]],
     """The msgqlog DataFrame of the segment files ``uris`` name (files, folders, globs; any
     URI Spark's Hadoop file systems take; plain paths resolve against the cluster's
     default file system), read through binaryFile + mapInArrow. ``options``: the msgqlog
-    source's (``services``, ``decode``, ``schemaFile``, ``root``, ``problems``,
-    ``data``; names case-insensitive), checked here on the driver as the source checks
-    them."""
+    source's (``services``, ``decode``, ``schemaSpec``, ``schemaFile``, ``registry``,
+    ``root``, ``imports``, ``problems``, ``data``; names case-insensitive), checked here
+    on the driver as the source checks them (no schema named: the one in force here)."""
     uris = [os.fspath(u) for u in uris]
     named = {key.lower(): value for key, value in options.items()}  # as Spark's options
     named["paths"] = json.dumps(uris)
