@@ -511,3 +511,18 @@ def test_export_benchmark_prints_its_table() -> None:
     assert rows["decode (LogReader loop)"].endswith("100 %")
     share = int(rows["export to MCAP"].split()[-2])
     assert 0 < share < 100
+
+
+def test_logs_of_another_schema_are_refused_in_one_line(tmp_path: Path) -> None:
+    """A recording of msgq's schema exported with the robot schema in force: refused
+    before anything is written, never exported under the wrong names."""
+    from msgq.schemas import msgq_schema
+
+    folder = write_recording(msgq_schema(), tmp_path / "rec", events_of(msgq_schema(), 2))
+    out = tmp_path / "out.mcap"
+    result = run_msgq("export", "--schema", ROBOT_SCHEMA, "--registry", ROBOT_SERVICES,
+                      str(folder), str(out))
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--schema" in lines[0], result.stderr
+    assert not out.exists() and not list(tmp_path.glob("*.part"))

@@ -106,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
         stats = export_mcap(paths, args.output, services=services, start_ns=start_ns,
                             end_ns=end_ns, schema=schema,
                             progress=None if bar is None else bar.update)
+    except ValueError as e:  # logs of another schema (msgq.logs.SchemaMismatchError)
+        raise CommandError(str(e)) from None
     finally:
         if bar is not None:
             bar.close()

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgq.logs
 from msgq.errors import MessageDecodeError
 from msgq.logs import LogProblem, LogReader, segment_paths
 from msgq.logs.index import IndexCache, read_recording
@@ -142,7 +143,9 @@ def export_mcap(
     [start_ns, end_ns]. ``schema``: default the schema in force. ``progress`` is called
     with the event bytes read since its last call. Raises FileNotFoundError when the
     source names no file, and :class:`msgq.viz.MissingExtraError` without the ``mcap``
-    library. Damage does not raise: see :attr:`ExportStats.problems`."""
+    library, and ``msgq.logs.SchemaMismatchError`` (one line naming ``--schema``) when
+    the logs were written with another schema. Damage does not raise: see
+    :attr:`ExportStats.problems`."""
     require("mcap")
     from mcap.writer import CompressionType, Writer
 
@@ -155,6 +158,10 @@ def export_mcap(
             from msgq.schemas.services import unknown_service_error
 
             raise unknown_service_error(name, schema.union_fields)
+    check_schema = getattr(msgq.logs, "check_schema", None)
+    mismatch = getattr(msgq.logs, "SchemaMismatchError", None)
+    if check_schema is not None:
+        check_schema(paths, schema)  # before any work: never export mislabeled events
     stats = ExportStats(output=output)
     sources = [os.fspath(source)] if isinstance(source, (str, os.PathLike)) else \
         [os.fspath(s) for s in source]
@@ -225,6 +232,8 @@ def export_mcap(
                     if progress is not None:
                         progress(len(event.data))
             except (OSError, ValueError, EOFError) as e:
+                if mismatch is not None and isinstance(e, mismatch):
+                    raise
                 # a file that cannot be opened or decompressed at all
                 stats.problems.append(f"{path}: {_one_line(e)}")
                 if not read_any:
