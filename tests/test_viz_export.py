@@ -526,3 +526,20 @@ def test_logs_of_another_schema_are_refused_in_one_line(tmp_path: Path) -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--schema" in lines[0], result.stderr
     assert not out.exists() and not list(tmp_path.glob("*.part"))
+
+
+def test_an_interrupted_export_leaves_no_file(tmp_path: Path) -> None:
+    from msgq.schemas import msgq_schema
+    from msgq.viz.mcap_export import export_mcap
+
+    folder = write_recording(msgq_schema(), tmp_path / "rec", events_of(msgq_schema(), 2))
+    seen = []
+
+    def interrupt(size: int) -> None:
+        seen.append(size)
+        if len(seen) == 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        export_mcap(str(folder), str(tmp_path / "out.mcap"), progress=interrupt)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rec"]

@@ -21,6 +21,7 @@ Metadata records (``Metadata`` in the MCAP file):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -147,8 +148,6 @@ def export_mcap(
     the logs were written with another schema. Damage does not raise: see
     :attr:`ExportStats.problems`."""
     require("mcap")
-    from mcap.writer import CompressionType, Writer
-
     schema = schema_in_force(schema)
     converter = event_converter(schema)
     paths = segment_paths(source)
@@ -165,8 +164,28 @@ def export_mcap(
     stats = ExportStats(output=output)
     sources = [os.fspath(source)] if isinstance(source, (str, os.PathLike)) else \
         [os.fspath(s) for s in source]
-    indexes = IndexCache()
     tmp = f"{output}.{os.getpid()}.part"
+    try:
+        _write(tmp, paths, sources, wanted, start_ns, end_ns, schema, converter, stats,
+               chunk_size, progress, mismatch)
+    except BaseException:
+        # interrupted or refused: no half-written file left behind
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    os.replace(tmp, output)
+    stats.bytes_out = os.path.getsize(output)
+    return stats
+
+
+def _write(tmp: str, paths: list[str], sources: list[str], wanted: list[str] | None,
+           start_ns: int | None, end_ns: int | None, schema: Schema, converter: Any,
+           stats: ExportStats, chunk_size: int, progress: Callable[[int], None] | None,
+           mismatch: Any) -> None:
+    """The export proper, into the file ``tmp`` (see :func:`export_mcap`)."""
+    from mcap.writer import CompressionType, Writer
+
+    indexes = IndexCache()
     with open(tmp, "wb") as stream:
         writer = Writer(stream, chunk_size=chunk_size, compression=CompressionType.ZSTD)
         writer.start(profile="", library=f"msgq {_msgq_version()} (mcap)")
@@ -246,9 +265,6 @@ def export_mcap(
             writer.add_metadata("logStart", {k: v if isinstance(v, str) else json.dumps(v)
                                              for k, v in log_start.items()})
         writer.finish()
-    os.replace(tmp, output)
-    stats.bytes_out = os.path.getsize(output)
-    return stats
 
 
 def _problem_text(problem: LogProblem) -> str:
