@@ -351,3 +351,48 @@ def test_cli_serves_the_schema_in_force() -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_replayed_recording_shows_live(tmp_path: Path) -> None:
+    """The documented pipe: ``msgq replay rec/`` (another process) and the server; the
+    viewer gets the recording's events, with their recorded times and values."""
+    from msgq.logs import LogWriter
+    from msgq.messaging import new_message
+    from msgq.viz.live import LiveServer
+
+    recorded = {}
+    with LogWriter(str(tmp_path / "rec")) as writer:
+        for i in range(300):  # 3 s at 100 Hz
+            msg = new_message("vehicleState", valid=True, logMonoTime=10**12 + i * 10**7)
+            msg.vehicleState.speed = i * 0.5
+            recorded[10**12 + i * 10**7] = i * 0.5
+            writer.write(msg.to_bytes())
+    server = LiveServer(["vehicleState"], port=0, max_rate=25.0).start()
+    viewer = FoxgloveClient(server.port)
+    viewer.subscribe("/vehicleState")
+    replay = subprocess.Popen([PYTHON, "-m", "msgq", "replay", str(tmp_path / "rec"),
+                               "--services", "vehicleState", "--speed", "2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=REPO)
+    try:
+        shown = []
+
+        def a_second_of_the_recording() -> bool:
+            shown.extend((t, json.loads(p)) for topic, t, p in viewer.messages(0.2)
+                         if topic == "/vehicleState")
+            return len(shown) >= 20
+
+        viewer.wait_for(a_second_of_the_recording, timeout=20)
+        for log_time, value in shown:
+            assert log_time in recorded  # the recorded time, not the replay's
+            assert value["vehicleState"]["speed"] == recorded[log_time]
+        times = [t for t, _ in shown]
+        assert times == sorted(times)
+        # at speed 2, 25 messages a second of 200: every 8th event on average
+        steps = [(b - a) // 10**7 for a, b in zip(times, times[1:], strict=False)]
+        assert 4 <= sum(steps) / len(steps) <= 16, steps
+    finally:
+        viewer.close()
+        server.stop()
+        replay.kill()
+        replay.wait()
