@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The main job on its embedded defaults. Installs what it needs first.
+# The main job on its embedded defaults. Installs what it needs first, and only that (a C
+# compiler, Python headers, a Java runtime for Spark, msgq with the spark extra in .venv;
+# one line per step, package manager output in build/setup.log).
 #   ./run.sh                      the end-to-end demo: a simulated robot, health view,
 #                                 recording, lockstep replay, Spark statistics (~45 s)
 #   ./run.sh [demo] [ARGS]        the same, with demo options (see --help)
@@ -7,7 +9,7 @@
 #   ./run.sh bench [ARGS]         the benchmark tables (msgq bench: core, visionipc, ...)
 set -euo pipefail
 cd "$(dirname "$0")"
-source scripts/ensure_env.sh
+source scripts/ensure_env.sh run
 job=demo
 case "${1:-}" in
   demo|throughput|bench) job="$1"; shift ;;

@@ -1,25 +1,51 @@
 #!/usr/bin/env bash
-# Makes sure this checkout has what it needs to build and run: system packages (a C
-# compiler, Python headers and venv), a virtual environment in .venv, and msgq installed
-# in it (editable, with the test extra). Sourced by run.sh and test.sh; safe to re-run:
-# it rebuilds only when a build input changed.
+# Makes sure this checkout has what a job needs, and nothing more:
+#   source scripts/ensure_env.sh run    run.sh: a C compiler, Python headers and venv, a
+#                                       Java 17+ runtime (Spark), and msgq built into .venv
+#                                       (editable) with the spark extra
+#   source scripts/ensure_env.sh test   test.sh: the same, plus clang (libFuzzer) and the
+#                                       test extra (pytest, ruff, scons, atheris, ...)
+# One line per step it takes, on stderr; the package managers' output goes to
+# build/setup.log and is shown (its end) only when a step fails. Safe to re-run: it does
+# nothing when everything is there, and rebuilds only when a build input changed
+# (MSGQ_DEBUG=1 builds with debug info and unstripped libraries).
 set -euo pipefail
+
+profile="${1:-test}"
+case "$profile" in
+  run|test) ;;
+  *) echo "ensure_env.sh: unknown profile '$profile' (run or test)" >&2; exit 2 ;;
+esac
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+mkdir -p build
+setup_log="$root/build/setup.log"
+
+# Runs a set-up command with its output in the log; on failure shows the log's end.
+quietly() {
+  if ! "$@" >>"$setup_log" 2>&1; then
+    tail -n 30 "$setup_log" >&2
+    echo "failed: $* (full output: $setup_log)" >&2
+    exit 1
+  fi
+}
 
 need_apt=()
-command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
+need_clang=0
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
-# clang builds the libFuzzer target of the ring (test.sh runs it for a bounded time).
-command -v clang >/dev/null 2>&1 || need_apt+=(clang)
+if [ "$profile" = test ]; then
+  # clang builds the libFuzzer targets (test.sh runs them for a bounded time).
+  command -v clang >/dev/null 2>&1 || need_clang=1
+fi
 python3 - <<'PY' >/dev/null 2>&1 || need_apt+=(python3-dev)
 import os, sysconfig
 raise SystemExit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
 PY
-# Spark (msgq.spark, `msgq logstats`, the Spark tests) needs a Java 17+ runtime: a
-# headless JRE from the distribution's own packages, nothing downloaded from elsewhere.
+# Spark (the demo's statistics, msgq logstats, the Spark tests) needs a Java 17+ runtime:
+# a headless JRE from the distribution's own packages, nothing downloaded from elsewhere.
 java_ok() {
   command -v java >/dev/null 2>&1 || return 1
   local major
@@ -34,12 +60,14 @@ if [ "$need_java" -eq 1 ] && [ "$(id -u)" -ne 0 ]; then
   need_java=0
 fi
 
-if [ ${#need_apt[@]} -gt 0 ] || [ "$need_java" -eq 1 ]; then
+if [ ${#need_apt[@]} -gt 0 ] || [ "$need_java" -eq 1 ] || [ "$need_clang" -eq 1 ]; then
   if [ "$(id -u)" -ne 0 ]; then
+    [ "$need_clang" -eq 1 ] && need_apt+=(clang)
     echo "missing ${need_apt[*]}; run as root or install them with apt-get" >&2
     exit 1
   fi
-  apt-get update -q
+  echo "updating the apt package lists (log: build/setup.log)" >&2
+  quietly apt-get update -q
   if [ "$need_java" -eq 1 ]; then
     # the first JRE of 17 or newer this distribution has (Debian 12: 17; Debian 13: 21)
     for jre in openjdk-17-jre-headless openjdk-21-jre-headless openjdk-25-jre-headless; do
@@ -53,7 +81,15 @@ if [ ${#need_apt[@]} -gt 0 ] || [ "$need_java" -eq 1 ]; then
   fi
   if [ ${#need_apt[@]} -gt 0 ]; then
     echo "installing system packages: ${need_apt[*]}" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
+    # --no-install-recommends: the runtime and the compiler, not their documentation,
+    # fonts and desktop integration
+    quietly env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+      --no-install-recommends "${need_apt[@]}"
+  fi
+  if [ "$need_clang" -eq 1 ]; then
+    echo "installing clang (libFuzzer, for test.sh)" >&2
+    # with what it recommends: the fuzzer runtime comes that way on some releases
+    quietly env DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang
   fi
   if [ "$need_java" -eq 1 ] && ! java_ok; then
     echo "no Java 17+ runtime could be installed from the apt sources;" \
@@ -62,22 +98,64 @@ if [ ${#need_apt[@]} -gt 0 ] || [ "$need_java" -eq 1 ]; then
 fi
 
 if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip
+  echo "creating the virtual environment .venv" >&2
+  quietly python3 -m venv .venv
+  quietly .venv/bin/python -m pip install -q --upgrade pip
 fi
 
-# Rebuild when any build input changed since the last install.
-inputs_hash="$(cat pyproject.toml setup.py msgq/*.pyx msgq/*.pxd msgq/spark/*.pyx msgq/src/*.[ch] \
-  visionipc/*.pyx visionipc/*.pxi visionipc/src/*.[ch] 2>/dev/null \
-  | sha256sum | cut -d' ' -f1)"
+# Rebuild when any build input changed since the last install, or when the extra this
+# job needs is not installed yet (test's includes spark's).
+extra="spark"
+[ "$profile" = test ] && extra="test"
+inputs_hash="$(cat pyproject.toml setup.py MANIFEST.in msgq/*.pyx msgq/*.pxd msgq/spark/*.pyx \
+  msgq/src/*.[ch] visionipc/*.pyx visionipc/*.pxi visionipc/src/*.[ch] 2>/dev/null \
+  | sha256sum | cut -d' ' -f1) debug=${MSGQ_DEBUG:-0}"
 stamp=.venv/.msgq-build-inputs
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$inputs_hash" ]; then
-  echo "building msgq (pip install -e '.[test]'; log in .venv/build.log) ..." >&2
-  if ! .venv/bin/python -m pip install -e '.[test]' > .venv/build.log 2>&1 ||
+installed=""
+[ -f "$stamp" ] && installed="$(cat "$stamp")"
+satisfied=0
+if [ "$installed" = "$inputs_hash test" ] ||
+   { [ "$extra" = spark ] && [ "$installed" = "$inputs_hash spark" ]; }; then
+  satisfied=1
+fi
+if [ "$satisfied" -eq 0 ]; then
+  echo "building msgq into .venv (pip install -e '.[$extra]'; log: .venv/build.log)" >&2
+  if ! .venv/bin/python -m pip install -e ".[$extra]" > .venv/build.log 2>&1 ||
      ! .venv/bin/python -c "import msgq.shm_backend" 2>> .venv/build.log; then
     tail -n 40 .venv/build.log >&2
     echo "build failed: see .venv/build.log" >&2
     exit 1
   fi
-  echo "$inputs_hash" > "$stamp"
+  # A checkout installed before the distribution was renamed msgq-shm still has the old
+  # editable "msgq" distribution: its files that the new one does not own go (the
+  # command's script, written by both, stays).
+  .venv/bin/python - "$root" <<'PY' >> .venv/build.log 2>&1
+import json, os, shutil, sys, sysconfig
+from importlib import metadata
+root = sys.argv[1].rstrip("/")
+# the venv's own site-packages only: the checkout's stale msgq.egg-info (the build's, in
+# the current folder) is not an installed distribution
+site = sysconfig.get_paths()["purelib"]
+found = {d.metadata["Name"]: d for d in metadata.distributions(path=[site])}
+old, new = found.get("msgq"), found.get("msgq-shm")
+url = "" if old is None else json.loads(old.read_text("direct_url.json") or "{}").get("url", "")
+if old is not None and new is not None and url.rstrip("/") == "file://" + root:
+    owned = {str(f) for f in new.files or ()}
+    base = old.locate_file("")
+    files = list(old.files or ())  # read from its RECORD, which goes too
+    for f in files:
+        if str(f) not in owned:
+            path = os.path.normpath(os.path.join(base, f))
+            if os.path.isfile(path):
+                os.remove(path)
+    for f in files:
+        folder = os.path.normpath(os.path.join(base, os.path.dirname(f)))
+        if f.name == "RECORD" and os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)  # the dist-info folder, now empty
+    print("removed the old editable distribution msgq of this checkout")
+stale = os.path.join(root, "msgq.egg-info")  # the old name's build metadata
+if new is not None and os.path.isdir(stale):
+    shutil.rmtree(stale)
+PY
+  echo "$inputs_hash $extra" > "$stamp"
 fi
