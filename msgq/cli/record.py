@@ -21,12 +21,18 @@ from msgq.cli.output import (
 )
 from msgq.cli.services import check_services
 from msgq.logs.recorder import Recorder
+from msgq.logs.writer import writes_log_start
+from msgq.schemas import schema_in_force
 
 DESCRIPTION = """\
 Subscribe to SERVICE(s) (default: every service the registry marks should_log) through
 one poller and write every message, as received, to segment files in DIR. Stop with
 Ctrl-C, SIGTERM or --duration: the log is closed cleanly (finished frame, fsync, index)
 and the messages, bytes, bad messages and drops of each service are printed.
+
+Any schema records (--schema/--registry): where it has msgq's logStart, each segment
+starts with one; otherwise (openpilot's schema, say) msgq adds no event of its own and
+keeps its facts (schema, host, times, recording id) in DIR/index.json.
 
 bad: messages not written because they are not an Event of the service (garbage, another
 service's message). drops: times the recorder fell a whole queue behind and skipped
@@ -89,10 +95,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _services(args: argparse.Namespace) -> list[str] | None:
-    services = check_services(args.services)
+    schema = schema_in_force()
+    services = check_services(args.services, schema.union_fields)
     if not services:
         return None
-    if "logStart" in services:
+    if "logStart" in services and writes_log_start(schema):
         raise UsageError("logStart is not recorded: the log writes its own at the start of "
                          "every segment")
     return services

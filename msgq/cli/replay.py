@@ -19,13 +19,21 @@ from msgq.cli.output import (
 from msgq.cli.services import check_services
 from msgq.logs.reader import LogCorruptionError
 from msgq.logs.replayer import Replayer
-from msgq.schemas import default_schema
+from msgq.logs.schema_check import SchemaMismatchError
+from msgq.logs.writer import writes_log_start
+from msgq.schemas import schema_in_force
 
 DESCRIPTION = """\
 Publish the events of LOG(s) on their services: each as the bytes in the log
 (logMonoTime unchanged), at its original time relative to the first event, divided by
---speed; or as fast as possible with --fast. logStart events are never sent. LOG is a
-recording folder, a segment file or a glob; several are merged in time order.
+--speed; or as fast as possible with --fast. msgq's logStart events are never sent. LOG
+is a recording folder, a segment file, a glob, or an openpilot log (rlog.zst, rlog.bz2,
+rlog, a route segment folder <route>--<n>, or a folder of them, read in segment order);
+several are merged in time order.
+
+The log is read with the schema in force (--schema FILE.capnp --registry FILE for
+another one, e.g. openpilot's). A log written with another schema is refused before
+anything is sent (one line, exit 1) rather than published under wrong names.
 
 Timing is scheduled against the start of each pass, so errors do not add up; the summary
 says how late sends were on average and at worst. A progress bar shows on a terminal.
@@ -37,7 +45,8 @@ Damaged logs: a file cut short is replayed up to its last complete event (a note
 stderr says where it ends). Corrupt data stops the replay after every event before it was
 sent: one line on stderr names the file and byte offset, exit 1. With --skip-corrupt the
 replay goes on at the next readable event and the damage skipped (count, files, offsets)
-is listed on stderr at the end."""
+is listed on stderr at the end. Events larger than their service's queue takes, or with
+a logMonoTime absurdly far ahead (damaged), are not sent and are counted on stderr."""
 
 EPILOG = """\
 examples:
@@ -48,10 +57,13 @@ examples:
   msgq replay rec1 --loop                      over and over, until Ctrl-C
   msgq replay 'rec1/segment-0000[2-4].log.zst' --loops 3   three segments, three times
   msgq replay damaged/ --skip-corrupt          past corrupt data, listed at the end
+  msgq replay --schema cereal/log.capnp --registry cereal/services.py route/
+                                               an openpilot route, segment by segment
   MSGQ_PREFIX=sim msgq replay rec1             into the namespace 'sim'
 
 exit codes: 0 replayed (also when stopped by SIGTERM), 1 could not replay (no such log,
-nothing readable in it, corrupt data without --skip-corrupt, ...), 2 bad command line
+nothing readable in it, a log of another schema, corrupt data without --skip-corrupt,
+...), 2 bad command line
 (unknown service, ...), 130 stopped by Ctrl-C (after printing what was sent)."""
 
 
@@ -95,7 +107,7 @@ def _names(text: str | None) -> list[str] | None:
     if text is None:
         return None
 
-    return check_services([text], default_schema().union_fields)
+    return check_services([text], schema_in_force().union_fields)
 
 
 def _damage(problem: Any) -> str:
@@ -106,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     """Replays the logs; prints what was sent."""
 
     services, exclude = _names(args.services), _names(args.exclude)
-    if services is not None and "logStart" in services:
+    if services is not None and "logStart" in services and \
+            writes_log_start(schema_in_force()):
         raise UsageError("logStart is never replayed: it describes the log")
     loop: bool | int = True if args.loop else (args.loops or False)
     try:
@@ -115,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
                             skip_corrupt=args.skip_corrupt)
     except LogCorruptionError as e:  # while looking for the first event
         raise CommandError(f"nothing replayed: {_damage(e.problem)}") from None
+    except SchemaMismatchError as e:
+        raise CommandError(f"nothing replayed: {e}") from None
     except (FileNotFoundError, ValueError) as e:
         raise CommandError(str(e)) from None
     end = replayer.end_mono_ns
@@ -136,10 +151,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_damage(stats: Any) -> None:
-    """What the replay read past, on stderr: where files ended early, and (with
-    --skip-corrupt) the corrupt spots skipped."""
+    """What the replay read past, on stderr: where files ended early, events not sent
+    (too large for their queue, damaged times), and (with --skip-corrupt) the corrupt
+    spots skipped."""
     for problem in stats.truncated:
         print(f"msgq replay: note: {problem}", file=sys.stderr)
+    for counts, why in ((stats.too_large, "larger than their service's queue takes"),
+                        (stats.bad_time, "with a logMonoTime far past the log's end "
+                                         "(damaged)")):
+        if counts:
+            listed = ", ".join(f"{s} ({n:,})" for s, n in sorted(counts.items()))
+            print(f"msgq replay: not sent: {sum(counts.values()):,} event(s) {why}: "
+                  f"{listed}", file=sys.stderr)
     if stats.corrupt:
         files = sorted({p.path for p in stats.corrupt})
         print(f"msgq replay: skipped {len(stats.corrupt)} corrupt spot(s) in "

@@ -33,7 +33,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Generic, TypeVar
 
 from msgq.lockstep.harness import LockstepResult, StepOutput
-from msgq.schemas import Schema, default_schema
+from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.events import log_from_bytes
 
 __all__ = [
@@ -281,7 +281,7 @@ def canonical_bytes(data: bytes, ignore: Iterable[str] = DEFAULT_IGNORE,
             raise ValueError(f"ignore path {path!r}: patterns are not supported in bytes "
                              "mode; name the fields")
 
-    schema = schema or default_schema()
+    schema = schema_in_force(schema)
     builder = log_from_bytes(data, schema.event).as_builder()
     for path in paths:
         _reset(builder, path.split("."))
@@ -331,7 +331,7 @@ def diff_outputs(
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     if max_differences < 1:
         raise ValueError("max_differences must be at least 1")
-    schema = schema or default_schema()
+    schema = schema_in_force(schema)
     ignore = tuple(ignore)
     ignore_rules: _Rules[bool] = _Rules({p: True for p in ignore})
     tolerance_rules: _Rules[float] = _Rules(dict(tolerances or {}))

@@ -49,8 +49,12 @@ import msgq
 from msgq import fake_events, queues
 from msgq.lockstep.clock import CLOCK_ENV, ClockFile
 from msgq.logs import LogEvent, LogReader
-from msgq.schemas import Schema, default_schema
+from msgq.logs.index import read_index
+from msgq.logs.reader import segment_paths
+from msgq.logs.writer import writes_log_start
+from msgq.schemas import Schema, SchemaSpec, schema_in_force, spec_in_force, use_schema
 from msgq.schemas.events import MessageDecodeError, log_from_bytes
+from msgq.schemas.selection import ENV_ROOT, ENV_SCHEMA, ENV_SERVICES
 from msgq.schemas.services import unknown_service_error
 
 __all__ = [
@@ -126,7 +130,7 @@ class OutputEvent:
     @property
     def event(self) -> Any:
         """The decoded Event (a pycapnp reader)."""
-        return log_from_bytes(self.data, (self.schema or default_schema()).event)
+        return log_from_bytes(self.data, schema_in_force(self.schema).event)
 
     def to_dict(self) -> dict[str, Any]:
         """The decoded Event as a dict."""
@@ -203,7 +207,7 @@ def input_events(inputs: Any, schema: Schema | None = None) -> Iterator[InputEve
     """The events of ``inputs`` in log order: a log file, folder or glob (path), a
     :class:`~msgq.logs.LogReader`, or an iterable of events (bytes, Event readers or
     builders, LogEvents). Logs are streamed, never read whole."""
-    schema = schema or default_schema()
+    schema = schema_in_force(schema)
     if isinstance(inputs, (str, os.PathLike)):
         inputs = LogReader(inputs, schema=schema)
     if isinstance(inputs, LogReader):
@@ -278,11 +282,21 @@ def _child_main(payload_path: str) -> None:
     faulthandler.enable()
     if hasattr(faulthandler, "register"):  # the harness asks for the stacks on timeout
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _use_parent_schema(spec.get("schema"))
     if spec["main_path"]:
         _load_main_module(spec["main_path"])
     target, args, kwargs = pickle.loads(spec["call"])
     sys.argv = [spec["name"]]
     target(*args, **kwargs)
+
+
+def _use_parent_schema(schema_spec: SchemaSpec | None) -> None:
+    """Puts the harness's schema in force in the process under test, rebuilt from its
+    pickled spec (the environment names it too, unless its registry was given in code;
+    nothing is loaded when the environment already says the same)."""
+    if schema_spec is None or spec_in_force() == schema_spec:
+        return
+    use_schema(schema_spec.load())
 
 
 def _qualified_name(target: Callable[..., Any]) -> str:
@@ -390,7 +404,7 @@ class LockstepProcess:
         wall_offset_ns: int = 0,
         schema: Schema | None = None,
     ) -> None:
-        self.schema = schema or default_schema()
+        self.schema = schema_in_force(schema)
         self.trigger = _check_service(self.schema, trigger)
         self.outputs = tuple(dict.fromkeys(_check_service(self.schema, s) for s in outputs))
         if self.trigger in self.outputs:
@@ -471,6 +485,15 @@ class LockstepProcess:
             env.pop("SIMULATION", None)
         _apply(env, self.env)
         env.pop("ZMQ", None)
+        try:  # the harness's schema, for commands (Python targets get its spec pickled)
+            schema_env = self.schema.spec.environment()
+        except ValueError:  # a registry given in code: no file to name
+            schema_env = None
+        if schema_env is not None and not any(name in self.env for name in
+                                              (ENV_SCHEMA, ENV_SERVICES, ENV_ROOT)):
+            for name in (ENV_SCHEMA, ENV_SERVICES, ENV_ROOT):
+                env.pop(name, None)
+            env.update(schema_env)
         env.update({
             "MSGQ_PREFIX": self.namespace,
             "OPENPILOT_PREFIX": self.namespace,
@@ -515,7 +538,7 @@ class LockstepProcess:
             sys_path, spec = self._payload
             with open(path, "wb") as f:
                 pickle.dump(sys_path, f)
-                pickle.dump(spec, f)
+                pickle.dump({**spec, "schema": self.schema.spec}, f)
             argv = [sys.executable, "-c", _PYTHON_BOOTSTRAP, path]
         else:
             argv = [sys.executable, "-c", _EXEC_BOOTSTRAP, str(os.getpid()), *self._argv]
@@ -848,13 +871,15 @@ class _StepPlan:
     """Groups the input events into steps: each trigger event with the inputs before it."""
 
     def __init__(self, events: Iterator[InputEvent], trigger: str,
-                 wanted: Callable[[str], bool], schema: Schema) -> None:
+                 wanted: Callable[[str], bool], schema: Schema,
+                 wall_offset_ns: int = 0) -> None:
         self._events = events
         self._trigger = trigger
         self._wanted = wanted
         self._schema = schema
+        self._log_start_name = "logStart" if writes_log_start(schema) else None
         self.first_mono_ns: int | None = None
-        self.wall_offset_ns = 0
+        self.wall_offset_ns = wall_offset_ns
         self.unused = 0
         self.seen: dict[str, int] = {}
 
@@ -871,7 +896,7 @@ class _StepPlan:
             if self.first_mono_ns is None:
                 self.first_mono_ns = event.mono_ns
             self.seen[event.service] = self.seen.get(event.service, 0) + 1
-            if event.service == "logStart":
+            if event.service == self._log_start_name:
                 self._log_start(event)
             if event.service == self._trigger:
                 yield before, event
@@ -879,6 +904,31 @@ class _StepPlan:
             elif self._wanted(event.service):
                 before.append(event)
         self.unused = len(before)
+
+
+def _index_wall_offset(inputs: Any) -> int:
+    """``wall - monotonic`` at the start of the first segment of a recording, from its
+    index (what a logStart event says, for schemas without one); 0 when unknown."""
+    if isinstance(inputs, LogReader):
+        paths = inputs.paths
+    elif isinstance(inputs, (str, os.PathLike)):
+        try:
+            paths = segment_paths(inputs)
+        except FileNotFoundError:
+            return 0
+    else:
+        return 0
+    if not paths:
+        return 0
+    first = paths[0]
+    for entry in read_index(os.path.dirname(first)) or []:
+        start = entry.start
+        if entry.file == os.path.basename(first) and isinstance(start, dict):
+            try:
+                return int(start["wall_time_ns"]) - int(start["mono_time_ns"])
+            except (KeyError, TypeError, ValueError):
+                return 0
+    return 0
 
 
 def run_lockstep(
@@ -918,11 +968,11 @@ def run_lockstep(
     when the inputs hold no trigger event. The process and everything the run made in
     shared memory are gone when this returns or raises.
     """
-    schema = schema or default_schema()
+    schema = schema_in_force(schema)
     _check_service(schema, trigger)
     outputs = tuple(dict.fromkeys(outputs))
     if input_services is None:
-        excluded = set(outputs) | {"logStart"}
+        excluded = set(outputs) | ({"logStart"} if writes_log_start(schema) else set())
 
         def wanted(service: str) -> bool:
             return service not in excluded
@@ -937,7 +987,8 @@ def run_lockstep(
     if max_steps is not None and max_steps < 1:
         raise ValueError("max_steps must be at least 1 (or None)")
 
-    plan = _StepPlan(input_events(inputs, schema), trigger, wanted, schema)
+    plan = _StepPlan(input_events(inputs, schema), trigger, wanted, schema,
+                     _index_wall_offset(inputs))
     steps = iter(plan)
     first = next(steps, None)  # before starting anything: the inputs may hold no step
     if first is None:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = ["INDEX_NAME", "IndexCache", "SegmentIndex", "file_sha256", "read_index",
-           "write_index"]
+           "read_recording", "write_index"]
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 1
@@ -40,11 +40,16 @@ class SegmentIndex:
     counts: dict[str, int] = field(default_factory=dict)
     file_bytes: int = 0  # size of the segment file when it was closed
     seal: str = ""  # see seal_for(); empty until the segment is closed
+    # When the segment started: {"wall_time_ns": ..., "mono_time_ns": ...} (what a
+    # logStart event says, kept here for schemas without one); None in older indexes.
+    start: dict[str, int] | None = None
 
     def seal_for(self, file_sha256: str) -> str:
         """The seal of this entry for a segment file with this SHA-256 (hex)."""
         fields = asdict(self)
         fields.pop("seal")
+        if fields["start"] is None:  # older entries: sealed without it
+            fields.pop("start")
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(f"{text}\n{file_sha256}".encode()).hexdigest()
 
@@ -77,6 +82,21 @@ def write_index(folder: str, segments: list[SegmentIndex], metadata: dict[str, A
         json.dump(doc, f, indent=1, sort_keys=True)
         f.write("\n")
     os.replace(tmp, os.path.join(folder, INDEX_NAME))
+
+
+def read_recording(folder: str) -> dict[str, Any] | None:
+    """What ``folder/index.json`` says of the whole recording (``recording_id``,
+    ``schema_fingerprint``, ``schema_members``, ``hostname``, ``metadata``, ``complete``,
+    ...; its ``segments`` left out); None when there is no usable index."""
+    try:
+        with open(os.path.join(folder, INDEX_NAME)) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION:
+        return None
+    doc.pop("segments", None)
+    return doc
 
 
 def _load(folder: str) -> tuple[list[SegmentIndex], bool] | None:

@@ -38,8 +38,8 @@ from types import FrameType
 from typing import Any
 
 import msgq
-from msgq.logs.writer import LogWriter
-from msgq.schemas import SERVICE_LIST, Schema, default_schema
+from msgq.logs.writer import LogWriter, writes_log_start
+from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.services import unknown_service_error
 
 __all__ = ["RecordStats", "Recorder", "ServiceCount", "default_services"]
@@ -53,13 +53,16 @@ POLL_MS = 50
 IDLE_FLUSH_S = 1.0
 
 
-def default_services(registry: Any = None) -> list[str]:
+def default_services(registry: Any = None, schema: Schema | None = None) -> list[str]:
     """The services ``Recorder`` subscribes to when none are named: every ``should_log``
-    service of ``registry`` (default: :data:`msgq.schemas.SERVICE_LIST`) except
-    ``logStart``, which the log writes itself at the start of every segment."""
+    service of ``registry`` (default: the registry of ``schema``, itself by default the
+    schema in force) except msgq's ``logStart``, which the log writes itself at the start
+    of every segment."""
+    schema = schema_in_force(schema)
     if registry is None:
-        registry = SERVICE_LIST
-    return [name for name, s in registry.items() if s.should_log and name != "logStart"]
+        registry = schema.services
+    own = "logStart" if writes_log_start(schema) else None
+    return [name for name, s in registry.items() if s.should_log and name != own]
 
 
 @dataclass
@@ -145,8 +148,9 @@ class Recorder:
     """Records services to a recording folder (see the module docstring).
 
     ``services``: the names to record (default: :func:`default_services`); unknown names
-    raise KeyError with close matches, and ``logStart`` is refused (the log writes its
-    own). ``rotate_seconds``, ``rotate_bytes``, ``compression`` and ``metadata`` go to
+    raise KeyError with close matches, and msgq's ``logStart`` is refused (the log writes
+    its own). ``schema``: default the schema in force; ``registry``: default its own.
+    ``rotate_seconds``, ``rotate_bytes``, ``compression`` and ``metadata`` go to
     :class:`LogWriter`. Use ``start()`` then ``run()``, or just ``run()``; ``close()``
     (also at the end of ``run``) finishes the log.
     """
@@ -163,13 +167,15 @@ class Recorder:
         schema: Schema | None = None,
         registry: Any = None,
     ) -> None:
-        self.schema = schema or default_schema()
-        names = default_services(registry) if services is None else list(services)
+        self.schema = schema_in_force(schema)
+        names = default_services(registry, self.schema) if services is None \
+            else list(services)
         self.services: list[str] = list(dict.fromkeys(names))  # unique, in order
+        own_start = writes_log_start(self.schema)
         for name in self.services:
             if name not in self.schema.union_fields:
                 raise unknown_service_error(name, self.schema.union_fields)
-            if name == "logStart":
+            if name == "logStart" and own_start:
                 raise ValueError("logStart is not recorded: the log writes its own at the "
                                  "start of every segment")
         if not self.services:

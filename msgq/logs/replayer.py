@@ -2,7 +2,9 @@
 
 Events are sent as the bytes in the log (``logMonoTime`` and everything else unchanged),
 each on the service its union names, through ``msgq.pub_sock`` (registry queue sizes).
-``logStart`` events are never sent: they describe the log, not the system.
+msgq's ``logStart`` events are never sent: they describe the log, not the system. The
+logs are checked against the schema first (:func:`msgq.logs.check_schema`): a log of
+another schema raises :class:`~msgq.logs.SchemaMismatchError` before anything is sent.
 
 Timing: an event logged at ``t`` is sent at ``start + (t - origin) / speed``, where
 ``origin`` is the first event of the recording plus ``start_s`` and ``start`` is the
@@ -19,7 +21,11 @@ read at all (only where the index's seal matches the segment files, see
 
 Damage: truncated segments give every complete event (listed in ``stats.truncated``);
 corruption stops the replay with :class:`LogCorruptionError` after every event before it
-was sent, or, with ``skip_corrupt=True``, is skipped (listed in ``stats.corrupt``).
+was sent, or, with ``skip_corrupt=True``, is skipped (listed in ``stats.corrupt``). An
+event larger than its service's queue takes (a damaged length, or a log recorded with
+larger queues) is not sent: it is counted in ``stats.too_large``. An event whose time is
+absurdly far ahead (a damaged logMonoTime, past the log's end by more than a day) is
+not waited for: it is counted in ``stats.bad_time`` and not sent.
 """
 
 from __future__ import annotations
@@ -41,14 +47,19 @@ from tqdm import tqdm
 import msgq
 from msgq.logs.index import IndexCache, read_index
 from msgq.logs.reader import LogReader, segment_paths
+from msgq.logs.schema_check import check_paths
 from msgq.logs.segment import LogProblem
-from msgq.schemas import Schema, default_schema
+from msgq.logs.writer import writes_log_start
+from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.services import unknown_service_error
 
 __all__ = ["ReplayStats", "Replayer"]
 
 #: How long before an event is due the replayer stops sleeping and spins.
 SPIN_S = 0.0005
+#: An event this far past the last time known of the log (or past the previous event,
+#: when the end is unknown) has a damaged logMonoTime: it is not waited for.
+ABSURD_GAP_NS = 24 * 3600 * 10**9
 
 
 @dataclass
@@ -65,6 +76,8 @@ class ReplayStats:
     stop_signal: int | None = None  # the signal that stopped it (handle_signals)
     truncated: list[LogProblem] = field(default_factory=list)  # damage read past: the
     corrupt: list[LogProblem] = field(default_factory=list)  # end of a file / skipped bytes
+    too_large: dict[str, int] = field(default_factory=dict)  # not sent: over the queue's max
+    bad_time: dict[str, int] = field(default_factory=dict)  # not sent: absurd logMonoTime
 
     @property
     def events(self) -> int:
@@ -84,6 +97,8 @@ class ReplayStats:
             "counts": dict(self.counts),
             "truncated": [_problem_dict(p) for p in self.truncated],
             "corrupt": [_problem_dict(p) for p in self.corrupt],
+            "too_large": dict(self.too_large),
+            "bad_time": dict(self.bad_time),
         }
 
 
@@ -101,7 +116,9 @@ class Replayer:
     to send (unknown names raise KeyError with close matches). ``start_s``: seconds after
     the first event of the recording to start at. ``progress``: a tqdm bar (on stderr;
     default: when stdout is a terminal). ``skip_corrupt``: go on past corrupt data (see
-    the module docstring). While ``run()`` goes, ``stats`` is what was sent so far.
+    the module docstring). ``schema``: default the schema in force; the logs are checked
+    against it here (:class:`~msgq.logs.SchemaMismatchError`). While ``run()`` goes,
+    ``stats`` is what was sent so far.
     """
 
     def __init__(
@@ -124,7 +141,7 @@ class Replayer:
             raise ValueError(f"start_s must be 0 or more seconds, not {start_s!r}")
         if isinstance(loop, int) and not isinstance(loop, bool) and loop < 1:
             raise ValueError(f"loop must be True, False or a number of passes >= 1, not {loop}")
-        self.schema = schema or default_schema()
+        self.schema = schema_in_force(schema)
         self.skip_corrupt = skip_corrupt
         self._problems: dict[tuple[str, str, int, int], LogProblem] = {}
         self._indexes = IndexCache()  # seals checked once, not at every pass
@@ -132,6 +149,7 @@ class Replayer:
         self.paths = segment_paths(source)
         if not self.paths:
             raise FileNotFoundError(f"no log segments in {source!r}")
+        check_paths(self.paths, self.schema)  # before anything is read under wrong names
         self.speed = float(speed)
         self.fast = fast
         self.passes: int | None = None if loop is True else (1 if loop is False else int(loop))
@@ -147,7 +165,8 @@ class Replayer:
                 raise unknown_service_error(name, known)
         wanted = set(known if services is None else services)
         wanted -= set(exclude or ())
-        wanted.discard("logStart")
+        if writes_log_start(self.schema):
+            wanted.discard("logStart")
         if not wanted:
             raise ValueError("no services left to replay (logStart is never replayed)")
         #: The services that will be sent (when the log has them).
@@ -157,6 +176,7 @@ class Replayer:
         self.origin_ns = first + round(self.start_s * 1e9)
         self.end_mono_ns = last
         self._pubs: dict[str, Any] = {}
+        self._limits: dict[str, int | None] = {}  # largest message each queue takes
         self._stop = threading.Event()
 
     @property
@@ -171,8 +191,8 @@ class Replayer:
 
     def _time_span(self) -> tuple[int, int | None]:
         """First and last logMonoTime of the source, from the indexes where they list a
-        segment; otherwise the segment's first event is read (a segment starts with its
-        logStart) and the end stays unknown (None)."""
+        segment; otherwise the segment's first event is read and the end stays unknown
+        (None)."""
         first: int | None = None
         last: int | None = 0
         indexes = self._indexes
@@ -193,12 +213,12 @@ class Replayer:
                 last = None
             first = lo if first is None or lo < first else first
         if first is None:
-            raise ValueError(f"no events in {', '.join(self.paths)}")
+            raise ValueError(f"no events of {self.schema.path} in {', '.join(self.paths)}")
         return first, last
 
     def _reader(self, paths: Any, **kwargs: Any) -> LogReader:
         return LogReader(paths, schema=self.schema, skip_corrupt=self.skip_corrupt,
-                         warn=False, indexes=self._indexes, **kwargs)
+                         warn=False, indexes=self._indexes, check_schema=False, **kwargs)
 
     def _note_problems(self, reader: LogReader) -> None:
         for problem in [*reader.truncated, *reader.corrupt]:
@@ -219,6 +239,8 @@ class Replayer:
         pub = self._pubs.get(service)
         if pub is None:
             pub = self._pubs[service] = msgq.pub_sock(service)
+            limit = getattr(pub, "max_message_size", None)
+            self._limits[service] = limit if isinstance(limit, int) else None
         return pub
 
     def stop(self) -> None:
@@ -283,6 +305,12 @@ class Replayer:
         shown = origin
         reader = self._reader(self.paths, services=self.services, sort=True,
                               start_mono_ns=self.origin_ns if self.start_s else None)
+        limits = self._limits
+        # later than this is a damaged logMonoTime (raised as the log goes, when its end is
+        # not known)
+        horizon = (self.end_mono_ns if self.end_mono_ns is not None else origin) \
+            + ABSURD_GAP_NS
+        known_end = self.end_mono_ns is not None
         try:
             events = iter(reader.raw())
             first = next(events, None)  # opening the log is not part of the timing
@@ -292,13 +320,24 @@ class Replayer:
             for event in itertools.chain((first,), events):
                 if stop.is_set():
                     return False
+                service = event.service
+                if event.mono_ns > horizon:
+                    stats.bad_time[service] = stats.bad_time.get(service, 0) + 1
+                    continue
+                if not known_end and event.mono_ns + ABSURD_GAP_NS > horizon:
+                    horizon = event.mono_ns + ABSURD_GAP_NS
+                pub = self._publisher(service)
+                limit = limits[service]
+                if limit is not None and len(event.data) > limit:
+                    stats.too_large[service] = stats.too_large.get(service, 0) + 1
+                    continue
                 if not self.fast:
                     due = start + int((event.mono_ns - origin) * scale)
                     if not _wait_until(due, stop):
                         return False
                     late.add(time.monotonic_ns() - due)
-                self._publisher(event.service).send(event.data)
-                counts[event.service] = counts.get(event.service, 0) + 1
+                pub.send(event.data)
+                counts[service] = counts.get(service, 0) + 1
                 if bar is not None and event.mono_ns - shown >= 100_000_000:
                     bar.update((event.mono_ns - shown) / 1e9)
                     shown = event.mono_ns
@@ -326,7 +365,7 @@ def _wait_until(due_ns: int, stop: threading.Event) -> bool:
     meanwhile."""
     left = (due_ns - time.monotonic_ns()) / 1e9
     if left > SPIN_S:
-        if stop.wait(left - SPIN_S):
+        if stop.wait(min(left - SPIN_S, threading.TIMEOUT_MAX)):
             return False
     while time.monotonic_ns() < due_ns:
         pass

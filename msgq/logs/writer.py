@@ -6,10 +6,15 @@ A recording is a folder::
     DIR/segment-00001.log.zst   ...
     DIR/index.json              per segment: first/last logMonoTime, counts per service
 
-Every segment begins with a ``logStart`` event (msgq version, schema fingerprint, wall
-and monotonic time, host, segment number, recording id). Segments rotate when the events'
-logMonoTime has advanced ``rotate_seconds`` past the segment's first event, and/or when
-``rotate_bytes`` of (uncompressed) events are in it.
+Where the schema has msgq's ``logStart`` member (a struct with the fields msgq writes),
+every segment begins with a ``logStart`` event (msgq version, schema fingerprint, wall
+and monotonic time, host, segment number, recording id, metadata). Any other schema
+(openpilot's: its metadata event is the application's ``initData``) gets no event of
+msgq's own: the same facts are in ``index.json`` only (the recording's ``msgq_version``,
+``schema_fingerprint``, ``schema_members``, ``hostname``, ``recording_id``,
+``metadata``; each segment's ``start`` wall and monotonic time). Segments rotate when the
+events' logMonoTime has advanced ``rotate_seconds`` past the segment's first event,
+and/or when ``rotate_bytes`` of (uncompressed) events are in it.
 
 zstd output is a series of independent frames, each a whole number of messages with a
 content checksum, ended every ``frame_bytes`` of input and at least every
@@ -20,6 +25,7 @@ loses only itself (readers resume at the next one).
 from __future__ import annotations
 
 import bz2
+import functools
 import hashlib
 import os
 import signal
@@ -33,15 +39,29 @@ from typing import Any, BinaryIO
 import zstandard
 
 from msgq.logs.index import SegmentIndex, write_index
-from msgq.schemas import Schema, default_schema
+from msgq.logs.schema_check import log_start_fields, schema_members
+from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.events import MessageDecodeError
 
-__all__ = ["COMPRESSIONS", "LogWriter", "close_on_termination"]
+__all__ = ["COMPRESSIONS", "LOG_START_FIELDS", "LogWriter", "close_on_termination",
+           "writes_log_start"]
 
 #: Compression name → segment file suffix.
 COMPRESSIONS = {"zstd": ".log.zst", "bz2": ".log.bz2", "none": ".log"}
 
+#: The fields of msgq's ``logStart`` the writer fills: a schema whose ``logStart`` member
+#: lacks one of them gets no logStart events.
+LOG_START_FIELDS = frozenset({"version", "schemaFingerprint", "wallTimeNs", "monoTimeNs",
+                              "hostname", "segmentNum", "recordingId", "metadata"})
 
+
+def writes_log_start(schema: Schema) -> bool:
+    """Whether a log of ``schema`` begins each segment with msgq's ``logStart`` event (the
+    schema has that member with the fields msgq fills)."""
+    return LOG_START_FIELDS <= set(log_start_fields(schema))
+
+
+@functools.cache
 def _msgq_version() -> str:
     try:
         return version("msgq")
@@ -103,6 +123,8 @@ class LogWriter:
 
     ``write`` takes an Event builder, an Event reader or the bytes of one. Use it as a
     context manager, or call ``close()``: that finishes the open segment and the index.
+    ``schema``: default the schema in force. ``writes_log_start``: whether segments
+    begin with a ``logStart`` event (the schema has msgq's).
     """
 
     def __init__(
@@ -130,7 +152,10 @@ class LogWriter:
         if existing:
             raise FileExistsError(f"{self.folder} already holds a recording; "
                                   "write to a new folder")
-        self.schema = schema or default_schema()
+        self.schema = schema_in_force(schema)
+        self.writes_log_start = writes_log_start(self.schema)
+        self._members = schema_members(self.schema)
+        self.hostname = socket.gethostname()
         self.compression = compression
         self.level = level
         self.rotate_ns = None if rotate_seconds is None else int(rotate_seconds * 1e9)
@@ -186,7 +211,7 @@ class LogWriter:
         index = self._index
         if index is None:
             return True
-        if index.events <= 1:  # the log-start event alone never rotates
+        if index.events <= self.writes_log_start:  # nothing (but a logStart) never rotates
             return False
         if self.rotate_ns is not None and mono - index.first_mono_ns >= self.rotate_ns:
             return True
@@ -199,23 +224,24 @@ class LogWriter:
         name = f"segment-{number:05d}{COMPRESSIONS[self.compression]}"
         self._segment = _SegmentFile(os.path.join(self.folder, name), self.compression,
                                      self.level)
-        self._index = SegmentIndex(file=name, segment=number)
+        wall_ns, mono_ns = time.time_ns(), time.monotonic_ns()
+        self._index = SegmentIndex(file=name, segment=number,
+                                   start={"wall_time_ns": wall_ns, "mono_time_ns": mono_ns})
         self.segments.append(self._index)
-        start = self._log_start(number, mono)
-        self._index.add(mono, "logStart", len(start))
-        self._segment.add(start)
+        if self.writes_log_start:
+            start = self._log_start(number, mono, wall_ns, mono_ns)
+            self._index.add(mono, "logStart", len(start))
+            self._segment.add(start)
 
-    def _log_start(self, number: int, mono: int) -> bytes:
+    def _log_start(self, number: int, mono: int, wall_ns: int, mono_ns: int) -> bytes:
         """The bytes of the logStart event that opens segment ``number``."""
         msg = self.schema.event.new_message(logMonoTime=mono, valid=True)
-        if "logStart" not in self.schema.union_fields:
-            raise ValueError("the schema has no logStart member; a log needs one")
         start = msg.init("logStart")
         start.version = _msgq_version()
         start.schemaFingerprint = self.schema.fingerprint
-        start.wallTimeNs = time.time_ns()
-        start.monoTimeNs = time.monotonic_ns()
-        start.hostname = socket.gethostname()
+        start.wallTimeNs = wall_ns
+        start.monoTimeNs = mono_ns
+        start.hostname = self.hostname
         start.segmentNum = number
         start.recordingId = self.recording_id
         entries = start.init("metadata", len(self.metadata))
@@ -237,6 +263,12 @@ class LogWriter:
         write_index(self.folder, self.segments, {
             "recording_id": self.recording_id,
             "schema_fingerprint": self.schema.fingerprint,
+            "schema_root": self.schema.root_name,
+            "schema_members": self._members,
+            "log_start": self.writes_log_start,
+            "msgq_version": _msgq_version(),
+            "hostname": self.hostname,
+            "metadata": dict(sorted(self.metadata.items())),
             "compression": self.compression,
             "complete": self.closed,
         })

@@ -1,0 +1,419 @@
+"""Logs, recording, replay and lockstep with a schema of the application's own (the robot
+profile, tests/schemas/robot: no logStart, non-zero defaults of logMonoTime and valid)
+and with logs written the way openpilot's loggerd writes them; a log read with the wrong
+schema is refused in one line, never read under wrong names."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import run_cli
+from schema_profiles import (
+    LOGGERD_NAMES,
+    ROBOT_SCHEMA,
+    ROBOT_SERVICES,
+    robot_schema,
+    write_loggerd_log,
+)
+
+import msgq
+from msgq.lockstep import input_events, run_lockstep
+from msgq.logs import (
+    LogReader,
+    LogWriter,
+    SchemaMismatchError,
+    check_schema,
+    read_index,
+    segment_paths,
+)
+from msgq.logs.index import read_recording
+from msgq.logs.recorder import Recorder, default_services
+from msgq.logs.replayer import Replayer
+from msgq.schemas import Schema, msgq_schema, schema_in_force
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _environment_as_found() -> Any:
+    """The schema variables as they were before this module: the ``robot`` fixture's
+    exports outlive its monkeypatch (it saves the value use_schema already set), and a
+    later module's module-scoped fixtures would run under the robot schema."""
+    from msgq.schemas import selection
+
+    names = (selection.ENV_SCHEMA, selection.ENV_SERVICES, selection.ENV_ROOT)
+    before = {name: os.environ.get(name) for name in names}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    selection.reset_to_environment()
+
+
+# --- events of either schema -------------------------------------------------------------
+
+
+def _fill(builder: Any, rng: random.Random, depth: int = 0) -> None:
+    """Random values in the plain fields of ``builder`` (lists of 3; bools both ways, so
+    that values equal to a default are stored as zero bits)."""
+    for name, fld in builder.schema.fields.items():
+        proto = fld.proto
+        if proto.discriminantValue != 0xFFFF or proto.which() != "slot":
+            continue
+        kind = proto.slot.type.which()
+        if kind == "struct" and depth < 3:
+            _fill(builder.init(name), rng, depth + 1)
+        elif kind == "list":
+            element = proto.slot.type.list.elementType.which()
+            if element == "struct" and depth < 3:
+                for item in builder.init(name, 3):
+                    _fill(item, rng, depth + 1)
+            elif element in ("float32", "float64"):
+                builder.init(name, 3)
+                for i in range(3):
+                    getattr(builder, name)[i] = rng.uniform(-9, 9)
+            elif element == "data":
+                items = builder.init(name, 2)
+                for i in range(2):
+                    items[i] = rng.randbytes(5)
+        elif kind == "bool":
+            setattr(builder, name, rng.random() < 0.5)
+        elif kind in ("float32", "float64"):
+            setattr(builder, name, rng.uniform(-9, 9))
+        elif kind in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                      "uint64"):
+            setattr(builder, name, rng.randrange(0, 100))
+        elif kind == "text":
+            setattr(builder, name, f"{name}-{rng.randrange(100)}")
+
+
+def make_events(schema: Schema, n: int = 120, seed: int = 0, start_ns: int = 10**9,
+                services: list[str] | None = None, default_times: bool = False
+                ) -> list[bytes]:
+    """``n`` filled events of ``schema``, 10 ms apart, cycling through its services
+    (msgq's logStart left out); ``valid`` alternates (one of the two is the declared
+    default, stored as a zero bit). ``default_times``: every fifth event keeps the
+    declared default of logMonoTime (and of valid) instead."""
+    rng = random.Random(seed)
+    names = services or [s for s in schema.union_fields if s != "logStart"
+                         and not s.startswith("custom")]
+    out = []
+    for i in range(n):
+        name = names[i % len(names)]
+        msg = schema.event.new_message()
+        if i % 5 or not default_times:
+            msg.logMonoTime = start_ns + i * 10_000_000
+            msg.valid = i % 2 == 0
+        if name in schema.sized_fields:
+            kind = schema.event.schema.fields[name].proto.slot.type
+            if kind.which() == "text":
+                setattr(msg, name, f"text {i}")
+            else:
+                items = msg.init(name, 2)
+                for j in range(2):
+                    if kind.list.elementType.which() == "struct":
+                        _fill(items[j], rng)
+                    else:
+                        items[j] = rng.randbytes(4)
+        else:
+            _fill(msg.init(name), rng)
+        out.append(msg.to_bytes())
+    return out
+
+
+def decoded(data: bytes, schema: Schema) -> tuple[int, bool, str]:
+    """What pycapnp says of an event."""
+    msg = schema.decode(data)
+    return int(msg.logMonoTime), bool(msg.valid), str(msg.which())
+
+
+# --- recording with any schema (defect 6) ------------------------------------------------
+
+
+def test_log_writer_records_without_log_start(robot: Schema, tmp_path: Path) -> None:
+    """A schema without msgq's logStart records: no event of msgq's own, and its facts in
+    index.json; rotation, seeking and the seal work without it."""
+    events = make_events(robot, 300)
+    with LogWriter(str(tmp_path / "rec"), rotate_bytes=8000,
+                   metadata={"vehicle": "arm-7"}) as writer:
+        assert not writer.writes_log_start
+        for data in events:
+            writer.write(data)
+    got = list(LogReader(tmp_path / "rec").raw())
+    assert [e.data for e in got] == events  # nothing added, nothing lost
+    for event in got:
+        assert (event.mono_ns, event.valid, event.service) == decoded(event.data, robot)
+
+    info = read_recording(str(tmp_path / "rec"))
+    assert info is not None
+    assert info["schema_fingerprint"] == robot.fingerprint and info["log_start"] is False
+    assert [m[0] for m in info["schema_members"]] == list(robot.layout.services)
+    assert info["metadata"] == {"vehicle": "arm-7"} and info["hostname"]
+    segments = read_index(str(tmp_path / "rec"))
+    assert segments is not None and len(segments) >= 3
+    assert sum(s.events for s in segments) == len(events)
+    assert all(s.start and s.start["wall_time_ns"] > 0 and s.seal for s in segments)
+    for segment in segments:  # the index's times and counts are pycapnp's
+        mine = [decoded(d, robot) for d in events[:segment.events]]
+        events_in = [e for e in got if e.path.endswith(segment.file)]
+        assert segment.first_mono_ns == min(decoded(e.data, robot)[0] for e in events_in)
+        assert segment.last_mono_ns == max(decoded(e.data, robot)[0] for e in events_in)
+        assert sum(segment.counts.values()) == len(events_in)
+        assert mine  # (the first events exist)
+
+    # seeking skips whole segments through the sealed index
+    start = segments[2].first_mono_ns
+    reader = LogReader(tmp_path / "rec", start_mono_ns=start)
+    assert reader._paths_to_read()[0].endswith(segments[2].file)
+    assert [e.data for e in reader.raw()] == [d for d in events if decoded(d, robot)[0] >= start]
+
+
+def test_record_command_records_a_schema_without_log_start(robot: Schema,
+                                                           tmp_path: Path) -> None:
+    """`msgq record` with the robot schema in force (it used to refuse: "the schema has no
+    logStart member")."""
+    out = tmp_path / "rec"
+    run_cli("record", "armState", "-o", str(out), "--duration", "0.3")
+    info = read_recording(str(out))
+    assert info is not None and info["log_start"] is False and info["complete"] is True
+    assert info["schema_fingerprint"] == robot.fingerprint
+
+
+def test_recorder_defaults_to_the_schemas_own_registry(schema_profile: Schema) -> None:
+    expected = [name for name, s in schema_profile.services.items()
+                if s.should_log and name != "logStart"]
+    assert default_services() == expected
+    assert Recorder("unused", schema=schema_profile).services == expected
+    if schema_profile.path == ROBOT_SCHEMA:
+        assert "cameraFrame" not in expected and "initData" in expected  # its registry's
+
+
+# --- the wrong schema is noticed (defect 7) -------------------------------------------------
+
+
+def _recording(folder: Path, schema: Schema, events: list[bytes]) -> Path:
+    with LogWriter(str(folder), schema=schema) as writer:
+        for data in events:
+            writer.write(data)
+    return folder
+
+
+@pytest.mark.parametrize("writer_profile", ["msgq", "robot"])
+@pytest.mark.parametrize("layout", ["recording", "recording-no-index", "rlog.zst", "rlog.bz2",
+                                    "rlog"])
+def test_a_log_of_another_schema_is_refused(writer_profile: str, layout: str,
+                                            tmp_path: Path) -> None:
+    writer_schema = robot_schema() if writer_profile == "robot" else msgq_schema()
+    reader_schema = msgq_schema() if writer_profile == "robot" else robot_schema()
+    events = make_events(writer_schema, 150, default_times=True)
+    if layout.startswith("recording"):
+        log = _recording(tmp_path / "rec", writer_schema, events)
+        if layout == "recording-no-index":
+            os.remove(log / "index.json")
+    else:
+        compression = {v: k for k, v in LOGGERD_NAMES.items()}[layout]
+        log = Path(write_loggerd_log(str(tmp_path / "r--0" / layout), events, compression))
+    check_schema(log, writer_schema)  # its own schema: no complaint
+    assert len(list(LogReader(log, schema=writer_schema).raw())) >= len(events)
+
+    with pytest.raises(SchemaMismatchError, match="--schema") as raised:
+        check_schema(log, reader_schema)
+    assert "\n" not in str(raised.value) and isinstance(raised.value, ValueError)
+    reader = LogReader(log, schema=reader_schema, skip_corrupt=True, warn=False)
+    with pytest.raises(SchemaMismatchError):
+        next(reader.raw())
+    with pytest.raises(SchemaMismatchError):
+        next(iter(reader))
+    with pytest.raises(SchemaMismatchError):
+        Replayer(log, schema=reader_schema, fast=True)
+
+
+def test_replay_refuses_a_log_of_another_schema(tmp_path: Path) -> None:
+    """`msgq replay` with msgq's schema of a robot log: one line naming --schema, exit 1,
+    nothing sent (it used to publish every event as msgq's logStart and exit 0)."""
+    log = write_loggerd_log(str(tmp_path / "r--0" / "rlog.zst"),
+                            make_events(robot_schema(), default_times=True))
+    proc = run_cli("replay", "--fast", log, expect=1)
+    assert proc.stderr.count("\n") == 1 and "--schema" in proc.stderr
+    assert "not a log of" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    ok = run_cli("--schema", ROBOT_SCHEMA, "--registry", ROBOT_SERVICES, "replay", "--fast",
+                 "--json", log)
+    assert json.loads(ok.stdout)["events"] == 120
+
+
+def test_a_grown_schema_still_reads_its_older_recordings(tmp_path: Path) -> None:
+    """A recording whose index lists the same members by ordinal, fewer of them (an older
+    version of the schema: members added since), is read; one member different is not."""
+    schema = msgq_schema()
+    log = _recording(tmp_path / "rec", schema, make_events(schema, 30))
+    doc = json.loads((log / "index.json").read_text())
+    doc["schema_fingerprint"] = "0123456789abcdef"  # another text: the schema was edited
+    doc["schema_members"] = doc["schema_members"][:-3]
+    (log / "index.json").write_text(json.dumps(doc))
+    check_schema(log, schema)
+    assert len(list(LogReader(log).raw())) == 31  # with its logStart
+
+    doc["schema_members"][2] = ["accelerometerV2", doc["schema_members"][2][1]]
+    (log / "index.json").write_text(json.dumps(doc))
+    with pytest.raises(SchemaMismatchError, match="union member #2 is 'accelerometerV2'"):
+        check_schema(log, schema)
+
+
+# --- loggerd logs and route folders --------------------------------------------------------
+
+
+def test_route_folders_are_read_in_segment_order(robot: Schema, tmp_path: Path) -> None:
+    route = tmp_path / "route"
+    expected = []
+    for n in range(12):  # --10 and --11 come after --9, not after --1
+        events = make_events(robot, 6, seed=n, start_ns=10**9 + n * 10**9,
+                             default_times=True)
+        expected += events
+        compression = ("zstd", "bz2", "none")[n % 3]
+        write_loggerd_log(str(route / f"2024-01-01--12-00-00--{n}" /
+                              LOGGERD_NAMES[compression]), events, compression)
+        # the decimated copy beside it is not read twice
+        write_loggerd_log(str(route / f"2024-01-01--12-00-00--{n}" / "qlog.zst"),
+                          events[:2], "zstd")
+    (route / "2024-01-01--12-00-00--3" / "fcamera.hevc").write_bytes(b"not a log")
+    paths = segment_paths(route)
+    assert [Path(p).parent.name.rsplit("--", 1)[1] for p in paths] == [str(n) for n in
+                                                                       range(12)]
+    assert all(Path(p).name.startswith("rlog") for p in paths)
+    got = list(LogReader(route).raw())
+    assert [e.data for e in got] == expected
+    for event in got:
+        assert (event.mono_ns, event.valid, event.service) == decoded(event.data, robot)
+    # one segment folder; a glob; a qlog alone
+    assert [e.data for e in LogReader(route / "2024-01-01--12-00-00--10").raw()] == \
+        expected[60:66]
+    assert [p.split("--")[-1] for p in segment_paths(str(route / "*-00--1*"))] == \
+        ["1/rlog.bz2", "10/rlog.bz2", "11/rlog"]
+    os.remove(segment_paths(route / "2024-01-01--12-00-00--4")[0])
+    assert [e.data for e in LogReader(route / "2024-01-01--12-00-00--4").raw()] == \
+        expected[24:26]
+
+
+def test_a_folder_without_logs_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no log here")
+    with pytest.raises(FileNotFoundError, match="no log files in"):
+        LogReader(tmp_path / "empty")
+    proc = run_cli("replay", str(tmp_path / "empty"), expect=1)
+    assert proc.stderr.count("\n") == 1 and "no log files" in proc.stderr
+
+
+def test_replay_of_a_route_sends_what_pycapnp_reads(robot: Schema, tmp_path: Path) -> None:
+    """Every event of a loggerd route, on its service, with the logMonoTime and valid
+    pycapnp decodes (declared defaults applied)."""
+    events = make_events(robot, 40, services=["armState", "imu", "heartbeat"])
+    write_loggerd_log(str(tmp_path / "r--0" / "rlog.bz2"), events[:20], "bz2")
+    write_loggerd_log(str(tmp_path / "r--1" / "rlog"), events[20:], "none")
+    subs = {s: msgq.sub_sock(s, timeout=0, conflate=False) for s in ("armState", "imu",
+                                                                       "heartbeat")}
+    stats = Replayer(str(tmp_path), fast=True).run(handle_signals=False)
+    assert stats.events == 40
+    received = {s: list(msgq.drain_sock_raw(sock)) for s, sock in subs.items()}
+    for service, datas in received.items():
+        assert datas == [d for d in events if decoded(d, robot)[2] == service]
+    # lockstep's inputs read the same
+    inputs = list(input_events(str(tmp_path)))
+    assert [(e.mono_ns, e.service) for e in inputs] == \
+        [decoded(d, robot)[::2] for d in events]
+    for sock in subs.values():
+        sock.close()
+
+
+# --- damaged input never shows a traceback (defect 8) ---------------------------------------
+
+
+def test_replay_skips_an_event_larger_than_its_queue(tmp_path: Path) -> None:
+    """A decodable event larger than its service's queue takes is not sent, and counted;
+    the events around it are sent (it used to stop the replay with a ValueError)."""
+    schema = msgq_schema()
+    small = make_events(schema, 4, services=["gyroscope"])
+    pub = msgq.pub_sock("gyroscope")
+    limit = pub.max_message_size
+    pub.close()
+    msg = schema.event.new_message(logMonoTime=10**9 + 15_000_000, valid=True)
+    msg.init("logMessage").text = "x" * (limit + 100)  # a gyroscope queue cannot take it
+    big_bytes = bytearray(msg.to_bytes())
+    # ...relabelled as gyroscope, as a damaged discriminant would do
+    layout = schema.layout
+    segments = int.from_bytes(big_bytes[:4], "little") + 1
+    base = (4 + 4 * segments + 7) & ~7  # the root pointer, its struct right after it
+    assert int.from_bytes(big_bytes[base:base + 4], "little") == 0
+    root = base + 8
+    big_bytes[root + layout.discriminant_byte:root + layout.discriminant_byte + 2] = \
+        layout.services.index("gyroscope").to_bytes(2, "little")
+    assert layout.identify(bytes(big_bytes))[2] == "gyroscope"
+    events = [*small[:2], bytes(big_bytes), *small[2:]]
+    log = write_loggerd_log(str(tmp_path / "rlog"), events, "none")
+    stats = Replayer(log, fast=True).run(handle_signals=False)
+    assert stats.counts == {"gyroscope": 4} and stats.too_large == {"gyroscope": 1}
+    proc = run_cli("replay", "--fast", log)
+    assert "not sent: 1 event(s) larger than their service's queue takes: gyroscope (1)" \
+        in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_replay_does_not_wait_for_a_damaged_time(tmp_path: Path) -> None:
+    """An event whose logMonoTime is years past the rest (a flipped high bit) is counted,
+    not waited for (it used to sleep until then, or overflow the wait)."""
+    schema = msgq_schema()
+    events = make_events(schema, 6, services=["gyroscope"])
+    damaged = bytearray(events[3])
+    damaged[16 + 7] ^= 0x40  # the top byte of logMonoTime: 2**62 ns later
+    events[3] = bytes(damaged)
+    log = write_loggerd_log(str(tmp_path / "rlog"), events, "none")
+    stats = Replayer(log, speed=1.0).run(handle_signals=False)
+    assert stats.counts == {"gyroscope": 5} and stats.bad_time == {"gyroscope": 1}
+    assert stats.seconds < 5
+
+
+# --- lockstep with any schema ---------------------------------------------------------------
+
+
+def echo_imu_times() -> None:
+    """The process under test: for every imu event, a heartbeat whose counter is the imu
+    event's logMonoTime as pycapnp decodes it with the schema in force in this process."""
+    schema = schema_in_force()
+    sub = msgq.sub_sock("imu", conflate=False)
+    pub = msgq.pub_sock("heartbeat")
+    print("schema in force:", schema.path, flush=True)
+    while True:
+        data = sub.receive()
+        if data is None:
+            continue
+        imu = schema.decode(data)
+        out = schema.event.new_message(logMonoTime=imu.logMonoTime, valid=imu.valid)
+        out.init("heartbeat").counter = int(imu.logMonoTime)
+        pub.send(out.to_bytes())
+
+
+@pytest.mark.parametrize("in_force", [True, False], ids=["in-force", "explicit"])
+def test_lockstep_child_rebuilds_the_schema_from_its_spec(in_force: bool, tmp_path: Path,
+                                                          request: pytest.FixtureRequest
+                                                          ) -> None:
+    """The process under test gets the harness's schema (its spec, pickled), whether it
+    is in force or only passed as ``schema=`` (then the child's environment names msgq's
+    own)."""
+    schema = request.getfixturevalue("robot") if in_force else robot_schema()
+    events = make_events(schema, 30, services=["imu", "armState"])
+    log = _recording(tmp_path / "rec", schema, events)
+    result = run_lockstep(echo_imu_times, str(log), "imu", ["heartbeat"], schema=schema,
+                          step_timeout=20, startup_timeout=60)
+    imus = [decoded(d, schema) for d in events if decoded(d, schema)[2] == "imu"]
+    assert [e.event.heartbeat.counter for e in result.by_service("heartbeat")] == \
+        [mono for mono, _, _ in imus]
+    assert f"schema in force: {ROBOT_SCHEMA}" in result.output
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
