@@ -543,3 +543,75 @@ def test_an_interrupted_export_leaves_no_file(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         export_mcap(str(folder), str(tmp_path / "out.mcap"), progress=interrupt)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rec"]
+
+
+GENERIC_SCHEMA = """
+@0xe1f2a3b4c5d6e7f8;
+struct Map(Key, Value) {
+  entries @0 :List(Entry);
+  struct Entry {
+    key @0 :Key;
+    value @1 :Value;
+  }
+}
+struct Point {
+  x @0 :Float32;
+  y @1 :Float32 = 2.5;
+}
+struct Config {
+  params @0 :Map(Text, Data);
+  labels @1 :Map(Text, Text);
+  tracks @2 :Map(Text, List(Float32));
+  points @3 :Map(Text, Point);
+}
+struct Event {
+  logMonoTime @0 :UInt64;
+  valid @1 :Bool;
+  union {
+    config @2 :Config;
+    note @3 :Text;
+  }
+}
+"""
+
+
+def test_generics_are_read_as_bound(tmp_path: Path) -> None:
+    """openpilot's initData.params is a Map(Text, Data): the fields of a generic's
+    parameter type are read as the brand binds them (Text, Data as base64, lists,
+    structs), and the JSON Schema says string / base64 where the binding is known."""
+    from msgq.schemas import load_schema
+
+    path = tmp_path / "generic.capnp"
+    path.write_text(GENERIC_SCHEMA)
+    schema = load_schema(str(path))
+    converter = event_converter(schema)
+    msg = schema.event.new_message()
+    config = msg.init("config")
+    entries = config.params.init("entries", 2)
+    entries[0].key, entries[0].value = "gain", b"\x00\x01"
+    entries[1].key = "empty"
+    config.labels.init("entries", 1)[0].key = "a"
+    config.labels.entries[0].value = "b"
+    track = config.tracks.init("entries", 1)[0]
+    track.key = "t"
+    track.init("value", 2)
+    track.value[0], track.value[1] = 1.5, math.inf
+    point = config.points.init("entries", 1)[0]
+    point.key = "p"
+    point.init("value").x = 4.0
+    event = schema.decode(msg.to_bytes())
+    value = json.loads(converter.encode(event))
+    assert value["config"]["params"]["entries"] == [{"key": "gain", "value": "AAE="},
+                                                    {"key": "empty", "value": ""}]
+    assert value["config"]["labels"]["entries"] == [{"key": "a", "value": "b"}]
+    assert value["config"]["tracks"]["entries"] == [{"key": "t",
+                                                     "value": [1.5, "Infinity"]}]
+    assert value["config"]["points"]["entries"] == [{"key": "p",
+                                                     "value": {"x": 4.0, "y": 2.5}}]
+    assert without_which(value) == reference(event.to_dict(verbose=True))
+    doc = converter.json_schema("config")
+    validate(value, doc, doc)
+    entry = doc["properties"]["config"]["properties"]["params"]["properties"]["entries"]
+    assert entry["items"]["properties"]["key"] == {"type": "string"}
+    assert entry["items"]["properties"]["value"] == {"type": "string",
+                                                     "contentEncoding": "base64"}

@@ -36,7 +36,7 @@ examples:
   msgq export rec/ arm.mcap --services armState,imu --start 10 --end 70
   msgq export --schema cereal/log.capnp --registry cereal/services.py \\
       'route--*/rlog.zst' route.mcap                 an openpilot route
-  foxglove-studio rec.mcap  (or File > Open in app.foxglove.dev; PlotJuggler: Load Data)"""
+then open the file in Foxglove (File > Open local file) or PlotJuggler (Load Data)"""
 
 _seconds = number(float, 0.0, "a number of seconds >= 0")
 

@@ -24,6 +24,8 @@ struct, group      object with every field (what pycapnp reads, defaults include
 union              only the member that is set, and ``"_which"``: its name (capnp names
                    start with a lower-case letter, so ``_which`` never collides)
 Void               null
+a generic's        as the brand binds it (cereal's ``Map(Text, Data)``: key a string,
+parameter          value base64), read as pycapnp reads it
 AnyPointer,        null (nothing in them can be read without knowing their type)
 interface
 =================  ==================================================================
@@ -107,6 +109,7 @@ class EventConverter:
         self._converters: dict[int, Any] = {}
         self._json_schemas: dict[str, dict[str, Any]] = {}
         self._nullable: dict[str, bool] = {}
+        self._env: dict[tuple[int, int], Any] = {}  # generic parameters bound in scope
         self._lock = threading.Lock()
         root = schema.event.schema
         self._root = self._struct_converter(root)
@@ -151,6 +154,8 @@ class EventConverter:
             return _b64
         if kind == "enum":
             return _enum_name
+        if kind == "anyPointer" and type_proto.anyPointer.which() == "parameter":
+            return self._dynamic  # a generic's parameter: pycapnp reads it as bound
         if kind in ("void", "anyPointer", "interface"):
             return _void
         if kind == "struct":
@@ -169,6 +174,22 @@ class EventConverter:
             convert = self._value_converter(element_kind, element, element_schema)
             return lambda values: [convert(v) for v in values]
         raise TypeError(f"a field of Cap'n Proto type {kind} cannot be converted to JSON")
+
+    def _dynamic(self, value: Any) -> Any:
+        """A value whose type only its reader knows (a field of a generic's parameter
+        type, e.g. cereal's ``Map(Text, Data)``): converted by what pycapnp returns."""
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, bytes):
+            return _b64(value)
+        kind = type(value).__name__
+        if kind == "_DynamicStructReader":
+            return self._struct_converter(value.schema)(value)
+        if kind == "_DynamicListReader":
+            return [self._dynamic(v) for v in value]
+        if kind == "_DynamicEnum":
+            return _enum_name(value)
+        return None  # an AnyPointer bound to nothing
 
     def _struct_converter(self, struct_schema: Any) -> Any:
         """The converter of a struct (or group) type, generated once: straight-line code
@@ -247,6 +268,7 @@ class EventConverter:
                 raise unknown_service_error(service, self.schema.union_fields)
             root = self.schema.event.schema
             defs: dict[str, Any] = {}
+            self._env = {}
             doc = self._struct_json(root, [], defs, only_member=service)
             doc = {"$schema": "https://json-schema.org/draft/2020-12/schema", **doc,
                    "title": self.schema_name(service)}
@@ -290,6 +312,20 @@ class EventConverter:
             return {"$ref": f"#/$defs/{name}"}
         return doc
 
+    @staticmethod
+    def _bind(brand: Any, env: dict[tuple[int, int], Any]) -> dict[tuple[int, int], Any]:
+        """``env`` with the parameters a struct type's brand binds (generics:
+        ``Map(Text, Data)`` binds Map's Key to Text and Value to Data)."""
+        scopes = list(brand.scopes)
+        if not scopes:
+            return env
+        bound = dict(env)
+        for scope in scopes:
+            if scope.which() == "bind":
+                for index, binding in enumerate(scope.bind):
+                    bound[(scope.scopeId, index)] = _bound_type(binding, env)
+        return bound
+
     def _field_json(self, field: Any, stack: list[int], defs: dict[str, Any]) -> dict[str, Any]:
         proto = field.proto
         if proto.which() == "group":
@@ -323,10 +359,22 @@ class EventConverter:
                                "description": "an enumerant this schema does not name"}]}
         if kind == "void":
             return {"type": "null"}
+        if kind == "anyPointer" and type_proto.anyPointer.which() == "parameter":
+            parameter = type_proto.anyPointer.parameter
+            bound = self._env.get((parameter.scopeId, parameter.parameterIndex))
+            if bound is not None and bound.which() not in ("struct", "list", "enum",
+                                                            "anyPointer", "interface"):
+                return self._type_json(bound.which(), bound, None, stack, defs)
+            return {"description": "a generic's parameter: the value as its type maps"}
         if kind in ("anyPointer", "interface"):
             return {"type": "null", "description": f"a Cap'n Proto {kind}: not converted"}
         if kind == "struct":
-            return self._struct_json(type_schema, stack, defs)
+            outer = self._env
+            self._env = self._bind(type_proto.struct.brand, outer)
+            try:
+                return self._struct_json(type_schema, stack, defs)
+            finally:
+                self._env = outer
         if kind == "list":
             element = type_proto.list.elementType
             element_kind = element.which()
@@ -336,6 +384,18 @@ class EventConverter:
                     "items": self._type_json(element_kind, element, element_schema, stack,
                                              defs)}
         raise TypeError(f"a field of Cap'n Proto type {kind} cannot be converted to JSON")
+
+
+def _bound_type(binding: Any, env: dict[tuple[int, int], Any]) -> Any:
+    """The Type a brand binding gives a parameter (looked up in ``env`` when it is itself
+    a parameter of an outer generic); None when unbound."""
+    if binding.which() != "type":
+        return None
+    bound = binding.type
+    if bound.which() == "anyPointer" and bound.anyPointer.which() == "parameter":
+        parameter = bound.anyPointer.parameter
+        return env.get((parameter.scopeId, parameter.parameterIndex))
+    return bound
 
 
 def _holds_null(doc: Any) -> bool:
