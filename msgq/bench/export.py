@@ -11,7 +11,10 @@ then, best of ``--repeat`` runs each:
 * **convert** — decode, and each event to its JSON value (:mod:`msgq.viz.json_schema`);
 * **convert + JSON** — and to its JSON text;
 * **export** — :func:`msgq.viz.mcap_export.export_mcap` to an MCAP file (all of the above,
-  plus the MCAP writer: chunks, zstd, indexes).
+  plus the MCAP writer: chunks, zstd, indexes), in this process (``jobs=1``);
+* **export, N processes** — the same with ``jobs=N`` (``--jobs``, default one per core, at
+  most 8): segments converted in worker processes, written in order by this one. The
+  recording is cut into 1-second segments so that there are segments to share.
 
 Each row gives events/s, MB/s of event bytes and its rate as a share of the decode row.
 
@@ -52,7 +55,8 @@ def _best(run: Callable[[], int], repeat: int) -> tuple[int, float]:
     return events, best
 
 
-def measure(folder: str, out: str, repeat: int) -> list[dict[str, float | int | str]]:
+def measure(folder: str, out: str, repeat: int, jobs: int = 1
+            ) -> list[dict[str, float | int | str]]:
     """The rows of the table for the recording in ``folder`` (``out``: a scratch MCAP
     path)."""
     from msgq.logs import LogReader
@@ -87,12 +91,17 @@ def measure(folder: str, out: str, repeat: int) -> list[dict[str, float | int | 
         return n
 
     def export() -> int:
-        return export_mcap(folder, out).messages
+        return export_mcap(folder, out, jobs=1).messages
+
+    def export_parallel() -> int:
+        return export_mcap(folder, out, jobs=jobs).messages
 
     rows: list[dict[str, float | int | str]] = []
     base = None
     for name, run in (("decode (LogReader loop)", decode), ("convert", convert),
-                      ("convert + JSON", convert_json), ("export to MCAP", export)):
+                      ("convert + JSON", convert_json), ("export to MCAP", export),
+                      *([(f"export, {jobs} processes", export_parallel)] if jobs > 1
+                        else [])):
         events, seconds = _best(run, repeat)
         rate = events / seconds
         base = base or rate
@@ -191,6 +200,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=3, help="runs per row; the best "
                                                               "counts (default 3)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                        help="processes of the parallel export row (default: one per "
+                             "core, at most 8; 1: no such row)")
     parser.add_argument("--live", type=float, metavar="SECONDS", default=None,
                         help="measure the live server on the demo robot for SECONDS "
                              "instead")
@@ -216,13 +228,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
         return 0
-    from msgq.bench.logs import write_mixed_recording
+    from msgq.bench.logs import mixed_events
+    from msgq.logs import LogWriter
 
     workdir = tempfile.mkdtemp(prefix="msgq-bench-export-")
     try:
         folder = os.path.join(workdir, "rec")
-        events, size = write_mixed_recording(folder, args.seconds)
-        rows = measure(folder, os.path.join(workdir, "out.mcap"), args.repeat)
+        events = size = 0
+        with LogWriter(folder, rotate_seconds=1.0) as writer:
+            for data in mixed_events(args.seconds):
+                writer.write(data)
+                events += 1
+                size += len(data)
+        rows = measure(folder, os.path.join(workdir, "out.mcap"), args.repeat, args.jobs)
         mcap_bytes = os.path.getsize(os.path.join(workdir, "out.mcap"))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -233,8 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         encoder = "json (standard library)"
     print(f"export benchmark: {events} events, {size / MB:.1f} MB of events "
-          f"({args.seconds:g} s of mixed traffic, msgq's schema); MCAP {mcap_bytes / MB:.1f} "
-          f"MB; JSON encoder {encoder}; best of {args.repeat}")
+          f"({args.seconds:g} s of mixed traffic, msgq's schema, 1 s segments); MCAP "
+          f"{mcap_bytes / MB:.1f} MB; JSON encoder {encoder}; {os.cpu_count()} cores; best "
+          f"of {args.repeat}")
     print(format_table(
         [["mode", "events/s", "MB/s", "of decode"]] +
         [[r["mode"], f"{r['events_per_s']:,}", f"{r['mb_per_s']}",

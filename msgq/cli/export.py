@@ -25,7 +25,9 @@ LOG is a segment file, a recording folder, a route folder (<route>--<n>/rlog.zst
 glob, as many as you like; the events are read with the schema in force (--schema,
 --registry, or MSGQ_SCHEMA / MSGQ_REGISTRY; msgq's own by default).
 
-The export streams (memory stays bounded) and shows progress on a terminal. Damaged
+The export streams (memory stays bounded) and shows progress on a terminal. Logs of
+several segments are converted by worker processes (--jobs; the file is the same), the
+messages written in order by this one. Damaged
 segments export what is intact; what could not be read is listed on stderr. The exit
 code is 1 only when nothing could be exported. Needs the viz extra: pip install
 'msgq-shm[viz]'."""
@@ -58,6 +60,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="from this many seconds after the first event")
     parser.add_argument("--end", type=_seconds, default=None, metavar="SECONDS",
                         help="up to this many seconds after the first event")
+    parser.add_argument("--jobs", type=number(int, 1, "a number of processes >= 1"),
+                        default=None, metavar="N",
+                        help="processes converting segments (default: one per core, at "
+                             "most 8, for logs over 16 MB in several segments; else 1)")
     parser.add_argument("--force", action="store_true",
                         help="overwrite OUT.mcap when it exists")
     parser.add_argument("--json", action="store_true",
@@ -71,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from msgq.logs import segment_paths
     from msgq.schemas import schema_in_force
     from msgq.viz import MissingExtraError, require
-    from msgq.viz.mcap_export import export_mcap, first_mono_ns
+    from msgq.viz.mcap_export import default_jobs, export_mcap, first_mono_ns
 
     try:
         require("mcap")
@@ -105,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         stats = export_mcap(paths, args.output, services=services, start_ns=start_ns,
                             end_ns=end_ns, schema=schema,
-                            progress=None if bar is None else bar.update)
+                            progress=None if bar is None else bar.update,
+                            jobs=args.jobs or default_jobs(paths))
     except ValueError as e:  # logs of another schema (msgq.logs.SchemaMismatchError)
         raise CommandError(str(e)) from None
     finally:

@@ -24,8 +24,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
-from collections.abc import Callable, Iterable
+import struct
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +40,7 @@ from msgq.schemas import Schema, schema_in_force
 from msgq.viz import require
 from msgq.viz.json_schema import event_converter
 
-__all__ = ["ExportStats", "export_mcap", "first_mono_ns"]
+__all__ = ["ExportStats", "default_jobs", "export_mcap", "first_mono_ns"]
 
 #: Bytes of messages per MCAP chunk (before compression).
 CHUNK_SIZE = 1024 * 1024
@@ -136,16 +139,21 @@ def export_mcap(
     schema: Schema | None = None,
     chunk_size: int = CHUNK_SIZE,
     progress: Callable[[int], None] | None = None,
+    jobs: int = 1,
 ) -> ExportStats:
     """Exports the events of ``source`` (a segment, a recording folder, a glob or a list,
     as :class:`msgq.logs.LogReader` takes them) to the MCAP file ``output``.
 
     ``services``: only these. ``start_ns``/``end_ns``: only events with logMonoTime in
     [start_ns, end_ns]. ``schema``: default the schema in force. ``progress`` is called
-    with the event bytes read since its last call. Raises FileNotFoundError when the
-    source names no file, and :class:`msgq.viz.MissingExtraError` without the ``mcap``
-    library, and ``msgq.logs.SchemaMismatchError`` (one line naming ``--schema``) when
-    the logs were written with another schema. Damage does not raise: see
+    with the event bytes read since its last call. ``jobs``: processes converting
+    segments (default 1: this process only; :func:`default_jobs` suggests a number;
+    more than one starts worker processes, so a script calling this needs the
+    ``if __name__ == "__main__":`` guard); the file is the same whatever the number.
+    Raises FileNotFoundError when the source names no file,
+    :class:`msgq.viz.MissingExtraError` without the ``mcap`` library, and
+    ``msgq.logs.SchemaMismatchError`` (one line naming ``--schema``) when the logs were
+    written with another schema. Damage does not raise: see
     :attr:`ExportStats.problems`."""
     require("mcap")
     schema = schema_in_force(schema)
@@ -167,7 +175,7 @@ def export_mcap(
     tmp = f"{output}.{os.getpid()}.part"
     try:
         _write(tmp, paths, sources, wanted, start_ns, end_ns, schema, converter, stats,
-               chunk_size, progress, mismatch)
+               chunk_size, progress, mismatch, jobs)
     except BaseException:
         # interrupted or refused: no half-written file left behind
         with contextlib.suppress(OSError):
@@ -178,16 +186,191 @@ def export_mcap(
     return stats
 
 
+@dataclass
+class _SegmentResult:
+    """What converting one segment found besides its messages."""
+
+    problems: list[str] = field(default_factory=list)
+    unreadable: bool = False
+
+
+def _convert_segment(path: str, wanted: list[str] | None, start_ns: int | None,
+                     end_ns: int | None, schema: Schema, converter: Any,
+                     indexes: IndexCache, mismatch: Any, result: _SegmentResult
+                     ) -> Iterator[tuple[str, int, bytes, int]]:
+    """(service, logMonoTime, JSON bytes, event bytes) of each event of one segment, in
+    file order; damage goes to ``result``."""
+    reader = LogReader(path, services=wanted, skip_corrupt=True, start_mono_ns=start_ns,
+                       schema=schema, warn=False, indexes=indexes)
+    read_any = False
+    decode, to_json, dumps = schema.decode, converter.to_json, converter.dumps
+    try:
+        for event in reader.raw():
+            read_any = True
+            mono = event.mono_ns
+            if end_ns is not None and mono > end_ns:
+                continue
+            try:
+                message = decode(event.data)
+            except MessageDecodeError as e:
+                result.problems.append(f"{event.path} at byte {event.offset}: {e}")
+                continue
+            service = event.service
+            yield service, mono, dumps(service, to_json(message)), len(event.data)
+    except (OSError, ValueError, EOFError) as e:
+        if mismatch is not None and isinstance(e, mismatch):
+            raise
+        # a file that cannot be opened or decompressed at all
+        result.problems.append(f"{path}: {_one_line(e)}")
+        result.unreadable = not read_any
+    for problem in (*reader.truncated, *reader.corrupt):
+        result.problems.append(_problem_text(problem))
+
+
+# -- parallel conversion: each worker converts whole segments into a spool file, which
+# -- the writing process reads back in segment order (memory stays bounded: the spools
+# -- are on disk, at most a window of them at a time).
+
+_SPOOL_RECORD = struct.Struct("<BQI")  # service name length, logMonoTime, JSON length
+_U32 = struct.Struct("<I")  # after each record: the event's size in the log
+_worker: dict[str, Any] = {}
+
+
+def _worker_init(spec: Any) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the writing process's to handle
+    schema = spec.load()
+    _worker["schema"] = schema
+    _worker["converter"] = event_converter(schema)
+    _worker["indexes"] = IndexCache()
+
+
+def _spool_segment(path: str, wanted: list[str] | None, start_ns: int | None,
+                   end_ns: int | None, spool: str) -> _SegmentResult:
+    """Converts one segment into the spool file ``spool`` (in a worker)."""
+    result = _SegmentResult()
+    mismatch = getattr(msgq.logs, "SchemaMismatchError", None)
+    pack = _SPOOL_RECORD.pack
+    with open(spool, "wb", buffering=1 << 20) as out:
+        for service, mono, data, size in _convert_segment(
+                path, wanted, start_ns, end_ns, _worker["schema"], _worker["converter"],
+                _worker["indexes"], mismatch, result):
+            name = service.encode()
+            out.write(pack(len(name), mono, len(data)) + name + data)
+            out.write(_U32.pack(size))
+    return result
+
+
+def _read_spool(spool: str) -> Iterator[tuple[str, int, bytes, int]]:
+    names: dict[bytes, str] = {}
+    header = _SPOOL_RECORD.size
+    with open(spool, "rb", buffering=1 << 20) as f:
+        while head := f.read(header):
+            name_len, mono, data_len = _SPOOL_RECORD.unpack(head)
+            name = f.read(name_len)
+            service = names.get(name)
+            if service is None:
+                service = names[name] = name.decode()
+            data = f.read(data_len)
+            size = _U32.unpack(f.read(4))[0]
+            yield service, mono, data, size
+
+
+def default_jobs(paths: list[str]) -> int:
+    """Processes an export uses by default: one per core (at most 8) when the logs are
+    large enough (over 16 MB of files, two segments or more) to repay starting them."""
+    try:
+        size = sum(os.path.getsize(p) for p in paths)
+    except OSError:
+        return 1
+    if len(paths) < 2 or size < 16 * 1024 * 1024:
+        return 1
+    return max(1, min(8, os.cpu_count() or 1, len(paths)))
+
+
+def _segments_in_parallel(paths: list[str], jobs: int, wanted: list[str] | None,
+                          start_ns: int | None, end_ns: int | None, schema: Schema,
+                          spool_dir: str, results: list[_SegmentResult]
+                          ) -> Iterator[tuple[str, int, bytes, int]]:
+    import multiprocessing
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods
+                                          else "spawn")
+    window: deque[tuple[Any, str]] = deque()
+    pending = iter(enumerate(paths))
+    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_init,
+                               initargs=(schema.spec,))
+
+    def submit() -> None:
+        for index, path in pending:
+            spool = os.path.join(spool_dir, f"{index}.spool")
+            window.append((pool.submit(_spool_segment, path, wanted, start_ns, end_ns,
+                                       spool), spool))
+            return
+
+    finished = False
+    try:
+        for _ in range(2 * jobs):  # a window of segments ahead: bounded disk and memory
+            submit()
+        while window:
+            future, spool = window.popleft()
+            results.append(future.result())
+            submit()
+            yield from _read_spool(spool)
+            os.remove(spool)
+        finished = True
+    finally:
+        # on an error or Ctrl-C nothing waits for the segments still being converted
+        pool.shutdown(wait=finished, cancel_futures=True)
+
+
 def _write(tmp: str, paths: list[str], sources: list[str], wanted: list[str] | None,
            start_ns: int | None, end_ns: int | None, schema: Schema, converter: Any,
            stats: ExportStats, chunk_size: int, progress: Callable[[int], None] | None,
-           mismatch: Any) -> None:
+           mismatch: Any, jobs: int) -> None:
     """The export proper, into the file ``tmp`` (see :func:`export_mcap`)."""
     from mcap.writer import CompressionType, Writer
 
     indexes = IndexCache()
+    paths = [p for p in paths
+             if end_ns is None or (entry := indexes.entry(p)) is None
+             or entry.first_mono_ns <= end_ns]
+    stats.segments = len(paths)
+    results: list[_SegmentResult] = []
+    spool_dir = None
+    if jobs > 1 and len(paths) > 1:
+        spool_dir = tempfile.mkdtemp(prefix=".msgq-export-",
+                                     dir=os.path.dirname(os.path.abspath(tmp)))
+        events: Iterator[tuple[str, int, bytes, int]] = _segments_in_parallel(
+            paths, jobs, wanted, start_ns, end_ns, schema, spool_dir, results)
+    else:
+        def serial() -> Iterator[tuple[str, int, bytes, int]]:
+            for path in paths:
+                result = _SegmentResult()
+                yield from _convert_segment(path, wanted, start_ns, end_ns, schema,
+                                            converter, indexes, mismatch, result)
+                results.append(result)
+
+        events = serial()
+    try:
+        _write_messages(tmp, events, schema, converter, stats, chunk_size, progress,
+                        results, sources, paths, Writer, CompressionType)
+    finally:
+        if spool_dir is not None:
+            shutil.rmtree(spool_dir, ignore_errors=True)
+
+
+def _write_messages(tmp: str, events: Iterator[tuple[str, int, bytes, int]], schema: Schema,
+                    converter: Any, stats: ExportStats, chunk_size: int,
+                    progress: Callable[[int], None] | None, results: list[_SegmentResult],
+                    sources: list[str], paths: list[str], writer_class: Any,
+                    compression: Any) -> None:
     with open(tmp, "wb") as stream:
-        writer = Writer(stream, chunk_size=chunk_size, compression=CompressionType.ZSTD)
+        writer = writer_class(stream, chunk_size=chunk_size, compression=compression.ZSTD)
         writer.start(profile="", library=f"msgq {_msgq_version()} (mcap)")
         channels: dict[str, int] = {}
         sequences: dict[str, int] = {}
@@ -209,56 +392,31 @@ def _write(tmp: str, paths: list[str], sources: list[str], wanted: list[str] | N
             sequences[service] = 0
             return channel_id
 
-        for path in paths:
-            entry = indexes.entry(path)
-            if entry is not None and end_ns is not None and entry.first_mono_ns > end_ns:
-                continue
-            stats.segments += 1
-            reader = LogReader(path, services=wanted, skip_corrupt=True,
-                               start_mono_ns=start_ns, schema=schema, warn=False,
-                               indexes=indexes)
-            read_any = False
-            try:
-                for event in reader.raw():
-                    read_any = True
-                    if end_ns is not None and event.mono_ns > end_ns:
-                        continue
-                    try:
-                        message = schema.decode(event.data)
-                    except MessageDecodeError as e:
-                        stats.problems.append(f"{event.path} at byte {event.offset}: {e}")
-                        continue
-                    value = converter.to_json(message)
-                    service = event.service
-                    data = converter.dumps(service, value)
-                    channel_id = channels.get(service)
-                    if channel_id is None:
-                        channel_id = channel_of(service)
-                    sequence = sequences[service]
-                    sequences[service] = sequence + 1
-                    writer.add_message(channel_id=channel_id, log_time=event.mono_ns,
-                                       data=data, publish_time=event.mono_ns,
-                                       sequence=sequence & 0xFFFFFFFF)
-                    if has_log_start and log_start is None and service == "logStart":
-                        log_start = value.get("logStart")
-                    stats.messages += 1
-                    stats.counts[service] = sequence + 1
-                    if stats.first_mono_ns is None or event.mono_ns < stats.first_mono_ns:
-                        stats.first_mono_ns = event.mono_ns
-                    if stats.last_mono_ns is None or event.mono_ns > stats.last_mono_ns:
-                        stats.last_mono_ns = event.mono_ns
-                    stats.bytes_in += len(event.data)
-                    if progress is not None:
-                        progress(len(event.data))
-            except (OSError, ValueError, EOFError) as e:
-                if mismatch is not None and isinstance(e, mismatch):
-                    raise
-                # a file that cannot be opened or decompressed at all
-                stats.problems.append(f"{path}: {_one_line(e)}")
-                if not read_any:
-                    stats.unreadable_segments += 1
-            for problem in (*reader.truncated, *reader.corrupt):
-                stats.problems.append(_problem_text(problem))
+        add = writer.add_message
+        first = last = None
+        for service, mono, data, size in events:
+            channel_id = channels.get(service)
+            if channel_id is None:
+                channel_id = channel_of(service)
+            sequence = sequences[service]
+            sequences[service] = sequence + 1
+            add(channel_id=channel_id, log_time=mono, data=data, publish_time=mono,
+                sequence=sequence & 0xFFFFFFFF)
+            if has_log_start and log_start is None and service == "logStart":
+                log_start = json.loads(data).get("logStart")
+            stats.messages += 1
+            if first is None or mono < first:
+                first = mono
+            if last is None or mono > last:
+                last = mono
+            stats.bytes_in += size
+            if progress is not None:
+                progress(size)
+        stats.first_mono_ns, stats.last_mono_ns = first, last
+        stats.counts = dict(sequences)
+        for result in results:
+            stats.problems += result.problems
+            stats.unreadable_segments += result.unreadable
         for name, record in _metadata(schema, sources, paths).items():
             writer.add_metadata(name, record)
         if isinstance(log_start, dict):
