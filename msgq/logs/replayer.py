@@ -24,8 +24,9 @@ corruption stops the replay with :class:`LogCorruptionError` after every event b
 was sent, or, with ``skip_corrupt=True``, is skipped (listed in ``stats.corrupt``). An
 event larger than its service's queue takes (a damaged length, or a log recorded with
 larger queues) is not sent: it is counted in ``stats.too_large``. An event whose time is
-absurdly far ahead (a damaged logMonoTime, past the log's end by more than a day) is
-not waited for: it is counted in ``stats.bad_time`` and not sent.
+absurdly far ahead (a damaged logMonoTime: more than a day past the log's end, or, when
+the index does not give the end, about that far past the events before it) is not
+waited for: it is counted in ``stats.bad_time`` and not sent.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -176,7 +177,8 @@ class Replayer:
         self.origin_ns = first + round(self.start_s * 1e9)
         self.end_mono_ns = last
         self._pubs: dict[str, Any] = {}
-        self._limits: dict[str, int | None] = {}  # largest message each queue takes
+        # per service: its publisher's send and the largest message its queue takes
+        self._senders: dict[str, tuple[Callable[[bytes], Any], int]] = {}
         self._stop = threading.Event()
 
     @property
@@ -239,9 +241,14 @@ class Replayer:
         pub = self._pubs.get(service)
         if pub is None:
             pub = self._pubs[service] = msgq.pub_sock(service)
-            limit = getattr(pub, "max_message_size", None)
-            self._limits[service] = limit if isinstance(limit, int) else None
+            limit = getattr(pub, "max_message_size", None)  # ZMQ: none
+            self._senders[service] = (pub.send, limit if isinstance(limit, int)
+                                      else sys.maxsize)
         return pub
+
+    def _sender(self, service: str) -> tuple[Callable[[bytes], Any], int]:
+        self._publisher(service)
+        return self._senders[service]
 
     def stop(self) -> None:
         """Asks ``run()`` to finish (safe from another thread or a signal handler)."""
@@ -254,6 +261,7 @@ class Replayer:
             if close is not None:
                 close()
         self._pubs.clear()
+        self._senders.clear()
 
     def run(self, handle_signals: bool | None = None) -> ReplayStats:
         """Replays the log (every pass) and returns what was sent. ``handle_signals``
@@ -305,12 +313,11 @@ class Replayer:
         shown = origin
         reader = self._reader(self.paths, services=self.services, sort=True,
                               start_mono_ns=self.origin_ns if self.start_s else None)
-        limits = self._limits
-        # later than this is a damaged logMonoTime (raised as the log goes, when its end is
-        # not known)
-        horizon = (self.end_mono_ns if self.end_mono_ns is not None else origin) \
-            + ABSURD_GAP_NS
+        senders = self._senders
         known_end = self.end_mono_ns is not None
+        # later than this is a damaged logMonoTime; without a known end it moves on with
+        # the events (an event up to two gaps past the last move is a log going on)
+        horizon = (self.end_mono_ns if known_end else origin) + ABSURD_GAP_NS
         try:
             events = iter(reader.raw())
             first = next(events, None)  # opening the log is not part of the timing
@@ -322,13 +329,15 @@ class Replayer:
                     return False
                 service = event.service
                 if event.mono_ns > horizon:
-                    stats.bad_time[service] = stats.bad_time.get(service, 0) + 1
-                    continue
-                if not known_end and event.mono_ns + ABSURD_GAP_NS > horizon:
+                    if known_end or event.mono_ns > horizon + ABSURD_GAP_NS:
+                        stats.bad_time[service] = stats.bad_time.get(service, 0) + 1
+                        continue
                     horizon = event.mono_ns + ABSURD_GAP_NS
-                pub = self._publisher(service)
-                limit = limits[service]
-                if limit is not None and len(event.data) > limit:
+                sender = senders.get(service)
+                if sender is None:
+                    sender = self._sender(service)
+                send, limit = sender
+                if len(event.data) > limit:
                     stats.too_large[service] = stats.too_large.get(service, 0) + 1
                     continue
                 if not self.fast:
@@ -336,7 +345,7 @@ class Replayer:
                     if not _wait_until(due, stop):
                         return False
                     late.add(time.monotonic_ns() - due)
-                pub.send(event.data)
+                send(event.data)
                 counts[service] = counts.get(service, 0) + 1
                 if bar is not None and event.mono_ns - shown >= 100_000_000:
                     bar.update((event.mono_ns - shown) / 1e9)
