@@ -53,6 +53,7 @@ java_ok() {
   [ -n "$major" ] && [ "$major" -ge 17 ]
 }
 need_java=0
+java_job=""
 java_ok || need_java=1
 if [ "$need_java" -eq 1 ] && [ "$(id -u)" -ne 0 ]; then
   echo "no Java 17+ runtime: Spark (msgq logstats, the Spark tests) will not run;" \
@@ -68,21 +69,19 @@ if [ ${#need_apt[@]} -gt 0 ] || [ "$need_java" -eq 1 ] || [ "$need_clang" -eq 1 
   fi
   echo "updating the apt package lists (log: build/setup.log)" >&2
   quietly apt-get update -q
+  jre=""
   if [ "$need_java" -eq 1 ]; then
     # the first JRE of 17 or newer this distribution has (Debian 12: 17; Debian 13: 21)
-    for jre in openjdk-17-jre-headless openjdk-21-jre-headless openjdk-25-jre-headless; do
-      if apt-cache show "$jre" >/dev/null 2>&1; then
-        need_apt+=("$jre")
-        # slim images lack the man folder the JRE's alternatives link into
-        mkdir -p /usr/share/man/man1
+    for candidate in openjdk-17-jre-headless openjdk-21-jre-headless openjdk-25-jre-headless; do
+      if apt-cache show "$candidate" >/dev/null 2>&1; then
+        jre="$candidate"
         break
       fi
     done
   fi
   if [ ${#need_apt[@]} -gt 0 ]; then
     echo "installing system packages: ${need_apt[*]}" >&2
-    # --no-install-recommends: the runtime and the compiler, not their documentation,
-    # fonts and desktop integration
+    # --no-install-recommends: the compiler and the headers, not their documentation
     quietly env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
       --no-install-recommends "${need_apt[@]}"
   fi
@@ -91,9 +90,16 @@ if [ ${#need_apt[@]} -gt 0 ] || [ "$need_java" -eq 1 ] || [ "$need_clang" -eq 1 
     # with what it recommends: the fuzzer runtime comes that way on some releases
     quietly env DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang
   fi
-  if [ "$need_java" -eq 1 ] && ! java_ok; then
-    echo "no Java 17+ runtime could be installed from the apt sources;" \
-      "Spark (msgq logstats, the Spark tests) will not run" >&2
+  if [ -n "$jre" ]; then
+    # The largest package, needed only once Spark starts: it installs while msgq builds.
+    echo "installing $jre in the background (log: build/setup-java.log)" >&2
+    mkdir -p /usr/share/man/man1  # slim images lack the folder its alternatives link into
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$jre" \
+      > build/setup-java.log 2>&1 &
+    java_job=$!
+  elif [ "$need_java" -eq 1 ]; then
+    echo "no Java 17+ runtime in the apt sources; Spark (msgq logstats, the Spark tests)" \
+      "will not run" >&2
   fi
 fi
 
@@ -158,4 +164,14 @@ if new is not None and os.path.isdir(stale):
     shutil.rmtree(stale)
 PY
   echo "$inputs_hash $extra" > "$stamp"
+fi
+
+if [ -n "$java_job" ]; then
+  if ! wait "$java_job"; then
+    tail -n 30 build/setup-java.log >&2
+    echo "failed: apt-get install $jre (full output: $root/build/setup-java.log)" >&2
+    exit 1
+  fi
+  java_ok || echo "no Java 17+ runtime after installing $jre;" \
+    "Spark (msgq logstats, the Spark tests) will not run" >&2
 fi
