@@ -28,7 +28,7 @@ import struct
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from msgq.logs.index import INDEX_NAME, read_recording
 from msgq.logs.segment import read_messages
@@ -187,7 +187,7 @@ def log_start_fields(schema: Schema) -> tuple[str, ...]:
     return tuple(field.schema.fieldnames)
 
 
-def _sample(path: str, schema: Schema) -> _Sample:
+def _sample(path: str | BinaryIO, schema: Schema) -> _Sample:
     shape = _root_shape(schema)
     sample = _Sample()
     wants_fingerprint = "schemaFingerprint" in log_start_fields(schema)

@@ -5,7 +5,9 @@ message splitting inside compressed data too.
 
 Properties: ``message_length`` returns None, a length in bounds (a whole number of words,
 at least a header and a word, inside the data) or raises ``FramingError``;
-``identify``/``peek`` never raise and name a service of the schema; reading a segment
+``identify``/``peek`` never raise and name a service of the schema; the schema check's
+classifier (``msgq.logs.schema_check``) never raises and agrees with ``peek`` on the
+discriminant, and sampling a segment's first events never raises; reading a segment
 raises nothing but what ``on_problem`` raises, with skip_corrupt or not; every message
 read is identified as an Event, offsets grow, a raw segment's messages are its own bytes
 at their offsets, and every problem names an offset inside the data; ``message_extent``
@@ -23,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zstandard  # noqa: E402
 from harness import main, sabotaged  # noqa: E402
 
-from msgq.logs import segment  # noqa: E402
+from msgq.logs import schema_check, segment  # noqa: E402
 from msgq.messaging import new_message  # noqa: E402
 from msgq.schemas import (
     default_schema,  # noqa: E402
@@ -31,6 +33,7 @@ from msgq.schemas import (
 )
 
 LAYOUT = default_schema().layout
+SHAPE = schema_check._root_shape(default_schema())
 if sabotaged():
     def lax_length(buf: bytes, offset: int) -> int | None:  # does not check the data holds it
         if len(buf) - offset < 8:
@@ -77,11 +80,17 @@ def test_one_input(data: bytes) -> None:
             assert service in LAYOUT.services
     if LAYOUT.identify(data) is not None:
         assert framing.message_length(data, 0) == len(data)
+    verdict = schema_check._classify(data, SHAPE)
+    assert verdict in (None, "ok", "foreign", "odd"), verdict
+    if LAYOUT.peek(data) is not None:  # a discriminant peek reads is one of the members
+        assert verdict in ("ok", "odd"), verdict
     extent = framing.message_extent(data)
     if extent is not None:  # one segment, and it reaches no further than its size
         assert 1 <= extent <= (len(data) - 8) // 8, (extent, len(data))
 
     file, raw = _segment_bytes(data)
+    sample = schema_check._sample(io.BytesIO(file), default_schema())
+    assert 0 <= sample.foreign + sample.odd <= sample.events <= schema_check.SAMPLE_EVENTS
     for skip in (True, False):
         problems: list[segment.LogProblem] = []
 
