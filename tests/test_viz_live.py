@@ -358,7 +358,7 @@ def test_a_replayed_recording_shows_live(tmp_path: Path) -> None:
     viewer gets the recording's events, with their recorded times and values."""
     from msgq.logs import LogWriter
     from msgq.messaging import new_message
-    from msgq.viz.live import LiveServer
+    from msgq.viz.live import HEALTH_TOPIC, LiveServer
 
     recorded = {}
     with LogWriter(str(tmp_path / "rec")) as writer:
@@ -376,18 +376,25 @@ def test_a_replayed_recording_shows_live(tmp_path: Path) -> None:
                               cwd=REPO)
     try:
         shown = []
+        health_times = []
 
         def a_second_of_the_recording() -> bool:
-            shown.extend((t, json.loads(p)) for topic, t, p in viewer.messages(0.2)
-                         if topic == "/vehicleState")
-            return len(shown) >= 20
+            for topic, t, payload in viewer.messages(0.2):
+                if topic == "/vehicleState":
+                    shown.append((t, json.loads(payload)))
+                elif topic == HEALTH_TOPIC:
+                    health_times.append(t)
+            return len(shown) >= 20 and len(health_times) >= 2
 
+        viewer.subscribe(HEALTH_TOPIC)
         viewer.wait_for(a_second_of_the_recording, timeout=20)
         for log_time, value in shown:
             assert log_time in recorded  # the recorded time, not the replay's
             assert value["vehicleState"]["speed"] == recorded[log_time]
         times = [t for t, _ in shown]
         assert times == sorted(times)
+        # the health shares the recording's timeline (not the clock of the replay)
+        assert all(10**12 <= t <= max(recorded) for t in health_times), health_times
         # at speed 2, 25 messages a second of 200: every 8th event on average
         steps = [(b - a) // 10**7 for a, b in zip(times, times[1:], strict=False)]
         assert 4 <= sum(steps) / len(steps) <= 16, steps
@@ -396,3 +403,19 @@ def test_a_replayed_recording_shows_live(tmp_path: Path) -> None:
         server.stop()
         replay.kill()
         replay.wait()
+
+
+def test_cli_port_in_use_is_a_one_line_error() -> None:
+    from msgq.viz.live import LiveServer
+
+    server = LiveServer(["vehicleState"], port=0)
+    port = server.port
+    try:
+        result = subprocess.run([PYTHON, "-m", "msgq", "foxglove", "--port", str(port),
+                                 "--services", "vehicleState", "--duration", "1"],
+                                capture_output=True, text=True, timeout=60, cwd=REPO)
+    finally:
+        server.stop()
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in lines[0] and "in use" in lines[0]

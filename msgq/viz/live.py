@@ -15,7 +15,9 @@ It is a subscriber like any other, and a careful one:
 * a viewer that disconnects is simply gone; a publisher that restarts is read again as
   soon as it sends (the sockets stay subscribed).
 
-Health (``/msgq/health``, ``health_rate`` times a second): per service ``alive``,
+Health (``/msgq/health``, ``health_rate`` times a second, stamped with the newest
+logMonoTime received, so that it shares the data's timeline, a replay's too): per
+service ``alive``,
 ``valid``, ``freq_ok``, the measured rate (``freq_hz``, SubMaster's average) beside the
 expected one (``expected_hz``), and what the server received, sent and dropped by
 decimation.
@@ -198,6 +200,7 @@ class LiveServer:
             received[s] = decimated[s] = bad[s] = self.stats.sent[s] = 0
         health_period = 1.0 / self.health_rate if self.health_rate > 0 else None
         next_health = 0.0
+        latest_mono = 0  # the newest logMonoTime received: the health's time stamp
         cameras = _Cameras(self) if self.cameras else None
         deadline = None if duration is None else time.monotonic() + duration
         identify = self._layout.identify
@@ -225,6 +228,8 @@ class LiveServer:
                 if s in pending:
                     decimated[s] += 1
                 pending[s] = (identity[0], data)
+                if identity[0] > latest_mono:
+                    latest_mono = identity[0]
             sm.update_msgs(now, peeked)
             for s in list(pending):
                 if now < next_due[s]:
@@ -240,7 +245,7 @@ class LiveServer:
                 next_health = now + health_period
                 if self.health_channel.has_sinks():
                     self.health_channel.log(encode_json(self.health()),
-                                            log_time=clock.monotonic_ns())
+                                            log_time=latest_mono or clock.monotonic_ns())
             if cameras is not None:
                 cameras.poll(now)
             self.stats.loops += 1
