@@ -269,7 +269,8 @@ def test_a_grown_schema_still_reads_its_older_recordings(tmp_path: Path) -> None
 # --- loggerd logs and route folders --------------------------------------------------------
 
 
-def test_route_folders_are_read_in_segment_order(robot: Schema, tmp_path: Path) -> None:
+def test_route_folders_are_read_in_segment_order(robot: Schema, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     route = tmp_path / "route"
     expected = []
     for n in range(12):  # --10 and --11 come after --9, not after --1
@@ -286,6 +287,14 @@ def test_route_folders_are_read_in_segment_order(robot: Schema, tmp_path: Path) 
     paths = segment_paths(route)
     assert [Path(p).parent.name.rsplit("--", 1)[1] for p in paths] == [str(n) for n in
                                                                        range(12)]
+    from msgq.logs import schema_check
+
+    sampled: list[Any] = []
+    sample = schema_check._sample
+    monkeypatch.setattr(schema_check, "_sample",
+                        lambda path, schema: sampled.append(path) or sample(path, schema))
+    check_schema(route)
+    assert sampled == [paths[0]]  # one sample speaks for the route's segments
     assert all(Path(p).name.startswith("rlog") for p in paths)
     got = list(LogReader(route).raw())
     assert [e.data for e in got] == expected

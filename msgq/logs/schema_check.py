@@ -10,7 +10,8 @@ reader looks for evidence, cheapest first, before it hands out a single event:
    added members at the end is the same schema, grown; any other difference is a
    mismatch. An older index with only ``schema_fingerprint``: that must be equal.
 2. otherwise (loggerd logs, a segment file alone, an index without schema), a sample of
-   the first events of the folder's first segment (up to :data:`SAMPLE_EVENTS`), each
+   the first events of the folder's first segment (of a loggerd route's first segment,
+   for all its ``<route>--<n>`` folders; up to :data:`SAMPLE_EVENTS`), each
    read from its bytes: a union discriminant beyond the schema's members, or bits of the
    root struct's data section that no field of the schema uses (a writer's schema keeps
    them zero; another schema puts its discriminant or ``valid`` there) — a mismatch when
@@ -43,6 +44,7 @@ SAMPLE_EVENTS = 64
 SAMPLE_BYTES = 4 << 20
 
 _HEX = re.compile(r"[0-9a-f]+")
+_ROUTE_SEGMENT = re.compile(r"^(.+)--(\d+)$")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -256,12 +258,22 @@ def _sample_verdict(sample: _Sample, schema: Schema) -> str | None:
             f"struct that this schema does not use")
 
 
+def _sample_group(folder: str) -> tuple[str, str]:
+    """The segments one sample speaks for: a folder's, or all of a loggerd route's
+    (``<route>--<n>`` folders side by side were written by one program)."""
+    parent, name = os.path.split(folder)
+    match = _ROUTE_SEGMENT.match(name)
+    return (parent, match.group(1)) if match else (folder, "")
+
+
 def check_paths(paths: Iterable[str], schema: Schema) -> None:
-    """:func:`check_schema` over segment files already listed (the first of each
-    folder is sampled when its folder's index does not settle it)."""
+    """:func:`check_schema` over segment files already listed: each folder's index, and
+    where no index settles it, the first segment of the folder (of a loggerd route: of
+    the route) is sampled."""
     firsts: dict[str, str] = {}
     for path in paths:
         firsts.setdefault(os.path.dirname(path), path)
+    sampled: set[tuple[str, str]] = set()
     for folder, path in firsts.items():
         settled = False
         if os.path.exists(os.path.join(folder, INDEX_NAME)):
@@ -271,8 +283,10 @@ def check_paths(paths: Iterable[str], schema: Schema) -> None:
                 if problem is not None:
                     raise SchemaMismatchError(f"{folder}: not a log of {_describe(schema)}: "
                                               f"{problem}; {HINT}")
-        if settled:
+        group = _sample_group(folder)
+        if settled or group in sampled:
             continue
+        sampled.add(group)
         problem = _sample_verdict(_sample(path, schema), schema)
         if problem is not None:
             raise SchemaMismatchError(f"{path}: not a log of {_describe(schema)}: {problem}; "
