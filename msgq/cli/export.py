@@ -144,8 +144,10 @@ def _progress(paths: list[str]) -> Any:
     when its index knows it (sealed entries for every segment)."""
     if not sys.stderr.isatty():
         return None
+    # tqdm and the log index: only for a bar on a terminal
     from tqdm import tqdm
 
+    # (the index gives the bar its total)
     from msgq.logs.index import IndexCache
 
     indexes = IndexCache()

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     schema = schema_in_force()
     services = check_services([args.services], schema.services) if args.services else None
     try:
+        # foxglove-sdk's server and pycapnp: loaded when the command runs
         from msgq.viz.live import LiveServer
 
         server = LiveServer(services, host=args.host, port=args.port,

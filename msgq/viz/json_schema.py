@@ -47,6 +47,7 @@ import threading
 from typing import Any
 
 from msgq.schemas import Schema
+from msgq.schemas.services import unknown_service_error
 
 try:  # optional: ten times faster than json for event values (see EventConverter.dumps)
     import orjson as _orjson
@@ -263,8 +264,6 @@ class EventConverter:
             if cached is not None:
                 return cached
             if service not in self.schema.union_fields:
-                from msgq.schemas.services import unknown_service_error
-
                 raise unknown_service_error(service, self.schema.union_fields)
             root = self.schema.event.schema
             defs: dict[str, Any] = {}

@@ -29,11 +29,17 @@ JPEG-compressed with Pillow, as ``foxglove.CompressedImage`` on ``/camera/<name>
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from msgq import clock
+from msgq.errors import MessageDecodeError
+from msgq.messaging import SubMaster
 from msgq.schemas import Schema, schema_in_force
 from msgq.viz import MissingExtraError, require
 from msgq.viz.json_schema import encode_json, event_converter
@@ -116,8 +122,6 @@ class LiveServer:
             except ImportError:
                 raise MissingExtraError("--cameras needs Pillow to compress frames to JPEG: "
                                         "pip install pillow (or msgq-shm[viz])") from None
-        from msgq.messaging import SubMaster
-
         self.schema = schema_in_force(schema)
         registry = self.schema.services
         self.services = list(dict.fromkeys(services if services is not None else registry))
@@ -153,6 +157,7 @@ class LiveServer:
                                    data=encode_json(health_json_schema(self.services))))
         self._camera_channels: dict[tuple[str, int], Any] = {}
         if self.cameras:
+            # foxglove-sdk: the viz extra, which require() checked above
             from foxglove.channels import CompressedImageChannel
 
             for camera in self.cameras:
@@ -187,8 +192,6 @@ class LiveServer:
 
     def run(self, duration: float | None = None) -> LiveStats:
         """Serves until :meth:`stop` (or ``duration`` seconds); returns the stats."""
-        from msgq import clock
-
         sm = self.sub_master
         poller = sm.poller
         service_of = {id(sock): s for s, sock in sm.sock.items()}
@@ -254,8 +257,6 @@ class LiveServer:
         return self.stats
 
     def _send(self, service: str, channel: Any, mono: int, data: bytes) -> None:
-        from msgq.errors import MessageDecodeError
-
         try:
             event = self.schema.decode(data)
         except MessageDecodeError:
@@ -313,6 +314,7 @@ class _Cameras:
     most ``camera_rate`` a second, JPEG-compressed."""
 
     def __init__(self, server: LiveServer) -> None:
+        # VisionIPC: only a server with cameras needs its client
         from msgq.visionipc import VisionIpcClient
 
         self.server = server
@@ -321,8 +323,6 @@ class _Cameras:
         self.period = 1.0 / server.camera_rate if server.camera_rate > 0 else 1.0
 
     def poll(self, now: float) -> None:
-        from msgq import clock
-
         for camera, client in self.clients.items():
             if now < self.next_due[camera]:
                 continue
@@ -338,6 +338,7 @@ class _Cameras:
                 continue
             jpeg = nv12_to_jpeg(buf.data, buf.width, buf.height, buf.stride, buf.uv_offset,
                                 self.server.camera_width)
+            # foxglove-sdk: the viz extra, which require() checked
             from foxglove.messages import CompressedImage, Timestamp
 
             sof = int(client.timestamp_sof) or clock.monotonic_ns()
@@ -355,9 +356,7 @@ def nv12_to_jpeg(data: Any, width: int, height: int, stride: int, uv_offset: int
                  out_width: int, quality: int = 75) -> bytes:
     """A VisionIPC NV12 frame (``data``: its buffer) as JPEG bytes, scaled to
     ``out_width`` pixels wide (aspect kept), with Pillow."""
-    import io
-
-    import numpy as np
+    # Pillow: only for cameras (LiveServer says what to install without it)
     from PIL import Image
 
     raw = np.frombuffer(data, dtype=np.uint8)

@@ -23,13 +23,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import struct
 import tempfile
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import msgq.logs
@@ -37,6 +42,7 @@ from msgq.errors import MessageDecodeError
 from msgq.logs import LogProblem, LogReader, segment_paths
 from msgq.logs.index import IndexCache, read_recording
 from msgq.schemas import Schema, schema_in_force
+from msgq.schemas.services import unknown_service_error
 from msgq.viz import require
 from msgq.viz.json_schema import event_converter
 
@@ -67,8 +73,6 @@ class ExportStats:
 
 
 def _msgq_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     for name in ("msgq-shm", "msgq"):
         try:
             return version(name)
@@ -162,8 +166,6 @@ def export_mcap(
     wanted = None if services is None else list(dict.fromkeys(services))
     for name in wanted or ():
         if name not in schema.union_fields:
-            from msgq.schemas.services import unknown_service_error
-
             raise unknown_service_error(name, schema.union_fields)
     check_schema = getattr(msgq.logs, "check_schema", None)
     mismatch = getattr(msgq.logs, "SchemaMismatchError", None)
@@ -237,8 +239,6 @@ _worker: dict[str, Any] = {}
 
 
 def _worker_init(spec: Any) -> None:
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the writing process's to handle
     schema = spec.load()
     _worker["schema"] = schema
@@ -293,10 +293,6 @@ def _segments_in_parallel(paths: list[str], jobs: int, wanted: list[str] | None,
                           start_ns: int | None, end_ns: int | None, schema: Schema,
                           spool_dir: str, results: list[_SegmentResult]
                           ) -> Iterator[tuple[str, int, bytes, int]]:
-    import multiprocessing
-    from collections import deque
-    from concurrent.futures import ProcessPoolExecutor
-
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods
                                           else "spawn")
@@ -333,6 +329,7 @@ def _write(tmp: str, paths: list[str], sources: list[str], wanted: list[str] | N
            stats: ExportStats, chunk_size: int, progress: Callable[[int], None] | None,
            mismatch: Any, jobs: int) -> None:
     """The export proper, into the file ``tmp`` (see :func:`export_mcap`)."""
+    # the mcap library: the viz extra, which export_mcap's require() checked
     from mcap.writer import CompressionType, Writer
 
     indexes = IndexCache()
