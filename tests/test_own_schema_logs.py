@@ -185,6 +185,36 @@ def test_record_command_records_a_schema_without_log_start(robot: Schema,
     assert info["schema_fingerprint"] == robot.fingerprint
 
 
+def test_recorder_logs_what_pycapnp_reads(schema_profile: Schema, tmp_path: Path) -> None:
+    """Recorded live on each profile: the log holds the bytes sent, and the times,
+    validity and counts the recorder and the index took from the bytes are pycapnp's
+    (the robot schema's declared defaults applied)."""
+    services = ["armState", "imu"] if schema_profile.path == ROBOT_SCHEMA \
+        else ["gyroscope", "vehicleState"]
+    events = make_events(schema_profile, 40, services=services, default_times=True)
+    recorder = Recorder(tmp_path / "rec", services)
+    recorder.start()
+    pubs = {s: msgq.pub_sock(s) for s in services}
+    for data in events:
+        pubs[decoded(data, schema_profile)[2]].send(data)
+    recorder.stop()
+    stats = recorder.run(handle_signals=False)
+    assert stats.messages == len(events) and stats.bad == 0
+    logged = [e for e in LogReader(tmp_path / "rec").raw() if e.service in services]
+    assert sorted(e.data for e in logged) == sorted(events)
+    for event in logged:
+        assert (event.mono_ns, event.valid, event.service) == decoded(event.data,
+                                                                      schema_profile)
+    (segment,) = read_index(str(tmp_path / "rec")) or []
+    monos = [decoded(d, schema_profile)[0] for d in events]
+    assert segment.last_mono_ns == max(monos)
+    for service in services:
+        assert segment.counts[service] == sum(decoded(d, schema_profile)[2] == service
+                                              for d in events)
+    for pub in pubs.values():
+        pub.close()
+
+
 def test_recorder_defaults_to_the_schemas_own_registry(schema_profile: Schema) -> None:
     expected = [name for name, s in schema_profile.services.items()
                 if s.should_log and name != "logStart"]
@@ -421,6 +451,7 @@ def test_lockstep_child_rebuilds_the_schema_from_its_spec(in_force: bool, tmp_pa
     imus = [decoded(d, schema) for d in events if decoded(d, schema)[2] == "imu"]
     assert [e.event.heartbeat.counter for e in result.by_service("heartbeat")] == \
         [mono for mono, _, _ in imus]
+    assert [step.mono_ns for step in result.steps] == [mono for mono, _, _ in imus]
     assert f"schema in force: {ROBOT_SCHEMA}" in result.output
 
 
