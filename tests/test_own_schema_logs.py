@@ -349,6 +349,21 @@ def test_a_folder_without_logs_is_one_line(tmp_path: Path) -> None:
     assert proc.stderr.count("\n") == 1 and "no log files" in proc.stderr
 
 
+def test_a_segment_name_that_is_no_file_is_listed_for_the_reader_to_report(
+        tmp_path: Path) -> None:
+    """(The Spark source reports such a path as unreadable; the schema check leaves it
+    to the reader.)"""
+    log = _recording(tmp_path / "rec", msgq_schema(), make_events(msgq_schema(), 5))
+    (log / "segment-00000.log.zst").rename(log / "segment-00002.log.zst")
+    (log / "segment-00000.log.zst").mkdir()
+    assert [Path(p).name for p in segment_paths(log)] == ["segment-00000.log.zst",
+                                                         "segment-00002.log.zst"]
+    os.remove(log / "index.json")
+    check_schema(log)
+    with pytest.raises(IsADirectoryError):
+        list(LogReader(log).raw())
+
+
 def test_replay_of_a_route_sends_what_pycapnp_reads(robot: Schema, tmp_path: Path) -> None:
     """Every event of a loggerd route, on its service, with the logMonoTime and valid
     pycapnp decodes (declared defaults applied)."""

@@ -103,9 +103,9 @@ def _folder_logs(folder: str) -> list[str]:
     loggerd log of a route segment folder; then those of its ``<route>--<n>`` subfolders
     in segment order."""
     names = [n for n in os.listdir(folder) if not n.startswith(".")]
-    files = [n for n in names if os.path.isfile(os.path.join(folder, n))]
-    logs = _loggerd_log(files)
-    logs += sorted(n for n in files
+    # (a name that is not a file is listed all the same: reading it says what it is)
+    logs = _loggerd_log(names)
+    logs += sorted(n for n in names
                    if n.endswith(_SEGMENT_SUFFIXES) and not _LOGGERD_NAME.match(n))
     paths = [os.path.join(folder, n) for n in logs]
     routes = sorted((n for n in names if _ROUTE_SEGMENT.match(n)

@@ -194,18 +194,24 @@ def _sample(path: str | BinaryIO, schema: Schema) -> _Sample:
     sample = _Sample()
     wants_fingerprint = "schemaFingerprint" in log_start_fields(schema)
     seen_bytes = 0
-    for raw in read_messages(path, lambda problem: None, True,
-                             lambda data: _classify(data, shape)):
-        sample.events += 1
-        seen_bytes += len(raw.data)
-        if raw.identity == "foreign":
-            sample.foreign += 1
-        elif raw.identity == "odd":
-            sample.odd += 1
-        elif wants_fingerprint and sample.fingerprint is None:
-            sample.fingerprint = _log_start_fingerprint(raw.data, schema)
-        if sample.events >= SAMPLE_EVENTS or seen_bytes >= SAMPLE_BYTES:
-            break
+    messages = read_messages(path, lambda problem: None, True,
+                             lambda data: _classify(data, shape))
+    try:
+        for raw in messages:
+            sample.events += 1
+            seen_bytes += len(raw.data)
+            if raw.identity == "foreign":
+                sample.foreign += 1
+            elif raw.identity == "odd":
+                sample.odd += 1
+            elif wants_fingerprint and sample.fingerprint is None:
+                sample.fingerprint = _log_start_fingerprint(raw.data, schema)
+            if sample.events >= SAMPLE_EVENTS or seen_bytes >= SAMPLE_BYTES:
+                break
+    except OSError:  # unreadable (a folder, no permission): the reader says so there
+        pass
+    finally:
+        messages.close()
     return sample
 
 
