@@ -137,11 +137,11 @@ class LiveServer:
         self._layout = self.schema.layout
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.sub_master = SubMaster(self.services, schema=self.schema)
         self.context = foxglove.Context()
         self.server = foxglove.start_server(name=name, host=host, port=port,
                                             context=self.context,
                                             message_backlog_size=backlog)
-        self.sub_master = SubMaster(self.services, schema=self.schema)
         self.channels: dict[str, Any] = {}
         for s in self.services:
             json_schema = self._converter.json_schema(s)

@@ -4,7 +4,10 @@ in zstd-compressed chunks with the summary and indexes (viewers seek at once), a
 metadata records saying what was exported.
 
 Streaming: one event at a time, the writer keeps one chunk (1 MiB by default) in memory;
-memory does not grow with the recording. Damaged segments export what is intact: each
+memory does not grow with the recording. With ``jobs`` > 1, worker processes convert
+whole segments into spool files (on disk, beside the output, a window of two per
+worker) that the writing process reads back in segment order: the same file, faster
+where there are free cores. Damaged segments export what is intact: each
 segment is read on its own, past corrupt data, and what could not be read is listed in
 :attr:`ExportStats.problems` (file, byte offset, what).
 
