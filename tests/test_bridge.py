@@ -365,7 +365,8 @@ class RobotBridge:
             for kind, p in (("services", port), ("frames", port + 1)):
                 sock = self.ctx.socket(zmq.SUB)
                 sock.setsockopt(zmq.LINGER, 0)
-                sock.setsockopt(zmq.SUBSCRIBE, b"")
+                # services and frames (not the schema announcements, b"h")
+                sock.setsockopt(zmq.SUBSCRIBE, b"s" if kind == "services" else b"v")
                 sock.connect(f"tcp://127.0.0.1:{p}")
                 self.sockets[who, kind] = sock
         # Until every receiver gets both kinds (ids from 10_000: not part of a test's run).
@@ -460,3 +461,28 @@ def test_a_stalled_receiver_loses_no_service_and_holds_back_no_other(prefix: str
             got = bridge.take(("stalled", "frames"), 200)
     finally:
         bridge.close()
+
+
+def test_schema_announcements_tell_the_same_schema_grown_from_another() -> None:
+    import json
+
+    from msgq.bridge.wire import WireError, parse_hello, schema_difference, schema_hello
+    from msgq.schemas import msgq_schema
+
+    ours = parse_hello(schema_hello(msgq_schema()))
+    assert ours["members"][:2] == ["logStart", "gyroscope"] and ours["root"] == "Event"
+    assert schema_difference(ours, dict(ours)) is None
+    grown = dict(ours, members=[*ours["members"], "newService"])
+    assert schema_difference(ours, grown) is None and schema_difference(grown, ours) is None
+    swapped = dict(ours, members=[ours["members"][1], ours["members"][0],
+                                  *ours["members"][2:]])
+    assert schema_difference(ours, swapped) == \
+        "its union member #0 is 'gyroscope', this side's 'logStart'"
+    moved = dict(ours, layout=[*ours["layout"][:1], ours["layout"][1] + 1,
+                               *ours["layout"][2:]])
+    assert "other places" in schema_difference(ours, moved)
+    assert "root struct is 'Log'" in schema_difference(ours, dict(ours, root="Log"))
+    for bad in (b"not json", json.dumps({"root": "Event"}).encode(), b"[1]",
+                json.dumps({"root": "Event", "members": [1], "layout": []}).encode()):
+        with pytest.raises(WireError):
+            parse_hello(bad)

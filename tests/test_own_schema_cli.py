@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -157,13 +158,15 @@ def test_dump_shows_what_pycapnp_decodes(way: Way, publisher: Any) -> None:
     assert 1000 in {d["logMonoTime"] for d in docs}
 
     text = way.run("dump", "armState", "--count", "6").stdout
-    heads = [line for line in text.splitlines() if line.startswith("armState ")]
-    assert len(heads) == 6
-    for head in heads:
-        assert head in ("armState logMonoTime=1000 valid=True",
-                        "armState logMonoTime=1000 valid=False") \
-            or head.startswith("armState logMonoTime=50")
-    assert "speedLimit = " in text and "force = 12.5" in text
+    blocks = ["armState " + b for b in text.split("armState ")[1:]]
+    assert len(blocks) == 6, text
+    for block in blocks:
+        match = re.search(r"speedLimit = ([0-9.e+]+)", block)
+        assert match is not None, block
+        i = int(float(match.group(1)))
+        mono = 1000 if i % 3 == 0 else 5000 + i
+        assert block.splitlines()[0] == f"armState logMonoTime={mono} valid={i % 2 == 0}"
+        assert "force = 12.5" in block and "enabled = true" in block
 
     values = way.run("dump", "armState", "--values", "gripper.force", "--count", "3").stdout
     assert values.split() == ["12.5"] * 3
@@ -483,3 +486,28 @@ def test_help_says_how_services_and_schemas_are_chosen() -> None:
             in text or "--schema FILE.capnp and --registry FILE, or MSGQ_SCHEMA and " \
             "MSGQ_REGISTRY" in text, (command, text)
         assert "registry in force" in text, command
+
+
+def test_bridge_connect_refuses_another_schema(
+        machines: tuple[str, str, list[subprocess.Popen[str]]]) -> None:
+    # The robot side serves with msgq's own schema, the laptop side connects with the
+    # robot schema: Events of one read as the other's would be mislabeled (an msgq
+    # gpsLocation reads as a robot armState), so connect says so and exits, before it
+    # re-publishes anything.
+    robot, laptop, procs = machines
+    port = _free_port_pair()
+    procs.append(subprocess.Popen([*MSGQ, "bridge", "serve", "gpsLocation", "--port",
+                                   str(port)], env=_env(False, robot),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    connect = run_program(
+        [*MSGQ, "--schema", ROBOT_SCHEMA, "--registry", ROBOT_SERVICES, "bridge", "connect",
+         "127.0.0.1", "--no-vision", "--port", str(port), "--duration", "30", "--json"],
+        expect=1, env=_env(False, laptop))
+    assert connect.stderr.startswith("msgq bridge connect: re-publishing from ")
+    errors = connect.stderr.splitlines()[1:]  # after the line that says it started
+    assert len(errors) == 1 and "Traceback" not in connect.stderr, connect.stderr
+    assert errors[0].startswith("msgq bridge: error: the other side sends Events of another "
+                                "schema: its root struct keeps logMonoTime, valid or the "
+                                "union in other places than this side's"), errors[0]
+    assert "run this side with its schema" in errors[0]
+    assert "messages" not in json.loads(connect.stdout)  # nothing re-published

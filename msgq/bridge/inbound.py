@@ -10,13 +10,20 @@ in force (msgq's own, or the application's: :func:`msgq.schemas.use_schema`, or
 MSGQ_SCHEMA/MSGQ_REGISTRY); anything that is not a well-formed Event of a service of its
 registry, received on that service's topic, or a well-formed frame, is counted in
 ``counts`` and dropped. A well-formed Event of another service than its topic's is counted
-as ``mislabeled`` (the other side uses another schema, typically) and
-``last_service_error`` says which.
+as ``mislabeled`` and ``last_service_error`` says which.
+
+The other side announces its schema (:func:`msgq.bridge.wire.schema_hello`); service
+messages wait for the announcement (at most :data:`HELLO_WAIT_S`, then an older sender
+that announces nothing is taken unchecked). When it is another schema
+(:func:`msgq.bridge.wire.schema_difference`), no message is re-published — each is counted
+as ``wrong_schema`` — ``schema_problem`` says what differs, and ``notify`` (when given) is
+called with it once, instead of re-publishing messages mislabeled.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -29,20 +36,30 @@ from msgq.bridge.wire import (
     COMPRESSION_ZSTD,
     DEFAULT_PORT,
     FRAME_PARTS,
+    HELLO_INTERVAL_S,
+    HELLO_TOPIC,
     VISION_HWM,
     FrameHeader,
     WireError,
+    parse_hello,
     parse_service_topic,
     parse_vision_topic,
+    schema_difference,
+    schema_hello,
     service_topic,
 )
 from msgq.schemas import Schema, schema_in_force
 from msgq.visionipc import VisionIpcServer
 
-__all__ = ["FRAME_BUFFERS", "Inbound"]
+__all__ = ["FRAME_BUFFERS", "HELLO_WAIT_S", "HOLD_LIMIT", "Inbound"]
 
 #: Buffers per re-served stream.
 FRAME_BUFFERS = 4
+#: Seconds service messages wait for the other side's schema announcement before they
+#: are taken unchecked (a sender of an older msgq announces nothing).
+HELLO_WAIT_S = 3 * HELLO_INTERVAL_S
+#: Service messages kept while waiting for the announcement (more are dropped, counted).
+HOLD_LIMIT = 10_000
 # Largest frame accepted from the wire (bytes), as VisionIPC's own limit.
 _MAX_FRAME = 1 << 30
 
@@ -51,14 +68,23 @@ class Inbound:
     """Subscribes to the bridge at ``address``:``port`` (and ``port + 1`` for frames)
     and re-publishes locally. ``services``: only these (default: every registry service
     that arrives); ``vision``: also re-serve VisionIPC frames; ``schema``: the schema the
-    remote side sends (default: the schema in force). Call :meth:`run` (until ``stop()``),
-    then :meth:`close`."""
+    remote side must send (default: the schema in force); ``notify``: called (from
+    :meth:`run`) with one line when the other side announces another schema. Call
+    :meth:`run` (until ``stop()``), then :meth:`close`."""
 
     def __init__(self, address: str, port: int = DEFAULT_PORT,
                  services: list[str] | None = None, vision: bool = True,
-                 schema: Schema | None = None) -> None:
+                 schema: Schema | None = None,
+                 notify: Callable[[str], None] | None = None) -> None:
 
         schema = schema_in_force(schema)
+        self._ours = parse_hello(schema_hello(schema))
+        self._notify = notify
+        #: What differs when the other side announced another schema, else None.
+        self.schema_problem: str | None = None
+        self._announced = False  # an announcement came, or the wait for one ended
+        self._held: list[tuple[str, bytes]] = []
+        self._held_since = 0.0
         self._registry = schema.services
         self._layout = schema.layout
         if services is not None:
@@ -75,6 +101,7 @@ class Inbound:
         host = f"[{address}]" if ":" in address else address
         self._services_sub = self._zmq.socket(zmq.SUB)
         self._services_sub.setsockopt(zmq.LINGER, 0)
+        self._services_sub.setsockopt(zmq.SUBSCRIBE, HELLO_TOPIC)
         for s in services or [""]:
             self._services_sub.setsockopt(zmq.SUBSCRIBE, service_topic(s) if s else b"s")
         self._services_sub.connect(f"tcp://{host}:{port}")
@@ -113,14 +140,62 @@ class Inbound:
                     except zmq.Again:
                         break
                     handle(parts)
+            if self._held and time.monotonic() - self._held_since >= HELLO_WAIT_S:
+                self._announced = True  # an older sender: nothing to check against
+                self._release_held()
+
+    def _on_hello(self, parts: list[bytes]) -> None:
+        try:
+            if len(parts) != 2:
+                raise WireError("a schema announcement has 2 parts")
+            theirs = parse_hello(parts[1])
+        except WireError:
+            self.counts["bad_messages"] += 1
+            return
+        self._announced = True
+        difference = schema_difference(self._ours, theirs)
+        if difference is None:
+            self.schema_problem = None
+        else:
+            problem = (f"the other side sends Events of another schema: {difference} "
+                       f"(fingerprint {theirs.get('fingerprint')}, this side's "
+                       f"{self._ours['fingerprint']}); run this side with its schema "
+                       "(--schema FILE.capnp --registry FILE, or MSGQ_SCHEMA/MSGQ_REGISTRY)")
+            if problem != self.schema_problem:
+                self.schema_problem = problem
+                if self._notify is not None:
+                    self._notify(problem)
+        self._release_held()
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for service, data in held:
+            self._republish(service, data)
 
     def _on_service(self, parts: list[bytes]) -> None:
+        if parts and parts[0] == HELLO_TOPIC:
+            self._on_hello(parts)
+            return
         try:
             if len(parts) != 2:
                 raise WireError("a service message has 2 parts")
             service = parse_service_topic(parts[0])
         except WireError:
             self.counts["bad_messages"] += 1
+            return
+        if not self._announced:  # wait for the other side's schema
+            if len(self._held) >= HOLD_LIMIT:
+                self.counts["dropped_waiting_for_schema"] += 1
+                return
+            if not self._held:
+                self._held_since = time.monotonic()
+            self._held.append((service, parts[1]))
+            return
+        self._republish(service, parts[1])
+
+    def _republish(self, service: str, data: bytes) -> None:
+        if self.schema_problem is not None:
+            self.counts["wrong_schema"] += 1
             return
         if service not in self._registry:
             self.counts["unknown_services"] += 1
@@ -130,7 +205,6 @@ class Inbound:
         if self.wanted is not None and service not in self.wanted:
             self.counts["unknown_services"] += 1
             return
-        data = parts[1]
         identity = self._layout.identify(data)
         if identity is None:
             self.counts["bad_messages"] += 1

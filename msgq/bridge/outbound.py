@@ -3,12 +3,16 @@
 :class:`Outbound` subscribes to local services (one Poller, no conflation: every message
 is forwarded) and to VisionIPC streams (a thread per stream, conflating: the newest frame
 wins when the link is slower than the camera), and publishes them on two ZMQ PUB sockets
-(see :mod:`msgq.bridge.wire`). pyzmq only: no Linux-only call on the network side.
+(see :mod:`msgq.bridge.wire`), with an announcement of the schema they are Events of
+(the schema in force, or the one given) every :data:`~msgq.bridge.wire.HELLO_INTERVAL_S`,
+so that the receiving side can refuse another schema's messages. pyzmq only: no
+Linux-only call on the network side.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -21,11 +25,15 @@ from msgq.bridge.wire import (
     COMPRESSION_ZSTD,
     DEFAULT_PORT,
     FRAME_PARTS,
+    HELLO_INTERVAL_S,
+    HELLO_TOPIC,
     VISION_HWM,
     FrameHeader,
+    schema_hello,
     service_topic,
     vision_topic,
 )
+from msgq.schemas import Schema, schema_in_force
 from msgq.visionipc import VisionIpcClient
 
 __all__ = ["Outbound"]
@@ -37,15 +45,18 @@ SERVICES_HWM = 10_000
 class Outbound:
     """Forwards ``services`` and VisionIPC ``vision`` streams (``[(name, [stream, …])]``)
     to ZMQ on ``bind``:``port`` (services) and ``port + 1`` (frames). ``compression``:
-    ``"none"`` or ``"zstd"`` for frames. Call :meth:`run` (until ``stop()``), then
-    :meth:`close`; ``counts`` tells what went out."""
+    ``"none"`` or ``"zstd"`` for frames; ``schema``: the schema the services' messages
+    are Events of, announced to the other side (default: the schema in force). Call
+    :meth:`run` (until ``stop()``), then :meth:`close`; ``counts`` tells what went out."""
 
     def __init__(self, services: list[str], vision: list[tuple[str, list[int]]] | None = None,
                  bind: str = "*", port: int = DEFAULT_PORT, compression: str = "none",
-                 level: int = 1) -> None:
+                 level: int = 1, schema: Schema | None = None) -> None:
 
         if compression not in ("none", "zstd"):
             raise ValueError("compression must be 'none' or 'zstd'")
+        self._hello = schema_hello(schema_in_force(schema))
+        self._hello_at = 0.0
         self.compression = compression
         self.level = level
         self.counts: Counter[str] = Counter()
@@ -84,12 +95,23 @@ class Outbound:
         for thread in self._threads:
             thread.start()
         while not self._stop.is_set():
+            self._announce()
             for sock in self.poller.poll(100):
                 topic, s = self._sockets[id(sock)]
                 while (data := s.receive(non_blocking=True)) is not None:
                     with self._lock:
                         self._services_pub.send_multipart([topic, data], copy=False)
                     self.counts["messages"] += 1
+
+    def _announce(self) -> None:
+        """Sends the schema announcement when it is due (at the start, then every
+        HELLO_INTERVAL_S; ZMQ gives a subscriber only what is sent after it joined)."""
+        now = time.monotonic()
+        if now - self._hello_at < HELLO_INTERVAL_S:
+            return
+        self._hello_at = now
+        with self._lock:
+            self._services_pub.send_multipart([HELLO_TOPIC, self._hello])
 
     def _forward_stream(self, name: str, stream: int) -> None:
 

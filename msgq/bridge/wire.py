@@ -15,8 +15,23 @@ link drops frames instead of queueing seconds of video)::
              timestamp_eof u64, valid u8 (0 or 1), 7 bytes padding (zero)
     frame 2  the frame: ``size`` bytes, or their zstd compression
 
+The schema, on the services port, at the start and every :data:`HELLO_INTERVAL_S`::
+
+    frame 0  b"h"
+    frame 1  JSON: {"root": the root struct's name, "members": the union members by
+             discriminant, "layout": [logMonoTime byte, valid byte, valid bit,
+             discriminant byte, logMonoTime default, valid default], "fingerprint"}
+
+Cap'n Proto bytes carry no schema: read with another one, an Event often still "decodes"
+(another member's name, a time read from the wrong bits). So the receiving side compares
+the announced schema with its own (:func:`schema_difference`: the same root, layout and
+members, one side perhaps grown by members at the end) and drops every service message
+of another schema, saying why, instead of re-publishing it mislabeled. A sender that
+announces nothing (an older msgq) is not checked.
+
 Everything received is checked (topic, header fields, sizes, decompressed length, that
-service bytes are an Event); anything else is counted and dropped. Each service and
+service bytes are an Event of their topic's service); anything else is counted and
+dropped. Each service and
 stream has exactly one topic and each header one encoding: a stream id with leading
 zeros, a nonzero padding byte or a ``valid`` other than 0/1 is refused, not taken for
 the canonical form (so a field that may mean something to a later version is never
@@ -25,19 +40,26 @@ silently dropped).
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "COMPRESSION_NONE",
     "COMPRESSION_ZSTD",
     "DEFAULT_PORT",
     "FRAME_PARTS",
+    "HELLO_INTERVAL_S",
+    "HELLO_TOPIC",
     "VISION_HWM",
     "FrameHeader",
     "WireError",
+    "parse_hello",
     "parse_service_topic",
     "parse_vision_topic",
+    "schema_difference",
+    "schema_hello",
     "service_topic",
     "vision_topic",
 ]
@@ -49,6 +71,10 @@ DEFAULT_PORT = 8010
 VISION_HWM = 4
 #: Parts of a frame message (topic, header, frame): ZMQ counts high-water marks in parts.
 FRAME_PARTS = 3
+#: Topic of the schema announcement on the services socket.
+HELLO_TOPIC = b"h"
+#: Seconds between two schema announcements.
+HELLO_INTERVAL_S = 0.5
 COMPRESSION_NONE = 0
 COMPRESSION_ZSTD = 1
 _MAGIC = 0x4656514D  # "MQVF" little-endian
@@ -73,6 +99,50 @@ def parse_service_topic(topic: bytes) -> str:
         return topic[1:].decode("utf-8")
     except UnicodeDecodeError:
         raise WireError("service name is not UTF-8") from None
+
+
+def schema_hello(schema: Any) -> bytes:
+    """The announcement of ``schema`` (a :class:`msgq.schemas.Schema`; see the module
+    docstring)."""
+    layout = schema.layout
+    return json.dumps({
+        "root": schema.root_name,
+        "members": list(layout.services),
+        "layout": [layout.mono_byte, layout.valid_byte, layout.valid_bit,
+                   layout.discriminant_byte, layout.mono_default, layout.valid_default],
+        "fingerprint": schema.fingerprint,
+    }, separators=(",", ":")).encode()
+
+
+def parse_hello(data: bytes) -> dict[str, Any]:
+    """An announcement's fields; WireError when it is not one."""
+    try:
+        hello = json.loads(data)
+    except (UnicodeDecodeError, ValueError):
+        raise WireError("a schema announcement that is not JSON") from None
+    if not isinstance(hello, dict) or not isinstance(hello.get("root"), str) \
+            or not isinstance(hello.get("members"), list) \
+            or not all(isinstance(m, str) for m in hello["members"]) \
+            or not isinstance(hello.get("layout"), list):
+        raise WireError("a schema announcement without root, members and layout")
+    return hello
+
+
+def schema_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+    """None when messages of the schema announced as ``theirs`` read right with ``ours``
+    (the same root struct, the same places for logMonoTime, valid and the discriminant,
+    the same union members, either side perhaps grown by members at the end); else
+    what differs, in a few words."""
+    if ours["root"] != theirs["root"]:
+        return f"its root struct is {theirs['root']!r}, this side's {ours['root']!r}"
+    if list(ours["layout"]) != list(theirs["layout"]):
+        return ("its root struct keeps logMonoTime, valid or the union in other places "
+                "than this side's")
+    for ordinal, (mine, other) in enumerate(zip(ours["members"], theirs["members"],
+                                                strict=False)):
+        if mine != other:
+            return f"its union member #{ordinal} is {other!r}, this side's {mine!r}"
+    return None
 
 
 def vision_topic(name: str, stream: int) -> bytes:

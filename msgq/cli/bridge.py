@@ -11,6 +11,7 @@ from typing import Any
 from msgq.cli.output import (
     EXIT_INTERRUPTED,
     EXIT_OK,
+    CommandError,
     UsageError,
     number,
     print_json,
@@ -33,9 +34,10 @@ examples:
 
 Services are those of the registry in force: msgq's own, or the one --schema FILE.capnp
 and --registry FILE (or MSGQ_SCHEMA and MSGQ_REGISTRY) select; --all is every one of them.
-Both sides must use the same schema: connect re-publishes only messages that are Events of
-the service they came on, and counts the others (mislabeled: another service's Events,
-the other side's schema is another).
+Both sides must use the same schema: serve announces its own, and connect refuses another
+(one line, exit 1: no message is re-published mislabeled); one grown by union members at
+the end is the same. connect re-publishes only messages that are Events of the service
+they came on, and counts the others (mislabeled; unknown_services: not in its registry).
 Two TCP ports: --port (services, default 8010) and --port + 1 (VisionIPC frames).
 Frames travel raw by default (lossless, no CPU, ~3.5 MB per 1928x1208 frame: 20 fps needs
 ~70 MB/s, gigabit Ethernet or faster); --compress zstd trades robot CPU for bandwidth
@@ -101,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from msgq.bridge import DEFAULT_PORT, Inbound, Outbound
 
     check_schema_in_force()
+    refused: list[str] = []
     port = DEFAULT_PORT if args.port is None else args.port
     if not 1 <= port < 65535:
         raise UsageError("--port must be 1..65534 (frames use the next port)")
@@ -115,7 +118,13 @@ def run(args: argparse.Namespace) -> int:
                f"VisionIPC streams on ports {port}/{port + 1}"
     else:
         services = check_services(args.services) if args.services else None
-        side = Inbound(args.address, port, services, vision=not args.no_vision)
+
+        def refuse(problem: str) -> None:  # another schema: said once, then exit 1
+            refused.append(problem)
+            side.stop()
+
+        side = Inbound(args.address, port, services, vision=not args.no_vision,
+                       notify=refuse)
         what = f"re-publishing from {args.address}:{port}/{port + 1}"
     print(f"msgq bridge {args.side}: {what} (Ctrl-C to stop)", file=sys.stderr)
 
@@ -138,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
         print_json(counts)
     else:
         print_table(("counter", "value"), list(counts.items()) or [("messages", 0)])
+    if refused:
+        raise CommandError(refused[0])
     dropped = counts.get("mislabeled", 0) + counts.get("unknown_services", 0)
     if dropped and getattr(side, "last_service_error", ""):
         print(f"msgq bridge {args.side}: {dropped} messages dropped, the last because "
