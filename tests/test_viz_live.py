@@ -226,7 +226,8 @@ def test_survives_a_viewer_leaving_and_a_publisher_restarting() -> None:
     try:
         leaving = FoxgloveClient(server.port)
         leaving.subscribe("/vehicleState")
-        assert any(t == "/vehicleState" for t, _, _ in leaving.messages(0.5))
+        leaving.wait_for(lambda: any(t == "/vehicleState"
+                                     for t, _, _ in leaving.messages(0.2)), timeout=15)
         leaving.sock.close()  # gone without a close frame, mid-stream
         first.kill()
         first.wait()
