@@ -28,6 +28,7 @@ the process that asked for the read — sent as the option ``schemaSpec``
 
 from __future__ import annotations
 
+import functools
 import gc
 import io
 import json
@@ -234,8 +235,10 @@ def spec_option(spec: SchemaSpec) -> str:
                        "services_path": spec.services_path, "services": registry})
 
 
+@functools.lru_cache(maxsize=16)
 def spec_from_option(text: str) -> SchemaSpec:
-    """The :class:`SchemaSpec` a ``schemaSpec`` option holds (:func:`spec_option`)."""
+    """The :class:`SchemaSpec` a ``schemaSpec`` option holds (:func:`spec_option`);
+    parsed once per process (specs are immutable)."""
     try:
         doc = json.loads(text)
         services = doc["services"]
