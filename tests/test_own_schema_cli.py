@@ -362,6 +362,18 @@ def test_bridge_connect_drops_another_schemas_events_and_says_why(
     assert len(notice) == 1 and "does the other side use the same schema?" in notice[0], err
 
 
+# --- queues and config: they take the options and read no schema ----------------------
+
+
+def test_queues_and_config_run_with_the_schema_given(way: Way, publisher: Any) -> None:
+    proc = publisher(armState=10)
+    queues = json.loads(way.run("queues", "--json").stdout)
+    text = json.dumps(queues)
+    assert "armState" in text and str(proc.pid) in text, text
+    flags = way.run("config", "--cflags").stdout
+    assert flags.startswith("-I") and flags.strip().endswith("include"), flags
+
+
 # --- errors: one line, exit 1 or 2, no traceback ----------------------------------------
 
 COMMANDS = [
