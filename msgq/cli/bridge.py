@@ -38,6 +38,7 @@ Both sides must use the same schema: serve announces its own, and connect refuse
 (one line, exit 1: no message is re-published mislabeled); one grown by union members at
 the end is the same. connect re-publishes only messages that are Events of the service
 they came on, and counts the others (mislabeled; unknown_services: not in its registry).
+
 Two TCP ports: --port (services, default 8010) and --port + 1 (VisionIPC frames).
 Frames travel raw by default (lossless, no CPU, ~3.5 MB per 1928x1208 frame: 20 fps needs
 ~70 MB/s, gigabit Ethernet or faster); --compress zstd trades robot CPU for bandwidth

@@ -34,8 +34,9 @@ examples:
 SERVICE is a service of the registry in force: msgq's own, or the one --schema FILE.capnp
 and --registry FILE (or MSGQ_SCHEMA and MSGQ_REGISTRY) select; messages are decoded with
 that schema, so it must be the publisher's. A message that is another service's Event
-(another schema's) is shown as one line saying so. Only messages sent after the command
-started are shown. Exit 0 after --count messages or
+(another schema's) is shown as one line saying so.
+
+Only messages sent after the command started are shown. Exit 0 after --count messages or
 Ctrl-C; 1 when --timeout passes with nothing received."""
 
 #: Seconds without a message before dump says on stderr what it is waiting for.
