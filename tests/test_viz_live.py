@@ -132,9 +132,15 @@ FLOOD = textwrap.dedent("""
     seconds, size = float(sys.argv[1]), int(sys.argv[2])
     pm = PubMaster(["cameraFrame"])
     image = bytes(range(256)) * (size // 256)
+    def switches():  # (voluntary, involuntary) context switches of this process so far
+        with open("/proc/self/status") as f:
+            rows = dict(line.split(":", 1) for line in f)
+        return (int(rows["voluntary_ctxt_switches"]),
+                int(rows["nonvoluntary_ctxt_switches"]))
     print("ready", flush=True)
     sys.stdin.readline()
     start = time.monotonic()
+    before = switches()
     n = 0
     while time.monotonic() - start < seconds:
         msg = new_message("cameraFrame", valid=True)
@@ -142,15 +148,19 @@ FLOOD = textwrap.dedent("""
         msg.cameraFrame.image = image
         pm.send("cameraFrame", msg)
         n += 1
-    print(n, n / (time.monotonic() - start), flush=True)
+    after = switches()
+    print(n, n / (time.monotonic() - start), after[0] - before[0], after[1] - before[1],
+          flush=True)
 """)
 
 
 def flood_rate(seconds: float, size: int, during: Callable[[], None] | None = None
-               ) -> float:
-    """Messages a second a publisher in another process sends of cameraFrame events with
-    ``size`` bytes of image, as fast as it can, for ``seconds``; ``during`` runs while it
-    sends."""
+               ) -> tuple[float, int]:
+    """(messages a second, times it waited) of a publisher in another process sending
+    cameraFrame events with ``size`` bytes of image as fast as it can for ``seconds``;
+    ``during`` runs while it sends. Waits are its voluntary context switches: a publisher
+    held back by a reader would sleep; one that only shares the CPU is preempted, which
+    is not counted."""
     process = subprocess.Popen([PYTHON, "-c", FLOOD, str(seconds), str(size)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, cwd=REPO)
@@ -165,7 +175,8 @@ def flood_rate(seconds: float, size: int, during: Callable[[], None] | None = No
     finally:
         process.kill()
     assert process.returncode == 0, err
-    return float(out.split()[1])
+    _, rate, waits, _ = out.split()
+    return float(rate), int(waits)
 
 
 @pytest.mark.slow
@@ -191,16 +202,23 @@ def test_a_stalled_viewer_slows_neither_the_publisher_nor_other_viewers(robot: S
             return read
 
         # best of two runs each: the machine is shared, and the rates are of a process
-        rate_alone = max(flood_rate(1.0, 32 * 1024, read_for(1.0)) for _ in range(2))
+        alone = [flood_rate(1.0, 32 * 1024, read_for(1.0)) for _ in range(2)]
         stalled = FoxgloveClient(server.port, receive_buffer=4096)
         stalled.subscribe("/cameraFrame")
         sent_before = server.stats.sent["cameraFrame"]
-        rate_stalled = max(flood_rate(1.0, 32 * 1024, read_for(1.0)) for _ in range(2))
+        with_stalled = [flood_rate(1.0, 32 * 1024, read_for(1.0)) for _ in range(2)]
         sent_during = server.stats.sent["cameraFrame"] - sent_before
+        rate_alone = max(r for r, _ in alone)
+        rate_stalled = max(r for r, _ in with_stalled)
         print(f"publisher: {rate_alone:.0f} msg/s with a reading viewer, "
-              f"{rate_stalled:.0f} msg/s with a stalled one too; server sent "
+              f"{rate_stalled:.0f} msg/s with a stalled one too (waits "
+              f"{[w for _, w in alone]} / {[w for _, w in with_stalled]}); server sent "
               f"{sent_during} while stalled; the reader got {received}")
-        assert rate_stalled > 0.5 * rate_alone, (rate_alone, rate_stalled)
+        # never held back: it did not wait (a process that shares two busy cores with
+        # others is preempted, which shows in its rate and is not a wait) ...
+        assert max(w for _, w in with_stalled) <= max(20, 2 * max(w for _, w in alone))
+        # ... and its rate is of the same order (the machine's load moves it a lot)
+        assert rate_stalled > 0.3 * rate_alone, (rate_alone, rate_stalled)
         # the loop never waited for the stalled viewer: the reading one got its share
         assert min(received[2:]) > 0.5 * max(received[:2]) and min(received) > 60, received
         # what the stalled viewer can still read is bounded (its queue dropped the rest)
