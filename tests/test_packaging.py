@@ -226,6 +226,31 @@ def test_version_names_the_installed_release(built: Built) -> None:
     assert done.stdout.strip() == f"msgq {VERSION}"
 
 
+VISIONIPC_CHECK = '''
+import numpy as np
+from msgq.visionipc import VisionIpcClient, VisionIpcServer
+
+server = VisionIpcServer("packagingCheck")
+server.create_buffers(0, 2, 64, 48)
+server.start_listener()
+client = VisionIpcClient("packagingCheck", 0, False)
+assert client.connect(True)
+frame = (np.arange(client.buffer_len) % 251).astype(np.uint8)
+server.send(0, frame, frame_id=7)
+buf = client.recv(timeout_ms=2000)
+assert buf is not None and client.frame_id == 7
+assert bytes(buf.data[:client.buffer_len]) == frame.tobytes()
+print("frame", client.frame_id, client.width, client.height)
+client.close(); server.close()
+'''
+
+
+@pytest.mark.slow
+def test_visionipc_runs_from_the_installed_wheel(built: Built) -> None:
+    done = user_run(built, str(built.user / "bin/python"), "-c", VISIONIPC_CHECK)
+    assert done.stdout.strip() == "frame 7 64 48"
+
+
 LOCKSTEP_TEST = '''
 import sys
 
