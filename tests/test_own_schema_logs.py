@@ -35,6 +35,7 @@ from msgq.logs import (
 from msgq.logs.index import read_recording
 from msgq.logs.recorder import Recorder, default_services
 from msgq.logs.replayer import Replayer
+from msgq.logs.schema_check import schema_members
 from msgq.schemas import Schema, msgq_schema, schema_in_force
 
 
@@ -290,6 +291,18 @@ def test_a_grown_schema_still_reads_its_older_recordings(tmp_path: Path) -> None
     check_schema(log, schema)
     assert len(list(LogReader(log).raw())) == 31  # with its logStart
 
+    # a log of a newer version: members added at the end, events of one of them
+    doc["schema_members"] = [*schema_members(schema), ["gyroscope3", "struct:123"],
+                             ["gyroscope4", "struct:124"]]
+    (log / "index.json").write_text(json.dumps(doc))
+    check_schema(log, schema)  # none of its events is of the new members
+    doc["segments"][0]["counts"]["gyroscope4"] = 2
+    (log / "index.json").write_text(json.dumps(doc))
+    with pytest.raises(SchemaMismatchError, match="it holds events of gyroscope4, union "
+                                                  "members this schema lacks"):
+        check_schema(log, schema)
+
+    doc["schema_members"] = doc["schema_members"][:-5]
     doc["schema_members"][2] = ["accelerometerV2", doc["schema_members"][2][1]]
     (log / "index.json").write_text(json.dumps(doc))
     with pytest.raises(SchemaMismatchError, match="union member #2 is 'accelerometerV2'"):

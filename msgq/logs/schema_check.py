@@ -7,8 +7,10 @@ reader looks for evidence, cheapest first, before it hands out a single event:
 
 1. the recording's ``index.json``: the union members the writer's schema had, by ordinal
    (``schema_members``: name and type), compared with the reader's — a schema that only
-   added members at the end is the same schema, grown; any other difference is a
-   mismatch. An older index with only ``schema_fingerprint``: that must be equal.
+   added members at the end is the same schema, grown (a log of the newer version is
+   refused only when it holds events of the members the reader lacks, by the index's
+   counts); any other difference is a mismatch. An older index with only
+   ``schema_fingerprint``: that must be equal.
 2. otherwise (loggerd logs, a segment file alone, an index without schema), a sample of
    the first events of the folder's first segment (of a loggerd route's first segment,
    for all its ``<route>--<n>`` folders; up to :data:`SAMPLE_EVENTS`), each
@@ -31,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from msgq.logs.index import INDEX_NAME, read_recording
+from msgq.logs.index import INDEX_NAME, read_index, read_recording
 from msgq.logs.segment import read_messages
 from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.framing import MAX_SEGMENTS
@@ -220,7 +222,8 @@ def _describe(schema: Schema) -> str:
     return f"{schema.path}{root}"
 
 
-def _index_verdict(info: dict[str, Any], schema: Schema) -> tuple[bool, str | None]:
+def _index_verdict(info: dict[str, Any], schema: Schema,
+                   folder: str) -> tuple[bool, str | None]:
     """(whether the index settles it, the mismatch found or None)."""
     if info.get("schema_fingerprint") == schema.fingerprint:
         return True, None
@@ -233,7 +236,16 @@ def _index_verdict(info: dict[str, Any], schema: Schema) -> tuple[bool, str | No
                 return True, (f"its index.json says union member #{ordinal} is {name!r} "
                               f"({theirs[1] if isinstance(theirs, list) else '?'}), "
                               f"this schema's is {mine[0]!r} ({mine[1]})")
-        return True, None  # the same members, one side grown at the end
+        # the same members, one side grown at the end: a log of a newer version is read
+        # unless it holds events of members this version lacks
+        newer = {m[0] for m in members[len(ours):] if isinstance(m, list) and m}
+        held = sorted({name for entry in read_index(folder) or [] for name, n in
+                       entry.counts.items() if name in newer and n})
+        if held:
+            return True, (f"it holds events of {', '.join(held[:5])}"
+                          f"{' and more' if len(held) > 5 else ''}, union members this "
+                          f"schema lacks (the log's schema is a newer version of it)")
+        return True, None
     fingerprint = info.get("schema_fingerprint")
     if isinstance(fingerprint, str) and fingerprint:
         return True, (f"its index.json says schema fingerprint {fingerprint}, this "
@@ -285,7 +297,7 @@ def check_paths(paths: Iterable[str], schema: Schema) -> None:
         if os.path.exists(os.path.join(folder, INDEX_NAME)):
             info = read_recording(folder)
             if info is not None:
-                settled, problem = _index_verdict(info, schema)
+                settled, problem = _index_verdict(info, schema, folder)
                 if problem is not None:
                     raise SchemaMismatchError(f"{folder}: not a log of {_describe(schema)}: "
                                               f"{problem}; {HINT}")
