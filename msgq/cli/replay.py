@@ -82,7 +82,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("logs", nargs="+", metavar="LOG",
-                        help="recording folder, segment file or glob")
+                        help="recording folder, segment file, glob, loggerd rlog or "
+                             "route folder")
     pace = parser.add_mutually_exclusive_group()
     pace.add_argument("--speed", type=_speed, default=1.0, metavar="X",
                       help="play X times as fast (default 1; 0.5 is half speed)")
