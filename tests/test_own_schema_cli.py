@@ -523,3 +523,54 @@ def test_bridge_connect_refuses_another_schema(
                                 "union in other places than this side's"), errors[0]
     assert "run this side with its schema" in errors[0]
     assert "messages" not in json.loads(connect.stdout)  # nothing re-published
+
+
+def test_bridge_connect_checks_the_schema_again_when_the_robot_side_restarts(
+        publisher: Any, machines: tuple[str, str, list[subprocess.Popen[str]]],
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    # The robot side restarts with another version of the schema (armState and imu
+    # swapped in the union): nothing it forwards is re-published under the verdict on
+    # the first one's schema, and connect refuses it.
+    import msgq
+    from msgq.schemas import use_schema
+
+    robot, laptop, procs = machines
+    port = _free_port_pair()
+    for name in ("robot.capnp", "sensors.capnp"):
+        text = open(os.path.join(os.path.dirname(ROBOT_SCHEMA), name)).read()
+        if name == "robot.capnp":
+            text = text.replace("@0xc4f1e2d3b4a59687;", "@0xc4f1e2d3b4a59688;")
+            text = text.replace("armState @2 :ArmState;", "armState @3 :ArmState;")
+            text = text.replace("imu @3 :Sensors.ImuReading;", "imu @2 :Sensors.ImuReading;")
+        (tmp_path / name).write_text(text)
+    publisher(prefix=robot, armState=100)
+
+    def serve(*schema: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([*MSGQ, *schema, "bridge", "serve", "armState", "--port",
+                                 str(port)], env=_env(False, robot),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        return proc
+
+    first = serve("--schema", ROBOT_SCHEMA, "--registry", ROBOT_SERVICES)
+    connect = subprocess.Popen(
+        [*MSGQ, "--schema", ROBOT_SCHEMA, "--registry", ROBOT_SERVICES, "bridge", "connect",
+         "127.0.0.1", "--no-vision", "--port", str(port)],
+        env=_env(False, laptop), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs.append(connect)
+    monkeypatch.setenv("OPENPILOT_PREFIX", laptop)  # this process is on the laptop now
+    monkeypatch.delenv("MSGQ_PREFIX")
+    use_schema(ROBOT_SCHEMA, ROBOT_SERVICES, export=False)
+    sub = msgq.sub_sock("armState", timeout=100)
+    deadline = time.monotonic() + 30
+    while sub.receive() is None:
+        assert time.monotonic() < deadline, "armState did not cross the bridge"
+    first.kill()
+    first.wait()
+    while sub.receive() is not None:  # what the first robot side sent (100 ms of quiet)
+        assert time.monotonic() < deadline + 30, "the first robot side still forwards"
+    serve("--schema", str(tmp_path / "robot.capnp"), "--registry", ROBOT_SERVICES)
+    out, err = connect.communicate(timeout=60)
+    assert connect.returncode == 1, (out, err)
+    assert "its union member #1 is 'imu', this side's 'armState'" in err, err
+    assert sub.receive() is None  # nothing of the second robot side was re-published

@@ -14,7 +14,8 @@ as ``mislabeled`` and ``last_service_error`` says which.
 
 The other side announces its schema (:func:`msgq.bridge.wire.schema_hello`); service
 messages wait for the announcement (at most :data:`HELLO_WAIT_S`, then an older sender
-that announces nothing is taken unchecked). When it is another schema
+that announces nothing is taken unchecked), after each connection to it. When it is
+another schema
 (:func:`msgq.bridge.wire.schema_difference`), no message is re-published — each is counted
 as ``wrong_schema`` — ``schema_problem`` says what differs, and ``notify`` (when given) is
 called with it once, instead of re-publishing messages mislabeled.
@@ -113,8 +114,14 @@ class Inbound:
             self._vision_sub.setsockopt(zmq.RCVHWM, VISION_HWM * FRAME_PARTS)
             self._vision_sub.setsockopt(zmq.SUBSCRIBE, b"v")
             self._vision_sub.connect(f"tcp://{host}:{port + 1}")
+        # A (re)connection to the other side: its schema is unknown until it announces
+        # it (a robot side restarted with another schema must not slip messages through
+        # under the last one's verdict). The monitor comes first in the poller, so its
+        # event, which precedes the new connection's first message by the ZMTP
+        # handshake, is handled first.
+        self._monitor = self._services_sub.get_monitor_socket(zmq.EVENT_CONNECTED)
         self._handlers: dict[Any, Callable[[list[bytes]], None]] = {
-            self._services_sub: self._on_service}
+            self._monitor: self._on_connected, self._services_sub: self._on_service}
         if self._vision_sub is not None:
             self._handlers[self._vision_sub] = self._on_frame
         self._poller = zmq.Poller()
@@ -143,6 +150,9 @@ class Inbound:
             if self._held and time.monotonic() - self._held_since >= HELLO_WAIT_S:
                 self._announced = True  # an older sender: nothing to check against
                 self._release_held()
+
+    def _on_connected(self, parts: list[bytes]) -> None:
+        self._announced = False
 
     def _on_hello(self, parts: list[bytes]) -> None:
         try:
@@ -273,6 +283,8 @@ class Inbound:
             pub.close()
         for server in self._servers.values():
             server.close()
+        self._services_sub.disable_monitor()
+        self._monitor.close()
         self._services_sub.close()
         if self._vision_sub is not None:
             self._vision_sub.close()
