@@ -379,8 +379,6 @@ def test_a_spark_read_uses_the_schema_in_force_not_the_workers_environment(
     schema, then msgq's own — because its spec travels with the read (read_logs) or
     with the registered source (spark.read.format)."""
     import msgq.spark
-    from msgq.logs import LogWriter
-    from msgq.messaging import new_message
     from msgq.schemas import use_schema
 
     events = _robot_events(robot, _old_writer(tmp_path))
@@ -392,15 +390,28 @@ def test_a_spark_read_uses_the_schema_in_force_not_the_workers_environment(
     _assert_rows(rows, _expected_rows(robot, files, [events[:half], events[half:]], columns))
     _literal_checks(rows)
 
+    folder = _msgq_recording(tmp_path)
+    # a log of msgq's schema under the robot schema: refused at load(), never mislabeled
+    with pytest.raises(Exception, match="not a log of .*robot.capnp.*--schema"):
+        msgq.spark.read_logs(spark, folder)
     use_schema(None)  # msgq's own, in this process only: the workers are not told
-    folder = str(tmp_path / "msgq-recording")
-    with LogWriter(folder) as writer:
-        writer.write(new_message("userBookmark"))
     msgq.spark.register(spark)
     df = spark.read.format("msgqlog").load(folder)
     assert [(r.service, r.valid) for r in df.orderBy("offset").collect()] == \
         [("logStart", True), ("userBookmark", False)]  # new_message: valid=False, as cereal
     assert "userBookmark" in msgq.spark.read_logs(spark, folder, decode=True).columns
+
+
+def _msgq_recording(tmp_path: Path) -> str:
+    """A recording of msgq's own schema (written as msgq's own schema, whatever is in
+    force): a logStart, then a userBookmark."""
+    from msgq.logs import LogWriter
+    from msgq.schemas import new_message
+
+    folder = str(tmp_path / "msgq-recording")
+    with LogWriter(folder, schema=msgq_schema()) as writer:
+        writer.write(new_message("userBookmark", schema=msgq_schema()))
+    return folder
 
 
 def _logstats(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -437,3 +448,11 @@ def test_logstats_with_the_robot_schema(tmp_path: Path) -> None:
         assert services["initData"]["expected_hz"] is None
         assert services["initData"]["invalid_fraction"] == pytest.approx(1 / 3)
         assert services["imu"]["invalid_fraction"] == 0.0
+    # a log of msgq's schema with the robot schema: refused before Spark starts, in one
+    # line naming --schema
+    folder = _msgq_recording(tmp_path)
+    refused = _logstats(["--master", "local[1]", folder],
+                        {**env, "MSGQ_SCHEMA": ROBOT_SCHEMA, "MSGQ_REGISTRY": ROBOT_SERVICES})
+    assert refused.returncode == 1 and refused.stdout == ""
+    (line,) = refused.stderr.strip().splitlines()
+    assert f"{folder}: not a log of {ROBOT_SCHEMA}" in line and "--schema FILE.capnp" in line

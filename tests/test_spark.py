@@ -763,7 +763,7 @@ def test_logstats_reports_bad_paths_before_starting_spark(tmp_path: Path) -> Non
     for argv, message in (([str(tmp_path / "missing-*")], "no log file or folder matches"),
                           (["--via", "source", "hdfs://nn/logs"],
                            "local paths and file: URIs only"),
-                          ([str(tmp_path)], "no log segment files"),
+                          ([str(tmp_path)], "no log files in"),
                           ([__file__, "--services", "gpsLocaton"], "did you mean 'gpsLocation'")):
         with pytest.raises(CommandError, match=message):
             logstats.run(parser.parse_args(["logstats", *argv]))

@@ -10,7 +10,7 @@ from typing import Any
 
 from msgq.cli.output import EXIT_OK, CommandError, UsageError, paint, print_json, print_table
 from msgq.cli.services import check_services
-from msgq.logs import segment_paths
+from msgq.logs import SchemaMismatchError, check_schema, segment_paths
 from msgq.schemas import default_schema
 
 DESCRIPTION = """\
@@ -22,7 +22,10 @@ then the gaps with their times and any damage found in the files (with file and 
 The logs are read with the schema in force: --schema FILE.capnp and --registry FILE
 (e.g. cereal's log.capnp and services.py), else MSGQ_SCHEMA / MSGQ_REGISTRY, else msgq's
 own; the expected rates are that registry's, and each field is read with the schema's
-declared defaults (openpilot's valid defaults to true).
+declared defaults (openpilot's valid defaults to true). A local log written with another
+schema is refused before Spark starts (exit 1, one line). Loggerd logs are read as they
+are: rlog.zst, rlog.bz2 or a raw rlog, a route segment folder <route>--<n> or a folder
+of them (a route's segments are one recording).
 
 PATH is a segment file, a recording folder or a glob (quote it), as many as you like.
 Local paths and file: URIs are read by the msgqlog source (Python I/O on the executors);
@@ -113,7 +116,8 @@ def _spark_conf(items: list[str]) -> dict[str, str]:
 
 def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
     """(the local segment files the paths name, the paths read through Hadoop): local
-    ones are checked here, before Spark starts; Spark lists the others."""
+    ones are listed and checked against the schema in force here, before Spark starts;
+    Spark lists the others."""
     # imports pyspark: loaded when the command runs, not at CLI start-up
     from msgq.spark.datasource import local_path
 
@@ -127,6 +131,10 @@ def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
         raise CommandError(str(e)) from None
     if local and not files:
         raise CommandError(f"no log segment files in {' '.join(local)}")
+    try:  # a log of another schema: said here in one line, not read under wrong names
+        check_schema(files)
+    except SchemaMismatchError as e:
+        raise CommandError(str(e)) from None
     return files, remote
 
 

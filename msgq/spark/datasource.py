@@ -56,6 +56,7 @@ from pyspark.sql.types import (
 
 from msgq.logs import CorruptLogWarning, LogReader, TruncatedLogWarning, segment_paths
 from msgq.logs.index import IndexCache
+from msgq.logs.schema_check import check_paths
 from msgq.schemas import (
     SCHEMA_DIR,
     Schema,
@@ -411,7 +412,8 @@ class MsgqLogDataSource(DataSource):
 
     def schema(self) -> StructType:
         options = self._options()
-        segment_paths(list(options.paths))  # a path that names nothing fails at load()
+        # a path that names nothing, or logs of another schema, fail at load()
+        check_paths(segment_paths(list(options.paths)), options.schema)
         return output_schema(options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
