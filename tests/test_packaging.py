@@ -218,9 +218,6 @@ def test_readme_quick_start_and_version_run_from_the_installed_wheel(built: Buil
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="msgq/cli/__init__.py _version() asks for the "
-                   "distribution 'msgq'; it is msgq-shm (the change is requested of the "
-                   "owner of that file; drop this mark with it)")
 def test_version_names_the_installed_release(built: Built) -> None:
     done = user_run(built, str(built.user / "bin/msgq"), "--version")
     assert done.stdout.strip() == f"msgq {VERSION}"

@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 
 import msgq
+from msgq.version import DISTRIBUTION
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -225,7 +226,7 @@ class MsgqBackend(Backend):
     io_note = (
         "send(bytearray) copies once into the ring; receive() copies once into bytes; "
         "view rows: receive_view() reads in the ring, overwrite checked on leaving")
-    dist_name = "msgq"
+    dist_name = DISTRIBUTION
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         super().__init__(run_dir, prefix)

@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import array
 import ctypes
-import importlib.metadata
 import json
 import multiprocessing
 import os
@@ -72,6 +71,7 @@ import numpy as np
 import msgq
 from msgq.queues import queue_dir
 from msgq.tables import format_table as format_rows
+from msgq.version import installed_version
 from msgq.visionipc import VisionIpcClient, VisionIpcServer
 from msgq.visionipc.handshake import KIND_BUFFERS, encode_request
 
@@ -792,10 +792,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if own_prefix:
             shutil.rmtree(prefix_dir, ignore_errors=True)
     elapsed = time.monotonic() - began
-    try:
-        version = importlib.metadata.version("msgq")
-    except importlib.metadata.PackageNotFoundError:
-        version = "?"
+    version = installed_version()
     header = (
         f"visionipc-bench: {args.repeat} repeat(s), {args.seconds:g} s per phase, "
         f"{args.buffers} buffers, {os.cpu_count()} CPU(s), Python {platform.python_version()}, "

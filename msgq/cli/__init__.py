@@ -24,7 +24,6 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import version
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -39,6 +38,7 @@ from msgq.cli.output import (
 )
 from msgq.errors import IpcError
 from msgq.sockets import backend_name
+from msgq.version import installed_version
 
 __all__ = ["COMMANDS", "CommandParser", "add_schema_options", "apply_schema_options",
            "build_parser", "main"]
@@ -105,13 +105,6 @@ class CommandParser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def _version() -> str:
-    try:
-        return version("msgq")
-    except Exception:  # not installed as a distribution (e.g. run from a source tree)
-        return "unknown"
-
-
 def _load(name: str) -> ModuleType | ImportError:
     try:
         return importlib.import_module(f"{__name__}.{name}")
@@ -173,7 +166,7 @@ def build_parser() -> CommandParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"msgq {_version()}")
+    parser.add_argument("--version", action="version", version=f"msgq {installed_version()}")
     add_schema_options(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
     for name in COMMANDS:
