@@ -22,6 +22,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "messaging": ("msgq.bench.messaging", "SubMaster.update and PubMaster.send per call"),
     "logs": ("msgq.bench.logs", "log read throughput and the zero-drop record rate"),
     "spark": ("msgq.bench.spark", "the msgqlog Spark source vs a LogReader loop, 1 and 2 cores"),
+    "export": ("msgq.bench.export", "MCAP export vs a decode-only LogReader loop; --live: the "
+               "Foxglove server on the demo robot"),
 }
 
 DESCRIPTION = """\
@@ -36,6 +38,8 @@ Run the benchmark programs and print their tables.
              recorder keeps up with, without drops
   spark      python -m msgq.bench.spark: events/s decoded per core by the Spark data
              source against a plain LogReader loop, and the 1 -> 2 core speed-up
+  export     python -m msgq.bench.export: MCAP export events/s against a decode-only
+             LogReader loop (--live: the Foxglove server's cost on the demo robot)
   all        every suite, one after the other (the default)
 
 Arguments after '--' go to the suite's own program; 'msgq bench core -- --help' lists
