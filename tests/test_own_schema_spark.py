@@ -44,7 +44,9 @@ from msgq.spark import datasource  # noqa: E402
 
 # An older version of robot.capnp, as a writer built before fields were added: ArmState,
 # Heartbeat, InitData and CanFrame with their first fields only (smaller data and pointer
-# sections); the union's members keep their numbers (the others are Void here).
+# sections), ImuReading and Diagnostics with none (no data section: even Diagnostics'
+# union discriminant lies beyond it); the union's members keep their numbers (the others
+# are Void here).
 OLD_ROBOT = """\
 @0xe1d2c3b4a5968778;
 
@@ -53,16 +55,18 @@ struct Event {
   union {
     initData @1 :InitData;
     armState @2 :ArmState;
-    imu @3 :Void;
+    imu @3 :Empty;
     cameraFrame @4 :Void;
     canFrames @5 :List(CanFrame);
     rawChunks @6 :Void;
     missionLog @7 :Void;
     plannerPlan @8 :Void;
     heartbeat @9 :Heartbeat;
-    diagnostics @10 :Void;
+    diagnostics @10 :Empty;
   }
 }
+
+struct Empty {}
 
 struct InitData {
   robotName @0 :Text;
@@ -192,6 +196,10 @@ def _robot_events(schema: Schema, old_event: Any) -> list[bytes]:
     old = old_event.new_message(logMonoTime=34 * MS)
     old.init("canFrames", 2)[1].address = 9
     add(old)
+    for service in ("imu", "diagnostics"):
+        old = old_event.new_message(logMonoTime=35 * MS)
+        old.init(service)
+        add(old)
     return out
 
 
@@ -309,6 +317,10 @@ def _literal_checks(rows: list[dict[str, Any]]) -> None:
         "flag": True, "values": []}}}}
     assert diags[1]["source"]["sensor"] == {"name": "unnamed", "rateHz": 100.0,
                                             "level": "warning"}
+    assert diags[-1] == diags[0]  # the old writer's: every default, as the unset one
+    imus = [_plain(r)["imu"] for r in rows if r["service"] == "imu"]
+    assert imus[-1] == {"acceleration": [], "gyro": [], "temperature": 25.0, "calibrated": True,
+                        "sensor": {"name": "unnamed", "rateHz": 100.0, "level": "ok"}}
 
 
 # -- tests ---------------------------------------------------------------------------
