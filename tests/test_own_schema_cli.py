@@ -205,7 +205,9 @@ def test_top_shows_the_registry_rates_and_keeps_slow_services_alive(
     # The next heartbeat is 2 s away: the sample sees none, and a 0.5 Hz service is not
     # dead for that (10 of its periods, cereal's rule, are 20 s).
     out = way.run("top", "--once", "--json", "--interval", "0.5")
-    rows = {r["service"]: r for r in json.loads(out.stdout)["services"]}
+    doc = json.loads(out.stdout)
+    assert doc["schema"] == "robot.capnp with the registry services.py"
+    rows = {r["service"]: r for r in doc["services"]}
     assert set(rows) == {"armState", "heartbeat"}
     assert rows["armState"]["expected_hz"] == 100.0
     assert rows["heartbeat"]["expected_hz"] == 0.5
@@ -213,6 +215,7 @@ def test_top_shows_the_registry_rates_and_keeps_slow_services_alive(
     assert rows["armState"]["alive"] is True
     assert rows["heartbeat"]["alive"] is True, rows["heartbeat"]
     table = way.run("top", "--once", "--interval", "0.3").stdout.splitlines()
+    assert "robot.capnp with the registry services.py" in table[0]  # where the rates are from
     heartbeat = next(line.split() for line in table if line.startswith("heartbeat"))
     assert heartbeat[1] == "0.5" and heartbeat[-2] == "yes"  # alive, then pid
     only = json.loads(way.run("top", "--once", "--json", "--interval", "0.2", "--services",

@@ -192,8 +192,8 @@ def _print(rows: list[dict[str, Any]], interval: float, show_all: bool) -> None:
         colours.append(None if r["alive"] else "red")
 
     prefix = namespace_prefix() or "-"
-    print(paint(f"msgq top — namespace {prefix}, {len(shown)} services with a publisher, "
-                f"{interval:g} s samples", "dim"))
+    print(paint(f"msgq top — namespace {prefix}, {schema_in_force_name()}, {len(shown)} "
+                f"services with a publisher, {interval:g} s samples", "dim"))
     if table:
         print_table(header, table, colours)
     else:
@@ -220,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
         rows = _sample(watcher, args.interval, shm)
         if args.json:
             print_json({"interval_s": args.interval, "backend": backend_name(),
+                        "schema": schema_in_force_name(),
                         "services": [r for r in rows if args.all or r["has_publisher"]]})
             return EXIT_OK
         if live:
