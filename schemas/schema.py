@@ -52,6 +52,7 @@ __all__ = [
     "ENV_SERVICES",
     "SchemaSpec",
     "build_schema",
+    "check_compiles",
     "load_module",
     "load_schema",
     "msgq_schema",
@@ -201,14 +202,72 @@ def _loaded_module(path: str) -> Any:
     return module if getattr(module, "__file__", None) is not None else None
 
 
+# The program a child runs to try compiling a schema: pycapnp aborts the process on any
+# compile error (parse error, unknown type, missing file id), so a file nobody has compiled
+# on this machine is compiled in a child first.
+_TRY_COMPILE = ("import capnp, sys; capnp.remove_import_hook(); "
+                "capnp.load(sys.argv[1], imports=sys.argv[2:])")
+_compiled: set[str] = set()  # schema keys known to compile, in this process
+
+
+def _compile_key(path: str, imports: Iterable[str]) -> str:
+    from importlib.metadata import version  # only for a schema not yet checked here
+
+    text = f"{schema_fingerprint(path)}\0{os.path.abspath(path)}\0{list(imports)}\0" \
+        f"{version('pycapnp')}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _compile_marker(key: str) -> str | None:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "msgq", "compiled-schemas", key) if base else None
+
+
+def check_compiles(path: str, imports: Iterable[str] = ()) -> None:
+    """Raises ValueError, in one line with pycapnp's reason, when the schema file at
+    ``path`` does not compile — found in a child process, since pycapnp aborts the process
+    that compiles a bad file. A file that compiled is remembered (in this process, and in
+    ``~/.cache/msgq/compiled-schemas`` by the fingerprint of its text and imports), so the
+    child runs once per schema version and machine."""
+    import subprocess  # only for a schema not yet checked here
+    import sys
+
+    imports = [os.path.abspath(i) for i in imports]
+    key = _compile_key(path, imports)
+    marker = _compile_marker(key)
+    if key in _compiled or (marker is not None and os.path.exists(marker)):
+        _compiled.add(key)
+        return
+    done = subprocess.run([sys.executable, "-c", _TRY_COMPILE, path, *imports],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        reasons = [line for line in lines if "failed:" in line] or lines[-1:]
+        reason = reasons[-1] if reasons else f"exit code {done.returncode}"
+        reason = reason.removeprefix("what():").strip()
+        raise ValueError(f"schema file {path} does not compile: {reason}")
+    _compiled.add(key)
+    if marker is not None:
+        try:
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            with open(marker, "w"):
+                pass
+        except OSError:
+            pass  # no cache folder: the child runs again next time
+
+
 def load_module(path: str, imports: Iterable[str] = ()) -> Any:
     """The pycapnp module of the schema file at ``path``: the one already loaded in this
     process when there is one (never parsed twice, which would abort the process), else
-    loaded with ``imports`` as its only extra folders."""
+    loaded with ``imports`` as its only extra folders, after :func:`check_compiles` (a
+    file that does not compile is a ValueError, never an abort). msgq's own schema is
+    loaded directly."""
     capnp = _capnp()
     with _lock:
         module = _loaded_module(path)
         if module is None:
+            if os.path.dirname(os.path.abspath(path)) != SCHEMA_DIR:
+                check_compiles(path, imports)
             module = capnp.load(path, imports=list(imports))
     return module
 

@@ -144,7 +144,14 @@ def apply_schema_options(args: argparse.Namespace) -> None:
 
     try:
         if schema is None and registry is None and root is None:
-            selection.spec_in_force()  # a bad MSGQ_SCHEMA / MSGQ_REGISTRY is said here
+            spec = selection.spec_in_force()  # a bad MSGQ_SCHEMA / MSGQ_REGISTRY: said here
+            if not spec.is_msgq_own:
+                try:
+                    spec.load()  # an application's schema is checked before the command runs
+                except (OSError, ValueError, TypeError) as e:
+                    raise CommandError(f"{e} (the schema in force, from "
+                                       f"{selection.ENV_SCHEMA}/{selection.ENV_SERVICES})"
+                                       ) from None
             return
         env = os.environ
         selection.use_schema(
