@@ -37,6 +37,7 @@ from msgq.logs.recorder import Recorder, default_services
 from msgq.logs.replayer import Replayer
 from msgq.logs.schema_check import schema_members
 from msgq.schemas import Schema, msgq_schema, schema_in_force
+from msgq.version import installed_version
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -156,6 +157,7 @@ def test_log_writer_records_without_log_start(robot: Schema, tmp_path: Path) -> 
     assert info["schema_fingerprint"] == robot.fingerprint and info["log_start"] is False
     assert [m[0] for m in info["schema_members"]] == list(robot.layout.services)
     assert info["metadata"] == {"vehicle": "arm-7"} and info["hostname"]
+    assert info["msgq_version"] == installed_version() != "unknown"
     segments = read_index(str(tmp_path / "rec"))
     assert segments is not None and len(segments) >= 3
     assert sum(s.events for s in segments) == len(events)

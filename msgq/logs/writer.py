@@ -32,7 +32,6 @@ import signal
 import socket
 import time
 import uuid
-from importlib.metadata import version
 from types import FrameType, TracebackType
 from typing import Any, BinaryIO
 
@@ -42,6 +41,7 @@ from msgq.logs.index import SegmentIndex, write_index
 from msgq.logs.schema_check import log_start_fields, schema_members
 from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.events import MessageDecodeError
+from msgq.version import installed_version
 
 __all__ = ["COMPRESSIONS", "LOG_START_FIELDS", "LogWriter", "close_on_termination",
            "writes_log_start"]
@@ -63,10 +63,7 @@ def writes_log_start(schema: Schema) -> bool:
 
 @functools.cache
 def _msgq_version() -> str:
-    try:
-        return version("msgq")
-    except Exception:
-        return "unknown"
+    return installed_version()
 
 
 class _SegmentFile:
