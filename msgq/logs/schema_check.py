@@ -95,7 +95,9 @@ class _RootShape:
     discriminant_byte: int
 
 
-def _mark_fields(struct_schema: Any, used: list[int]) -> None:
+def _mark_fields(struct_schema: Any, used: list[tuple[int, int]]) -> None:
+    """Appends (mask, first bit) of every data-section field of a struct (its groups
+    and union discriminants included)."""
     node = struct_schema.node.struct
     if node.discriminantCount:
         used.append((0xFFFF, 16 * node.discriminantOffset))
@@ -117,7 +119,7 @@ def _root_shape(schema: Schema) -> _RootShape:
     key = schema.spec
     shape = _shapes.get(key)
     if shape is None:
-        marks: list[Any] = []
+        marks: list[tuple[int, int]] = []
         _mark_fields(schema.event.schema, marks)
         used = 0
         for mask, bit in marks:
