@@ -36,6 +36,10 @@ def schema_in_force(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.delenv(name, raising=False)
     selection.reset_to_environment()
     yield
+    # use_schema() exports the schema to os.environ itself: monkeypatch, which restores
+    # only what it set, would leave a test's schema to the next modules
+    for name in (selection.ENV_SCHEMA, selection.ENV_SERVICES, selection.ENV_ROOT):
+        os.environ.pop(name, None)
     services.register(None)
     selection.reset_to_environment()
 
@@ -49,9 +53,7 @@ def robot(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     from msgq.schemas import use_schema
 
     schema = use_schema(ROBOT_SCHEMA, ROBOT_SERVICES)  # exports MSGQ_SCHEMA/MSGQ_REGISTRY
-    for name, value in schema.spec.environment().items():
-        monkeypatch.setenv(name, value)  # restored after the test
-    yield schema
+    yield schema  # the autouse schema_in_force fixture removes what it exported
 
 
 @pytest.fixture(params=["msgq", "robot"])
