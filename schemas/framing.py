@@ -30,6 +30,7 @@ __all__ = [
     "FramingError",
     "message_extent",
     "message_length",
+    "root_data_section",
 ]
 
 #: Largest message a log may hold (a sanity bound on untrusted length fields).
@@ -134,6 +135,32 @@ def message_extent(message: Any) -> int | None:
     return reached
 
 
+def root_data_section(message: Any) -> tuple[int, int] | None:
+    """``(byte offset, words)`` of the data section of a one-message buffer's root struct,
+    inside its first segment; None when the root pointer is not a struct pointer into that
+    segment (a far pointer, garbage). Bounds-checked: the section lies inside ``message``."""
+    if len(message) < 16:
+        return None
+    count = _U32.unpack_from(message, 0)[0] + 1
+    base = (4 + 4 * count + 7) & ~7  # first word of segment 0
+    if count > MAX_SEGMENTS or base + 8 > len(message):
+        return None
+    seg0_end = base + 8 * _U32.unpack_from(message, 4)[0]
+    if seg0_end > len(message):
+        return None
+    pointer = _U64.unpack_from(message, base)[0]
+    if pointer & 3 != 0:  # not a struct pointer (far pointer or garbage)
+        return None
+    offset_words = (pointer >> 2) & 0x3FFFFFFF
+    if offset_words & 0x20000000:
+        offset_words -= 0x40000000
+    data_words = (pointer >> 32) & 0xFFFF
+    data = base + 8 * (1 + offset_words)
+    if data < base + 8 or data + 8 * data_words > seg0_end:
+        return None
+    return data, data_words
+
+
 @dataclass(frozen=True)
 class EventLayout:
     """Where the root struct of a schema keeps ``logMonoTime``, ``valid`` and its union
@@ -198,26 +225,11 @@ class EventLayout:
         """``(logMonoTime, valid, service)`` of one whole message, read from its root
         struct; None when the message is laid out in a way this shortcut does not follow
         (a far root pointer, for instance) — decode it with pycapnp then."""
-        if len(message) < 16:
+        section = root_data_section(message)
+        if section is None:
             return None
-        count = _U32.unpack_from(message, 0)[0] + 1
-        base = (4 + 4 * count + 7) & ~7  # first word of segment 0
-        if count > MAX_SEGMENTS or base + 8 > len(message):
-            return None
-        seg0_end = base + 8 * _U32.unpack_from(message, 4)[0]
-        if seg0_end > len(message):
-            return None
-        pointer = _U64.unpack_from(message, base)[0]
-        if pointer & 3 != 0:  # not a struct pointer (far pointer or garbage)
-            return None
-        offset_words = (pointer >> 2) & 0x3FFFFFFF
-        if offset_words & 0x20000000:
-            offset_words -= 0x40000000
-        data_words = (pointer >> 32) & 0xFFFF
-        data = base + 8 * (1 + offset_words)
+        data, data_words = section
         data_end = data + 8 * data_words
-        if data < base + 8 or data_end > seg0_end:
-            return None
 
         def inside(byte: int, width: int) -> bool:
             return data + byte + width <= data_end

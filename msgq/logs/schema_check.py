@@ -36,7 +36,7 @@ from typing import Any, BinaryIO
 from msgq.logs.index import INDEX_NAME, read_index, read_recording
 from msgq.logs.segment import read_messages
 from msgq.schemas import Schema, schema_in_force
-from msgq.schemas.framing import MAX_SEGMENTS
+from msgq.schemas.framing import root_data_section
 
 __all__ = ["SAMPLE_EVENTS", "SchemaMismatchError", "check_schema", "schema_members"]
 
@@ -48,8 +48,6 @@ SAMPLE_BYTES = 4 << 20
 _HEX = re.compile(r"[0-9a-f]+")
 _ROUTE_SEGMENT = re.compile(r"^(.+)--(\d+)$")
 _U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
 # Bits of each plain type in a struct's data section (pointer types take none).
 _WIDTH = {"void": 0, "bool": 1, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16,
           "enum": 16, "int32": 32, "uint32": 32, "float32": 32, "int64": 64, "uint64": 64,
@@ -135,25 +133,10 @@ def _root_shape(schema: Schema) -> _RootShape:
 def _classify(message: bytes, shape: _RootShape) -> str | None:
     """``"ok"``, ``"foreign"`` (a discriminant beyond the members), ``"odd"`` (bits set
     that no field uses), or None (no root struct to read: a far pointer, garbage)."""
-    if len(message) < 16:
+    section = root_data_section(message)
+    if section is None:
         return None
-    count = _U32.unpack_from(message, 0)[0] + 1
-    base = (4 + 4 * count + 7) & ~7
-    if count > MAX_SEGMENTS or base + 8 > len(message):
-        return None
-    seg0_end = base + 8 * _U32.unpack_from(message, 4)[0]
-    if seg0_end > len(message):
-        return None
-    pointer = _U64.unpack_from(message, base)[0]
-    if pointer & 3 != 0:
-        return None
-    offset_words = (pointer >> 2) & 0x3FFFFFFF
-    if offset_words & 0x20000000:
-        offset_words -= 0x40000000
-    data_words = (pointer >> 32) & 0xFFFF
-    start = base + 8 * (1 + offset_words)
-    if start < base + 8 or start + 8 * data_words > seg0_end:
-        return None
+    start, data_words = section
     words = min(data_words, shape.data_words)
     which = _U16.unpack_from(message, start + shape.discriminant_byte)[0] \
         if shape.discriminant_byte + 2 <= 8 * data_words else 0
