@@ -401,6 +401,11 @@ def test_a_spark_read_uses_the_schema_in_force_not_the_workers_environment(
     rows = [r.asDict() for r in df.orderBy("file", "offset").collect()]
     _assert_rows(rows, _expected_rows(robot, files, [events[:half], events[half:]], columns))
     _literal_checks(rows)
+    # the route's two segment folders are one recording (one clock), for the timeline too
+    from msgq.spark.analyses import log_stats
+
+    recordings = log_stats(df).events.select("recording").distinct().collect()
+    assert [r.recording for r in recordings] == [str(tmp_path / "route")]
 
     folder = _msgq_recording(tmp_path)
     # a log of msgq's schema under the robot schema: refused at load(), never mislabeled
@@ -453,6 +458,8 @@ def test_logstats_with_the_robot_schema(tmp_path: Path) -> None:
         services = {r["service"]: r for r in json.loads(result.stdout)["services"]}
         arm = services["armState"]
         assert (arm["count"], arm["expected_hz"]) == (41, 100.0)
+        # route--0 and route--1 are one recording: intervals across the boundary
+        assert (arm["segments"], arm["intervals"]) == (2, 40)
         # 8 of the 40 new ones written valid=False; the old writer's has no valid: true
         assert arm["invalid_fraction"] == pytest.approx(8 / 41)
         assert services["heartbeat"]["expected_hz"] == 0.5

@@ -115,6 +115,8 @@ _COMPRESSION_SUFFIX = re.compile(r"\.(?:zst|bz2)$")
 
 
 _MSGQ_SCHEMA_FILE = os.path.join(SCHEMA_DIR, "log.capnp")
+# The options that name the schema of a read.
+_SCHEMA_OPTIONS = ("schemaSpec", "schemaFile", "registry", "root", "imports")
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$", re.DOTALL)
 
 
@@ -402,12 +404,13 @@ class MsgqLogDataSource(DataSource):
         return SOURCE_NAME
 
     def _options(self) -> ReadOptions:
+        """The read's options; with no schema option, the source class's spec."""
         options = self.options
         if self.default_spec is not None and not any(
-                options.get(key) for key in ("schemaSpec", "schemaFile", "registry", "root")):
-            options = {**dict(options.items()), "schemaSpec": self.default_spec}
-            options = {key.lower(): value for key, value in options.items()}
-            return ReadOptions.parse(_CaseInsensitive(options))
+                options.get(key) for key in _SCHEMA_OPTIONS):
+            named = {key.lower(): value for key, value in options.items()}
+            named["schemaspec"] = self.default_spec
+            return ReadOptions.parse(_CaseInsensitive(named))
         return ReadOptions.parse(options)
 
     def schema(self) -> StructType:
