@@ -203,12 +203,18 @@ def _robot_events(schema: Schema, old_event: Any) -> list[bytes]:
     return out
 
 
+def _thirds(events: list[bytes]) -> list[list[bytes]]:
+    third = len(events) // 3
+    return [events[:third], events[third:2 * third], events[2 * third:]]
+
+
 def _loggerd_route(folder: Path, events: list[bytes]) -> list[str]:
-    """The events as a loggerd route of two segments: ``route--0/rlog.zst`` (the first
-    half) and ``route--1/rlog.bz2``."""
-    half = len(events) // 2
-    return [write_loggerd_log(str(folder / "route--0" / "rlog.zst"), events[:half], "zstd"),
-            write_loggerd_log(str(folder / "route--1" / "rlog.bz2"), events[half:], "bz2")]
+    """The events as a loggerd route of three segments, a third each:
+    ``route--0/rlog.zst``, ``route--1/rlog.bz2`` and ``route--2/rlog`` (raw)."""
+    return [write_loggerd_log(str(folder / f"route--{n}" / name), part, compression)
+            for n, (name, compression, part) in enumerate(zip(
+                ("rlog.zst", "rlog.bz2", "rlog"), ("zstd", "bz2", "none"), _thirds(events),
+                strict=True))]
 
 
 # -- what pycapnp says --------------------------------------------------------------
@@ -341,15 +347,14 @@ def test_every_column_is_pycapnps_with_the_schemas_defaults(robot: Schema,
                                                              tmp_path: Path) -> None:
     events = _robot_events(robot, _old_writer(tmp_path))
     files = _loggerd_route(tmp_path, events)
-    half = len(events) // 2
     options = datasource.ReadOptions(paths=tuple(files), decode=robot.union_fields)
     assert options.spec == robot.spec
     columns = datasource.output_schema(options)
     rows = _read_directly(options)
-    _assert_rows(rows, _expected_rows(robot, files, [events[:half], events[half:]], columns))
+    _assert_rows(rows, _expected_rows(robot, files, _thirds(events), columns))
     _literal_checks(rows)
     # the segment number of a loggerd segment is its folder's
-    assert [r["segment"] for r in (rows[0], rows[-1])] == [0, 1]
+    assert [r["segment"] for r in (rows[0], rows[-1])] == [0, 2]
 
 
 def test_the_schema_travels_with_the_read_as_a_spec(robot: Schema, tmp_path: Path) -> None:
@@ -395,12 +400,21 @@ def test_a_spark_read_uses_the_schema_in_force_not_the_workers_environment(
 
     events = _robot_events(robot, _old_writer(tmp_path))
     files = _loggerd_route(tmp_path, events)
-    half = len(events) // 2
     df = msgq.spark.read_logs(spark, files, decode=True)
     columns = df.schema
     rows = [r.asDict() for r in df.orderBy("file", "offset").collect()]
-    _assert_rows(rows, _expected_rows(robot, files, [events[:half], events[half:]], columns))
+    _assert_rows(rows, _expected_rows(robot, files, _thirds(events), columns))
     _literal_checks(rows)
+    # through Spark's Hadoop file systems, the route's folders: one copy of each segment
+    # (a qlog, and a raw rlog beside the rlog.zst, are the same events again)
+    write_loggerd_log(str(tmp_path / "route--0" / "qlog.zst"), events[:3])
+    write_loggerd_log(str(tmp_path / "route--0" / "rlog"), events[:3], "none")
+    folders = [(tmp_path / f"route--{n}").as_uri() for n in range(3)]
+    hadoop = msgq.spark.read_logs(spark, folders, via="hadoop").orderBy("file", "offset")
+    assert [(r.file.rpartition("/")[2], r.offset, r.service, r.logMonoTime, r.valid)
+            for r in hadoop.collect()] == \
+        [(r["file"].rpartition("/")[2], r["offset"], r["service"], r["logMonoTime"],
+          r["valid"]) for r in rows]
     # the route's two segment folders are one recording (one clock), for the timeline too
     from msgq.spark.analyses import log_stats
 
@@ -458,8 +472,10 @@ def test_logstats_with_the_robot_schema(tmp_path: Path) -> None:
         services = {r["service"]: r for r in json.loads(result.stdout)["services"]}
         arm = services["armState"]
         assert (arm["count"], arm["expected_hz"]) == (41, 100.0)
-        # route--0 and route--1 are one recording: intervals across the boundary
-        assert (arm["segments"], arm["intervals"]) == (2, 40)
+        # the route's folders are one recording: intervals across their boundaries
+        assert arm["intervals"] == 40
+        assert arm["segments"] == sum(any(robot.decode(e).which() == "armState" for e in part)
+                                      for part in _thirds(events))
         # 8 of the 40 new ones written valid=False; the old writer's has no valid: true
         assert arm["invalid_fraction"] == pytest.approx(8 / 41)
         assert services["heartbeat"]["expected_hz"] == 0.5

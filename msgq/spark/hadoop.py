@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import SimpleNamespace
 from typing import Any
 
+from msgq.logs.reader import _LOGGERD_NAME, _loggerd_log  # the one rule of which copy
 from msgq.spark.datasource import (
     ReadOptions,
     _SegmentRead,
@@ -37,7 +38,7 @@ from msgq.spark.datasource import (
     uri_scheme,
 )
 
-__all__ = ["SEGMENT_GLOB", "VIA", "read_segment_files", "split_paths"]
+__all__ = ["SEGMENT_GLOB", "VIA", "loggerd_choice", "read_segment_files", "split_paths"]
 
 #: How :func:`msgq.spark.read_logs` reads paths: ``auto`` (local paths and ``file:`` URIs
 #: with the msgqlog source, other URIs through Hadoop), ``source`` (all with the source),
@@ -46,8 +47,9 @@ VIA = ("auto", "source", "hadoop")
 
 #: The files of a folder (or a glob's folders) read as segments: the suffixes
 #: :func:`msgq.logs.segment_paths` takes (``.log``, ``.log.zst``, ``.log.bz2``, ``.zst``,
-#: ``.bz2``). Spark skips names starting with ``.`` or ``_`` itself.
-SEGMENT_GLOB = "*.{log,zst,bz2}"
+#: ``.bz2``), and loggerd's raw ``rlog``/``qlog``. Spark skips names starting with ``.``
+#: or ``_`` itself.
+SEGMENT_GLOB = "{*.log,*.zst,*.bz2,rlog,qlog}"
 
 
 def split_paths(paths: Iterable[str], via: str = "auto") -> tuple[list[str], list[str]]:
@@ -96,9 +98,32 @@ def read_segment_files(spark: Any, uris: Iterable[str | os.PathLike[str]],
             "(spark.jars.packages: org.apache.hadoop:hadoop-aws for s3a:, hadoop-azure "
             "for abfs:, the gcs-connector for gs:) and its settings (spark.hadoop.*)"
         ) from None
+    # A loggerd segment folder holds its events more than once (rlog and qlog, zstd and
+    # bz2): one of them is read, as segment_paths picks it (the listing, not a job).
+    listed = files.inputFiles()
+    if len(loggerd_choice(listed)) < len(listed):
+        # the path column spells URIs its own way (file:/x, not file:///x): choose
+        # among its values (a job that lists, reading no content)
+        paths = [row.path for row in files.select("path").collect()]
+        files = files.where(files.path.isin(loggerd_choice(paths)))
     # A plain module function and plain data: that is all the executors are sent.
     read = functools.partial(_segment_batches, parsed, schema)
     return files.select("path", "content").mapInArrow(read, schema)
+
+
+def loggerd_choice(paths: Iterable[str]) -> list[str]:
+    """``paths`` without the second copies of a loggerd segment: of the ``rlog``/``qlog``
+    files of one folder, only the one :func:`msgq.logs.segment_paths` reads (rlog over
+    qlog, zstd over bz2 over raw); other files stay."""
+    paths = list(paths)
+    by_folder: dict[str, list[str]] = {}
+    for path in paths:
+        folder, _, name = path.rpartition("/")
+        if _LOGGERD_NAME.match(name):
+            by_folder.setdefault(folder, []).append(name)
+    keep = {f"{folder}/{name}" for folder, names in by_folder.items()
+            for name in _loggerd_log(names)}
+    return [p for p in paths if p in keep or not _LOGGERD_NAME.match(p.rpartition("/")[2])]
 
 
 def _missing_file_system(error: str) -> str | None:
