@@ -39,7 +39,7 @@ from typing import Any
 
 from msgq.bench.fixtures import SERVICES, filled_message
 from msgq.logs import LogReader, LogWriter
-from msgq.schemas import SERVICE_LIST
+from msgq.schemas import SERVICE_LIST, use_schema
 from msgq.tables import format_table
 
 __all__ = ["main", "make_recording"]
@@ -321,6 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.seconds, args.rotate, args.repeat)
     if seconds <= 0 or rotate <= 0 or repeat < 1:
         parser.error("--seconds and --rotate must be positive, --repeat at least 1")
+    # The recording is of msgq's own services: msgq's schema and registry are in force
+    # here and in the commands run (whatever MSGQ_SCHEMA / --schema said).
+    use_schema(None)
     result = run(seconds, rotate, repeat, cluster=not (args.tiny or args.no_cluster),
                  reads=not args.no_reads)
     if args.json:
