@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 import threading
@@ -205,16 +206,18 @@ def _loaded_module(path: str) -> Any:
 # The program a child runs to try compiling a schema: pycapnp aborts the process on any
 # compile error (parse error, unknown type, missing file id), so a file nobody has compiled
 # on this machine is compiled in a child first.
-_TRY_COMPILE = ("import capnp, sys; capnp.remove_import_hook(); "
-                "capnp.load(sys.argv[1], imports=sys.argv[2:])")
+# The child first replays the loads this process made (a file imported under another path
+# than it was loaded by is a "Duplicate ID" abort too), then loads the new file.
+_TRY_COMPILE = ("import capnp, json, sys; capnp.remove_import_hook(); "
+                "[capnp.load(p, imports=i) for p, i in json.loads(sys.argv[1])]")
 _compiled: set[str] = set()  # schema keys known to compile, in this process
+_loads: list[tuple[str, list[str]]] = []  # (path, imports) of load_module's loads, in order
 
 
-def _compile_key(path: str, imports: Iterable[str]) -> str:
+def _compile_key(loads: list[tuple[str, list[str]]]) -> str:
     from importlib.metadata import version  # only for a schema not yet checked here
 
-    text = f"{schema_fingerprint(path)}\0{os.path.abspath(path)}\0{list(imports)}\0" \
-        f"{version('pycapnp')}"
+    text = json.dumps([[schema_fingerprint(p), p, i] for p, i in loads]) + version("pycapnp")
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -226,25 +229,31 @@ def _compile_marker(key: str) -> str | None:
 def check_compiles(path: str, imports: Iterable[str] = ()) -> None:
     """Raises ValueError, in one line with pycapnp's reason, when the schema file at
     ``path`` does not compile — found in a child process, since pycapnp aborts the process
-    that compiles a bad file. A file that compiled is remembered (in this process, and in
-    ``~/.cache/msgq/compiled-schemas`` by the fingerprint of its text and imports), so the
-    child runs once per schema version and machine."""
+    that compiles a bad file, or that parses a file again under another import path. The
+    child replays this process's earlier loads first. A file that compiled is remembered
+    (in this process, and in ``~/.cache/msgq/compiled-schemas`` by the fingerprints of the
+    files and import folders loaded), so the child runs once per schema version and
+    machine."""
     import subprocess  # only for a schema not yet checked here
     import sys
 
-    imports = [os.path.abspath(i) for i in imports]
-    key = _compile_key(path, imports)
+    loads = [*_loads, (os.path.abspath(path), [os.path.abspath(i) for i in imports])]
+    key = _compile_key(loads)
     marker = _compile_marker(key)
     if key in _compiled or (marker is not None and os.path.exists(marker)):
         _compiled.add(key)
         return
-    done = subprocess.run([sys.executable, "-c", _TRY_COMPILE, path, *imports],
+    done = subprocess.run([sys.executable, "-c", _TRY_COMPILE, json.dumps(loads)],
                           capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
         reasons = [line for line in lines if "failed:" in line] or lines[-1:]
         reason = reasons[-1] if reasons else f"exit code {done.returncode}"
         reason = reason.removeprefix("what():").strip()
+        if "Duplicate ID" in reason:
+            raise ValueError(f"schema file {path} reaches a file this process already "
+                             f"loaded, under another path or import folders ({reason}); "
+                             "pycapnp would abort: import it the way it was loaded")
         raise ValueError(f"schema file {path} does not compile: {reason}")
     _compiled.add(key)
     if marker is not None:
@@ -269,6 +278,7 @@ def load_module(path: str, imports: Iterable[str] = ()) -> Any:
             if os.path.dirname(os.path.abspath(path)) != SCHEMA_DIR:
                 check_compiles(path, imports)
             module = capnp.load(path, imports=list(imports))
+            _loads.append((os.path.abspath(path), [os.path.abspath(i) for i in imports]))
     return module
 
 

@@ -332,3 +332,31 @@ def test_a_service_that_stops_is_not_at_its_rate(robot: Any) -> None:
     sm.update_msgs(time.monotonic() + 1e6, [])
     assert not sm.alive["armState"] and not sm.freq_ok["armState"]
     sm.close()
+
+
+def test_a_schema_that_would_abort_the_process_is_a_value_error(tmp_path: Any) -> None:
+    """pycapnp aborts a process that compiles a bad file, or parses msgq's log.capnp again
+    through an import folder after loading it directly: each is a ValueError."""
+    program = textwrap.dedent("""
+        import sys
+        from msgq.schemas import SCHEMA_DIR, load_schema, msgq_schema
+        msgq_schema()
+        for text in sys.argv[1:]:
+            path = sys.argv[0] + str(len(text)) + ".capnp"
+            open(path, "w").write(text)
+            try:
+                load_schema(path, imports=[SCHEMA_DIR])
+                print("loaded")
+            except ValueError as e:
+                print("ValueError", "Duplicate ID" in str(e), "does not compile" in str(e))
+    """)
+    texts = [
+        "@0xd1e2f3a4b5c6d7f1;\nstruct Event { logMonoTime @0 :UInt64; x @1 :Nope; }\n",
+        '@0xd1e2f3a4b5c6d7f2;\nusing Log = import "/log.capnp";\nstruct Event {\n'
+        "  logMonoTime @0 :UInt64; valid @1 :Bool;\n"
+        "  union { start @2 :Log.LogStart; note @3 :Text; }\n}\n",
+    ]
+    out = subprocess.run([sys.executable, "-c", program, *texts], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["ValueError False True", "ValueError True False"]
