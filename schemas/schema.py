@@ -186,7 +186,8 @@ _loaded: dict[SchemaSpec, Schema] = {}
 
 def _loaded_module(path: str) -> Any:
     """The module pycapnp already loaded from the file at ``path`` in this process (found
-    by the file's ``@0x...`` id), or None."""
+    by the file's ``@0x...`` id), or None; ValueError when another file with that id was
+    loaded (pycapnp would abort on it)."""
     import capnp.lib.capnp as capnp_lib  # pycapnp is loaded on first use (cheap import)
 
     parser = getattr(capnp_lib, "_global_schema_parser", None)
@@ -200,7 +201,14 @@ def _loaded_module(path: str) -> Any:
     if match is None:
         return None
     module = parser.modules_by_id.get(int(match.group(1), 16))
-    return module if getattr(module, "__file__", None) is not None else None
+    loaded_from = getattr(module, "__file__", None)
+    if loaded_from is None:
+        return None
+    if os.path.realpath(loaded_from) != os.path.realpath(path):
+        raise ValueError(f"schema file {path} declares the file id @0x{match.group(1)} of "
+                         f"{loaded_from}, already loaded in this process: two files cannot "
+                         "share an id (give one a new one: capnp id)")
+    return module
 
 
 # The program a child runs to try compiling a schema: pycapnp aborts the process on any
@@ -234,7 +242,8 @@ def check_compiles(path: str, imports: Iterable[str] = ()) -> None:
     (in this process, and in ``~/.cache/msgq/compiled-schemas`` by the fingerprints of the
     files and import folders loaded), so the child runs once per schema version and
     machine."""
-    import subprocess  # only for a schema not yet checked here
+    # only for a schema not yet checked here
+    import subprocess
     import sys
 
     loads = [*_loads, (os.path.abspath(path), [os.path.abspath(i) for i in imports])]

@@ -549,7 +549,7 @@ def test_an_interrupted_export_leaves_no_file(tmp_path: Path) -> None:
 
 
 GENERIC_SCHEMA = """
-@0xe1f2a3b4c5d6e7f8;
+@0xe1f2a3b4c5d6e7f9;
 struct Map(Key, Value) {
   entries @0 :List(Entry);
   struct Entry {

@@ -17,7 +17,7 @@ from msgq.cli.output import (
     print_json,
     print_table,
 )
-from msgq.cli.services import check_schema_in_force, check_services
+from msgq.cli.services import check_services
 from msgq.schemas import registry_in_force
 
 EPILOG = """\
@@ -103,7 +103,6 @@ def run(args: argparse.Namespace) -> int:
     # every other command and `msgq --help` would pay for at start-up.
     from msgq.bridge import DEFAULT_PORT, Inbound, Outbound
 
-    check_schema_in_force()
     refused: list[str] = []
     port = DEFAULT_PORT if args.port is None else args.port
     if not 1 <= port < 65535:

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgq
 from msgq.cli.output import EXIT_FAILURE, EXIT_OK, UsageError, number, print_error
-from msgq.cli.services import check_schema_in_force, check_services, schema_in_force_name
+from msgq.cli.services import check_services, schema_in_force_name
 from msgq.schemas import MessageDecodeError, decode_event, new_message, schema_in_force
 
 EPILOG = """\
@@ -177,7 +177,6 @@ def _format(args: argparse.Namespace, service: str, data: bytes) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Prints messages until --count, --timeout or Ctrl-C."""
-    check_schema_in_force()
     services = check_services(args.services)
     if args.values:
         check_values_path(services, args.values)

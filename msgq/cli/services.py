@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Iterable
 
-from msgq.cli.output import CommandError, UsageError
-from msgq.schemas import SERVICE_LIST, registry_in_force, spec_in_force
+from msgq.cli.output import UsageError
+from msgq.schemas import SERVICE_LIST, registry_in_force, schema_in_force, spec_in_force
 from msgq.schemas.services import unknown_service_error
 
-__all__ = ["check_schema_in_force", "check_services", "schema_in_force_name",
+__all__ = ["check_services", "schema_in_force_name",
            "unknown_service_message"]
 
 _SELECT_HINT = ("--schema FILE.capnp --registry FILE (or MSGQ_SCHEMA/MSGQ_REGISTRY) select "
@@ -40,30 +40,9 @@ def schema_in_force_name() -> str:
     return schema
 
 
-def check_schema_in_force() -> None:
-    """Loads the schema in force now when it is an application's, so that one named by
-    MSGQ_SCHEMA/MSGQ_REGISTRY that does not load, or whose registry is not its own, is a
-    CommandError of one line before the command does anything (``--schema``/``--registry``
-    are loaded before the command runs; msgq's own stays loaded lazily, as before)."""
-    from msgq.schemas import schema_in_force
-
-    spec = spec_in_force()
-    if spec.is_msgq_own:
-        return
-    try:
-        schema_in_force()
-    except (OSError, ValueError, TypeError) as e:
-        raise CommandError(f"{e} (from MSGQ_SCHEMA/MSGQ_REGISTRY)") from None
-    except Exception as e:  # pycapnp's errors: their first line
-        raise CommandError(f"cannot load the schema {spec.path}: "
-                           f"{str(e).strip().splitlines()[0]}") from None
-
-
 def _union_members() -> Collection[str]:
     """The root struct's union members of the schema in force (loads it; on the error path
     only); empty when it cannot be loaded."""
-    from msgq.schemas import schema_in_force
-
     try:
         return schema_in_force().union_fields
     except Exception:  # a schema that does not load is said by whoever loads it

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgq
 from msgq.cli.output import EXIT_OK, human_bytes, number, paint, print_json, print_table
-from msgq.cli.services import check_schema_in_force, check_services, schema_in_force_name
+from msgq.cli.services import check_services, schema_in_force_name
 from msgq.queues import inspect_queue, namespace_prefix, queue_path
 from msgq.schemas import registry_in_force
 from msgq.sockets import backend_name
@@ -202,7 +202,6 @@ def _print(rows: list[dict[str, Any]], interval: float, show_all: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Samples and prints until Ctrl-C (or once)."""
-    check_schema_in_force()
     services = check_services([args.services]) if args.services else list(registry_in_force())
     shm = backend_name() == "msgq"
     watcher = _Watcher(args.addr)

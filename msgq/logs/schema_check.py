@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 
 from msgq.logs.index import INDEX_NAME, read_index, read_recording
 from msgq.logs.segment import read_messages
+from msgq.logs.sources import segment_paths
 from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.framing import root_data_section
 
@@ -302,6 +303,4 @@ def check_schema(source: Any, schema: Schema | None = None) -> None:
     ``schema`` (default: the schema in force), before any work: each folder's index,
     else a sample of the first events of its first segment (see the module docstring).
     Cheap: one small file, or the first events of one segment, per folder."""
-    from msgq.logs.reader import segment_paths
-
     check_paths(segment_paths(source), schema_in_force(schema))

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from msgq.logs.reader import _LOGGERD_NAME, _loggerd_log  # the one rule of which copy
+from msgq.logs.sources import LOGGERD_NAME, loggerd_log  # the one rule of which copy
 from msgq.spark.datasource import (
     ReadOptions,
     _SegmentRead,
@@ -119,11 +119,11 @@ def loggerd_choice(paths: Iterable[str]) -> list[str]:
     by_folder: dict[str, list[str]] = {}
     for path in paths:
         folder, _, name = path.rpartition("/")
-        if _LOGGERD_NAME.match(name):
+        if LOGGERD_NAME.match(name):
             by_folder.setdefault(folder, []).append(name)
     keep = {f"{folder}/{name}" for folder, names in by_folder.items()
-            for name in _loggerd_log(names)}
-    return [p for p in paths if p in keep or not _LOGGERD_NAME.match(p.rpartition("/")[2])]
+            for name in loggerd_log(names)}
+    return [p for p in paths if p in keep or not LOGGERD_NAME.match(p.rpartition("/")[2])]
 
 
 def _missing_file_system(error: str) -> str | None:

@@ -156,7 +156,8 @@ class FoxgloveClient:
         return "binary", payload
 
     def wait_for(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-        """Reads messages until ``condition()`` holds."""
+        """Reads messages until ``condition()`` holds; TimeoutError after ``timeout``
+        seconds."""
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() >= deadline:
