@@ -1,11 +1,11 @@
 """Plain-text tables for people: the one table formatter of the library and its commands,
-and the short form of a size they print in them."""
+and the short forms of a size and a count they print in them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["format_table", "human_bytes"]
+__all__ = ["format_table", "human_bytes", "plural"]
 
 
 def format_table(rows: Sequence[Sequence[object]]) -> str:
@@ -34,3 +34,8 @@ def human_bytes(n: int | None) -> str:
         if value < 1024 or unit == "TiB":
             return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}"
     raise AssertionError("unreachable")
+
+
+def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, plural unless ``n`` is 1: "1 segment", "3 segments"."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

@@ -186,7 +186,7 @@ _loaded: dict[SchemaSpec, Schema] = {}
 
 def _loaded_module(path: str) -> Any:
     """The module pycapnp already loaded from the file at ``path`` in this process (found
-    by the file's ``@0x...`` id), or None; ValueError when another file with that id was
+    by the file's ``@0x...`` id), or None; ValueError when another text with that id was
     loaded (pycapnp would abort on it)."""
     import capnp.lib.capnp as capnp_lib  # pycapnp is loaded on first use (cheap import)
 
@@ -204,11 +204,21 @@ def _loaded_module(path: str) -> Any:
     loaded_from = getattr(module, "__file__", None)
     if loaded_from is None:
         return None
-    if os.path.realpath(loaded_from) != os.path.realpath(path):
-        raise ValueError(f"schema file {path} declares the file id @0x{match.group(1)} of "
-                         f"{loaded_from}, already loaded in this process: two files cannot "
-                         "share an id (give one a new one: capnp id)")
-    return module
+    if os.path.realpath(loaded_from) != os.path.realpath(path) and \
+            _file_text(loaded_from) != _file_text(path):
+        raise ValueError(f"schema file {path} declares the file id "
+                         f"@0x{match.group(1).decode()} of {loaded_from}, already loaded in "
+                         "this process with other text: two schemas cannot share an id (give "
+                         "one a new one: capnp id)")
+    return module  # (a copy of the same text elsewhere is the same schema)
+
+
+def _file_text(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 # The program a child runs to try compiling a schema: pycapnp aborts the process on any

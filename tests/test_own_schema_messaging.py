@@ -360,3 +360,17 @@ def test_a_schema_that_would_abort_the_process_is_a_value_error(tmp_path: Any) -
                          text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[:2] == ["ValueError False True", "ValueError True False"]
+
+
+def test_two_schemas_with_one_id_are_refused_and_copies_are_one(tmp_path: Any) -> None:
+    text = ("@0xd1e2f3a4b5c6d7f3;\nstruct Event {\n  logMonoTime @0 :UInt64; valid @1 :Bool;\n"
+            "  union { a @2 :Text; b @3 :Data; }\n}\n")
+    first, copy, other = (os.path.join(tmp_path, name) for name in ("a", "b", "c"))
+    for folder, body in ((first, text), (copy, text), (other, text.replace("b @3", "c @3"))):
+        os.makedirs(folder)
+        with open(os.path.join(folder, "s.capnp"), "w") as f:
+            f.write(body)
+    loaded = load_schema(os.path.join(first, "s.capnp"))
+    assert load_schema(os.path.join(copy, "s.capnp")).module is loaded.module
+    with pytest.raises(ValueError, match="two schemas cannot share an id"):
+        load_schema(os.path.join(other, "s.capnp"))  # pycapnp would abort the process

@@ -330,16 +330,8 @@ def record_one_event(built: Built) -> str:
 PLAIN_COMMANDS = [("info", "REC"), ("replay", "REC", "--fast"), ("queues",),
                   ("config", "--cflags", "--libs"), ("top", "--once", "--interval", "0.1")]
 
-#: Commands that need the spark extra. Both end in a traceback now: the owners of
-#: msgq/cli/logstats.py (_check_paths imports msgq.spark before its guarded import) and
-#: msgq/bench/spark.py (imports msgq.spark unguarded) are asked for the one-line message;
-#: drop the xfail marks with those changes.
-SPARK_COMMANDS = [
-    pytest.param(("logstats", "REC"), marks=pytest.mark.xfail(
-        strict=True, reason="msgq/cli/logstats.py: traceback without pyspark")),
-    pytest.param(("bench", "spark"), marks=pytest.mark.xfail(
-        strict=True, reason="msgq/bench/spark.py: traceback without pyspark")),
-]
+#: Commands that need the spark extra: one line naming it, no traceback.
+SPARK_COMMANDS = [("logstats", "REC"), ("bench", "spark")]
 
 
 @pytest.mark.slow

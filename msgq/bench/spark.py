@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from msgq.bench.fixtures import SERVICES, filled_message
+from msgq.cli.output import EXIT_FAILURE, CommandError, print_error, require_extra
 from msgq.logs import LogReader, LogWriter
 from msgq.schemas import SERVICE_LIST, use_schema
 from msgq.tables import format_table
@@ -317,6 +318,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="a smoke run: 4 simulated seconds in 2 segments, no cluster")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
+    try:
+        require_extra("spark", "pyspark")
+    except CommandError as e:
+        print_error("bench spark", str(e))
+        return EXIT_FAILURE
     seconds, rotate, repeat = (4.0, 2.0, 1) if args.tiny else \
         (args.seconds, args.rotate, args.repeat)
     if seconds <= 0 or rotate <= 0 or repeat < 1:

@@ -19,6 +19,7 @@ from msgq.cli.output import (
 )
 from msgq.cli.services import check_services
 from msgq.schemas import registry_in_force
+from msgq.tables import plural
 
 EPILOG = """\
 examples:
@@ -114,8 +115,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("name services to forward (or --all) and/or --vision NAME:STREAMS")
         side: Any = Outbound(services, vision, bind=args.bind, port=port,
                              compression=args.compress)
-        what = f"forwarding {len(services)} services and {sum(len(v[1]) for v in vision)} " \
-               f"VisionIPC streams on ports {port}/{port + 1}"
+        streams = sum(len(v[1]) for v in vision)
+        what = f"forwarding {plural(len(services), 'service')} and " \
+               f"{plural(streams, 'VisionIPC stream')} on ports {port}/{port + 1}"
     else:
         services = check_services(args.services) if args.services else None
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from msgq.cli.output import EXIT_OK, CommandError, UsageError, number
 from msgq.cli.services import check_services
+from msgq.tables import plural
 
 DESCRIPTION = """\
 Serve every service of the current namespace (or --services) live to Foxglove, over
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(e)) from None
     except RuntimeError as e:  # the SDK's: the port is taken, the address is wrong
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {e}") from None
-    print(f"msgq foxglove: serving {len(server.services)} services on "
+    print(f"msgq foxglove: serving {plural(len(server.services), 'service')} on "
           f"ws://{args.host}:{server.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
     try:
         stats = server.run(duration=args.duration)

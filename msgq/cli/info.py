@@ -20,6 +20,7 @@ from msgq.cli.output import EXIT_OK, CommandError, human_bytes, print_json, prin
 from msgq.logs import segment_paths
 from msgq.logs.index import INDEX_NAME, IndexCache
 from msgq.schemas import SCHEMA_DIR, schema_fingerprint, spec_in_force
+from msgq.tables import plural
 
 __all__ = ["BOOKKEEPING_SERVICES", "RecordingInfo", "SegmentInfo", "add_parser",
            "recording_info", "run"]
@@ -175,10 +176,6 @@ def _fingerprint_in_force() -> str:
     return schema_fingerprint(spec.path or os.path.join(SCHEMA_DIR, "log.capnp"))
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def recording_info(source: str) -> RecordingInfo:
     """What the recording (folder, segment file, route or glob) at ``source`` holds.
     Raises CommandError when it names no log, or when segments must be read and the
@@ -210,7 +207,7 @@ def recording_info(source: str) -> RecordingInfo:
         if written_with is not None and written_with != in_force:
             raise CommandError(
                 f"{info.path} was written with the schema {written_with}, not the one in "
-                f"force ({in_force}), and {_plural(len(to_read), 'segment')} must be read: "
+                f"force ({in_force}), and {plural(len(to_read), 'segment')} must be read: "
                 "pass the schema it was written with (--schema FILE.capnp --registry FILE)")
         _read_segments(to_read, info.problems)
     return info
@@ -269,7 +266,7 @@ def _print(info: RecordingInfo, segments: bool) -> None:
          f"{f' ({compression})' if compression else ''}, {size}"
          f"{f'; {read} read, not from the index' if read and index else ''}"),
         ("duration", _seconds(duration)),
-        ("events", f"{sum(counts.values())} in {_plural(len(counts), 'service')}"),
+        ("events", f"{sum(counts.values())} in {plural(len(counts), 'service')}"),
     ]
     width = max(len(k) for k, _ in lines)
     for key, value in lines:

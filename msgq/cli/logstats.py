@@ -8,10 +8,20 @@ import math
 import sys
 from typing import Any
 
-from msgq.cli.output import EXIT_OK, CommandError, UsageError, paint, print_json, print_table
+from msgq.cli.output import (
+    EXIT_OK,
+    CommandError,
+    UsageError,
+    paint,
+    print_json,
+    print_table,
+    require_extra,
+)
 from msgq.cli.services import check_services
 from msgq.logs import SchemaMismatchError, check_schema, segment_paths
 from msgq.schemas import default_schema
+from msgq.tables import plural
+from msgq.version import DISTRIBUTION
 
 DESCRIPTION = """\
 Read msgq log segments with Spark (the msgqlog data source) and print, per service:
@@ -161,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_gaps < 0:
         raise UsageError("--max-gaps must be 0 or more")
     conf = _spark_conf(args.conf)
+    require_extra("spark", "pyspark")
     files, remote = _check_paths(args.paths, args.via)
     services = _check_services(args.services)
     try:
@@ -178,10 +189,11 @@ def run(args: argparse.Namespace) -> int:
             spark_session,
         )
     except ImportError as e:
-        raise CommandError(f"{e}; install the spark extra: pip install 'msgq[spark]'") from None
+        raise CommandError(f"{e}; install the spark extra: "
+                           f"pip install '{DISTRIBUTION}[spark]'") from None
     if sys.stderr.isatty() and not args.json:
-        what = [f"{len(files)} segment files"] if files else []
-        what += [f"{len(remote)} paths through Hadoop"] if remote else []
+        what = [plural(len(files), "segment file")] if files else []
+        what += [f"{plural(len(remote), 'path')} through Hadoop"] if remote else []
         print(paint(f"reading {' and '.join(what)} with Spark "
                     f"({args.master or 'local[*]'}) ...", "dim", sys.stderr), file=sys.stderr)
     try:
@@ -271,7 +283,8 @@ def _write_plot(stats: Any, result: dict[str, Any], path: str,
     from msgq.spark.plot import plot_rates
 
     bin_seconds = bin_seconds or _auto_bin(result["services"])
-    timeline = [r.asDict() for r in stats.timeline(bin_seconds).collect()]
+    timeline = [r.asDict() for r in stats.timeline(bin_seconds).collect()
+                if r["service"] not in BOOKKEEPING]
     try:
         width, height = plot_rates(timeline, path, expected_rates(), result["gaps"],
                                    bin_seconds)
@@ -304,6 +317,9 @@ def _service_rows(rows: list[dict[str, Any]], first: list[str]) -> list[list[str
     return out
 
 
+#: msgq's own bookkeeping events, left out of the table and the plot (--json keeps them).
+BOOKKEEPING = frozenset({"logStart"})
+
 _HEADER = ["count", "expected Hz", "measured Hz", "dt p50 ms", "dt p99 ms", "dt max ms",
            "gaps", "invalid", "mean B"]
 
@@ -318,10 +334,11 @@ def _row_colour(r: dict[str, Any]) -> str | None:
 
 
 def _print_report(result: dict[str, Any], args: argparse.Namespace) -> None:
-    services = result["services"]
+    services = [r for r in result["services"] if r["service"] not in BOOKKEEPING]
     events = sum(r["count"] for r in services)
     span = max((r["duration_s"] or 0.0 for r in services), default=0.0)
-    print(f"{result['files']} segment files, {events} events over {span:.1f} s "
+    print(f"{plural(result['files'], 'segment file')}, {plural(events, 'event')} over "
+          f"{span:.1f} s "
           f"(gap: dt > {result['gap_factor']:g} expected periods)")
     print()
     if services:

@@ -57,7 +57,7 @@ def pack_env(output: str, progress: Callable[[str], None] | None = None) -> dict
     prefix = os.path.realpath(sys.prefix)
     if os.path.realpath(sys.base_prefix) == prefix:
         raise ValueError(f"{sys.executable} is not in a virtual environment: create one "
-                         "(python -m venv), pip install 'msgq[spark]' in it, and pack that")
+                         "(python -m venv), pip install 'msgq-shm[spark]' in it, and pack that")
     editable = _editable_packages()
     site = _site_packages()
     jars = os.path.join(site, "pyspark", "jars")

@@ -4,7 +4,7 @@ Local sessions (``local``, ``local[N]``, ``local[*]``) get small-machine setting
 UI, no progress bars, loopback networking, the current Python interpreter for the Python
 workers (so they import the same msgq), a few shuffle partitions. Cluster sessions keep
 the cluster's own settings apart from the quiet logging; their executors need Java 17+,
-Python with msgq installed (``pip install 'msgq[spark]'``) and the log files at the same
+Python with msgq installed (``pip install 'msgq-shm[spark]'``) and the log files at the same
 paths (see docs/spark.md).
 """
 
@@ -266,7 +266,7 @@ def probe_executors(spark: Any, timeout_s: float = 120.0) -> list[tuple[str, str
     python = sc.pythonExec
     hint = ("set spark.pyspark.python (msgq logstats --conf spark.pyspark.python=PATH) or "
             "PYSPARK_PYTHON to a Python " + ".".join(map(str, sys.version_info[:2])) +
-            " with msgq[spark] installed at that path on every executor, or ship one with "
+            " with msgq-shm[spark] installed at that path on every executor, or ship one with "
             "spark.archives: msgq spark pack-env (docs/spark.md)")
     n = max(2, sc.defaultParallelism)
     outcome: dict[str, Any] = {}
@@ -373,7 +373,7 @@ def _check_py_files(settings: Mapping[str, str]) -> None:
                     f"{entry} (spark.submit.pyFiles, --py-files) holds msgq: a zip cannot "
                     "carry msgq's compiled extensions and schema files, and executors "
                     "would import it instead of an installed msgq; leave it out, and "
-                    "install msgq[spark] on the executors or ship this venv with "
+                    "install msgq-shm[spark] on the executors or ship this venv with "
                     "spark.archives (msgq spark pack-env)")
 
 
