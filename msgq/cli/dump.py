@@ -18,6 +18,7 @@ from typing import Any
 import msgq
 from msgq.cli.output import EXIT_FAILURE, EXIT_OK, UsageError, number, print_error
 from msgq.cli.services import check_services, schema_in_force_name
+from msgq.queues import namespace_prefix
 from msgq.schemas import MessageDecodeError, decode_event, new_message, schema_in_force
 
 EPILOG = """\
@@ -206,10 +207,17 @@ def run(args: argparse.Namespace) -> int:
         now = time.monotonic()
         if args.timeout is not None and now - started >= args.timeout and shown == 0:
             print_error("dump", f"no message on {', '.join(services)} within "
-                                f"{args.timeout:g} s (is a publisher running in this "
-                                "namespace?)")
+                                f"{args.timeout:g} s (is a publisher running in "
+                                f"{_namespace()}?)")
             return EXIT_FAILURE
         if not noticed and shown == 0 and now - last >= WAITING_NOTICE_S:
-            print(f"msgq dump: waiting for {', '.join(services)} (no publisher yet?)",
-                  file=sys.stderr)
+            print(f"msgq dump: waiting for {', '.join(services)} in {_namespace()} (no "
+                  "publisher yet? a publisher needs the same MSGQ_PREFIX)", file=sys.stderr)
             noticed = True
+
+
+def _namespace() -> str:
+    """Which namespace this command works in, as a person reads it."""
+    prefix = namespace_prefix()
+    return f"namespace {prefix!r} (MSGQ_PREFIX)" if prefix else \
+        "the default namespace (no MSGQ_PREFIX)"
