@@ -14,7 +14,6 @@ import multiprocessing as mp
 import os
 import random
 import signal
-import statistics
 import struct
 import time
 import zlib
@@ -159,13 +158,16 @@ def _connect_then_die(endpoint: str, mode: str, ready) -> None:
 
 
 def _send_cost_ns(pub, payload: bytes) -> float:
+    """ns per send, the fastest of 7 runs of 5000: other processes on the machine only
+    ever add time, so the minimum is the cost of a send itself (a median moved with the
+    load of a busy 2-core machine: 87 ns before and 143 ns after in one loaded run)."""
     runs = []
-    for _ in range(5):
+    for _ in range(7):
         t = time.perf_counter_ns()
         for _ in range(5000):
             pub.send(payload)
         runs.append((time.perf_counter_ns() - t) / 5000)
-    return statistics.median(runs)
+    return min(runs)
 
 
 def test_subscribers_killed_by_hundreds(endpoint: str) -> None:
