@@ -5,7 +5,7 @@
 # Installs what it needs first. Extra arguments go to pytest (e.g. ./test.sh -k zmq).
 set -euo pipefail
 cd "$(dirname "$0")"
-source scripts/ensure_env.sh
+source scripts/ensure_env.sh test  # (the profile: else the sourced script would see our pytest arguments)
 echo "== C unit tests (plain; the C benchmarks are built too, not run)"
 .venv/bin/scons -Q test bench
 echo "== C unit tests (ASan + UBSan)"
