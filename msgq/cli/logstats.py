@@ -346,12 +346,13 @@ def _print_report(result: dict[str, Any], args: argparse.Namespace) -> None:
                     [_row_colour(r) for r in services])
     else:
         print("no events")
-    if args.segments and result["segments"]:
+    segments = [r for r in result["segments"] if r["service"] not in BOOKKEEPING]
+    if args.segments and segments:
         print()
         print(paint("per segment", "bold"))
-        rows = _service_rows(result["segments"], ["segment", "service"])
+        rows = _service_rows(segments, ["segment", "service"])
         print_table(["segment", "service", *_HEADER], rows,
-                    [_row_colour(r) for r in result["segments"]])
+                    [_row_colour(r) for r in segments])
     gaps = result["gaps"]
     if gaps:
         print()
