@@ -38,8 +38,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from msgq.bench.fixtures import best_time
 from msgq.bench.logs import mixed_events
 from msgq.logs import LogReader, LogWriter
 from msgq.schemas import schema_in_force
@@ -58,16 +59,6 @@ MB = 1e6
 # The demo robot (msgq.demo.robot, a peer program: run, not imported) for --live.
 _ROBOT = ("import sys\nfrom msgq.demo.robot import start_robot\n"
           "for process in start_robot(float(sys.argv[1])):\n    process.join()\n")
-
-
-def _best(run: Callable[[], int], repeat: int) -> tuple[int, float]:
-    best = float("inf")
-    events = 0
-    for _ in range(repeat):
-        start = time.perf_counter()
-        events = run()
-        best = min(best, time.perf_counter() - start)
-    return events, best
 
 
 def measure(folder: str, out: str, repeat: int, jobs: int = 1
@@ -112,7 +103,7 @@ def measure(folder: str, out: str, repeat: int, jobs: int = 1
                       ("convert + JSON", convert_json), ("export to MCAP", export),
                       *([(f"export, {jobs} processes", export_parallel)] if jobs > 1
                         else [])):
-        events, seconds = _best(run, repeat)
+        events, seconds = best_time(run, repeat)
         rate = events / seconds
         base = base or rate
         rows.append({"mode": name, "events": events, "seconds": round(seconds, 4),

@@ -34,10 +34,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from msgq.bench.fixtures import SERVICES, filled_message
+from msgq.bench.fixtures import SERVICES, best_time, filled_message
 from msgq.cli.output import EXIT_FAILURE, CommandError, print_error, require_extra
 from msgq.logs import LogReader, LogWriter
 from msgq.schemas import SERVICE_LIST, use_schema
@@ -88,17 +88,6 @@ def make_recording(folder: str, seconds: float, rotate_seconds: float,
     return written
 
 
-def _time(fn: Callable[[], int], repeat: int) -> tuple[int, float]:
-    """(events, best seconds) of ``fn`` run ``repeat`` times."""
-    best = float("inf")
-    count = 0
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        count = fn()
-        best = min(best, time.perf_counter() - t0)
-    return count, best
-
-
 def _reader_decode(folder: str) -> int:
     count = 0
     for event in LogReader(folder):
@@ -134,7 +123,7 @@ def _spark_reads(folder: str, cores: int, services: Sequence[str],
                 df.write.format("noop").mode("overwrite").save()
                 return 0
 
-            _, seconds = _time(materialise, repeat)
+            _, seconds = best_time(materialise, repeat)
             results[name] = (df.count(), seconds)
             _note(f"read {name} local[{cores}]: {seconds:.1f} s")
         return results
@@ -198,7 +187,7 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
         files = sorted(n for n in os.listdir(folder) if n.startswith("segment-"))
         size = sum(os.path.getsize(os.path.join(folder, n)) for n in files)
         _note(f"{written} events written")
-        loop = _time(lambda: _reader_decode(folder), repeat)
+        loop = best_time(lambda: _reader_decode(folder), repeat)
         _note(f"LogReader loop: {loop[1]:.1f} s")
         class_archive, fixed_events, fixed_seconds = _fixed_part(folder)
         stats: dict[str, tuple[dict[str, Any], float]] = {}
