@@ -128,22 +128,6 @@ class SchemaSpec:
     imports: tuple[str, ...] = ()
     services_path: str | None = None
 
-    @classmethod
-    def from_files(cls, schema: str | None = None, services: str | None = None,
-                   root: str | None = None, imports: tuple[str, ...] = ()) -> SchemaSpec:
-        """The spec of a schema file and a registry file (either may be None: msgq's
-        own schema; no registry)."""
-        if schema is not None and not os.path.isfile(schema):
-            raise FileNotFoundError(f"schema file {os.path.abspath(schema)} does not exist")
-        registry = None if services is None else load_registry(services)
-        return cls(
-            path=None if schema is None else os.path.abspath(schema),
-            services=registry,
-            root=root or "Event",
-            imports=tuple(os.path.abspath(i) for i in imports),
-            services_path=None if services is None else os.path.abspath(services),
-        )
-
     @property
     def is_msgq_own(self) -> bool:
         """Whether this is msgq's own schema and registry."""

@@ -64,7 +64,7 @@ def _spec_from_environment() -> SchemaSpec:
     if schema is None and services is None and root in (None, "Event"):
         return _MSGQ_OWN
     try:
-        return SchemaSpec.from_files(schema, services, root)
+        return spec_of(schema, services, root or "Event")
     except (OSError, ValueError) as e:
         raise ValueError(f"the schema in force ({ENV_SCHEMA}={schema or ''}, "
                          f"{ENV_SERVICES}={services or ''}) cannot be read: {e}") from None

@@ -66,6 +66,7 @@ from msgq.schemas import (
     spec_in_force,
 )
 from msgq.schemas.events import decode_event
+from msgq.schemas.schema import spec_of
 from msgq.schemas.services import unknown_service_error
 from msgq.spark._capnp_reader import FALLBACK, compile_member, read_member
 from msgq.spark.capnp_types import member_plan
@@ -297,7 +298,7 @@ def _spec_of_options(get: Any) -> SchemaSpec:
     root = root or "Event"
     if registry:
         try:
-            return SchemaSpec.from_files(path, local_path(registry), root, imports)
+            return spec_of(path, local_path(registry), root, imports)
         except (OSError, ValueError) as e:
             raise ValueError(f"option registry: {e}") from None
     if path is not None and not os.path.isfile(path):
