@@ -229,18 +229,14 @@ class EventLayout:
         if section is None:
             return None
         data, data_words = section
-        data_end = data + 8 * data_words
-
-        def inside(byte: int, width: int) -> bool:
-            return data + byte + width <= data_end
-
+        size = 8 * data_words  # bytes of the data section
         # stored XOR the declared default; a field past the data section is its default
         mono = _U64.unpack_from(message, data + self.mono_byte)[0] ^ self.mono_default \
-            if inside(self.mono_byte, 8) else self.mono_default
+            if self.mono_byte + 8 <= size else self.mono_default
         valid = bool(message[data + self.valid_byte] >> self.valid_bit & 1) \
-            ^ self.valid_default if inside(self.valid_byte, 1) else self.valid_default
+            ^ self.valid_default if self.valid_byte < size else self.valid_default
         which = _U16.unpack_from(message, data + self.discriminant_byte)[0] \
-            if inside(self.discriminant_byte, 2) else 0
+            if self.discriminant_byte + 2 <= size else 0
         if which >= len(self.services):
             return None  # a service of a newer schema: let pycapnp say what it is
         return mono, valid, self.services[which]
