@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 import re
 import threading
@@ -217,7 +216,9 @@ _loads: list[tuple[str, list[str]]] = []  # (path, imports) of load_module's loa
 
 
 def _compile_key(loads: list[tuple[str, list[str]]]) -> str:
-    from importlib.metadata import version  # only for a schema not yet checked here
+    # only for a schema not yet checked here
+    import json
+    from importlib.metadata import version
 
     text = json.dumps([[schema_fingerprint(p), p, i] for p, i in loads]) + version("pycapnp")
     return hashlib.sha256(text.encode()).hexdigest()[:24]
@@ -237,6 +238,7 @@ def check_compiles(path: str, imports: Iterable[str] = ()) -> None:
     files and import folders loaded), so the child runs once per schema version and
     machine."""
     # only for a schema not yet checked here
+    import json
     import subprocess
     import sys
 

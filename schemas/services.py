@@ -30,9 +30,7 @@ This module imports no Cap'n Proto: the socket layer and the ZMQ backend read it
 from __future__ import annotations
 
 import difflib
-import json
 import os
-import runpy
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -290,6 +288,10 @@ def load_registry(path: str) -> ServiceRegistry:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"service registry {path} does not exist")
     suffix = os.path.splitext(path)[1].lower()
+    # loaded only to read a registry file (importing msgq stays cheap)
+    import json
+    import runpy
+
     try:
         if suffix == ".py":
             namespace = runpy.run_path(path, run_name="msgq_services")
