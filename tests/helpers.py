@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ __all__ = [
     "asleep_in_the_kernel",
     "connect_pair",
     "expect_exit",
+    "free_port_pair",
     "interrupt",
     "receive_all",
     "run_cli",
@@ -51,6 +53,22 @@ def expect_exit(argv: Sequence[str], code: int | None, expected: int | Sequence[
     allowed = [expected] if isinstance(expected, int) else list(expected)
     if code not in allowed:
         raise ProgramFailedError(_describe(argv, code, expected, out, err))
+
+
+def free_port_pair() -> int:
+    """A free TCP port on 127.0.0.1 whose next port is free too (the bridge binds two)."""
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", 0))
+                port = a.getsockname()[1]
+                if port >= 65534:
+                    continue
+                b.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no two consecutive free ports")
 
 
 def run_program(argv: Sequence[str], expect: int | Sequence[int] | None = 0,

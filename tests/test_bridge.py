@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import wait_until
+from helpers import free_port_pair, wait_until
 
 pytestmark = pytest.mark.multiprocess
 
@@ -46,21 +45,6 @@ ROBOT = textwrap.dedent("""
         i += 1
         time.sleep(max(0.0, start + i / 100 - time.monotonic()))
 """)
-
-
-def _free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as a, socket.socket() as b:
-            try:
-                a.bind(("127.0.0.1", 0))
-                port = a.getsockname()[1]
-                if port >= 65534:
-                    continue
-                b.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no two consecutive free ports")
 
 
 def _env(prefix: str) -> dict[str, str]:
@@ -96,7 +80,7 @@ def test_bridge_carries_services_and_frames(machines: tuple[str, str, list[subpr
                                             monkeypatch: pytest.MonkeyPatch,
                                             compress: str) -> None:
     robot, laptop, procs = machines
-    port = _free_port_pair()
+    port = free_port_pair()
     pub = subprocess.Popen([sys.executable, "-c", ROBOT], stdout=subprocess.PIPE, text=True,
                            env=_env(robot))
     procs.append(pub)
@@ -159,7 +143,7 @@ def test_bridge_drops_garbage_on_the_wire(prefix: str) -> None:
     from msgq.bridge import Inbound
     from msgq.bridge.wire import FrameHeader, service_topic, vision_topic
 
-    port = _free_port_pair()
+    port = free_port_pair()
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.bind(f"tcp://127.0.0.1:{port}")
@@ -265,7 +249,7 @@ def test_bridge_reconnects_when_either_side_restarts(
     import msgq
 
     robot, laptop, procs = machines
-    port = _free_port_pair()
+    port = free_port_pair()
 
     def start(side: list[str], prefix: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen([sys.executable, "-m", "msgq", "bridge", *side, "--port",
@@ -350,7 +334,7 @@ class RobotBridge:
         from msgq.messaging import PubMaster
         from msgq.visionipc import VisionIpcServer
 
-        port = _free_port_pair()
+        port = free_port_pair()
         self.server = VisionIpcServer("camerad")
         self.server.create_buffers(0, 4, FRAME_W, FRAME_H)
         self.server.start_listener()

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import MSGQ, run_cli, run_program
+from helpers import MSGQ, free_port_pair, run_cli, run_program
 from schema_profiles import ROBOT_SCHEMA, ROBOT_SERVICES, ROBOT_SERVICES_TOML, robot_schema
 
 pytestmark = pytest.mark.multiprocess
@@ -241,21 +240,6 @@ def test_top_calls_a_silent_fast_service_dead(way: Way) -> None:
 # --- bridge -----------------------------------------------------------------------------
 
 
-def _free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as a, socket.socket() as b:
-            try:
-                a.bind(("127.0.0.1", 0))
-                port = a.getsockname()[1]
-                if port >= 65534:
-                    continue
-                b.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no two consecutive free ports")
-
-
 @pytest.fixture
 def machines(prefix: str) -> Iterator[tuple[str, str, list[subprocess.Popen[str]]]]:
     """Two namespaces, a robot's and a laptop's, and the processes started in them."""
@@ -275,7 +259,7 @@ def test_bridge_carries_the_schemas_services(
         way: Way, publisher: Any, machines: tuple[str, str, list[subprocess.Popen[str]]],
         monkeypatch: pytest.MonkeyPatch) -> None:
     robot, laptop, procs = machines
-    port = _free_port_pair()
+    port = free_port_pair()
     publisher(prefix=robot, armState=100)
     procs.append(subprocess.Popen(
         way.argv("bridge", "serve", "armState", "--port", str(port)), env=way.env(robot),
@@ -310,7 +294,7 @@ def test_bridge_carries_the_schemas_services(
 
 
 def test_bridge_serve_all_is_every_service_of_the_registry(way: Way) -> None:
-    port = _free_port_pair()
+    port = free_port_pair()
     proc = way.run("bridge", "serve", "--all", "--port", str(port), "--duration", "0.2")
     assert "forwarding 10 services" in proc.stderr, proc.stderr
 
@@ -327,7 +311,7 @@ def test_bridge_connect_drops_another_schemas_events_and_says_why(
     from msgq.schemas import new_message, use_schema
 
     _, laptop, procs = machines
-    port = _free_port_pair()
+    port = free_port_pair()
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.bind(f"tcp://127.0.0.1:{port}")
@@ -513,7 +497,7 @@ def test_bridge_connect_refuses_another_schema(
     # gpsLocation reads as a robot armState), so connect says so and exits, before it
     # re-publishes anything.
     robot, laptop, procs = machines
-    port = _free_port_pair()
+    port = free_port_pair()
     procs.append(subprocess.Popen([*MSGQ, "bridge", "serve", "gpsLocation", "--port",
                                    str(port)], env=_env(False, robot),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -541,7 +525,7 @@ def test_bridge_connect_checks_the_schema_again_when_the_robot_side_restarts(
     from msgq.schemas import use_schema
 
     robot, laptop, procs = machines
-    port = _free_port_pair()
+    port = free_port_pair()
     for name in ("robot.capnp", "sensors.capnp"):
         text = open(os.path.join(os.path.dirname(ROBOT_SCHEMA), name)).read()
         if name == "robot.capnp":
