@@ -1,4 +1,4 @@
-"""Typing stub of the extension ``msgq.spark._capnp_reader`` (msgq/spark/_capnp_reader.pyx):
+"""Typing stub of the extension ``msgq.schemas._typed_reader`` (schemas/_typed_reader.pyx):
 typed Spark columns read straight from Cap'n Proto bytes, pycapnp the fallback."""
 
 from typing import Any

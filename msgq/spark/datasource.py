@@ -65,10 +65,10 @@ from msgq.schemas import (
     ServiceRegistry,
     spec_in_force,
 )
+from msgq.schemas._typed_reader import FALLBACK, compile_member, read_member
 from msgq.schemas.events import decode_event
 from msgq.schemas.schema import spec_of
 from msgq.schemas.services import unknown_service_error
-from msgq.spark._capnp_reader import FALLBACK, compile_member, read_member
 from msgq.spark.capnp_types import member_plan
 from msgq.spark.compact import COMPACT_SCHEMA, compact_batches, loggerd_route
 
@@ -475,11 +475,11 @@ class _Decoder:
     column: int  # position among the typed columns
     field: Any  # the union member's field of the root struct
     convert: Any  # None: the pycapnp value is the column value
-    layout: Any  # compiled for _capnp_reader.read_member (None: pycapnp always)
+    layout: Any  # compiled for _typed_reader.read_member (None: pycapnp always)
 
     def value(self, data: bytes, schema: Any) -> Any:
         """The column value of an event's bytes: read straight from them
-        (:mod:`msgq.spark._capnp_reader`), or by pycapnp for a message that reader leaves
+        (:mod:`msgq.schemas._typed_reader`), or by pycapnp for a message that reader leaves
         to it (so the value, or the error, is always pycapnp's)."""
         if self.layout is not None:
             value = read_member(data, self.layout)
