@@ -152,6 +152,15 @@ extensions = [
         extra_compile_args=extra_compile_args,
         extra_link_args=strip_args,
     ),
+    # The log scanner: messages of a decompressed log split and peeked in C, in batches.
+    Extension(
+        "msgq.logs._scan",
+        sources=["msgq/logs/_scan.pyx", "msgq/logs/src/log_scan.c"],
+        include_dirs=["msgq/logs/src"],
+        extra_compile_args=extra_compile_args,
+        extra_link_args=strip_args,
+        depends=["msgq/logs/src/log_scan.h"],
+    ),
     # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
     Extension(
         "msgq.visionipc._frame_copy",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import random
 import sys
 import warnings
@@ -23,8 +24,10 @@ from typing import Any
 
 import pytest
 
-from msgq.logs import LogCorruptionError, LogReader, LogWriter
+from msgq.logs import LogCorruptionError, LogEvent, LogReader, LogWriter, _scan
 from msgq.schemas import schema_in_force
+from msgq.schemas.events import decode_event
+from msgq.schemas.framing import FramingError, message_length
 
 DATA = Path(__file__).parent / "data" / "log_scanner"
 EXPECTED = DATA / "expected.json"
@@ -184,6 +187,102 @@ def test_damaged_corpus_reads_as_recorded(tmp_path: Path) -> None:
     assert reported >= 0.6 * len(got)
     assert any(got[f"{c}/{s}/True"]["events"] > got[f"{c}/{s}/False"]["events"]
                for c, s in _cases())
+
+
+def _python_scan(buf: bytes, pos: int, layout: Any) -> tuple[list[tuple[Any, ...]], int]:
+    """What framing.py's message_length and EventLayout.peek say of buf from pos: the
+    (offset, length, mono, valid, service) of each whole, peeked message, and the stop."""
+    found = []
+    while pos < len(buf):
+        try:
+            length = message_length(buf, pos)
+        except FramingError:
+            break
+        if not length:
+            break
+        peeked = layout.peek(buf[pos:pos + length])
+        if peeked is None:
+            break
+        found.append((pos, length, *peeked))
+        pos += length
+    return found, pos
+
+
+def test_c_scanner_agrees_with_the_framing_rules() -> None:
+    """Mutated streams (random words, bit flips, cut ends): the C scanner splits and
+    peeks exactly what framing.py's rules give, and never reads past the buffer (a cut
+    buffer ends exactly where the bytes do)."""
+    layout = schema_in_force().layout
+    scan_layout = _scan.ScanLayout(layout)
+    stream = b"".join(_messages()[:60])
+    rng = random.Random(31)
+    for case in range(400):
+        data = bytearray(stream)
+        for _ in range(rng.randint(0, 6)):
+            at = rng.randrange(len(data))
+            if rng.random() < 0.5:
+                data[at] ^= 1 << rng.randrange(8)
+            else:
+                data[at & ~7:(at & ~7) + 8] = rng.randbytes(8)
+        data = bytes(data[:rng.randint(0, len(data))])
+        start = rng.randrange(0, max(1, len(data)), 8)
+        stop, why, offset, length, service, flags, mono = _scan.scan(data, start, scan_layout)
+        got = [(int(o), int(n), int(m), bool(f & _scan.VALID), layout.services[s])
+               for o, n, s, f, m in zip(offset, length, service, flags, mono, strict=True)]
+        expected, expected_stop = _python_scan(data, start, layout)
+        assert (got, stop) == (expected, expected_stop), f"case {case}"
+        assert (why == _scan.END) == (stop == len(data))
+    with pytest.raises(ValueError, match="outside the buffer"):
+        _scan.scan(b"x" * 8, 16, scan_layout)
+
+
+def test_log_event_is_a_value() -> None:
+    a = LogEvent(b"ab", 5, True, "can", "p", 8)
+    b = LogEvent(b"ab", 5, True, "can", "p", 8)
+    assert a == b and hash(a) == hash(b) and a != LogEvent(b"ab", 5, False, "can", "p", 8)
+    assert (a.data, a.mono_ns, a.valid, a.service, a.path, a.offset) == \
+        (b"ab", 5, True, "can", "p", 8)
+    assert pickle.loads(pickle.dumps(a)) == a
+    assert repr(a) == "LogEvent(data=b'ab', mono_ns=5, valid=True, service='can', " \
+        "path='p', offset=8)"
+    with pytest.raises(AttributeError):
+        a.valid = False  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", list(FILES.values()))
+def test_decoded_iteration_matches_raw(name: str) -> None:
+    """Decoded events (one buffer per batch) are the raw events decoded, with the service
+    and time filters, far-root events (decoded alone) included."""
+    path = DATA / name
+    for kwargs in ({}, {"services": ["can", "logMessage"]}, {"start_mono_ns": 10**9 + 10**8},
+                   {"services": ["gyroscope"], "start_mono_ns": 10**9 + 5 * 10**7}):
+        raw = list(LogReader(path, check_schema=False, **kwargs).raw())
+        decoded = list(LogReader(path, check_schema=False, **kwargs))
+        assert [m.to_dict() for m in decoded] == \
+            [decode_event(e.data).to_dict() for e in raw], kwargs
+        assert [m.which() for m in decoded] == [e.service for e in raw]
+        assert len(raw) > 5
+
+
+def test_an_event_whose_root_is_broken_is_reported_by_decoded_iteration(tmp_path: Path) -> None:
+    """A message whose root struct's pointer section runs past its segment: raw() returns
+    it (its data section peeks), decoded iteration reports it as an event that does not
+    decode (a corrupt problem) and, with skip_corrupt, goes on with the next one."""
+    messages = _messages()[:6]
+    broken = bytearray(messages[2])
+    broken[8 + 6:8 + 8] = (0x7FFF).to_bytes(2, "little")  # root pointer: 32767 pointers
+    path = tmp_path / "broken.raw"
+    path.write_bytes(b"".join([*messages[:2], bytes(broken), *messages[3:]]))
+    raw = list(LogReader(path, check_schema=False).raw())
+    assert [e.data for e in raw] == [*messages[:2], bytes(broken), *messages[3:]]
+    reader = LogReader(path, check_schema=False, skip_corrupt=True, warn=False)
+    decoded = list(reader)
+    assert [m.logMonoTime for m in decoded] == \
+        [e.mono_ns for i, e in enumerate(raw) if i != 2]
+    ((kind, offset, detail),) = [(p.kind, p.offset, p.detail) for p in reader.corrupt]
+    assert (kind, offset, detail) == ("corrupt", raw[2].offset, "an event that does not decode")
+    with pytest.raises(LogCorruptionError, match=f"corrupt at byte {raw[2].offset}"):
+        list(LogReader(path, check_schema=False))
 
 
 if __name__ == "__main__":

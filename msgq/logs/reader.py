@@ -25,15 +25,18 @@ import heapq
 import os
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from msgq.logs._scan import LogEvent, log_events
 from msgq.logs.index import IndexCache
 from msgq.logs.schema_check import check_paths
-from msgq.logs.segment import LogProblem, read_messages
+from msgq.logs.segment import ROOT_WHOLE, LogProblem, MessageBatch, read_batches
 from msgq.logs.sources import segment_paths
 from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.events import MessageDecodeError, decode_event
+from msgq.schemas.schema import _MIN_TRAVERSAL_WORDS, _TRAVERSAL_FACTOR
 from msgq.schemas.services import unknown_service_error
 
 __all__ = ["LogCorruptionError", "LogEvent", "LogReader", "TruncatedLogWarning",
@@ -54,18 +57,6 @@ class TruncatedLogWarning(UserWarning):
 
 class CorruptLogWarning(UserWarning):
     """Damaged data was skipped (``skip_corrupt=True``)."""
-
-
-@dataclass(frozen=True)
-class LogEvent:
-    """One event's bytes with the fields every tool needs, read without decoding."""
-
-    data: bytes
-    mono_ns: int
-    valid: bool
-    service: str
-    path: str
-    offset: int  # in the segment's uncompressed stream
 
 
 class LogReader:
@@ -131,11 +122,6 @@ class LogReader:
             warnings.warn(f"{problem}; skipped to the next readable event", CorruptLogWarning,
                           stacklevel=4)
 
-    def _identify(self, data: bytes) -> tuple[int, bool, str] | None:
-        """(logMonoTime, valid, service) of bytes read_messages split off a stream (so
-        their framing adds up), or None when they are not an Event."""
-        return self.schema.layout.identify(data, True)
-
     def _decode(self, data: bytes) -> Any:
         try:
             return decode_event(data, self.schema)
@@ -144,22 +130,46 @@ class LogReader:
 
     # -- iteration ------------------------------------------------------------------
 
+    def _wanted(self) -> np.ndarray | None:
+        """Per service index of the layout, whether this reader wants it (None: all)."""
+        if self.services is None:
+            return None
+        return np.array([name in self.services for name in self.schema.layout.services],
+                        np.uint8)
+
+    def _segment_items(self, path: Any) -> Iterator[tuple[str, MessageBatch | LogEvent]]:
+        """(segment name, batch or single event) of one segment, in file order; a batch
+        is unfiltered, a single event is filtered already."""
+        wanted = self.services
+        start = self.start_mono_ns
+        name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else \
+            str(getattr(path, "name", "<in-memory segment>"))
+        for item in read_batches(path, self._on_problem, self.skip_corrupt,
+                                 self.schema.layout):
+            if type(item) is MessageBatch:
+                yield name, item
+                continue
+            mono, valid, service = item.identity
+            if wanted is not None and service not in wanted:
+                continue
+            if start is not None and mono < start:
+                continue
+            yield name, LogEvent(item.data, mono, valid, service, name, item.offset)
+
     def segment_events(self, path: Any) -> Iterator[LogEvent]:
         """The events of one segment (a path, or a seekable binary file such as an
         ``io.BytesIO`` of a segment's bytes, named by its ``name``), in file order, with
         this reader's service and time filters and damage handling; no path listing and
         no index."""
-        wanted = self.services
+        wanted = self._wanted()
         start = self.start_mono_ns
-        name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else \
-            str(getattr(path, "name", "<in-memory segment>"))
-        for raw in read_messages(path, self._on_problem, self.skip_corrupt, self._identify):
-            mono, valid, service = raw.identity
-            if wanted is not None and service not in wanted:
-                continue
-            if start is not None and mono < start:
-                continue
-            yield LogEvent(raw.data, mono, valid, service, name, raw.offset)
+        for name, item in self._segment_items(path):
+            if type(item) is MessageBatch:
+                yield from log_events(item.data, item.offset, item.length, item.service,
+                                      item.flags, item.mono_ns, item.services, name,
+                                      item.stream_offset, wanted, start)
+            else:
+                yield item
 
     def _paths_to_read(self) -> list[str]:
         if self.start_mono_ns is None and self.services is None:
@@ -189,10 +199,84 @@ class LogReader:
                 yield from self.segment_events(path)
 
     def __iter__(self) -> Iterator[Any]:
-        for event in self.raw():
-            msg = self._decode(event.data)
-            if msg is None:
-                self._on_problem(LogProblem(event.path, "corrupt", event.offset, event.offset,
-                                            "an event that does not decode"))
+        if self.sort and len(self.paths) > 1:
+            for event in self.raw():
+                msg = self._decode_event(event)
+                if msg is not None:
+                    yield msg
+            return
+        paths = self._paths_to_read()
+        if self.check_schema:
+            check_paths(paths, self.schema)
+        for path in paths:
+            yield from self._decoded(path)
+
+    def _decode_event(self, event: LogEvent) -> Any:
+        msg = self._decode(event.data)
+        if msg is None:
+            self._on_problem(LogProblem(event.path, "corrupt", event.offset, event.offset,
+                                        "an event that does not decode"))
+        return msg
+
+    def _decoded(self, path: Any) -> Iterator[Any]:
+        """The Event readers of one segment: each batch's wanted run of messages read by
+        pycapnp's ``read_multiple_bytes`` over the batch's bytes (lazy readers of one
+        buffer, the traversal limit of the largest message for each), a message whose
+        root the scanner found broken decoded alone (and reported)."""
+        wanted = self._wanted()
+        start = self.start_mono_ns
+        event_struct = self.schema.event
+        for name, item in self._segment_items(path):
+            if type(item) is not MessageBatch:
+                msg = self._decode_event(item)
+                if msg is not None:
+                    yield msg
                 continue
-            yield msg
+            keep = (item.flags & ROOT_WHOLE) != 0
+            if wanted is not None:
+                keep &= wanted[item.service] != 0
+            if start is not None:
+                keep &= item.mono_ns >= max(start, 0)
+            n = len(item)
+            view = memoryview(item.data)
+            if keep.all():
+                yield from event_struct.read_multiple_bytes(
+                    view, traversal_limit_in_words=_traversal_limit(int(item.length.max())))
+                continue
+            # runs of kept messages (edges where keep changes), and the broken roots
+            edges = np.flatnonzero(np.diff(keep.view(np.int8), prepend=0, append=0))
+            broken = set(np.flatnonzero((item.flags & ROOT_WHOLE) == 0).tolist())
+            first = 0
+            for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+                yield from self._broken(item, name, broken, first, a)
+                begin = int(item.offset[a])
+                end = int(item.offset[b - 1]) + int(item.length[b - 1])
+                yield from event_struct.read_multiple_bytes(
+                    view[begin:end],
+                    traversal_limit_in_words=_traversal_limit(int(item.length[a:b].max())))
+                first = b
+            yield from self._broken(item, name, broken, first, n)
+
+    def _broken(self, batch: MessageBatch, name: str, broken: set[int], first: int,
+                end: int) -> Iterator[Any]:
+        """Decodes (and so reports) the messages of ``batch`` from ``first`` to ``end``
+        whose root the scanner found broken and that this reader wants."""
+        for i in sorted(b for b in broken if first <= b < end):
+            if self.services is not None and \
+                    batch.services[batch.service[i]] not in self.services:
+                continue
+            if self.start_mono_ns is not None and batch.mono_ns[i] < self.start_mono_ns:
+                continue
+            at, length = int(batch.offset[i]), int(batch.length[i])
+            event = LogEvent(batch.data[at:at + length], int(batch.mono_ns[i]),
+                             bool(batch.flags[i] & 1), batch.services[batch.service[i]], name,
+                             batch.stream_offset + at)
+            msg = self._decode_event(event)
+            if msg is not None:
+                yield msg
+
+
+def _traversal_limit(largest: int) -> int:
+    """The traversal limit (words) that :meth:`msgq.schemas.Schema.decode` gives a
+    message of ``largest`` bytes: every message of a batch gets its largest one's."""
+    return max(_MIN_TRAVERSAL_WORDS, _TRAVERSAL_FACTOR * (largest // 8))
