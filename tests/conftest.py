@@ -1,5 +1,11 @@
 """Shared fixtures: every test gets its own queue namespace, and socket tests run on
-every backend the build offers."""
+every backend the build offers.
+
+The quick tier (``./test.sh --quick``, i.e. ``pytest -m "quick or not slow"``): a new test
+that takes over 1.5 s alone carries ``@pytest.mark.slow`` (and ``spark``/``chaos``/``fuzz``/
+``packaging`` where it is one); files that are heavy whole are marked here by name
+(:data:`HEAVY_FILES`), and one test per layer that only slow tests reach is kept in
+(:data:`LAYER_REPRESENTATIVES`, marked ``quick``)."""
 
 from __future__ import annotations
 
@@ -7,10 +13,80 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import msgq
+
+#: Test files that are heavy whole, by name pattern, and the marker each gets (with
+#: ``slow``): the quick tier leaves them out. test_own_schema_cli.py runs every command
+#: again on the robot schema (41 s); the quick tier reaches the robot schema through
+#: test_own_schema_messaging.py and test_own_schema_logs.py.
+HEAVY_FILES = (
+    ("chaos/test_*.py", "chaos"),
+    ("fuzz/test_*.py", "fuzz"),
+    ("test_spark*.py", "spark"),
+    ("test_*_spark.py", "spark"),
+    ("test_packaging.py", "packaging"),
+    ("test_own_schema_cli.py", "slow"),
+)
+#: Markers that make a test ``slow`` wherever it lives.
+HEAVY_MARKERS = ("spark", "chaos", "fuzz", "packaging")
+#: Tests over 1.5 s (measured 2026-11-26) in files whose owners have not marked them
+#: ``slow`` yet: owners, mark them in your file and delete them here.
+SLOW_ELSEWHERE = (
+    "tests/test_logs.py::test_bytes_of_a_damaged_zstd_frame_never_come_out",
+    "tests/test_messaging.py::test_real_time_rates_from_another_process",
+    "tests/test_own_schema_logs.py::test_damage_is_never_taken_for_another_schema",
+    "tests/test_viz_live.py::test_cameras_arrive_as_jpeg",
+    "tests/test_viz_live.py::test_cli_serves_the_schema_in_force",
+    "tests/test_viz_live.py::test_channels_values_rates_and_health",
+    "tests/test_viz_export.py::test_export_benchmark_prints_its_table",
+    "tests/test_bridge.py::test_bridge_reconnects_when_either_side_restarts",
+    "tests/test_bridge.py::test_bridge_carries_services_and_frames",
+    "tests/test_bridge.py::test_bridge_command_errors",
+    "tests/test_bridge.py::test_bridge_drops_garbage_on_the_wire",
+)
+#: One test per layer the quick tier would otherwise not reach (marked ``quick``; a
+#: parametrized test is named with its parameters): the Spark data source on a small
+#: recording (the session start is most of its time), and the bridge end to end.
+LAYER_REPRESENTATIVES = (
+    "tests/test_spark.py::test_rows_are_the_events_of_the_log_reader",
+    "tests/test_bridge.py::test_bridge_carries_services_and_frames[none]",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m/-k deselect anything
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the tests of :data:`HEAVY_FILES` (and any test carrying a heavy marker)
+    ``slow``, and :data:`LAYER_REPRESENTATIVES` ``quick``; a quick-tier run fails when a
+    representative's file was collected without it (renamed or removed: name another)."""
+    tests_dir = Path(__file__).resolve().parent
+    files: set[str] = set()
+    found: set[str] = set()
+    for item in items:
+        path = Path(str(item.path))
+        relative = path.relative_to(tests_dir) if path.is_relative_to(tests_dir) else path
+        for pattern, marker in HEAVY_FILES:
+            if relative.match(pattern):
+                item.add_marker(marker)
+        if any(item.get_closest_marker(m) for m in HEAVY_MARKERS) \
+                and not item.get_closest_marker("slow"):
+            item.add_marker("slow")
+        base = item.nodeid.split("[", 1)[0]
+        if base in SLOW_ELSEWHERE:
+            item.add_marker("slow")
+        files.add(base.split("::", 1)[0])
+        for nodeid in (item.nodeid, base):
+            if nodeid in LAYER_REPRESENTATIVES:
+                item.add_marker("quick")
+                found.add(nodeid)
+    missing = [n for n in LAYER_REPRESENTATIVES
+               if n.split("::", 1)[0] in files and n not in found]
+    if missing and "quick" in (config.getoption("markexpr") or ""):
+        raise pytest.UsageError(f"quick-tier representative {missing[0]} no longer exists: "
+                                "name another test of its layer in tests/conftest.py")
 
 
 @pytest.fixture(autouse=True)

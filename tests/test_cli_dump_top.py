@@ -120,6 +120,7 @@ def test_dump_stops_on_ctrl_c(publisher: object) -> None:
     interrupt(proc, 130)
 
 
+@pytest.mark.slow
 def test_top_reports_rates_readers_and_liveness(publisher: object) -> None:
     import msgq
 

@@ -92,6 +92,7 @@ def _sequences(events: list[bytes], service: str) -> list[int]:
 # --- recording ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_record_live_publishers_exact_counts(tmp_path: Path) -> None:
     folder = tmp_path / "rec"
     proc = _start_recorder(folder, "--json")
@@ -114,6 +115,7 @@ def test_record_live_publishers_exact_counts(tmp_path: Path) -> None:
     assert "roadEncodeIdx" not in stats["services"] and "logStart" not in stats["services"]
 
 
+@pytest.mark.slow
 def test_record_named_services_only_and_sigterm_leaves_a_complete_log(tmp_path: Path) -> None:
     folder = tmp_path / "rec"
     proc = _start_recorder(folder, "gyroscope", "roadEncodeIdx", "--rotate-seconds", "0.5")
