@@ -1,6 +1,8 @@
 """Typing stub of the extension ``msgq.schemas._typed_reader`` (schemas/_typed_reader.pyx):
-typed Spark columns read straight from Cap'n Proto bytes, pycapnp the fallback."""
+fields read straight from Cap'n Proto bytes, pycapnp the fallback: Spark's typed columns
+(read_member) and SubMaster's payload views (view_member)."""
 
+from collections.abc import Callable
 from typing import Any
 
 K_BOOL: int
@@ -34,3 +36,32 @@ def compile_member(member: tuple[int, int, tuple[Any, ...]]) -> CompiledMember:
 def read_member(message: bytes | bytearray | memoryview, member: CompiledMember) -> Any:
     """The converted value of the member in ``message`` (one framed message), or
     FALLBACK when pycapnp should read it."""
+
+class EnumValue:
+    """An enum value as a view reads it, behaving as pycapnp's ``_DynamicEnum``."""
+
+    @property
+    def raw(self) -> int:
+        """The enumerant's number."""
+
+    def _as_str(self) -> str: ...
+
+class StructView:
+    """A struct of a message, read field by field from its bytes; anything else is asked
+    of a pycapnp reader of the same struct."""
+
+    def __getattr__(self, name: str) -> Any: ...
+
+class EventFields:
+    """Where the root struct keeps logMonoTime, valid and the union discriminant."""
+
+    def __init__(self, mono_byte: int, valid_byte: int, valid_bit: int,
+                 discriminant_byte: int, services: tuple[str, ...], mono_default: int,
+                 valid_default: bool) -> None: ...
+
+def view_member(message: bytes, member: CompiledMember,
+                decode: Callable[[], Any]) -> StructView | object:
+    """A view of the root union's struct ``member`` in ``message``, or FALLBACK."""
+
+def identify(message: bytes, fields: EventFields) -> tuple[int, bool, str] | object:
+    """``(logMonoTime, valid, service)`` of a one-segment Event, or FALLBACK."""

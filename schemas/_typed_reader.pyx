@@ -1,7 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Typed columns straight from a message's bytes: the values a union member of the root
-struct converts to (capnp_types.py's rules), read by following the Cap'n Proto encoding
-with a layout built from the schema, instead of through pycapnp one attribute at a time.
+"""The typed reader: fields read straight from a Cap'n Proto message's bytes by following
+the encoding with a layout built from the schema, instead of through pycapnp one attribute
+at a time. Two users: Spark's typed columns (:func:`read_member`: the values a union member
+of the root struct converts to, capnp_types.py's rules) and SubMaster's payload views
+(:func:`view_member`: a :class:`StructView` that reads each field when asked, and hands
+anything it does not follow to a pycapnp reader of the same struct).
 
 The bytes come from files: untrusted. Every pointer is checked against the segment, the
 words read are budgeted (8 times the message, as a traversal limit; a list of
@@ -13,8 +16,9 @@ return FALLBACK,
 and the caller converts that message with pycapnp as before (same values, same errors).
 So the result is pycapnp's for every message, only faster for the common ones.
 
-Layouts are tuples (see capnp_types.py, which builds them beside the Spark types):
-field ``(kind, where, default, extra)``, struct ``(fields, union)``, union
+Layouts are tuples (reader_layouts.py places fields; capnp_types.py builds Spark's):
+field ``(kind, where, default, extra)``, struct ``(fields, union)`` — or, for views,
+``(fields, None, names)``: the fields a view reads by name, union members left out —, union
 ``(discriminant_offset, {discriminant: (name, index or -1, field or None)}, count)``;
 :func:`compile_member` turns a member's into typed objects once (per worker process), so
 that reading a field costs C struct accesses, not tuple lookups and conversions.
@@ -102,12 +106,57 @@ class _Unfollowed(Exception):
     """A message this reader leaves to pycapnp."""
 
 
+cdef class EnumValue:
+    """An enum value as a view reads it, behaving as pycapnp's ``_DynamicEnum``: ``raw``
+    (the number), ``str()`` the enumerant's name (RuntimeError for a number the schema
+    does not know, as pycapnp), compared with a ``str`` by name and with anything else by
+    number, hashed by name."""
+    cdef readonly int raw
+    cdef object name
+
+    @staticmethod
+    cdef EnumValue _of(int raw, object name):
+        cdef EnumValue value = EnumValue.__new__(EnumValue)
+        value.raw = raw
+        value.name = name
+        return value
+
+    cpdef _as_str(self):
+        if self.name is None:
+            raise RuntimeError("Member was null.")
+        return self.name
+
+    def __str__(self):
+        return self._as_str()
+
+    def __repr__(self):
+        return "<%s enum>" % self._as_str()
+
+    def __richcmp__(EnumValue self, right, int op):
+        left = self._as_str() if isinstance(right, str) else self.raw
+        if op == 2:
+            return left == right
+        if op == 3:
+            return left != right
+        if op == 0:
+            return left < right
+        if op == 1:
+            return left <= right
+        if op == 4:
+            return left > right
+        return left >= right
+
+    def __hash__(self):
+        return hash(self._as_str())
+
+
 cdef class Field:
     """A compiled field layout (or list element layout)."""
     cdef int kind
     cdef Py_ssize_t where  # data offset in units of the value's size, or pointer index
     cdef uint64_t default  # the default's bits (XORed with what is stored)
     cdef object names  # enum: {number: name}
+    cdef dict enum_values  # enum: {number: EnumValue}, what views return
     cdef Field element  # list: its elements
     cdef StructLayout struct_  # struct, group
 
@@ -126,6 +175,7 @@ cdef class StructLayout:
     cdef Py_ssize_t discriminant_offset
     cdef dict members  # discriminant -> Member
     cdef Py_ssize_t count
+    cdef dict by_name  # views: field name -> Field
 
 
 cdef Field _compile_field(tuple layout):
@@ -136,6 +186,7 @@ cdef Field _compile_field(tuple layout):
     extra = layout[3]
     if f.kind == C_ENUM:
         f.names = extra
+        f.enum_values = {number: EnumValue._of(number, name) for number, name in extra.items()}
     elif f.kind == C_LIST:
         f.element = _compile_field(extra)
     elif f.kind == C_STRUCT or f.kind == C_GROUP:
@@ -152,6 +203,7 @@ cdef StructLayout _compile_struct(tuple layout):
     s.has_union = union is not None
     s.members = {}
     s.count = 0
+    s.by_name = dict(zip(layout[2], s.fields)) if len(layout) > 2 else {}
     if s.has_union:
         s.discriminant_offset = union[0]
         s.count = union[2]
@@ -199,7 +251,9 @@ cdef class _Walk:
     cdef const uint8_t *buf
     cdef Py_ssize_t start, end
     cdef Py_ssize_t budget
+    cdef Py_ssize_t limit  # views: the budget each read starts with
     cdef int depth
+    cdef bint views  # enums as EnumValue; lists of structs left to pycapnp
 
     cdef int spend(self, Py_ssize_t words) except -1:
         self.budget -= words
@@ -275,7 +329,8 @@ cdef class _Walk:
                 raw = (self.buf[s.data + where // 8] >> (where % 8)) & 1
             return bool(raw ^ field.default)
         if kind <= C_FLOAT64 or kind == C_ENUM:
-            return self.primitive(s, kind, where, field.default, field.names)
+            return self.primitive(s, kind, where, field.default,
+                                  field.enum_values if self.views else field.names)
         if kind == C_GROUP:
             return self.read_struct(s, field.struct_)
         # pointer fields: where is the pointer index
@@ -298,6 +353,8 @@ cdef class _Walk:
             raw = self.raw_bits(s, 2 * where, 2) ^ default
             if kind == C_ENUM:
                 name = names.get(<uint16_t>raw)
+                if self.views:
+                    return name if name is not None else EnumValue._of(<uint16_t>raw, None)
                 return name if name is not None else str(<uint16_t>raw)
             if kind == C_INT16:
                 return <int16_t>raw
@@ -385,6 +442,8 @@ cdef class _Walk:
         if ekind == C_GROUP or size != element_size(ekind):
             raise _Unfollowed()  # another encoding than the type's: pycapnp converts
         if ekind == C_STRUCT:
+            if self.views:
+                raise _Unfollowed()  # a view's lists of structs are pycapnp's
             words = count  # the word count, after the tag
             if target + 8 + 8 * words > self.end:
                 raise _Unfollowed()
@@ -455,7 +514,8 @@ cdef class _Walk:
             elif ekind == C_BOOL:
                 value = bool((p[i // 8] >> (i % 8)) & 1)
             else:
-                value = self.primitive(&s, ekind, i, 0, element.names)
+                value = self.primitive(&s, ekind, i, 0,
+                                       element.enum_values if self.views else element.names)
             Py_INCREF(value)
             PyList_SET_ITEM(out, i, value)
         return out
@@ -488,3 +548,201 @@ def read_member(const uint8_t[::1] message, CompiledMember member not None):
         return walk.read_field(&root, member.field)
     except _Unfollowed:
         return FALLBACK
+
+
+# --- views -------------------------------------------------------------------------------
+
+
+cdef class StructView:
+    """A struct of a message, read field by field straight from the message's bytes.
+
+    An attribute the view's layout names (a non-union field of a type it follows) is read
+    from the bytes when asked: numbers and bools as pycapnp gives them, enums as
+    :class:`EnumValue`, text as ``str``, data as ``bytes``, lists of those as ``list``, a
+    nested struct or group as another view. Everything else — union members, ``which()``,
+    ``to_dict()``, ``as_builder()``, lists of structs, ``dir()``, ``str()``, a pointer
+    this reader does not follow (far pointers, damage, a budget exceeded) — is asked of a
+    pycapnp reader of the same struct, made once, on first need, from the parent's (the
+    root's from the message). So every attribute has pycapnp's value, or pycapnp's error.
+    """
+    cdef object message  # the bytes, kept alive: walk.buf points into them
+    cdef _Walk walk
+    cdef Struct s
+    cdef StructLayout layout
+    cdef object parent  # StructView, or for the root a callable giving its pycapnp reader
+    cdef object name  # the attribute of the parent's reader this view is
+    cdef object reader  # the pycapnp reader, once made
+
+    def __getattribute__(self, name):
+        field = self.layout.by_name.get(name)
+        if field is not None:
+            value = self._read(<Field>field, name)
+            if value is not FALLBACK:
+                return value
+        return getattr(self._pycapnp(), name)
+
+    cdef object _read(self, Field field, object name):
+        cdef int kind = field.kind
+        cdef Py_ssize_t where = field.where
+        cdef _Walk walk = self.walk
+        cdef const Struct *s = &self.s
+        cdef Struct child
+        cdef uint8_t raw
+        if kind == C_BOOL:
+            raw = 0
+            if where // 8 < s.data_bytes:
+                raw = (walk.buf[s.data + where // 8] >> (where % 8)) & 1
+            return bool(raw ^ <uint8_t>field.default)
+        if kind <= C_FLOAT64 or kind == C_ENUM:
+            return walk.primitive(s, kind, where, field.default, field.enum_values)
+        if kind == C_GROUP:
+            return self._child(s, field.struct_, name)
+        walk.budget = walk.limit
+        walk.depth = 0
+        try:
+            if kind == C_STRUCT:
+                if where >= s.ptr_count:
+                    child.data = child.ptrs = 0
+                    child.data_bytes = child.ptr_count = 0
+                else:
+                    walk.struct_at(s.ptrs + 8 * where, &child)
+                return self._child(&child, field.struct_, name)
+            if where >= s.ptr_count:
+                return walk.null_value(field)
+            return walk.pointer_value(s.ptrs + 8 * where, field)
+        except _Unfollowed:
+            return FALLBACK
+
+    cdef StructView _child(self, const Struct *s, StructLayout layout, object name):
+        cdef StructView view = StructView.__new__(StructView)
+        view.message = self.message
+        view.walk = self.walk
+        view.s = s[0]
+        view.layout = layout
+        view.parent = self
+        view.name = name
+        return view
+
+    cdef object _pycapnp(self):
+        if self.reader is None:
+            if isinstance(self.parent, StructView):
+                self.reader = getattr((<StructView>self.parent)._pycapnp(), self.name)
+            else:
+                self.reader = self.parent()
+        return self.reader
+
+    def __dir__(self):
+        return dir(self._pycapnp())
+
+    def __str__(self):
+        return str(self._pycapnp())
+
+    def __repr__(self):
+        return repr(self._pycapnp())
+
+
+def view_member(bytes message, CompiledMember member not None, object decode):
+    """A :class:`StructView` of the root union's ``member`` (a struct; compiled by
+    :func:`compile_member` from reader_layouts.view_member_layout) in ``message``
+    (exactly one framed message, one segment), or FALLBACK when this reader does not
+    follow the message as far as that struct (pycapnp decodes it then). ``decode()``
+    gives the member's pycapnp reader, for what the view does not read itself."""
+    cdef Py_ssize_t n = len(message)
+    cdef const uint8_t *buf = <const uint8_t *>(<char *>message)
+    cdef uint32_t words
+    cdef _Walk walk
+    cdef Struct root, payload
+    cdef Py_ssize_t where = member.field.where
+    cdef StructView view
+    if member.field.kind != C_STRUCT:
+        return FALLBACK
+    if n < 16 or load64(buf) & 0xFFFFFFFF != 0:
+        return FALLBACK  # not exactly one segment
+    words = <uint32_t>(load64(buf) >> 32)
+    if 8 + 8 * <Py_ssize_t>words != n:
+        return FALLBACK
+    walk = _Walk.__new__(_Walk)
+    walk.buf = buf
+    walk.start = 8
+    walk.end = n
+    walk.limit = walk.budget = 8 * <Py_ssize_t>words
+    walk.depth = 0
+    walk.views = True
+    try:
+        walk.struct_at(8, &root)
+        if walk.raw_bits(&root, 2 * member.discriminant_offset, 2) != member.discriminant:
+            return FALLBACK
+        if where >= root.ptr_count:
+            payload.data = payload.ptrs = 0
+            payload.data_bytes = payload.ptr_count = 0
+        else:
+            walk.struct_at(root.ptrs + 8 * where, &payload)
+    except _Unfollowed:
+        return FALLBACK
+    view = StructView.__new__(StructView)
+    view.message = message
+    view.walk = walk
+    view.s = payload
+    view.layout = member.field.struct_
+    view.parent = decode
+    view.name = None
+    return view
+
+
+cdef class EventFields:
+    """Where the root struct keeps logMonoTime, valid and the union discriminant, for
+    :func:`identify` (msgq.schemas.framing.EventLayout's fields)."""
+    cdef Py_ssize_t mono_byte, valid_byte, discriminant_byte
+    cdef int valid_bit
+    cdef uint64_t mono_default
+    cdef bint valid_default
+    cdef tuple services
+
+    def __init__(self, Py_ssize_t mono_byte, Py_ssize_t valid_byte, int valid_bit,
+                 Py_ssize_t discriminant_byte, tuple services, uint64_t mono_default,
+                 bint valid_default):
+        self.mono_byte = mono_byte
+        self.valid_byte = valid_byte
+        self.valid_bit = valid_bit
+        self.discriminant_byte = discriminant_byte
+        self.services = services
+        self.mono_default = mono_default
+        self.valid_default = valid_default
+
+
+def identify(bytes message, EventFields fields not None):
+    """``(logMonoTime, valid, service)`` of ``message`` when it is exactly one framed
+    one-segment message whose root struct's data section lies in it and whose union holds
+    a known member — EventLayout.identify's answer, in one C call —; FALLBACK for
+    anything else (EventLayout.identify decides then: other framings, far pointers,
+    unknown members, garbage)."""
+    cdef Py_ssize_t n = len(message)
+    cdef const uint8_t *buf = <const uint8_t *>(<char *>message)
+    cdef uint64_t w, mono
+    cdef Py_ssize_t data, size, offset
+    cdef bint valid
+    cdef uint16_t which = 0
+    if n < 16:
+        return FALLBACK
+    w = load64(buf)
+    if w & 0xFFFFFFFF != 0 or 8 + 8 * <Py_ssize_t>(w >> 32) != n:
+        return FALLBACK
+    w = load64(buf + 8)
+    if (w & 3) != 0:
+        return FALLBACK
+    offset = <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
+    data = 16 + 8 * offset
+    size = 8 * <Py_ssize_t>((w >> 32) & 0xFFFF)
+    if data < 16 or data + size > n:
+        return FALLBACK
+    mono = fields.mono_default
+    if fields.mono_byte + 8 <= size:
+        mono ^= load64(buf + data + fields.mono_byte)
+    valid = fields.valid_default
+    if fields.valid_byte < size:
+        valid = ((buf[data + fields.valid_byte] >> fields.valid_bit) & 1) ^ valid
+    if fields.discriminant_byte + 2 <= size:
+        memcpy(&which, buf + data + fields.discriminant_byte, 2)
+    if which >= len(fields.services):
+        return FALLBACK
+    return mono, bool(valid), fields.services[which]

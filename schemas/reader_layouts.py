@@ -19,7 +19,8 @@ from typing import Any
 
 from msgq.schemas import _typed_reader as reader
 
-__all__ = ["BITS", "KINDS", "Layout", "field_layout"]
+__all__ = ["BITS", "KINDS", "NO_DISCRIMINANT", "Layout", "field_layout", "view_member_layout",
+           "view_struct_layout"]
 
 Layout = tuple[Any, ...]
 
@@ -62,3 +63,80 @@ def field_layout(slot: Any, layout: Layout) -> Layout | None:
     else:  # bool
         default = int(bool(value))
     return (kind, slot.offset, default, extra)
+
+
+def view_struct_layout(schema: Any, memo: dict[int, Layout | None] | None = None,
+                       stack: tuple[int, ...] = ()) -> Layout:
+    """A struct's layout for the reader's views: ``(fields, None, names)``, the non-union
+    fields a view reads itself (union members, Void, AnyPointer, interfaces, lists of
+    structs, pointers with explicit defaults and recursion are left to pycapnp)."""
+    memo = {} if memo is None else memo
+    stack = (*stack, schema.node.id)
+    names: list[str] = []
+    fields: list[Layout] = []
+    for field in schema.fields_list:
+        proto = field.proto
+        if proto.discriminantValue != NO_DISCRIMINANT:
+            continue
+        layout = _view_field_layout(field, memo, stack)
+        if layout is not None:
+            names.append(proto.name)
+            fields.append(layout)
+    return (tuple(fields), None, tuple(names))
+
+
+#: ``discriminantValue`` of a field outside any union.
+NO_DISCRIMINANT = 0xFFFF
+
+
+def _view_field_layout(field: Any, memo: dict[int, Layout | None],
+                       stack: tuple[int, ...]) -> Layout | None:
+    proto = field.proto
+    if proto.which() == "group":
+        return (reader.K_GROUP, 0, 0, view_struct_layout(field.schema, memo, stack))
+    slot = proto.slot
+    kind = slot.type.which()
+    schema = field.schema if kind in ("struct", "enum", "list") else None
+    layout = _view_type_layout(slot.type, schema, memo, stack)
+    return None if layout is None else field_layout(slot, layout)
+
+
+def _view_type_layout(type_proto: Any, schema: Any, memo: dict[int, Layout | None],
+                      stack: tuple[int, ...]) -> Layout | None:
+    kind = type_proto.which()
+    if kind in KINDS:
+        return (KINDS[kind], 0, 0, None)
+    if kind == "enum":
+        return (reader.K_ENUM, 0, 0,
+                {value: name for name, value in schema.enumerants.items()})
+    if kind == "struct":
+        node_id = schema.node.id
+        if node_id in stack:
+            return None  # recursion: pycapnp reads it
+        if node_id not in memo:
+            memo[node_id] = view_struct_layout(schema, memo, stack)
+        return (reader.K_STRUCT, 0, 0, memo[node_id])
+    if kind == "list":
+        element_type = type_proto.list.elementType
+        if element_type.which() == "struct":
+            return None  # lists of structs: pycapnp's list reader
+        element_schema = schema.elementType if element_type.which() in ("enum", "list") \
+            else None
+        element = _view_type_layout(element_type, element_schema, memo, stack)
+        return None if element is None else (reader.K_LIST, 0, 0, element)
+    return None  # void, anyPointer, interface
+
+
+def view_member_layout(root_schema: Any, member: str,
+                       memo: dict[int, Layout | None] | None = None) -> Layout | None:
+    """``(discriminant offset, discriminant, field layout)`` of a struct member of the
+    root union for :func:`msgq.schemas._typed_reader.view_member`; None when the member
+    is not a struct (a list, text or data payload: pycapnp reads it)."""
+    field = root_schema.fields[member]
+    proto = field.proto
+    if proto.which() != "slot" or proto.slot.type.which() != "struct":
+        return None
+    layout = _view_field_layout(field, {} if memo is None else memo, (root_schema.node.id,))
+    if layout is None:
+        return None
+    return (root_schema.node.struct.discriminantOffset, proto.discriminantValue, layout)

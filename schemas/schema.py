@@ -34,6 +34,7 @@ from typing import Any
 
 from msgq.errors import MessageDecodeError
 from msgq.schemas.framing import EventLayout
+from msgq.schemas.payload_views import PayloadViews
 from msgq.schemas.services import (
     SERVICE_LIST,
     Service,
@@ -341,6 +342,12 @@ class Schema:
         read them from a message's bytes (:class:`msgq.schemas.framing.EventLayout`; its
         ``identify`` is the check that bytes are an Event). Worked out once per schema."""
         return EventLayout.of(self)
+
+    @functools.cached_property
+    def views(self) -> PayloadViews:
+        """Payload views of this schema's services: fields read straight from a
+        message's bytes, pycapnp for the rest (:mod:`msgq.schemas.payload_views`)."""
+        return PayloadViews(self)
 
     def decode(self, data: Any) -> Any:
         """The root struct's reader over ``data`` (bytes from another process), with a

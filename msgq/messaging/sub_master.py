@@ -18,18 +18,24 @@ Rules (cereal's; the rate band and averages are in :mod:`msgq.messaging.frequenc
 
 Sockets conflate: each update sees the newest message of each service.
 
-Lazy decoding: ``update`` reads ``logMonoTime``, ``valid`` and the service of each new
-message straight from its bytes (:meth:`msgq.schemas.EventLayout.identify`, which also
-checks the framing), and decodes a payload with pycapnp only when the caller reads it
-(``sm[s]`` / ``sm.data[s]``), once per message. A service the caller never reads costs
-no decoding. Bytes that frame correctly but fail pycapnp's own checks at that point are
-counted in ``bad_messages[s]`` then, and ``sm[s]`` keeps the previous payload.
+Payload views, no decoding: ``update`` reads ``logMonoTime``, ``valid`` and the service of
+each new message straight from its bytes (:meth:`msgq.schemas.payload_views.PayloadViews.
+identify`, EventLayout.identify's answer in one C call, which also checks the framing).
+``sm[s]`` of a struct service is then a view over the message's bytes
+(:class:`msgq.schemas._typed_reader.StructView`): each field is read from the bytes when
+asked, with pycapnp's value; what the view does not read itself (``which()``,
+``to_dict()``, union members, lists of structs, ...) it asks of a pycapnp reader decoded
+once, on first need. Other payloads (lists, text, data) and messages the typed reader
+does not follow (several segments, far pointers) are decoded with pycapnp when first read,
+as before: bytes that frame correctly but fail pycapnp's own checks then are counted in
+``bad_messages[s]``, and ``sm[s]`` keeps the previous payload.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import msgq
@@ -37,6 +43,7 @@ from msgq import clock
 from msgq.messaging.frequency import TOLERANCE_HIGH, TOLERANCE_LOW, FrequencyTracker, rate_band
 from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.events import MessageDecodeError
+from msgq.schemas.payload_views import FALLBACK
 from msgq.tables import format_table
 
 __all__ = ["ALIVE_PERIODS", "AsyncSubMaster", "SubMaster"]
@@ -141,7 +148,8 @@ class SubMaster:
             self.update_freq = max((registry[s].frequency for s in self.services), default=0.0)
 
         self.frame = -1
-        self._layout = self.schema.layout
+        self._views = self.schema.views
+        self._identify = self._views.identify
         self.data: _Payloads = _Payloads(self._decode_payload)
         self.updated: dict[str, bool] = {}
         self.seen: dict[str, bool] = {}
@@ -202,20 +210,30 @@ class SubMaster:
         data = sock.receive(non_blocking=True)
         if data is None:
             return
-        peeked = self._layout.identify(data)
+        peeked = self._identify(data)
         if peeked is None or peeked[2] != service:
             self.bad_messages[service] += 1
             return
         received.append((service, peeked[0], peeked[1], data))
 
     def _decode_payload(self, service: str, data: bytes) -> Any:
-        """The payload reader of a message ``update`` took as bytes; None (counted in
+        """The payload of a message ``update`` took as bytes: a view over them, or, where
+        the typed reader does not follow them, pycapnp's reader; None (counted in
         bad_messages) when pycapnp refuses them."""
+        view = self._views.view(service, data, partial(self._pycapnp_payload, service, data))
+        if view is not FALLBACK:
+            return view
         try:
             return getattr(self.schema.decode(data), service)
         except (MessageDecodeError, AttributeError):
             self.bad_messages[service] += 1
             return None
+
+    def _pycapnp_payload(self, service: str, data: bytes) -> Any:
+        """pycapnp's reader of the payload a view was made of (what the view does not read
+        itself). The view checked the root and the payload's pointer, so pycapnp takes
+        the message; MessageDecodeError if it does not."""
+        return getattr(self.schema.decode(data), service)
 
     def update(self, timeout: int = 100) -> None:
         """Waits up to ``timeout`` ms for the polled service (any service when none is
