@@ -409,14 +409,24 @@ def test_payloads_are_decoded_when_read() -> None:
 
 
 def test_wait_for_readers_to_update() -> None:
+    """False while the subscriber has not read (however long that takes), True as soon
+    as it has: the test waits on the read itself, not on one update landing inside a
+    wall-clock window (issue 29), and a long timeout costs nothing when it is met."""
     sm = SubMaster(["vehicleState"])
     pm = PubMaster(["vehicleState"])
     pm.send("vehicleState", new_message("vehicleState"))
     assert not pm.all_readers_updated("vehicleState")
-    assert pm.wait_for_readers_to_update("vehicleState", timeout=0.1, dt=0.01) is False
-    sm.update(1000)
-    assert pm.wait_for_readers_to_update("vehicleState", timeout=1.0) is True
+    assert pm.wait_for_readers_to_update("vehicleState", timeout=0.05, dt=0.01) is False
+    assert not pm.all_readers_updated("vehicleState")
+    deadline = time.monotonic() + 30.0
+    while not sm.seen["vehicleState"] and time.monotonic() < deadline:
+        sm.update(100)
+    assert sm.seen["vehicleState"], "the subscriber never received the message"
+    t0 = time.monotonic()
+    assert pm.wait_for_readers_to_update("vehicleState", timeout=30.0) is True
+    assert time.monotonic() - t0 < 15.0  # returned on the condition, not at the timeout
     assert pm.all_readers_updated("vehicleState")
+    sm.close()
 
 
 # --- real time, another process ------------------------------------------------------
