@@ -6,6 +6,7 @@ waiting for conditions, and connecting socket pairs on any backend."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ __all__ = [
     "free_port_pair",
     "interrupt",
     "receive_all",
+    "rerun_in_own_namespace",
     "run_cli",
     "run_program",
     "sync_subscriber",
@@ -81,6 +83,33 @@ def run_program(argv: Sequence[str], expect: int | Sequence[int] | None = 0,
     if expect is not None:
         expect_exit(argv, proc.returncode, expect, proc.stdout, proc.stderr)
     return proc
+
+
+#: Set in a test run again by :func:`rerun_in_own_namespace` (where it must not recurse).
+IN_OWN_NAMESPACE = "MSGQ_TEST_IN_OWN_NAMESPACE"
+
+
+def rerun_in_own_namespace(nodeid: str, basetemp: str | os.PathLike[str]) -> None:
+    """Runs test ``nodeid`` again in a pytest of its own, in a user and mount namespace
+    where it is root (``unshare --user --map-root-user --mount``): what needs mount
+    rights runs there without them here (its temporary files under ``basetemp``). Skips,
+    saying why, where the kernel refuses user namespaces; fails with the child's output
+    when the test fails there."""
+    import pytest
+
+    if os.environ.get(IN_OWN_NAMESPACE):
+        pytest.fail("the test needs mount rights even in a namespace of its own")
+    unshare = ["unshare", "--user", "--map-root-user", "--mount"]
+    probe = subprocess.run([*unshare, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"needs root or a user namespace to mount a tmpfs: {probe.stderr.strip()}")
+    env = {**os.environ, IN_OWN_NAMESPACE: "1"}
+    env.pop("PYTEST_ADDOPTS", None)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    done = run_program([*unshare, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"--basetemp={basetemp}", nodeid],
+                       env=env, cwd=os.path.dirname(tests), timeout=120)
+    assert re.search(r"\b1 passed", done.stdout), done.stdout[-3000:]
 
 
 def run_cli(*args: str, expect: int | Sequence[int] | None = 0, timeout: float = 60,

@@ -247,7 +247,9 @@ def connect_as(uid: int) -> str:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+@pytest.mark.skipif(os.geteuid() != 0,  # CI runs as root
+                    reason="needs root to run a client as another uid (a user namespace "
+                           "maps only our own uid)")
 def test_other_uid_is_served_only_when_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MSGQ_SHM_MODE", "0666")  # let other uids reach the namespace files
     with VisionIpcServer(NAME, allowed_uids=[12345]) as s:
