@@ -25,6 +25,7 @@ import heapq
 import os
 import warnings
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -161,15 +162,20 @@ class LogReader:
         ``io.BytesIO`` of a segment's bytes, named by its ``name``), in file order, with
         this reader's service and time filters and damage handling; no path listing and
         no index."""
+        return chain.from_iterable(self._event_lists(path))
+
+    def _event_lists(self, path: Any) -> Iterator[list[LogEvent]]:
+        """The events of one segment, a list per batch (chained, they cost no Python
+        frame per event)."""
         wanted = self._wanted()
         start = self.start_mono_ns
         for name, item in self._segment_items(path):
             if type(item) is MessageBatch:
-                yield from log_events(item.data, item.offset, item.length, item.service,
-                                      item.flags, item.mono_ns, item.services, name,
-                                      item.stream_offset, wanted, start)
+                yield log_events(item.data, item.offset, item.length, item.service,
+                                 item.flags, item.mono_ns, item.services, name,
+                                 item.stream_offset, wanted, start)
             else:
-                yield item
+                yield [item]
 
     def _paths_to_read(self) -> list[str]:
         if self.start_mono_ns is None and self.services is None:
@@ -188,28 +194,34 @@ class LogReader:
 
     def raw(self) -> Iterator[LogEvent]:
         """The events as :class:`LogEvent` (bytes plus time, validity, service)."""
+        if self.sort and len(self.paths) > 1:
+            return self._sorted_raw()
+        return chain.from_iterable(self._raw_lists())
+
+    def _sorted_raw(self) -> Iterator[LogEvent]:
         paths = self._paths_to_read()
         if self.check_schema:
             check_paths(paths, self.schema)
-        if self.sort and len(paths) > 1:
-            yield from heapq.merge(*(self.segment_events(p) for p in paths),
-                                   key=lambda e: e.mono_ns)
-        else:
-            for path in paths:
-                yield from self.segment_events(path)
+        yield from heapq.merge(*(self.segment_events(p) for p in paths),
+                               key=lambda e: e.mono_ns)
 
-    def __iter__(self) -> Iterator[Any]:
-        if self.sort and len(self.paths) > 1:
-            for event in self.raw():
-                msg = self._decode_event(event)
-                if msg is not None:
-                    yield msg
-            return
+    def _raw_lists(self) -> Iterator[list[LogEvent]]:
         paths = self._paths_to_read()
         if self.check_schema:
             check_paths(paths, self.schema)
         for path in paths:
-            yield from self._decoded(path)
+            yield from self._event_lists(path)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.sort and len(self.paths) > 1:
+            return self._sorted_decoded()
+        return chain.from_iterable(self._decoded_runs())
+
+    def _sorted_decoded(self) -> Iterator[Any]:
+        for event in self.raw():
+            msg = self._decode_event(event)
+            if msg is not None:
+                yield msg
 
     def _decode_event(self, event: LogEvent) -> Any:
         msg = self._decode(event.data)
@@ -218,49 +230,57 @@ class LogReader:
                                         "an event that does not decode"))
         return msg
 
-    def _decoded(self, path: Any) -> Iterator[Any]:
-        """The Event readers of one segment: each batch's wanted run of messages read by
-        pycapnp's ``read_multiple_bytes`` over the batch's bytes (lazy readers of one
-        buffer, the traversal limit of the largest message for each), a message whose
+    def _decoded_runs(self) -> Iterator[Iterable[Any]]:
+        """The Event readers of every segment, an iterable per run of messages: each
+        batch's wanted run read by pycapnp's ``read_multiple_bytes`` over the batch's
+        bytes (lazy readers of one buffer, the traversal limit of the run's largest
+        message for each; chained, they cost no Python frame per event), a message whose
         root the scanner found broken decoded alone (and reported)."""
+        paths = self._paths_to_read()
+        if self.check_schema:
+            check_paths(paths, self.schema)
         wanted = self._wanted()
         start = self.start_mono_ns
         event_struct = self.schema.event
-        for name, item in self._segment_items(path):
-            if type(item) is not MessageBatch:
-                msg = self._decode_event(item)
-                if msg is not None:
-                    yield msg
-                continue
-            keep = (item.flags & ROOT_WHOLE) != 0
-            if wanted is not None:
-                keep &= wanted[item.service] != 0
-            if start is not None:
-                keep &= item.mono_ns >= max(start, 0)
-            n = len(item)
-            view = memoryview(item.data)
-            if keep.all():
-                yield from event_struct.read_multiple_bytes(
-                    view, traversal_limit_in_words=_traversal_limit(int(item.length.max())))
-                continue
-            # runs of kept messages (edges where keep changes), and the broken roots
-            edges = np.flatnonzero(np.diff(keep.view(np.int8), prepend=0, append=0))
-            broken = set(np.flatnonzero((item.flags & ROOT_WHOLE) == 0).tolist())
-            first = 0
-            for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
-                yield from self._broken(item, name, broken, first, a)
-                begin = int(item.offset[a])
-                end = int(item.offset[b - 1]) + int(item.length[b - 1])
-                yield from event_struct.read_multiple_bytes(
-                    view[begin:end],
-                    traversal_limit_in_words=_traversal_limit(int(item.length[a:b].max())))
-                first = b
-            yield from self._broken(item, name, broken, first, n)
+        for path in paths:
+            for name, item in self._segment_items(path):
+                if type(item) is not MessageBatch:
+                    msg = self._decode_event(item)
+                    if msg is not None:
+                        yield (msg,)
+                    continue
+                keep = (item.flags & ROOT_WHOLE) != 0
+                if wanted is not None:
+                    keep &= wanted[item.service] != 0
+                if start is not None:
+                    keep &= item.mono_ns >= max(start, 0)
+                view = memoryview(item.data)
+                if keep.all():
+                    begin = int(item.offset[0])
+                    end = int(item.offset[-1]) + int(item.length[-1])
+                    yield event_struct.read_multiple_bytes(
+                        view[begin:end],
+                        traversal_limit_in_words=_traversal_limit(int(item.length.max())))
+                    continue
+                # runs of kept messages (edges where keep changes), and the broken roots
+                edges = np.flatnonzero(np.diff(keep.view(np.int8), prepend=0, append=0))
+                broken = set(np.flatnonzero((item.flags & ROOT_WHOLE) == 0).tolist())
+                first = 0
+                for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+                    yield self._broken(item, name, broken, first, a)
+                    begin = int(item.offset[a])
+                    end = int(item.offset[b - 1]) + int(item.length[b - 1])
+                    yield event_struct.read_multiple_bytes(
+                        view[begin:end],
+                        traversal_limit_in_words=_traversal_limit(int(item.length[a:b].max())))
+                    first = b
+                yield self._broken(item, name, broken, first, len(item))
 
     def _broken(self, batch: MessageBatch, name: str, broken: set[int], first: int,
-                end: int) -> Iterator[Any]:
+                end: int) -> list[Any]:
         """Decodes (and so reports) the messages of ``batch`` from ``first`` to ``end``
         whose root the scanner found broken and that this reader wants."""
+        found = []
         for i in sorted(b for b in broken if first <= b < end):
             if self.services is not None and \
                     batch.services[batch.service[i]] not in self.services:
@@ -273,7 +293,8 @@ class LogReader:
                              batch.stream_offset + at)
             msg = self._decode_event(event)
             if msg is not None:
-                yield msg
+                found.append(msg)
+        return found
 
 
 def _traversal_limit(largest: int) -> int:

@@ -73,10 +73,11 @@ class LogProblem:
 
 @dataclass(frozen=True, eq=False)
 class MessageBatch:
-    """A run of whole messages back to back, split and peeked by the C scanner: their
-    bytes (``data``) and, per message, its offset in ``data``, its length, the index of its
-    service in ``services``, its flags (:data:`VALID`, :data:`ROOT_WHOLE`) and its
-    logMonoTime, as numpy arrays."""
+    """A run of whole messages back to back, split and peeked by the C scanner: the
+    bytes they lie in (``data``, the decompressed piece of the stream, shared, not
+    copied: it may hold bytes before and after the run) and, per message, its offset in
+    ``data``, its length, the index of its service in ``services``, its flags
+    (:data:`VALID`, :data:`ROOT_WHOLE`) and its logMonoTime, as numpy arrays."""
 
     data: bytes
     stream_offset: int  # of data[0], in the uncompressed stream
@@ -362,7 +363,7 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
     the others, and every message without it, one :class:`RawMessage` each."""
     scanner = None if layout is None else _scan.ScanLayout(layout)
     names = () if layout is None else layout.services
-    buf = bytearray()
+    buf = b""  # bytes, not a bytearray: a batch refers to it, without a copy
     buf_offset = 0  # uncompressed-stream offset of buf[0]
     stream_offset = 0  # uncompressed bytes seen so far
     file_offset = 0  # where in the file buf[0] came from (its zstd frame, for zstd)
@@ -430,7 +431,7 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
     def scan(final: bool) -> Iterator[RawMessage]:
         """Yields the messages of buf; leaves in it what may still be completed. ``final``:
         no more bytes will continue buf."""
-        nonlocal resyncing, carry, buf_offset, kept
+        nonlocal buf, resyncing, carry, buf_offset, kept
         pos = carry
         carry = 0
         previous = kept  # where the message before pos starts, or -1
@@ -441,10 +442,8 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
                 # the common case: every whole message the C scanner peeks, in one call
                 stop, _, offset, length, service, flags, mono = _scan.scan(buf, pos, scanner)
                 if len(offset):
-                    with memoryview(buf) as view:
-                        data = bytes(view[pos:stop])
-                    yield MessageBatch(data, buf_offset + pos, None if raw else file_offset,
-                                       offset - pos, length, service, flags, mono, names)
+                    yield MessageBatch(buf, buf_offset, None if raw else file_offset,
+                                       offset, length, service, flags, mono, names)
                     previous = int(offset[-1])
                     pos = stop
                     continue
@@ -501,7 +500,8 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
             and pos <= len(buf) else min(pos, len(buf))
         carry = pos - keep
         kept = 0 if keep == previous else -1
-        del buf[:keep]
+        if keep:
+            buf = buf[keep:]
         buf_offset += keep
 
     try:
@@ -509,7 +509,7 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
             if chunk.data:
                 if not buf:
                     file_offset = chunk.file_offset
-                buf += chunk.data
+                buf = buf + chunk.data if buf else chunk.data
                 stream_offset += len(chunk.data)
             yield from scan(final=chunk.problem is not None)
             if chunk.problem is not None:
@@ -529,7 +529,7 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
             if chunk.breaks_after or (chunk.problem is not None and chunk.problem[0] ==
                                       "truncated"):
                 buf_offset += len(buf)
-                buf.clear()
+                buf = b""
                 carry, kept = 0, -1
                 resyncing = False
         yield from scan(final=True)
