@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,33 @@ def schema_profile(request: pytest.FixtureRequest) -> object:
     from msgq.schemas import msgq_schema
 
     return msgq_schema()
+
+
+@pytest.fixture
+def shm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared-memory backend, whatever the caller's environment selects (use it
+    with ``pytestmark = pytest.mark.usefixtures("shm")``)."""
+    monkeypatch.setenv("MSGQ_BACKEND", "msgq")
+    monkeypatch.delenv("ZMQ", raising=False)
+
+
+@pytest.fixture
+def publisher() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Starts ``tests/rate_publisher.py`` processes (``publisher(vehicleState=100)``,
+    options first: ``publisher("--value", "speed", vehicleState=100)``), each returned
+    once it is ready, all killed at the end of the test."""
+    from helpers import start_publisher
+
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*options: str, **rates: float) -> subprocess.Popen[str]:
+        procs.append(start_publisher(rates, *options))
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.communicate()
 
 
 @pytest.fixture(params=sorted(msgq.BACKENDS))

@@ -21,14 +21,19 @@ __all__ = [
     "MSGQ",
     "ProgramFailedError",
     "asleep_in_the_kernel",
+    "child_env",
     "connect_pair",
     "expect_exit",
+    "free_port",
     "free_port_pair",
     "interrupt",
+    "open_fds",
+    "publisher_ready",
     "receive_all",
     "rerun_in_own_namespace",
     "run_cli",
     "run_program",
+    "start_publisher",
     "sync_subscriber",
     "wait_until",
     "wait_until_asleep",
@@ -55,6 +60,31 @@ def expect_exit(argv: Sequence[str], code: int | None, expected: int | Sequence[
     allowed = [expected] if isinstance(expected, int) else list(expected)
     if code not in allowed:
         raise ProgramFailedError(_describe(argv, code, expected, out, err))
+
+
+def child_env(**changes: str | None) -> dict[str, str]:
+    """The environment for a child process: the test's (its MSGQ_PREFIX, backend and
+    schema) with ``changes`` (a value of None removes the variable). Passed explicitly:
+    a forkserver child inherits the fork server's environment, not the test's."""
+    env = dict(os.environ)
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def open_fds() -> int:
+    """How many file descriptors this process has open."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def free_port_pair() -> int:
@@ -110,6 +140,37 @@ def rerun_in_own_namespace(nodeid: str, basetemp: str | os.PathLike[str]) -> Non
                         f"--basetemp={basetemp}", nodeid],
                        env=env, cwd=os.path.dirname(tests), timeout=120)
     assert re.search(r"\b1 passed", done.stdout), done.stdout[-3000:]
+
+
+#: The publisher program of the tests (see its docstring for what it sends).
+RATE_PUBLISHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rate_publisher.py")
+
+
+def start_publisher(rates: dict[str, float], *options: str, env: dict[str, str] | None = None,
+                    ready: bool = True) -> subprocess.Popen[str]:
+    """``tests/rate_publisher.py SERVICE=HZ ... OPTIONS`` in a process of its own,
+    returned once its sockets exist (``ready``: it printed so; else at once, and the
+    caller waits with :func:`publisher_ready`); the caller kills it (the ``publisher``
+    fixture of conftest.py does)."""
+    argv = [sys.executable, RATE_PUBLISHER, *(f"{s}={hz:g}" for s, hz in rates.items()),
+            *options]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env() if env is None else env)
+    if ready:
+        publisher_ready(proc)
+    return proc
+
+
+def publisher_ready(proc: subprocess.Popen[str]) -> None:
+    """Waits until a publisher of :func:`start_publisher` printed ``ready``; fails with its
+    output when it died instead."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != "ready":
+        proc.kill()
+        out, err = proc.communicate()
+        raise ProgramFailedError(_describe(proc.args, proc.returncode, 0,  # type: ignore[arg-type]
+                                           line + out, err))
 
 
 def run_cli(*args: str, expect: int | Sequence[int] | None = 0, timeout: float = 60,

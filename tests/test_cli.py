@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import interrupt
+from helpers import child_env, free_port, interrupt
 
 import msgq.cli
 import msgq.cli.bench
@@ -22,7 +22,7 @@ from msgq.cli import main
 from msgq.cli.output import human_age, human_bytes, paint, use_colour
 from msgq.queues import queue_dir, queue_path
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("shm")]
 
 # A publisher or subscriber in a process of its own: connects, says "ready", then waits
 # until its stdin closes (or it is killed).
@@ -40,19 +40,15 @@ sys.stdin.read()
 """
 
 
-def child_env() -> dict[str, str]:
-    """The test's environment (with its MSGQ_PREFIX), on the shared-memory backend."""
-    env = dict(os.environ)
-    env["MSGQ_BACKEND"] = "msgq"
-    env.pop("ZMQ", None)
-    env["NO_COLOR"] = "1"
-    return env
+def cli_env() -> dict[str, str]:
+    """The test's environment (the shm fixture's backend, its MSGQ_PREFIX), no colour."""
+    return child_env(NO_COLOR="1")
 
 
 def msgq_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "msgq", *args],
-        env=child_env(),
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -68,7 +64,7 @@ class Endpoints:
     def start(self, role: str, endpoint: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
             [sys.executable, "-c", ENDPOINT_PROCESS, role, endpoint],
-            env=child_env(),
+            env=cli_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -363,7 +359,7 @@ def test_bench_unknown_suite_is_a_usage_error() -> None:
 def _started(argv: list[str], ready: str, stream: str = "stderr") -> subprocess.Popen[str]:
     """``msgq ARGV`` in a process of its own, returned once it printed a line containing
     ``ready`` on ``stream`` (it has set itself up and is running)."""
-    proc = subprocess.Popen([sys.executable, "-m", "msgq", *argv], env=child_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "msgq", *argv], env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pipe = proc.stderr if stream == "stderr" else proc.stdout
     assert pipe is not None
@@ -373,12 +369,6 @@ def _started(argv: list[str], ready: str, stream: str = "stderr") -> subprocess.
         out, err = proc.communicate()
         raise AssertionError(f"msgq {' '.join(argv)} did not start: {line}{out}{err}")
     return proc
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_ctrl_c_stops_record_with_130_and_a_closed_log(tmp_path: Path) -> None:
@@ -394,7 +384,7 @@ def test_ctrl_c_stops_replay_with_130(tmp_path: Path) -> None:
     with LogWriter(str(tmp_path / "rec")) as writer:
         for i in range(5):
             writer.write(new_message("gyroscope", logMonoTime=10**9 + i * 10**8))
-    env = child_env()
+    env = cli_env()
     sub = subprocess.Popen([sys.executable, "-c", "import msgq; s = msgq.sub_sock('gyroscope',"
                             " timeout=20000); print('ready', flush=True);"
                             " print(s.receive() is not None, flush=True)"],
@@ -415,6 +405,6 @@ def test_ctrl_c_stops_top_with_130() -> None:
 
 
 def test_ctrl_c_stops_bridge_with_130() -> None:
-    port = str(_free_port())
+    port = str(free_port())
     proc = _started(["bridge", "connect", "127.0.0.1", "--port", port], "re-publishing")
     interrupt(proc, 130)

@@ -15,16 +15,10 @@ from helpers import wait_until
 import msgq
 from msgq import queues
 
-pytestmark = [pytest.mark.crash, pytest.mark.multiprocess]
+pytestmark = [pytest.mark.crash, pytest.mark.multiprocess, pytest.mark.usefixtures("shm")]
 
 FORK = mp.get_context("fork")
 HEADER = struct.Struct("<IQI")  # round, sequence, crc32 of everything after the header
-
-
-@pytest.fixture(autouse=True)
-def shm(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MSGQ_BACKEND", "msgq")
-    monkeypatch.delenv("ZMQ", raising=False)
 
 
 def publish_checksummed_forever(endpoint: str, round_no: int, started) -> None:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import warnings
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import MSGQ, interrupt, run_cli, run_program
+from helpers import MSGQ, interrupt, run_cli, run_program, start_publisher
 
 import msgq
 from msgq.bench.logs import sequence_number, sequenced_message
@@ -28,26 +27,6 @@ from msgq.logs.replayer import Replayer
 from msgq.messaging import new_message
 
 pytestmark = pytest.mark.multiprocess
-
-PUBLISH = textwrap.dedent("""
-    import sys, time
-    import msgq
-    from msgq.bench.logs import sequenced_message
-    from msgq.messaging import new_message
-    service, count, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-    pub = msgq.pub_sock(service)
-    start = time.monotonic()
-    for i in range(count):
-        if service == "roadEncodeIdx":
-            data = new_message(service).to_bytes()
-        else:
-            data = sequenced_message(service, i)
-        pub.send(data)
-        pause = start + (i + 1) / rate - time.monotonic()  # the publishing rate
-        if pause > 0:
-            time.sleep(pause)
-""")
-
 
 def _start_recorder(folder: Path, *args: str) -> subprocess.Popen[str]:
     """``msgq record ... -o folder``, returned once it has subscribed (its first line on
@@ -61,11 +40,13 @@ def _start_recorder(folder: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def _publish(*specs: tuple[str, int, float]) -> None:
-    """Runs one publisher process per (service, count, rate) and waits for all."""
-    procs = [subprocess.Popen([sys.executable, "-c", PUBLISH, s, str(n), str(r)])
+    """Runs one publisher process per (service, count, rate), all at once, and waits until
+    each has sent its count (message i carries sequence number i)."""
+    procs = [start_publisher({s: r}, "--sequenced", "--count", str(n), ready=False)
              for s, n, r in specs]
-    for proc in procs:
-        assert proc.wait(30) == 0
+    for proc, (_service, count, _rate) in zip(procs, specs, strict=True):
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and out.split() == ["ready", "sent", str(count)], out + err
 
 
 def _stop(proc: subprocess.Popen[str], signum: int) -> tuple[str, str]:

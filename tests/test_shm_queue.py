@@ -21,12 +21,6 @@ from msgq import queues, shm_backend
 pytestmark = pytest.mark.usefixtures("shm")
 
 
-@pytest.fixture
-def shm(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MSGQ_BACKEND", "msgq")
-    monkeypatch.delenv("ZMQ", raising=False)
-
-
 HEADER_SIZE = 64 * (3 + queues.READER_SLOTS)
 
 

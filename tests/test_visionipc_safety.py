@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from helpers import open_fds
 
 from msgq.bench.visionipc import hostile_clients
 from msgq.visionipc import (
@@ -43,10 +44,6 @@ from msgq.visionipc.packet import pack_frame_packet, parse_frame_packet
 
 SPAWN = mp.get_context("spawn")
 NAME = "camerad"
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.fixture

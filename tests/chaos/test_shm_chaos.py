@@ -25,18 +25,13 @@ from chaos_support import report as chaos_report
 import msgq
 from msgq import queues
 
-pytestmark = [pytest.mark.crash, pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.crash, pytest.mark.multiprocess, pytest.mark.slow,
+              pytest.mark.usefixtures("shm")]
 
 FORK = mp.get_context("fork")
 HEADER = struct.Struct("<IQI")  # generation, sequence, crc32 of the body
 STOP = b"stop"
 SEGMENT = 2 * 1024 * 1024  # room for 256 KiB messages (a third of the ring each)
-
-
-@pytest.fixture(autouse=True)
-def shm(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MSGQ_BACKEND", "msgq")
-    monkeypatch.delenv("ZMQ", raising=False)
 
 
 def _body(rng: random.Random, largest: int) -> bytes:
