@@ -120,7 +120,8 @@ def one_line(text: str) -> str:
 def test_every_command_is_registered_and_loads() -> None:
     # The commands users and the docs rely on: dropping one from the list, or one that
     # no longer imports (shown as "unavailable"), fails here rather than going unnoticed.
-    expected = {"dump", "top", "queues", "record", "replay", "logstats", "bridge", "bench"}
+    expected = {"dump", "top", "queues", "record", "replay", "info", "logstats", "export",
+                "foxglove", "spark", "bridge", "bench", "config"}
     assert expected <= set(msgq.cli.COMMANDS)
     parser = msgq.cli.build_parser()
     for name in expected:
@@ -201,6 +202,39 @@ def test_human_forms() -> None:
         "2 h ago",
         "3 d ago",
     ]
+
+
+# --- msgq config -------------------------------------------------------------------------
+
+
+def test_config_prints_the_flags_of_the_installed_c_api() -> None:
+    from msgq import cflags
+
+    proc = msgq_cli("config", "--include-dir")  # as users run it
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout == f"{cflags.include_dir()}\n"
+    assert (cflags.include_dir() / "msgq.h").is_file()
+    both = msgq_cli("config").stdout.split()
+    assert f"-I{cflags.include_dir()}" in both and "-lmsgq" in both
+    assert f"-L{cflags.lib_dir()}" in both and f"-Wl,-rpath,{cflags.lib_dir()}" in both
+    static = msgq_cli("config", "--libs", "--static").stdout.split()
+    assert static == [str(cflags.lib_dir() / "libmsgq.a"), "-lpthread"]
+    vision = msgq_cli("config", "--libs", "--visionipc").stdout.split()
+    assert vision.index("-lvisionipc") < vision.index("-lmsgq")  # the order a linker needs
+    assert msgq_cli("config", "--lib-dir").stdout == f"{cflags.lib_dir()}\n"
+
+
+def test_config_without_the_c_library_says_so_and_fails(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from msgq import cflags
+
+    gone = cflags.lib_dir() / "libmsgq.so"
+    monkeypatch.setattr(cflags, "missing", lambda: [gone])
+    assert main(["config", "--libs"]) == 1
+    out, err = capsys.readouterr()
+    assert out.split() and "-lmsgq" in out.split()  # the flags still, for the record
+    assert one_line(err) == f"msgq config: not installed: {gone} (rebuild msgq with pip install .)"
 
 
 # --- msgq queues -------------------------------------------------------------------------

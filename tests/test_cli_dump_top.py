@@ -106,6 +106,30 @@ def test_top_reports_rates_readers_and_liveness(publisher: Publisher) -> None:
     extra_reader.close()
 
 
+@pytest.mark.slow  # four commands and a ZMQ publisher: 8 s
+def test_dump_and_top_read_the_publisher_at_addr(publisher: Publisher,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # --addr is the publisher's host on the ZMQ backend: 127.0.0.1 reaches ours, an
+    # address of TEST-NET-1 (RFC 5737, never routed) reaches nobody
+    monkeypatch.setenv("MSGQ_BACKEND", "zmq")
+    monkeypatch.delenv("ZMQ", raising=False)
+    publisher(*VEHICLE, vehicleState=100)
+    out = _msgq("dump", "vehicleState", "--addr", "127.0.0.1", "--values", "speed",
+                "--count", "3")
+    values = [float(v) for v in out.stdout.split()]
+    assert values == [values[0], values[0] + 1, values[0] + 2]
+    nowhere = _msgq("dump", "vehicleState", "--addr", "192.0.2.1", "--timeout", "0.5",
+                    expect=1)
+    assert "no message on vehicleState" in nowhere.stderr
+    here = json.loads(_msgq("top", "--once", "--json", "--addr", "127.0.0.1", "--interval",
+                            "0.5", "--services", "vehicleState").stdout)
+    (row,) = here["services"]
+    assert here["backend"] == "zmq" and row["messages"] > 0 and row["alive"], row
+    away = json.loads(_msgq("top", "--once", "--json", "--addr", "192.0.2.1", "--interval",
+                            "0.5", "--services", "vehicleState").stdout)
+    assert away["services"] == []
+
+
 def test_top_table_and_dead_publisher(publisher: Publisher) -> None:
     proc = publisher(*VEHICLE, vehicleState=100)
     table = _msgq("top", "--once", "--interval", "0.5")

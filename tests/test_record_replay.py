@@ -117,6 +117,35 @@ def test_record_named_services_only_and_sigterm_leaves_a_complete_log(tmp_path: 
     assert rows["total"][1] == "530"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("compression, magic", [("bz2", b"BZh"), ("none", None)])
+def test_record_rotates_by_bytes_in_the_compression_asked_for(
+        tmp_path: Path, compression: str, magic: bytes | None) -> None:
+    folder = tmp_path / "rec"
+    proc = _start_recorder(folder, "gyroscope", "--rotate-bytes", "4K",
+                           "--compression", compression)
+    _publish(("gyroscope", 200, 1000.0))
+    _stop(proc, signal.SIGTERM)
+
+    log = _read_log(folder)
+    assert _sequences(log["gyroscope"], "gyroscope") == list(range(200))
+    index = read_index(str(folder))
+    assert index is not None and sum(s.counts.get("gyroscope", 0) for s in index) == 200
+    size = len(log["gyroscope"][0])  # every event is as long (the same fields set)
+    # a new segment before an event would take one past 4 KiB: every one holds at most
+    # 4 KiB of events and all but the last are full (no room for one more event)
+    assert len(index) >= (200 * size) // 4096, [s.uncompressed_bytes for s in index]
+    assert all(s.uncompressed_bytes <= 4096 for s in index), index
+    for segment in index[:-1]:
+        assert segment.uncompressed_bytes + size > 4096, segment
+    for segment in index:
+        head = (folder / segment.file).read_bytes()[:3]
+        if magic is None:  # uncompressed: the events as they are, a capnp frame first
+            assert head != b"BZh" and head[:3] != b"\x28\xb5\x2f", segment.file
+        else:
+            assert head == magic, segment.file
+
+
 def test_quiet_recording_reaches_the_disk_without_a_stop(tmp_path: Path) -> None:
     folder = tmp_path / "rec"
     proc = _start_recorder(folder, "gyroscope")
