@@ -14,6 +14,7 @@ returns (only for a deliberate change of behaviour, said in the commit).
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import pickle
 import random
@@ -283,6 +284,45 @@ def test_an_event_whose_root_is_broken_is_reported_by_decoded_iteration(tmp_path
     assert (kind, offset, detail) == ("corrupt", raw[2].offset, "an event that does not decode")
     with pytest.raises(LogCorruptionError, match=f"corrupt at byte {raw[2].offset}"):
         list(LogReader(path, check_schema=False))
+
+
+def _recording(folder: Path, monos: list[int]) -> None:
+    with LogWriter(str(folder), rotate_seconds=None, rotate_bytes=4000) as writer:
+        for i, mono in enumerate(monos):
+            msg = schema_in_force().event.new_message(logMonoTime=mono, valid=True)
+            msg.init("gyroscope").value.x = i
+            writer.write(msg.to_bytes())
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_sorted_reading_is_the_merge_by_time(tmp_path: Path, overlap: bool) -> None:
+    """sort=True gives heapq.merge's order whether the segments follow one another in
+    time (read one after another, on the word of their sealed index) or overlap, and a
+    damaged segment (its seal no longer matches) is merged, not trusted."""
+    rng = random.Random(5)
+    # events a little out of order within a segment (arrival order), and with overlap
+    # one event far too late: it lands in a segment after later ones
+    monos = [10**9 + i * 10**6 + rng.randrange(3 * 10**5) for i in range(300)]
+    if overlap:
+        monos[20] = monos[250]
+    _recording(tmp_path / "rec", monos)
+    paths = sorted(str(p) for p in (tmp_path / "rec").glob("segment-*"))
+    assert len(paths) > 3
+
+    def merged() -> list[Any]:
+        return list(heapq.merge(*(LogReader(p, check_schema=False).raw() for p in paths),
+                                key=lambda e: e.mono_ns))
+
+    reader = LogReader(tmp_path / "rec", sort=True)
+    assert reader._in_order(paths) is not overlap
+    assert list(reader.raw()) == merged()
+    assert [m.logMonoTime for m in LogReader(tmp_path / "rec", sort=True)] == \
+        [e.mono_ns for e in merged()]
+    # a segment changed after its seal: its index entry is not trusted
+    data = bytearray(Path(paths[1]).read_bytes())
+    data[-1] ^= 0xFF
+    Path(paths[1]).write_bytes(bytes(data))
+    assert not LogReader(tmp_path / "rec", sort=True)._in_order(paths)
 
 
 if __name__ == "__main__":

@@ -194,31 +194,47 @@ class LogReader:
 
     def raw(self) -> Iterator[LogEvent]:
         """The events as :class:`LogEvent` (bytes plus time, validity, service)."""
-        if self.sort and len(self.paths) > 1:
-            return self._sorted_raw()
-        return chain.from_iterable(self._raw_lists())
+        return chain.from_iterable(self._raw_runs())
 
-    def _sorted_raw(self) -> Iterator[LogEvent]:
+    def _opened(self) -> tuple[list[str], bool]:
+        """The paths to read (schema-checked) and whether they must be merged by time:
+        with ``sort``, unless their index entries say that no segment holds an event
+        earlier than one of the segment before it (then the merge is reading them one
+        after another: heapq.merge takes the earlier segment first on a tie)."""
         paths = self._paths_to_read()
         if self.check_schema:
             check_paths(paths, self.schema)
-        yield from heapq.merge(*(self.segment_events(p) for p in paths),
-                               key=lambda e: e.mono_ns)
+        return paths, self.sort and len(paths) > 1 and not self._in_order(paths)
 
-    def _raw_lists(self) -> Iterator[list[LogEvent]]:
-        paths = self._paths_to_read()
-        if self.check_schema:
-            check_paths(paths, self.schema)
+    def _in_order(self, paths: list[str]) -> bool:
+        indexes = self._indexes if self._indexes is not None else IndexCache()
+        last = None
         for path in paths:
-            yield from self._event_lists(path)
+            entry = indexes.entry(path)  # sealed: the entry describes the file as it is
+            if entry is None:
+                return False
+            if not entry.events:
+                continue
+            if last is not None and entry.first_mono_ns < last:
+                return False
+            last = entry.last_mono_ns
+        return True
+
+    def _raw_runs(self) -> Iterator[Iterable[LogEvent]]:
+        paths, merge = self._opened()
+        if merge:
+            yield heapq.merge(*(self.segment_events(p) for p in paths),
+                              key=lambda e: e.mono_ns)
+            return
+        for path in paths:
+            yield self.segment_events(path)
 
     def __iter__(self) -> Iterator[Any]:
-        if self.sort and len(self.paths) > 1:
-            return self._sorted_decoded()
         return chain.from_iterable(self._decoded_runs())
 
-    def _sorted_decoded(self) -> Iterator[Any]:
-        for event in self.raw():
+    def _merged_decoded(self, paths: list[str]) -> Iterator[Any]:
+        for event in heapq.merge(*(self.segment_events(p) for p in paths),
+                                 key=lambda e: e.mono_ns):
             msg = self._decode_event(event)
             if msg is not None:
                 yield msg
@@ -236,9 +252,10 @@ class LogReader:
         bytes (lazy readers of one buffer, the traversal limit of the run's largest
         message for each; chained, they cost no Python frame per event), a message whose
         root the scanner found broken decoded alone (and reported)."""
-        paths = self._paths_to_read()
-        if self.check_schema:
-            check_paths(paths, self.schema)
+        paths, merge = self._opened()
+        if merge:
+            yield self._merged_decoded(paths)
+            return
         wanted = self._wanted()
         start = self.start_mono_ns
         event_struct = self.schema.event
