@@ -240,6 +240,14 @@ cdef struct Struct:
     Py_ssize_t ptr_count
 
 
+cdef struct Composite:
+    Py_ssize_t first      # byte offset of the first element
+    Py_ssize_t count
+    Py_ssize_t step       # bytes per element
+    Py_ssize_t data_bytes
+    Py_ssize_t ptr_count
+
+
 cdef inline uint64_t load64(const uint8_t *p) noexcept nogil:
     cdef uint64_t v
     memcpy(&v, p, 8)
@@ -406,12 +414,42 @@ cdef class _Walk:
             return self.nested(&s, field.struct_)
         return self.list_at(at, w, field)
 
+    cdef int composite(self, Py_ssize_t at, uint64_t w, Composite *c) except -1:
+        """The list of structs the (non-null) list pointer ``w`` at byte ``at`` points
+        to, checked: a composite list whose elements lie inside the segment."""
+        cdef Py_ssize_t target, words, count, dw, pw
+        if (w & 3) != 1 or ((w >> 32) & 7) != SZ_COMPOSITE:
+            raise _Unfollowed()
+        target = at + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
+        words = <Py_ssize_t>(w >> 35)  # the word count, after the tag
+        if target < self.start or target + 8 + 8 * words > self.end:
+            raise _Unfollowed()
+        w = load64(self.buf + target)
+        if (w & 3) != 0:
+            raise _Unfollowed()
+        count = <Py_ssize_t>((w >> 2) & 0x3FFFFFFF)
+        dw = (w >> 32) & 0xFFFF
+        pw = (w >> 48) & 0xFFFF
+        if count * (dw + pw) > words:
+            raise _Unfollowed()
+        # A list of zero-sized structs claims any count in no bytes: its elements are
+        # charged one word each (as capnp's amplified reads are), so that a few bytes
+        # cannot make millions of tuples.
+        self.spend((count if count > words else words) + 1)
+        c.first = target + 8
+        c.count = count
+        c.step = 8 * (dw + pw)
+        c.data_bytes = 8 * dw
+        c.ptr_count = pw
+        return 0
+
     cdef object list_at(self, Py_ssize_t at, uint64_t w, Field field):
         """The value of a list pointer: text, data, or a list of the field's elements."""
         cdef Py_ssize_t target, count, i, words, dw, pw, step
         cdef int size, ekind, kind = field.kind
         cdef Field element
         cdef Struct s
+        cdef Composite c
         cdef object value
         cdef const uint8_t *p
         cdef float f
@@ -443,29 +481,14 @@ cdef class _Walk:
             raise _Unfollowed()  # another encoding than the type's: pycapnp converts
         if ekind == C_STRUCT:
             if self.views:
-                raise _Unfollowed()  # a view's lists of structs are pycapnp's
-            words = count  # the word count, after the tag
-            if target + 8 + 8 * words > self.end:
-                raise _Unfollowed()
-            w = load64(self.buf + target)
-            if (w & 3) != 0:
-                raise _Unfollowed()
-            count = <Py_ssize_t>((w >> 2) & 0x3FFFFFFF)
-            dw = (w >> 32) & 0xFFFF
-            pw = (w >> 48) & 0xFFFF
-            step = 8 * (dw + pw)
-            if count * (dw + pw) > words:
-                raise _Unfollowed()
-            # A list of zero-sized structs claims any count in no bytes: its elements
-            # are charged one word each (as capnp's amplified reads are), so that a few
-            # bytes cannot make millions of tuples.
-            self.spend((count if count > words else words) + 1)
-            out = PyList_New(count)
-            s.data_bytes = 8 * dw
-            s.ptr_count = pw
-            for i in range(count):
-                s.data = target + 8 + i * step
-                s.ptrs = s.data + 8 * dw
+                raise _Unfollowed()  # views: a StructListView, made by the view itself
+            self.composite(at, w, &c)
+            out = PyList_New(c.count)
+            s.data_bytes = c.data_bytes
+            s.ptr_count = c.ptr_count
+            for i in range(c.count):
+                s.data = c.first + i * c.step
+                s.ptrs = s.data + c.data_bytes
                 value = self.nested(&s, element.struct_)
                 Py_INCREF(value)
                 PyList_SET_ITEM(out, i, value)
@@ -607,11 +630,16 @@ cdef class StructView:
                 else:
                     walk.struct_at(s.ptrs + 8 * where, &child)
                 return self._child(&child, field.struct_, name)
+            if kind == C_LIST and field.element.kind == C_STRUCT:
+                return self._struct_list(s, field, name)
             if where >= s.ptr_count:
                 return walk.null_value(field)
             return walk.pointer_value(s.ptrs + 8 * where, field)
         except _Unfollowed:
             return FALLBACK
+
+    cdef StructListView _struct_list(self, const Struct *s, Field field, object name):
+        return _list_view(self.message, self.walk, s, field, self, name)
 
     cdef StructView _child(self, const Struct *s, StructLayout layout, object name):
         cdef StructView view = StructView.__new__(StructView)
@@ -622,6 +650,67 @@ cdef class StructView:
         view.parent = self
         view.name = name
         return view
+
+    cdef object _pycapnp(self):
+        if self.reader is None:
+            if isinstance(self.parent, StructView):
+                self.reader = getattr((<StructView>self.parent)._pycapnp(), self.name)
+            elif isinstance(self.parent, StructListView):
+                self.reader = (<StructListView>self.parent)._pycapnp()[self.name]
+            else:
+                self.reader = self.parent()
+        return self.reader
+
+    def __dir__(self):
+        return dir(self._pycapnp())
+
+    def __str__(self):
+        return str(self._pycapnp())
+
+    def __repr__(self):
+        return repr(self._pycapnp())
+
+
+cdef class StructListView:
+    """A list of structs of a message, as pycapnp's list reader behaves: ``len()``,
+    ``[i]`` (a :class:`StructView`; an index past the end raises IndexError, a negative
+    one counts modulo the length, as pycapnp's), iteration; anything else is asked of a
+    pycapnp list reader made once, on first need."""
+    cdef object message
+    cdef _Walk walk
+    cdef Composite c
+    cdef StructLayout layout
+    cdef object parent  # StructView, or for a root payload the callable giving its reader
+    cdef object name
+    cdef object reader
+
+    def __len__(self):
+        return self.c.count
+
+    def __getitem__(self, int64_t index):
+        cdef StructView view
+        if index >= self.c.count:
+            raise IndexError("Out of bounds")
+        if index < 0:  # pycapnp's Python modulo (this module divides as C does)
+            if self.c.count == 0:
+                raise ZeroDivisionError("integer modulo by zero")
+            index = index % self.c.count
+            if index < 0:
+                index += self.c.count
+        view = StructView.__new__(StructView)
+        view.message = self.message
+        view.walk = self.walk
+        view.s.data = self.c.first + index * self.c.step
+        view.s.data_bytes = self.c.data_bytes
+        view.s.ptrs = view.s.data + self.c.data_bytes
+        view.s.ptr_count = self.c.ptr_count
+        view.layout = self.layout
+        view.parent = self
+        view.name = index
+        return view
+
+    def __getattr__(self, name):
+        return getattr(self._pycapnp(), name)
 
     cdef object _pycapnp(self):
         if self.reader is None:
@@ -641,6 +730,27 @@ cdef class StructView:
         return repr(self._pycapnp())
 
 
+cdef StructListView _list_view(object message, _Walk walk, const Struct *s, Field field,
+                               object parent, object name):
+    """The list of structs of pointer field ``field`` of ``s`` (a null pointer: empty)."""
+    cdef StructListView view = StructListView.__new__(StructListView)
+    cdef Py_ssize_t at = s.ptrs + 8 * field.where
+    cdef uint64_t w = 0
+    if field.where < s.ptr_count:
+        w = load64(walk.buf + at)
+    if w != 0:
+        walk.composite(at, w, &view.c)
+    else:
+        view.c.first = view.c.count = view.c.step = 0
+        view.c.data_bytes = view.c.ptr_count = 0
+    view.message = message
+    view.walk = walk
+    view.layout = field.element.struct_
+    view.parent = parent
+    view.name = name
+    return view
+
+
 def view_member(bytes message, CompiledMember member not None, object decode):
     """A :class:`StructView` of the root union's ``member`` (a struct; compiled by
     :func:`compile_member` from reader_layouts.view_member_layout) in ``message``
@@ -654,7 +764,9 @@ def view_member(bytes message, CompiledMember member not None, object decode):
     cdef Struct root, payload
     cdef Py_ssize_t where = member.field.where
     cdef StructView view
-    if member.field.kind != C_STRUCT:
+    cdef Field field = member.field
+    cdef bint is_list = field.kind == C_LIST and field.element.kind == C_STRUCT
+    if field.kind != C_STRUCT and not is_list:
         return FALLBACK
     if n < 16 or load64(buf) & 0xFFFFFFFF != 0:
         return FALLBACK  # not exactly one segment
@@ -672,6 +784,8 @@ def view_member(bytes message, CompiledMember member not None, object decode):
         walk.struct_at(8, &root)
         if walk.raw_bits(&root, 2 * member.discriminant_offset, 2) != member.discriminant:
             return FALLBACK
+        if is_list:
+            return _list_view(message, walk, &root, field, decode, None)
         if where >= root.ptr_count:
             payload.data = payload.ptrs = 0
             payload.data_bytes = payload.ptr_count = 0

@@ -68,8 +68,9 @@ def field_layout(slot: Any, layout: Layout) -> Layout | None:
 def view_struct_layout(schema: Any, memo: dict[int, Layout | None] | None = None,
                        stack: tuple[int, ...] = ()) -> Layout:
     """A struct's layout for the reader's views: ``(fields, None, names)``, the non-union
-    fields a view reads itself (union members, Void, AnyPointer, interfaces, lists of
-    structs, pointers with explicit defaults and recursion are left to pycapnp)."""
+    fields a view reads itself (union members, Void, AnyPointer, interfaces, pointers
+    with explicit defaults and recursion are left to pycapnp; so are lists of lists of
+    structs, by the reader)."""
     memo = {} if memo is None else memo
     stack = (*stack, schema.node.id)
     names: list[str] = []
@@ -118,10 +119,8 @@ def _view_type_layout(type_proto: Any, schema: Any, memo: dict[int, Layout | Non
         return (reader.K_STRUCT, 0, 0, memo[node_id])
     if kind == "list":
         element_type = type_proto.list.elementType
-        if element_type.which() == "struct":
-            return None  # lists of structs: pycapnp's list reader
-        element_schema = schema.elementType if element_type.which() in ("enum", "list") \
-            else None
+        element_schema = schema.elementType \
+            if element_type.which() in ("enum", "list", "struct") else None
         element = _view_type_layout(element_type, element_schema, memo, stack)
         return None if element is None else (reader.K_LIST, 0, 0, element)
     return None  # void, anyPointer, interface
@@ -129,12 +128,17 @@ def _view_type_layout(type_proto: Any, schema: Any, memo: dict[int, Layout | Non
 
 def view_member_layout(root_schema: Any, member: str,
                        memo: dict[int, Layout | None] | None = None) -> Layout | None:
-    """``(discriminant offset, discriminant, field layout)`` of a struct member of the
-    root union for :func:`msgq.schemas._typed_reader.view_member`; None when the member
-    is not a struct (a list, text or data payload: pycapnp reads it)."""
+    """``(discriminant offset, discriminant, field layout)`` of a struct or list-of-structs
+    member of the root union for :func:`msgq.schemas._typed_reader.view_member`; None for
+    other members (lists of numbers, text, data: pycapnp reads them)."""
     field = root_schema.fields[member]
     proto = field.proto
-    if proto.which() != "slot" or proto.slot.type.which() != "struct":
+    if proto.which() != "slot":
+        return None
+    kind = proto.slot.type.which()
+    if kind == "list" and proto.slot.type.list.elementType.which() != "struct":
+        return None
+    if kind not in ("struct", "list"):
         return None
     layout = _view_field_layout(field, {} if memo is None else memo, (root_schema.node.id,))
     if layout is None:

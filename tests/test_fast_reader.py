@@ -21,7 +21,7 @@ from schema_profiles import robot_schema
 
 from msgq.messaging import PubMaster, SubMaster, new_message
 from msgq.schemas import Schema, msgq_schema
-from msgq.schemas._typed_reader import EnumValue, StructView
+from msgq.schemas._typed_reader import EnumValue, StructListView, StructView
 from msgq.schemas.payload_views import FALLBACK
 from msgq.schemas.reader_layouts import NO_DISCRIMINANT
 
@@ -115,17 +115,29 @@ def _fill(rng: random.Random, builder: Any, schema: Any, depth: int = 0) -> None
 
 
 def random_message(rng: random.Random, schema: Schema, service: str) -> bytes:
-    """A random Event of ``service`` (a struct payload)."""
+    """A random Event of ``service`` (a struct or list-of-structs payload)."""
     msg = schema.event.new_message(logMonoTime=rng.randrange(2**64), valid=rng.random() < .5)
-    _fill(rng, msg.init(service), schema.event.schema.fields[service].schema)
+    field = schema.event.schema.fields[service]
+    if field.proto.slot.type.which() == "list":
+        elements = msg.init(service, rng.randrange(5))
+        for element in elements:
+            _fill(rng, element, field.schema.elementType)
+    else:
+        _fill(rng, msg.init(service), field.schema)
     return msg.to_bytes()
 
 
 def _struct_services(schema: Schema) -> list[str]:
+    """The services whose payload is a struct or a list of structs (those have views)."""
     fields = schema.event.schema.fields
-    return [s for s in schema.union_fields
-            if fields[s].proto.which() == "slot"
-            and fields[s].proto.slot.type.which() == "struct"]
+    out = []
+    for s in schema.union_fields:
+        proto = fields[s].proto
+        kind = proto.slot.type.which() if proto.which() == "slot" else None
+        if kind == "struct" or (kind == "list"
+                                and proto.slot.type.list.elementType.which() == "struct"):
+            out.append(s)
+    return out
 
 
 def _same_scalar(fast: Any, slow: Any, where: str) -> None:
@@ -171,6 +183,8 @@ def _same(fast: Any, slow: Any, where: str, stats: dict[str, int]) -> None:
     elif kind == "_DynamicListReader":
         if isinstance(fast, list):
             stats["fast lists"] += 1
+        if isinstance(fast, StructListView):
+            stats["struct lists"] += 1
         _same_list(fast, slow, where, stats)
     else:
         _same_scalar(fast, slow, where)
@@ -222,14 +236,14 @@ def test_views_read_what_pycapnp_reads_on_random_messages() -> None:
     pycapnp's."""
     rng = random.Random(31)
     for profile, schema in _schemas():
-        stats = {"views": 0, "fields": 0, "fast lists": 0, "errors": 0}
+        stats = {"views": 0, "fields": 0, "fast lists": 0, "struct lists": 0, "errors": 0}
         for service in _struct_services(schema):
             for _ in range(25):
                 data = random_message(rng, schema, service)
                 view = _view(schema, service, data)
-                assert isinstance(view, StructView), (profile, service)
+                assert isinstance(view, (StructView, StructListView)), (profile, service)
                 slow = getattr(schema.decode(data), service)
-                _same_struct(view, slow, f"{profile}:{service}", stats)
+                _same(view, slow, f"{profile}:{service}", stats)
         view, slow = _view(schema, service, data), getattr(schema.decode(data), service)
         assert str(view) == str(slow) and repr(view) == repr(slow)
         with warnings.catch_warnings():
@@ -239,6 +253,7 @@ def test_views_read_what_pycapnp_reads_on_random_messages() -> None:
         # the fast path did the reading: views all the way down, many fields and lists
         assert stats["views"] > 300 and stats["fields"] > 1000, (profile, stats)
         assert stats["fast lists"] > 20 and stats["errors"] == 0, (profile, stats)
+        assert stats["struct lists"] > 50, (profile, stats)
 
 
 def test_the_robot_schemas_defaults_read_from_an_empty_payload() -> None:
@@ -255,8 +270,10 @@ def test_the_robot_schemas_defaults_read_from_an_empty_payload() -> None:
     assert view.mode == "position" and view.mode.raw == 1
     assert isinstance(view.gripper, StructView)
     assert view.gripper.closed is True and view.gripper.force == 12.5
-    assert view.gripper.temperature == -40 and view.joints.__class__.__name__ == \
-        "_DynamicListReader"
+    assert view.gripper.temperature == -40
+    assert isinstance(view.joints, StructListView) and len(view.joints) == 0
+    with pytest.raises(IndexError):
+        view.joints[0]
     msg = schema.event.new_message()
     msg.init("cameraFrame")
     data = msg.to_bytes()
@@ -266,12 +283,15 @@ def test_the_robot_schemas_defaults_read_from_an_empty_payload() -> None:
 
 
 def test_non_struct_payloads_and_other_members_fall_back() -> None:
-    """A list or text payload has no view; bytes whose union holds another member are
-    handed back (pycapnp raises on them, as for any reader)."""
+    """A Data-list or text payload has no view; bytes whose union holds another member
+    are handed back (pycapnp raises on them, as for any reader)."""
     schema = robot_schema()
     msg = schema.event.new_message()
-    msg.init("canFrames", 2)
-    assert schema.views.view("canFrames", msg.to_bytes(), lambda: None) is FALLBACK
+    msg.init("rawChunks", 2)
+    assert schema.views.view("rawChunks", msg.to_bytes(), lambda: None) is FALLBACK
+    msg = schema.event.new_message()
+    msg.missionLog = "go"
+    assert schema.views.view("missionLog", msg.to_bytes(), lambda: None) is FALLBACK
     msg = schema.event.new_message()
     msg.init("armState")
     assert schema.views.view("imu", msg.to_bytes(), lambda: None) is FALLBACK
@@ -298,7 +318,7 @@ def test_damaged_messages_read_as_pycapnp_or_fall_back() -> None:
     rng = random.Random(29)
     outcomes = {"view": 0, "fallback": 0, "not an event": 0}
     for profile, schema in _schemas():
-        stats = {"views": 0, "fields": 0, "fast lists": 0, "errors": 0}
+        stats = {"views": 0, "fields": 0, "fast lists": 0, "struct lists": 0, "errors": 0}
         for service in _struct_services(schema):
             good = random_message(rng, schema, service)
             for _ in range(60):
@@ -317,7 +337,7 @@ def test_damaged_messages_read_as_pycapnp_or_fall_back() -> None:
                     continue
                 outcomes["view"] += 1
                 slow = getattr(schema.decode(data), member)  # pycapnp takes the message
-                _same_struct(view, slow, f"{profile}:{member}", stats)
+                _same(view, slow, f"{profile}:{member}", stats)
         assert stats["errors"] > 5, (profile, stats)  # damage pycapnp refuses, read alike
     assert min(outcomes.values()) > 50, outcomes
 
@@ -325,7 +345,7 @@ def test_damaged_messages_read_as_pycapnp_or_fall_back() -> None:
 def test_submaster_hands_out_views_with_pycapnps_values() -> None:
     """Over real sockets: sm[s] of a struct service is a view; its fields, nested
     struct, enum, list and which()/to_dict() (pycapnp, decoded once) are the sent ones;
-    a list payload is pycapnp's reader as before."""
+    a list-of-structs payload is a list view."""
     pm = PubMaster(["vehicleState", "can"])
     sm = SubMaster(["vehicleState", "can"])
     try:
@@ -349,6 +369,37 @@ def test_submaster_hands_out_views_with_pycapnps_values() -> None:
         assert isinstance(vs, StructView) and sm.valid["vehicleState"]
         assert vs.speed == 12.5 and vs.gear == "drive" and vs.cruiseState.setSpeed == 30.0
         assert vs.faults == ["a", "b"] and vs.to_dict()["speed"] == 12.5
-        assert sm["can"][0].address == 0x123 and not isinstance(sm["can"], StructView)
+        assert isinstance(sm["can"], StructListView) and len(sm["can"]) == 1
+        assert sm["can"][0].address == 0x123 and [f.address for f in sm["can"]] == [0x123]
     finally:
         sm.close()
+
+
+def test_a_list_view_indexes_and_iterates_as_pycapnps_list() -> None:
+    """Negative indexes count modulo the length, past the end is IndexError, iteration
+    stops at the end, str()/repr() are pycapnp's: what pycapnp's list reader does."""
+    schema = robot_schema()
+    msg = schema.event.new_message()
+    frames = msg.init("canFrames", 3)
+    for i, frame in enumerate(frames):
+        frame.address = 10 + i
+    data = msg.to_bytes()
+    view = _view(schema, "canFrames", data)
+    slow = schema.decode(data).canFrames
+    assert isinstance(view, StructListView)
+    for index in (0, 2, -1, -3, -4, -7):
+        assert view[index].address == slow[index].address, index
+    for lst in (view, slow):
+        with pytest.raises(IndexError):
+            lst[3]
+    assert [f.address for f in view] == [f.address for f in slow] == [10, 11, 12]
+    assert str(view) == str(slow) and repr(view) == repr(slow)
+    assert view[1].src == 128 and view[1].dat == b""  # defaults inside list elements
+    msg = schema.event.new_message()
+    msg.init("canFrames", 0)
+    data = msg.to_bytes()
+    empty, slow = _view(schema, "canFrames", data), schema.decode(data).canFrames
+    assert len(empty) == len(slow) == 0 and list(empty) == []
+    for lst in (empty, slow):
+        with pytest.raises(ZeroDivisionError):
+            lst[-1]

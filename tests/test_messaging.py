@@ -531,3 +531,24 @@ def test_messaging_bench_prints_its_table() -> None:
     assert any(line.startswith("SubMaster.update only, all 20 new") for line in lines)
     assert any(line.startswith("PubMaster.send modelOutput") for line in lines)
     assert "Warning" not in out.stderr
+
+
+def test_new_message_does_not_hash_the_registry(robot: object,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """new_message asks for the schema in force at every call: that must not hash the
+    spec's registry, every service of it (openpilot's 73 cost about 0.1 ms a message,
+    a third of a 100 Hz SubMaster loop's CPU)."""
+    from msgq.schemas.services import ServiceRegistry
+
+    new_message("armState")
+    hashed: list[int] = []
+    original = ServiceRegistry.__hash__
+
+    def counting(self: ServiceRegistry) -> int:
+        hashed.append(1)
+        return original(self)
+
+    monkeypatch.setattr(ServiceRegistry, "__hash__", counting)
+    for _ in range(10):
+        assert new_message("armState").which() == "armState"
+    assert hashed == []
