@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -56,6 +57,16 @@ LAYER_REPRESENTATIVES = (
     "tests/test_spark.py::test_rows_are_the_events_of_the_log_reader",
     "tests/test_bridge.py::test_bridge_carries_services_and_frames[none]",
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Gives the run a Ctrl-C handler where it was started with SIGINT ignored (a shell
+    does that to a job it starts in the background with &, and so do some CI runners):
+    the programs the tests start inherit an ignored SIGINT across exec, and Python then
+    installs no KeyboardInterrupt handler, so every test that stops a program with
+    Ctrl-C would hang or fail. A handled SIGINT is reset to the default at exec."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m/-k deselect anything
