@@ -262,6 +262,10 @@ def test_decoded_iteration_matches_raw(name: str) -> None:
         assert [m.to_dict() for m in decoded] == \
             [decode_event(e.data).to_dict() for e in raw], kwargs
         assert [m.which() for m in decoded] == [e.service for e in raw]
+        detailed = list(LogReader(path, check_schema=False, **kwargs).decoded_events())
+        assert [(s, t, n) for s, t, n, _ in detailed] == \
+            [(e.service, e.mono_ns, len(e.data)) for e in raw]
+        assert [m.to_dict() for *_, m in detailed] == [m.to_dict() for m in decoded]
         assert len(raw) > 5
 
 

@@ -230,14 +230,21 @@ class LogReader:
             yield self.segment_events(path)
 
     def __iter__(self) -> Iterator[Any]:
-        return chain.from_iterable(self._decoded_runs())
+        return chain.from_iterable(self._decoded_runs(False))
 
-    def _merged_decoded(self, paths: list[str]) -> Iterator[Any]:
+    def decoded_events(self) -> Iterator[tuple[str, int, int, Any]]:
+        """``(service, logMonoTime, size in bytes, Event reader)`` of every event: what
+        iterating gives, with what the scanner peeked of each (for tools that need the
+        event's service, time and size beside its reader, without a copy of its bytes)."""
+        return chain.from_iterable(self._decoded_runs(True))
+
+    def _merged_decoded(self, paths: list[str], detailed: bool) -> Iterator[Any]:
         for event in heapq.merge(*(self.segment_events(p) for p in paths),
                                  key=lambda e: e.mono_ns):
             msg = self._decode_event(event)
             if msg is not None:
-                yield msg
+                yield (event.service, event.mono_ns, len(event.data), msg) if detailed \
+                    else msg
 
     def _decode_event(self, event: LogEvent) -> Any:
         msg = self._decode(event.data)
@@ -246,25 +253,26 @@ class LogReader:
                                         "an event that does not decode"))
         return msg
 
-    def _decoded_runs(self) -> Iterator[Iterable[Any]]:
+    def _decoded_runs(self, detailed: bool) -> Iterator[Iterable[Any]]:
         """The Event readers of every segment, an iterable per run of messages: each
         batch's wanted run read by pycapnp's ``read_multiple_bytes`` over the batch's
         bytes (lazy readers of one buffer, the traversal limit of the run's largest
         message for each; chained, they cost no Python frame per event), a message whose
-        root the scanner found broken decoded alone (and reported)."""
+        root the scanner found broken decoded alone (and reported). ``detailed``: each
+        reader comes as (service, logMonoTime, size, reader)."""
         paths, merge = self._opened()
         if merge:
-            yield self._merged_decoded(paths)
+            yield self._merged_decoded(paths, detailed)
             return
         wanted = self._wanted()
         start = self.start_mono_ns
-        event_struct = self.schema.event
         for path in paths:
             for name, item in self._segment_items(path):
                 if type(item) is not MessageBatch:
                     msg = self._decode_event(item)
                     if msg is not None:
-                        yield (msg,)
+                        yield ((item.service, item.mono_ns, len(item.data), msg),) \
+                            if detailed else (msg,)
                     continue
                 keep = (item.flags & ROOT_WHOLE) != 0
                 if wanted is not None:
@@ -273,28 +281,35 @@ class LogReader:
                     keep &= item.mono_ns >= max(start, 0)
                 view = memoryview(item.data)
                 if keep.all():
-                    begin = int(item.offset[0])
-                    end = int(item.offset[-1]) + int(item.length[-1])
-                    yield event_struct.read_multiple_bytes(
-                        view[begin:end],
-                        traversal_limit_in_words=_traversal_limit(int(item.length.max())))
+                    yield self._run(item, view, 0, len(item), detailed)
                     continue
                 # runs of kept messages (edges where keep changes), and the broken roots
                 edges = np.flatnonzero(np.diff(keep.view(np.int8), prepend=0, append=0))
                 broken = set(np.flatnonzero((item.flags & ROOT_WHOLE) == 0).tolist())
                 first = 0
                 for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
-                    yield self._broken(item, name, broken, first, a)
-                    begin = int(item.offset[a])
-                    end = int(item.offset[b - 1]) + int(item.length[b - 1])
-                    yield event_struct.read_multiple_bytes(
-                        view[begin:end],
-                        traversal_limit_in_words=_traversal_limit(int(item.length[a:b].max())))
+                    yield self._broken(item, name, broken, first, a, detailed)
+                    yield self._run(item, view, a, b, detailed)
                     first = b
-                yield self._broken(item, name, broken, first, len(item))
+                yield self._broken(item, name, broken, first, len(item), detailed)
+
+    def _run(self, batch: MessageBatch, view: memoryview, a: int, b: int,
+             detailed: bool) -> Iterable[Any]:
+        """The readers of messages ``a`` to ``b`` of ``batch`` (whole roots, back to back):
+        one read_multiple_bytes over their bytes."""
+        begin = int(batch.offset[a])
+        end = int(batch.offset[b - 1]) + int(batch.length[b - 1])
+        lengths = batch.length[a:b]
+        readers = self.schema.event.read_multiple_bytes(
+            view[begin:end], traversal_limit_in_words=_traversal_limit(int(lengths.max())))
+        if not detailed:
+            return readers
+        names = batch.services
+        return zip([names[i] for i in batch.service[a:b].tolist()],
+                   batch.mono_ns[a:b].tolist(), lengths.tolist(), readers, strict=True)
 
     def _broken(self, batch: MessageBatch, name: str, broken: set[int], first: int,
-                end: int) -> list[Any]:
+                end: int, detailed: bool) -> list[Any]:
         """Decodes (and so reports) the messages of ``batch`` from ``first`` to ``end``
         whose root the scanner found broken and that this reader wants."""
         found = []
@@ -310,7 +325,7 @@ class LogReader:
                              batch.stream_offset + at)
             msg = self._decode_event(event)
             if msg is not None:
-                found.append(msg)
+                found.append((event.service, event.mono_ns, length, msg) if detailed else msg)
         return found
 
 
