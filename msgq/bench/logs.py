@@ -6,10 +6,14 @@ run). What is measured:
 * **read** — a recording of realistic mixed traffic is generated (every ``should_log``
   service of the registry at its registry rate, contents filled with random values,
   lists of typical lengths, a 16 KiB raw model output; about 950 events and 0.7 MB per
-  second of log) and written once per compression. Then ``LogReader.raw()`` (bytes,
-  time and service peeked without decoding) and plain iteration (a pycapnp Event reader
-  per event) are timed over it: events/s and MB/s of uncompressed event bytes, the best
-  of ``--repeat`` runs.
+  second of log) and written once per compression, and the controller recording of
+  ``msgq bench spark`` (20 services at their registry rates, 60 s zstd segments;
+  ``--controller-seconds``, default five times ``--read-seconds``: 300 s, about 232,000
+  events). Over each, alternating, the best of ``--repeat`` runs: the loop an openpilot
+  user writes with pycapnp (decompress a segment, ``read_multiple_bytes``, ``which()``
+  and ``valid`` counted per service; and ``which()`` only), ``LogReader.raw()`` counted
+  the same way, ``LogReader`` decoded with ``which()``, and plain ``raw()`` and decoded
+  passes: events/s and MB/s of uncompressed event bytes.
 * **record** — for each rate, a :class:`~msgq.logs.recorder.Recorder` runs in one process
   and a publisher in another sends small sequence-numbered messages (about 80 bytes)
   round-robin over five services at that total rate for ``--seconds``, scheduled
@@ -275,6 +279,7 @@ class ReadResult:
     event_bytes: int  # uncompressed
     file_bytes: int
     seconds: float  # best run
+    recording: str = "mixed"  # "mixed" or "controller"
 
     @property
     def events_per_s(self) -> float:
@@ -383,14 +388,31 @@ def _time_read(folder: str, mode: str) -> tuple[int, int, float]:
     return n, size, seconds
 
 
-def bench_read(workdir: str, seconds: float, compressions: Sequence[str], repeat: int
-               ) -> list[ReadResult]:
-    """Writes the mixed recording once per compression and times reading it."""
+def _recordings(workdir: str) -> list[tuple[str, str, str]]:
+    """(recording, compression, folder) of the recordings bench_read wrote."""
+    found = []
+    for name in sorted(os.listdir(workdir)):
+        if name.startswith("read-controller"):
+            found.append(("controller", "zstd", os.path.join(workdir, name)))
+        elif name.startswith("read-"):
+            found.append(("mixed", name.removeprefix("read-"), os.path.join(workdir, name)))
+    return sorted(found, key=lambda r: r[0] != "mixed")
+
+
+def bench_read(workdir: str, seconds: float, compressions: Sequence[str], repeat: int,
+               controller_seconds: float = 0.0) -> list[ReadResult]:
+    """Writes the mixed recording once per compression (and, with
+    ``controller_seconds``, the controller recording of ``msgq bench spark``: 20 services
+    at their registry rates, 60 s zstd segments) and times reading them."""
     events = list(mixed_events(seconds))
-    results = []
     for compression in compressions:
-        folder = os.path.join(workdir, f"read-{compression}")
-        _write(folder, events, compression)
+        _write(os.path.join(workdir, f"read-{compression}"), events, compression)
+    if controller_seconds > 0:
+        from msgq.bench.spark import make_recording  # the Spark suite's recording
+
+        make_recording(os.path.join(workdir, "read-controller"), controller_seconds, 60.0)
+    results = []
+    for recording, compression, folder in _recordings(workdir):
         file_bytes = _folder_bytes(folder)
         count, event_bytes, _ = _time_read(folder, "raw")  # with the logStart events
         # the runs of all modes alternate, so that load on the machine hits them alike
@@ -401,8 +423,8 @@ def bench_read(workdir: str, seconds: float, compressions: Sequence[str], repeat
                 if got != count:
                     raise RuntimeError(f"{mode} read {got} events of {count}")
                 best[mode] = min(best[mode], took)
-        results += [ReadResult(compression, mode, count, event_bytes, file_bytes, best[mode])
-                    for mode in READ_MODES]
+        results += [ReadResult(compression, mode, count, event_bytes, file_bytes, best[mode],
+                               recording) for mode in READ_MODES]
     return results
 
 
@@ -417,15 +439,14 @@ def bench_replay(workdir: str, compressions: Sequence[str], repeat: int
                  ) -> list[ReadResult]:
     """Times a fast replay of each recording :func:`bench_read` wrote."""
     results = []
-    for compression in compressions:
-        folder = os.path.join(workdir, f"read-{compression}")
+    for recording, compression, folder in _recordings(workdir):
         events, event_bytes, _ = _time_read(folder, "raw")
         runs = [_time_replay(folder) for _ in range(repeat)]
         sent = runs[0][0]
         # bytes of the events sent: all of the log's but the logStart events
         per_event = event_bytes / events if events else 0.0
         results.append(ReadResult(compression, "replay", sent, int(per_event * sent),
-                                  _folder_bytes(folder), min(t for _, t in runs)))
+                                  _folder_bytes(folder), min(t for _, t in runs), recording))
     return results
 
 
@@ -566,7 +587,7 @@ def table(reads: list[ReadResult], records: list[RecordResult],
                                  "drops"]]
     for r in [*reads, *replays]:
         what = "replay --fast" if r.mode == "replay" else f"read {READ_MODES[r.mode]}"
-        case = (f"{r.compression}, {r.event_bytes / MB:.1f} MB in "
+        case = (f"{r.recording}, {r.compression}, {r.event_bytes / MB:.1f} MB in "
                 f"{r.file_bytes / MB:.1f} MB of files")
         rows.append([what, case, _num(r.events_per_s), f"{r.mb_per_s:.1f}",
                      _num(r.events), "-", "-"])
@@ -615,6 +636,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--read-seconds", type=float, default=None,
                         help=f"log seconds of the generated recording (default "
                              f"{DEFAULT_READ_SECONDS:g}; 0 skips the read rows)")
+    parser.add_argument("--controller-seconds", type=float, default=None,
+                        help="log seconds of the controller recording read beside the mixed "
+                             "one (20 services at their registry rates, as msgq bench spark "
+                             "writes it; default 5 x --read-seconds; 0 leaves it out)")
     parser.add_argument("--compressions", default="zstd,none",
                         help="compressions of the read rows (default zstd,none)")
     parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT,
@@ -630,6 +655,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.read_seconds is None:
         args.read_seconds = 10.0 if args.quick else DEFAULT_READ_SECONDS
+    if args.controller_seconds is None:
+        args.controller_seconds = 5 * args.read_seconds
     if args.seconds is None:
         args.seconds = 0.5 if args.quick else DEFAULT_SECONDS
     if args.rates is None:
@@ -663,7 +690,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     records: list[RecordResult] = []
     try:
         if args.read_seconds > 0:
-            reads = bench_read(workdir, args.read_seconds, args.compression_list, args.repeat)
+            reads = bench_read(workdir, args.read_seconds, args.compression_list, args.repeat,
+                               args.controller_seconds)
             replays = bench_replay(workdir, args.compression_list, args.repeat)
         if args.rate_list:
             ctx = _context()
@@ -698,10 +726,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             # came); "read_loops": the pycapnp loops and ours counted the same way
             json.dump({"read": [{**asdict(r), "events_per_s": r.events_per_s,
                                  "mb_per_s": r.mb_per_s} for r in reads
-                                if r.mode in ("raw", "decoded")],
+                                if r.mode in ("raw", "decoded") and r.recording == "mixed"],
                        "read_loops": [{**asdict(r), "events_per_s": r.events_per_s,
                                        "mb_per_s": r.mb_per_s} for r in reads
-                                      if r.mode not in ("raw", "decoded")],
+                                      if r.mode not in ("raw", "decoded")
+                                      or r.recording != "mixed"],
                        "replay": [{**asdict(r), "events_per_s": r.events_per_s,
                                    "mb_per_s": r.mb_per_s} for r in replays],
                        "record": [{**asdict(r), "achieved_rate": r.achieved_rate,
