@@ -321,6 +321,8 @@ class Schema:
         if missing:
             raise ValueError(f"{root} in {path} lacks the fields {sorted(missing)}")
         self.union_fields: tuple[str, ...] = tuple(self.event.schema.union_fields)
+        #: The union members as a set: membership without a scan (openpilot has 126).
+        self.union_set: frozenset[str] = frozenset(self.union_fields)
         if registry is None:
             # no registry: every union member is an event-driven, logged service
             registry = ServiceRegistry(Service(name, True, 0.0) for name in self.union_fields)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pathlib
 import textwrap
 import time
 
@@ -552,3 +553,32 @@ def test_new_message_does_not_hash_the_registry(robot: object,
     for _ in range(10):
         assert new_message("armState").which() == "armState"
     assert hashed == []
+
+
+def test_the_cereal_comparison_links_the_checkout_and_refuses_half_its_options(
+        tmp_path: pathlib.Path) -> None:
+    """The cereal side's package is the checkout's own files, linked (none copied), with
+    upstream msgq's module in place of the compiled one; --cereal without
+    --cereal-python is a usage error naming the script."""
+    import subprocess
+    import sys
+
+    from msgq.bench.messaging import cereal_over_upstream
+
+    checkout = tmp_path / "cereal"
+    (checkout / "messaging").mkdir(parents=True)
+    (checkout / "log.capnp").write_text("@0xabcdefabcdefabcd;\n")
+    (checkout / "messaging" / "__init__.py").write_text("from .messaging_pyx import Context\n")
+    (checkout / "messaging" / "messaging_pyx.pyx").write_text("# cereal's own\n")
+    folder = cereal_over_upstream(str(checkout), str(tmp_path / "side"))
+    package = tmp_path / "side" / "cereal"
+    assert (package / "log.capnp").is_symlink()
+    assert (package / "messaging" / "__init__.py").resolve() == \
+        checkout / "messaging" / "__init__.py"
+    assert not (package / "messaging" / "messaging_pyx.pyx").exists()
+    shim = (package / "messaging" / "messaging_pyx.py").read_text()
+    assert "from msgq.ipc_pyx import" in shim and "IpcError as MessagingError" in shim
+    assert folder == str(tmp_path / "side")
+    out = subprocess.run([sys.executable, "-m", "msgq.bench.messaging", "--cereal",
+                          str(checkout)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "scripts/cereal-bench.sh" in out.stderr

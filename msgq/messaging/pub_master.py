@@ -21,6 +21,7 @@ class PubMaster:
 
     def __init__(self, services: Iterable[str], schema: Schema | None = None) -> None:
         self.schema = schema_in_force(schema)
+        self._identify = self.schema.views.identify
         self.sock: dict[str, Any] = {}
         for service in services:
             self.schema.services[service]  # KeyError naming close matches
@@ -39,19 +40,25 @@ class PubMaster:
     def send(self, service: str, dat: Any) -> None:
         """Sends ``dat`` on ``service``: an Event builder (its union must be ``service``,
         else ValueError) or the bytes of one (sent as they are)."""
-        sock = self._socket(service)
+        sock = self.sock.get(service)
+        if sock is None:
+            sock = self._socket(service)
         if isinstance(dat, (bytes, bytearray, memoryview)):
             sock.send(dat)
             return
-        which = getattr(dat, "which", None)
-        if which is None or not hasattr(dat, "to_bytes"):
+        to_bytes = getattr(dat, "to_bytes", None)
+        if to_bytes is None or not hasattr(dat, "which"):
             raise TypeError(f"send({service!r}, ...) takes an Event builder or bytes, not "
                             f"{type(dat).__name__}")
-        carried = which()
+        data = to_bytes()
+        # the service the bytes carry, read from them in one C call (pycapnp's which()
+        # for what that does not follow)
+        peeked = self._identify(data)
+        carried = peeked[2] if peeked is not None else str(dat.which())
         if carried != service:
             raise ValueError(f"the message carries {carried!r} but was sent to {service!r}; "
                              f"use new_message({service!r})")
-        sock.send(dat.to_bytes())
+        sock.send(data)
 
     def all_readers_updated(self, service: str) -> bool:
         """Whether every subscriber of ``service`` has read everything sent on it."""

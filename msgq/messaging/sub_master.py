@@ -42,11 +42,15 @@ import msgq
 from msgq import clock
 from msgq.messaging.frequency import TOLERANCE_HIGH, TOLERANCE_LOW, FrequencyTracker, rate_band
 from msgq.schemas import Schema, schema_in_force
+from msgq.schemas._typed_reader import view_member
 from msgq.schemas.events import MessageDecodeError
 from msgq.schemas.payload_views import FALLBACK
 from msgq.tables import format_table
 
 __all__ = ["ALIVE_PERIODS", "AsyncSubMaster", "SubMaster"]
+
+_dict_getitem = dict.__getitem__
+_dict_setitem = dict.__setitem__
 
 #: A service is alive while its last message is younger than this many expected periods.
 ALIVE_PERIODS = 10.0
@@ -150,7 +154,9 @@ class SubMaster:
         self.frame = -1
         self._views = self.schema.views
         self._identify = self._views.identify
+        self._members = {s: self._views.member(s) for s in self.services}
         self.data: _Payloads = _Payloads(self._decode_payload)
+        self._pending = self.data.pending
         self.updated: dict[str, bool] = {}
         self.seen: dict[str, bool] = {}
         self.alive: dict[str, bool] = {}
@@ -194,35 +200,40 @@ class SubMaster:
         self._tracked = [(s, t, ALIVE_PERIODS / t.expected_hz)
                          for s, t in self.freq_tracker.items()]
         self._untracked = [s for s in self.services if s not in self.freq_tracker]
+        # the per-message bookkeeping: receive times of tracked services (None: untracked)
+        self._times = {s: (t.times if (t := self.freq_tracker.get(s)) else None)
+                       for s in self.services}
+        self._rate_ok = dict.fromkeys(self.services, False)  # verdict at the last message
+        self._not_updated = dict.fromkeys(self.services, False)
+        self._non_polled = [(s, self.sock[s]) for s in self.non_polled_services]
         # services all_freq_ok() counts: faster than about 1 Hz (cereal's rule)
         self._rate_checked = frozenset(s for s, t in self.freq_tracker.items() if t.checked)
 
     def __getitem__(self, service: str) -> Any:
+        # _Payloads.__getitem__ inlined: this is every payload read of a control loop
+        data = self._pending.pop(service, None)
+        if data is not None:
+            member = self._members[service]
+            view = FALLBACK if member is None else \
+                view_member(data, member, partial(self._pycapnp_payload, service, data))
+            payload = view if view is not FALLBACK else self._decode_payload(service, data)
+            if payload is not None:
+                _dict_setitem(self.data, service, payload)
         try:
-            return self.data[service]
+            return _dict_getitem(self.data, service)
         except KeyError:
             raise KeyError(f"service {service!r} is not subscribed by this SubMaster "
                            f"(it has {self.services})") from None
-
-    def _receive(self, service: str, sock: Any, received: list[_Received]) -> None:
-        """Appends the newest message of ``sock`` (an Event of ``service``, its payload
-        still bytes) to ``received``; bytes that are not one are counted in bad_messages."""
-        data = sock.receive(non_blocking=True)
-        if data is None:
-            return
-        peeked = self._identify(data)
-        if peeked is None or peeked[2] != service:
-            self.bad_messages[service] += 1
-            return
-        received.append((service, peeked[0], peeked[1], data))
 
     def _decode_payload(self, service: str, data: bytes) -> Any:
         """The payload of a message ``update`` took as bytes: a view over them, or, where
         the typed reader does not follow them, pycapnp's reader; None (counted in
         bad_messages) when pycapnp refuses them."""
-        view = self._views.view(service, data, partial(self._pycapnp_payload, service, data))
-        if view is not FALLBACK:
-            return view
+        member = self._members[service]
+        if member is not None:
+            view = view_member(data, member, partial(self._pycapnp_payload, service, data))
+            if view is not FALLBACK:
+                return view
         try:
             return getattr(self.schema.decode(data), service)
         except (MessageDecodeError, AttributeError):
@@ -241,13 +252,42 @@ class SubMaster:
         self._update_from(self.poller.poll(timeout))
 
     def _update_from(self, ready: list[Any]) -> None:
-        """One update, given the polled sockets that have data."""
-        received: list[_Received] = []
-        for sock in ready:
-            self._receive(self._service_of_sock[id(sock)], sock, received)
-        for service in self.non_polled_services:
-            self._receive(service, self.sock[service], received)
-        self._take(clock.monotonic(), received)
+        """One update, given the polled sockets that have data: the newest message of
+        each service is identified from its bytes (one C call) and kept as bytes, and
+        the bookkeeping is a few dict stores per message."""
+        cur_time = clock.monotonic()
+        self.frame = frame = self.frame + 1
+        updated = self.updated
+        updated.update(self._not_updated)
+        identify = self._identify
+        pending = self.data.pending
+        times = self._times
+        seen = self.seen
+        service_of = self._service_of_sock
+        socks = [(service_of[id(sock)], sock) for sock in ready]
+        if self._non_polled:
+            socks += self._non_polled
+        new = []
+        for s, sock in socks:
+            data = sock.receive(non_blocking=True)
+            if data is None:
+                continue
+            peeked = identify(data)
+            if peeked is None or peeked[2] != s:
+                self.bad_messages[s] += 1
+                continue
+            pending[s] = data
+            updated[s] = True
+            seen[s] = True
+            self.logMonoTime[s] = peeked[0]
+            self.valid[s] = peeked[1]
+            self.recv_frame[s] = frame
+            self.recv_time[s] = cur_time
+            window = times[s]
+            if window is not None:
+                window.append(cur_time)
+                new.append(s)
+        self._health(cur_time, new)
 
     def update_msgs(self, cur_time: float, msgs: Sequence[Any]) -> None:
         """Takes ``msgs`` (Event readers, or None entries, which are skipped) as received
@@ -268,17 +308,18 @@ class SubMaster:
         """The bookkeeping of one update: ``received`` holds (service, logMonoTime, valid,
         payload) tuples, the payload as bytes (decoded when read) or a reader."""
         self.frame += 1
-        for s in self.services:
-            self.updated[s] = False
+        self.updated.update(self._not_updated)
         data = self.data
+        new = []
         for s, mono, valid, payload in received:
             if s not in data:
                 continue
-            self.seen[s] = True
             self.updated[s] = True
+            self.seen[s] = True
             tracker = self.freq_tracker.get(s)
             if tracker is not None:
                 tracker.record(cur_time)
+                new.append(s)
             self.recv_time[s] = cur_time
             self.recv_frame[s] = self.frame
             if isinstance(payload, bytes):
@@ -287,19 +328,27 @@ class SubMaster:
                 data[s] = payload
             self.logMonoTime[s] = mono
             self.valid[s] = valid
+        self._health(cur_time, new)
 
+    def _health(self, cur_time: float, new: list[str]) -> None:
+        """alive and freq_ok of every service at ``cur_time``; ``new``: the rate-tracked
+        services that got a message in this update (their rate verdict changes)."""
+        seen = self.seen
         if self.simulation:
             for s in self.services:
                 self.freq_ok[s] = True
-                self.alive[s] = self.seen[s]
+                self.alive[s] = seen[s]
             return
+        rate_ok = self._rate_ok
+        for s in new:
+            rate_ok[s] = self.freq_tracker[s].ok
         for s in self._untracked:
             self.freq_ok[s] = True
             self.alive[s] = True
-        seen, recv_time = self.seen, self.recv_time
-        for s, tracker, alive_s in self._tracked:
-            alive = self.alive[s] = seen[s] and cur_time - recv_time[s] < alive_s
-            self.freq_ok[s] = alive and tracker.ok
+        alive_of, freq_ok, recv_time = self.alive, self.freq_ok, self.recv_time
+        for s, _, alive_s in self._tracked:
+            alive = alive_of[s] = seen[s] and cur_time - recv_time[s] < alive_s
+            freq_ok[s] = alive and rate_ok[s]
 
     def _check_avg_freq(self, service: str) -> bool:
         """Whether ``service`` counts in :meth:`all_freq_ok` (cereal's name): faster than
