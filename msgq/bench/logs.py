@@ -13,7 +13,9 @@ run). What is measured:
   user writes with pycapnp (decompress a segment, ``read_multiple_bytes``, ``which()``
   and ``valid`` counted per service; and ``which()`` only), ``LogReader.raw()`` counted
   the same way, ``LogReader`` decoded with ``which()``, and plain ``raw()`` and decoded
-  passes: events/s and MB/s of uncompressed event bytes.
+  passes: events/s and MB/s of uncompressed event bytes. Read and replay rows time the
+  CPU time of this process (every loop runs in it, on one core), so that other work on
+  the machine does not count; the loops alternate, best of ``--repeat``.
 * **record** — for each rate, a :class:`~msgq.logs.recorder.Recorder` runs in one process
   and a publisher in another sends small sequence-numbered messages (about 80 bytes)
   round-robin over five services at that total rate for ``--seconds``, scheduled
@@ -352,7 +354,7 @@ def _time_read(folder: str, mode: str) -> tuple[int, int, float]:
     """(events, bytes of events, seconds) of one pass over the recording."""
     n = size = valid = 0
     counts: dict[str, int] = {}
-    start = time.perf_counter()
+    start = time.process_time()
     if mode.startswith("pycapnp"):
         event = default_schema().event
         counted = mode == "pycapnp counted"
@@ -382,7 +384,7 @@ def _time_read(folder: str, mode: str) -> tuple[int, int, float]:
     else:
         for _msg in LogReader(folder):
             n += 1
-    seconds = time.perf_counter() - start
+    seconds = time.process_time() - start
     if counts and sum(counts.values()) != n:
         raise RuntimeError(f"{mode}: {n} events, {sum(counts.values())} counted")
     return n, size, seconds
@@ -430,9 +432,9 @@ def bench_read(workdir: str, seconds: float, compressions: Sequence[str], repeat
 
 def _time_replay(folder: str) -> tuple[int, float]:
     """(events sent, seconds) of one fast replay of the recording."""
-    start = time.perf_counter()
+    start = time.process_time()
     stats = Replayer(folder, fast=True).run(handle_signals=False)
-    return stats.events, time.perf_counter() - start
+    return stats.events, time.process_time() - start
 
 
 def bench_replay(workdir: str, compressions: Sequence[str], repeat: int
@@ -708,7 +710,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    print(f"logs benchmark: {os.cpu_count()} CPUs, read rows best of {args.repeat}, "
+    print(f"logs benchmark: {os.cpu_count()} CPUs, read rows best of {args.repeat} "
+          "(CPU time of the process), "
           f"record rows {args.seconds:g} s per rate ({args.record_compression})")
     print(table(reads, records, replays))
     if records:
