@@ -89,6 +89,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="Spark master (default local[*]: this machine, every core)")
     parser.add_argument("--services", metavar="A,B",
                         help="only these services (others are skipped without decoding)")
+    parser.add_argument("--start", type=float, default=None, metavar="SECONDS",
+                        help="only events from this logMonoTime on (seconds, as the "
+                             "recording's clock; the first segments skipped unread)")
+    parser.add_argument("--end", type=float, default=None, metavar="SECONDS",
+                        help="only events before this logMonoTime (seconds)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--plot", metavar="OUT.png",
                         help="write the rate of each service over time as a PNG")
@@ -148,6 +153,18 @@ def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
     return files, remote
 
 
+def _window(start: float | None, end: float | None) -> tuple[int | None, int | None]:
+    """--start/--end in seconds as logMonoTime nanoseconds (start <= t < end)."""
+    start_ns = None if start is None else round(start * 1e9)
+    end_ns = None if end is None else round(end * 1e9)
+    for name, value in (("--start", start_ns), ("--end", end_ns)):
+        if value is not None and not 0 <= value < 1 << 63:
+            raise UsageError(f"{name} must be between 0 and 9.2e9 seconds")
+    if start_ns is not None and end_ns is not None and start_ns >= end_ns:
+        raise UsageError("--start must be before --end")
+    return start_ns, end_ns
+
+
 def _check_services(text: str | None) -> list[str] | None:
     """The services of --services, members of the union of the schema in force; an
     unknown one is a usage error (said before Spark starts)."""
@@ -170,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--bin must be positive")
     if args.max_gaps < 0:
         raise UsageError("--max-gaps must be 0 or more")
+    start, end = _window(args.start, args.end)
     conf = _spark_conf(args.conf)
     require_extra("spark", "pyspark")
     files, remote = _check_paths(args.paths, args.via)
@@ -209,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
         # the schema in force (--schema/--registry, MSGQ_SCHEMA/MSGQ_REGISTRY, else
         # msgq's own) travels with the read to the executors
         df = read_logs(spark, args.paths, services=services, data=False, via=args.via,
-                       compact=not args.plot)
+                       compact=not args.plot, start=start, end=end,
+                       keep_problems=True)
         # the files Spark listed for the Hadoop paths (the source's are not listed here)
         count = len(files) + (len(df.inputFiles()) if remote else 0)
     except Exception as e:  # bad option values surface as Spark analysis errors
