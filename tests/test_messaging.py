@@ -582,3 +582,36 @@ def test_the_cereal_comparison_links_the_checkout_and_refuses_half_its_options(
     out = subprocess.run([sys.executable, "-m", "msgq.bench.messaging", "--cereal",
                           str(checkout)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "scripts/cereal-bench.sh" in out.stderr
+
+
+def test_health_equals_its_definition_at_every_update() -> None:
+    """SubMaster recomputes alive/freq_ok only for services that got a message, and for
+    all once the earliest possible death has come (or time went back): at every update
+    of a random schedule — bursts, stalls past 10 periods, revivals, time going back —
+    the flags equal the rule computed from scratch (alive: a message within 10 expected
+    periods; freq_ok: alive and the tracker's rate in its band)."""
+    import random
+
+    rng = random.Random(7)
+    services = ["vehicleState", "gpsLocation", "plan", "params"]
+    sm = SubMaster(services, frequency=100.0)
+    readers = {s: new_message(s, valid=True).as_reader() for s in services}
+    now = 100.0
+    checked = 0
+    for step in range(3000):
+        if rng.random() < 0.01:
+            now -= rng.uniform(0.0, 0.5)  # a simulated clock stepping back
+        else:
+            now += rng.choice((0.01, 0.01, 0.01, 0.1, 0.5, 2.0)) if step % 200 else 3.0
+        burst = [readers[s] for s in services if rng.random() < 0.6]
+        sm.update_msgs(now, burst)
+        for s in services:
+            tracker = sm.freq_tracker.get(s)
+            if tracker is None:
+                assert sm.alive[s] and sm.freq_ok[s]
+                continue
+            alive = sm.seen[s] and now - sm.recv_time[s] < 10.0 / tracker.expected_hz
+            assert sm.alive[s] == alive, (step, s)
+            assert sm.freq_ok[s] == (alive and tracker.ok), (step, s)
+            checked += alive
+    assert checked > 3000  # alive often, and dead often (the stalls)

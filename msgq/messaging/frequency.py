@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 
 __all__ = ["CHECKED_ABOVE_HZ", "FLOOR_HZ", "TOLERANCE_HIGH", "TOLERANCE_LOW",
-           "FrequencyTracker", "rate_band"]
+           "FrequencyTracker", "rate_band", "rate_in_band"]
 
 #: No service is judged against a rate below this (Hz).
 FLOOR_HZ = 1.0
@@ -61,6 +61,23 @@ def rate_band(service_hz: float, update_hz: float, polled: bool) -> tuple[float,
     return freq, low, high
 
 
+def rate_in_band(times: deque[float], recent: int, min_hz: float, max_hz: float) -> bool:
+    """Whether the average rate over all the intervals between ``times`` (receive times,
+    oldest first), or over the last ``recent`` of them, lies in ``[min_hz, max_hz]``:
+    :attr:`FrequencyTracker.ok` in one call, as SubMaster asks it at every message."""
+    count = len(times) - 1
+    if count <= 0:
+        return False  # no interval: rate 0, below any band (min_hz > 0)
+    last = times[-1]
+    span = last - times[0]
+    if span > 0.0 and min_hz <= count / span <= max_hz:
+        return True
+    if recent < count:
+        count = recent
+    span = last - times[-1 - count]
+    return span > 0.0 and min_hz <= count / span <= max_hz
+
+
 class FrequencyTracker:
     """Tracks the receive rate of one service and whether it is within its band.
 
@@ -70,7 +87,7 @@ class FrequencyTracker:
     docstring).
     """
 
-    __slots__ = ("checked", "expected_hz", "max_hz", "min_hz", "times", "_recent")
+    __slots__ = ("checked", "expected_hz", "max_hz", "min_hz", "recent_intervals", "times")
 
     def __init__(self, service_hz: float, update_hz: float | None, polled: bool) -> None:
         if service_hz <= 0:
@@ -86,7 +103,8 @@ class FrequencyTracker:
         length = max(1, int(WINDOW_SECONDS * freq))
         #: The receive times of the last ``length`` intervals (SubMaster appends to it).
         self.times: deque[float] = deque(maxlen=length + 1)
-        self._recent = max(1, int(length / WINDOW_SECONDS) or length)
+        #: How many of the last intervals the recent average takes.
+        self.recent_intervals = max(1, int(length / WINDOW_SECONDS) or length)
 
     def record(self, recv_time: float) -> None:
         """Counts one message received at ``recv_time`` (seconds, monotonic)."""
@@ -108,10 +126,9 @@ class FrequencyTracker:
     @property
     def recent_rate(self) -> float:
         """Average receive rate over the recent window (Hz)."""
-        return self._rate_over(self._recent)
+        return self._rate_over(self.recent_intervals)
 
     @property
     def ok(self) -> bool:
         """Whether the long or the recent average rate lies within the band."""
-        return (self.min_hz <= self.rate <= self.max_hz
-                or self.min_hz <= self.recent_rate <= self.max_hz)
+        return rate_in_band(self.times, self.recent_intervals, self.min_hz, self.max_hz)

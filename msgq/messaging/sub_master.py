@@ -40,7 +40,13 @@ from typing import Any
 
 import msgq
 from msgq import clock
-from msgq.messaging.frequency import TOLERANCE_HIGH, TOLERANCE_LOW, FrequencyTracker, rate_band
+from msgq.messaging.frequency import (
+    TOLERANCE_HIGH,
+    TOLERANCE_LOW,
+    FrequencyTracker,
+    rate_band,
+    rate_in_band,
+)
 from msgq.schemas import Schema, schema_in_force
 from msgq.schemas._typed_reader import view_member
 from msgq.schemas.events import MessageDecodeError
@@ -204,6 +210,9 @@ class SubMaster:
         self._times = {s: (t.times if (t := self.freq_tracker.get(s)) else None)
                        for s in self.services}
         self._rate_ok = dict.fromkeys(self.services, False)  # verdict at the last message
+        self._tracked_of = {s: (t, alive_s) for s, t, alive_s in self._tracked}
+        self._next_expiry = float("-inf")  # the first update makes the whole pass
+        self._last_health = float("-inf")
         self._not_updated = dict.fromkeys(self.services, False)
         self._non_polled = [(s, self.sock[s]) for s in self.non_polled_services]
         # services all_freq_ok() counts: faster than about 1 Hz (cereal's rule)
@@ -339,16 +348,36 @@ class SubMaster:
                 self.freq_ok[s] = True
                 self.alive[s] = seen[s]
             return
-        rate_ok = self._rate_ok
+        alive_of, freq_ok, rate_ok = self.alive, self.freq_ok, self._rate_ok
+        # A service that just got a message is alive and its rate verdict is new; one
+        # that did not can only die, at its last message + alive_s: the whole pass runs
+        # only once the earliest such time has come (or time went back).
+        next_expiry = self._next_expiry
         for s in new:
-            rate_ok[s] = self.freq_tracker[s].ok
+            tracker, alive_s = self._tracked_of[s]
+            ok = rate_ok[s] = rate_in_band(tracker.times, tracker.recent_intervals,
+                                           tracker.min_hz, tracker.max_hz)
+            alive_of[s] = True
+            freq_ok[s] = ok
+            expiry = cur_time + alive_s * (1 - 1e-9)
+            if expiry < next_expiry:
+                next_expiry = self._next_expiry = expiry
+        if cur_time < next_expiry and cur_time >= self._last_health:
+            self._last_health = cur_time
+            return
+        self._last_health = cur_time
         for s in self._untracked:
-            self.freq_ok[s] = True
-            self.alive[s] = True
-        alive_of, freq_ok, recv_time = self.alive, self.freq_ok, self.recv_time
+            freq_ok[s] = True
+            alive_of[s] = True
+        recv_time = self.recv_time
+        next_expiry = float("inf")
         for s, _, alive_s in self._tracked:
             alive = alive_of[s] = seen[s] and cur_time - recv_time[s] < alive_s
             freq_ok[s] = alive and rate_ok[s]
+            if alive:
+                # a little early, so that rounding never reports a dead service alive
+                next_expiry = min(next_expiry, recv_time[s] + alive_s * (1 - 1e-9))
+        self._next_expiry = next_expiry
 
     def _check_avg_freq(self, service: str) -> bool:
         """Whether ``service`` counts in :meth:`all_freq_ok` (cereal's name): faster than
