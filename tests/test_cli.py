@@ -207,21 +207,29 @@ def test_human_forms() -> None:
 # --- msgq config -------------------------------------------------------------------------
 
 
-def test_config_prints_the_flags_of_the_installed_c_api() -> None:
+def test_config_prints_the_flags_of_the_installed_c_api(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from msgq import cflags
 
-    proc = msgq_cli("config", "--include-dir")  # as users run it
+    proc = msgq_cli("config", "--include-dir")  # once as users run it
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert proc.stdout == f"{cflags.include_dir()}\n"
     assert (cflags.include_dir() / "msgq.h").is_file()
-    both = msgq_cli("config").stdout.split()
+
+    def config(*args: str) -> list[str]:  # the other forms in this process (fast)
+        assert main(["config", *args]) == 0
+        out, err = capsys.readouterr()
+        assert err == ""
+        return out.split()
+
+    both = config()
     assert f"-I{cflags.include_dir()}" in both and "-lmsgq" in both
     assert f"-L{cflags.lib_dir()}" in both and f"-Wl,-rpath,{cflags.lib_dir()}" in both
-    static = msgq_cli("config", "--libs", "--static").stdout.split()
-    assert static == [str(cflags.lib_dir() / "libmsgq.a"), "-lpthread"]
-    vision = msgq_cli("config", "--libs", "--visionipc").stdout.split()
+    assert config("--libs", "--static") == [str(cflags.lib_dir() / "libmsgq.a"), "-lpthread"]
+    vision = config("--libs", "--visionipc")
     assert vision.index("-lvisionipc") < vision.index("-lmsgq")  # the order a linker needs
-    assert msgq_cli("config", "--lib-dir").stdout == f"{cflags.lib_dir()}\n"
+    assert config("--lib-dir") == [str(cflags.lib_dir())]
 
 
 def test_config_without_the_c_library_says_so_and_fails(
@@ -235,6 +243,60 @@ def test_config_without_the_c_library_says_so_and_fails(
     out, err = capsys.readouterr()
     assert out.split() and "-lmsgq" in out.split()  # the flags still, for the record
     assert one_line(err) == f"msgq config: not installed: {gone} (rebuild msgq with pip install .)"
+
+
+# --- msgq logstats: the gap options --------------------------------------------------------
+
+
+def _logstats(*argv: str) -> tuple[int, str]:
+    """``msgq logstats ARGV`` in this process (on the run's Spark session): (code, stdout)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["logstats", *argv])
+    return code, out.getvalue()
+
+
+@pytest.mark.spark
+def test_logstats_gap_factor_and_max_gaps(spark: object, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from msgq.logs import LogWriter
+    from msgq.messaging import new_message
+    from msgq.schemas import find_service
+
+    period = 1e9 / find_service("gyroscope").frequency
+    # 100 events one period apart, but 3 periods before events 20, 40 and 60, 7 before 80
+    mono, stamps = 10**9, []
+    for i in range(100):
+        mono += round(period * {20: 3, 40: 3, 60: 3, 80: 7}.get(i, 1))
+        stamps.append(mono)
+    with LogWriter(str(tmp_path / "rec")) as writer:
+        for stamp in stamps:
+            writer.write(new_message("gyroscope", logMonoTime=stamp))
+    folder = str(tmp_path / "rec")
+
+    def gaps(*options: str) -> tuple[float, list[int]]:
+        code, text = _logstats(folder, "--json", "--services", "gyroscope", *options)
+        assert code == 0, text
+        doc = json.loads(text)
+        return doc["gap_factor"], [round(g["duration_ms"] * 1e6 / period) for g in doc["gaps"]]
+
+    assert gaps() == (2.5, [3, 3, 3, 7])  # the default: dt over 2.5 periods
+    # (each logstats run is a Spark job, seconds each: three of them)
+    assert gaps("--gap-factor", "5") == (5.0, [7])
+
+    def gap_rows(text: str, heading: str) -> list[str]:
+        after = text.split(f"\n{heading}\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        return [line for line in after if line.startswith("gyroscope")]
+
+    code, text = _logstats(folder, "--services", "gyroscope", "--max-gaps", "2")
+    assert code == 0, text
+    assert len(gap_rows(text, "gaps (first 2 of 4; --json lists all)")) == 2
+    capsys.readouterr()
+    code, _ = _logstats(folder, "--gap-factor", "0")
+    assert code == 2 and "--gap-factor" in one_line(capsys.readouterr().err)
 
 
 # --- msgq queues -------------------------------------------------------------------------
