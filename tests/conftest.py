@@ -49,6 +49,9 @@ SLOW_ELSEWHERE = (
     "tests/test_bridge.py::test_bridge_carries_services_and_frames",
     "tests/test_bridge.py::test_bridge_command_errors",
     "tests/test_bridge.py::test_bridge_drops_garbage_on_the_wire",
+    "tests/test_zmq_security.py::test_subscriber_without_keys_receives_nothing",
+    "tests/test_zmq_security.py::"
+    "test_a_flood_of_unauthenticated_connections_changes_neither_rate_nor_fds",
 )
 #: One test per layer the quick tier would otherwise not reach (marked ``quick``; a
 #: parametrized test is named with its parameters): the Spark data source on a small
