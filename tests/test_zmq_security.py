@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 import zmq
-from helpers import child_env, free_port, run_cli, wait_until
+import zmq.auth
+from helpers import child_env, free_port, free_port_pair, run_cli, wait_until
 
+import msgq
 from msgq import zmq_backend
 from msgq.zmq_backend import SubSocket, endpoint_port
 
@@ -344,3 +346,80 @@ def test_a_flood_of_unauthenticated_connections_changes_neither_rate_nor_fds(
           f"{rate_after:.0f}/s; fds {before['fds']}")
     assert rate_after >= 0.5 * rate_before  # best of 5 each: a shared machine is noisy
     assert sub.receive() is not None  # the authorised subscriber still gets messages
+
+
+# --- the bridge ----------------------------------------------------------------------------
+
+def _bridge_client(ctx: zmq.Context, port: int, keys: Path | None, name: str) -> zmq.Socket:
+    """A raw SUB of the bridge's services port subscribed to every topic (a client that
+    asks for more than it may have)."""
+    sock = ctx.socket(zmq.SUB)
+    if keys is not None:
+        server = zmq_backend.load_keys(keys)
+        public, secret = zmq.auth.load_certificate(keys / "clients" / f"{name}.key_secret")
+        sock.curve_serverkey = server.server_public
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+    sock.subscribe(b"")
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    return sock
+
+
+def test_bridge_gives_each_client_only_what_its_permissions_allow(
+        keys: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from msgq.bridge import Outbound
+    from msgq.bridge.wire import TOPIC_END, service_topic
+
+    # gpsLocation's topic is a prefix of gpsLocationExternal's: only the topic end keeps
+    # a client of the first from getting the second.
+    (keys / "permissions.toml").write_text(
+        '[clients.laptop]\nservices = ["gpsLocation"]\n\n'
+        '[clients.logger]\nservices = ["gps*"]\n')
+    zmq_backend.create_keys(keys, ["stranger"], server=False)
+    (keys / "permissions.toml").write_text(
+        (keys / "permissions.toml").read_text() + '\n[clients.stranger]\nservices = []\n')
+    port = free_port_pair()
+    names = ["gpsLocation", "gpsLocationExternal"]
+    pubs = {n: msgq.pub_sock(n) for n in names}
+    out = Outbound(names, [], bind="127.0.0.1", port=port, keys=str(keys))
+    runner = threading.Thread(target=out.run)
+    runner.start()
+    ctx = zmq.Context()
+    try:
+        clients = {name: _bridge_client(ctx, port, keys, name)
+                   for name in ("laptop", "logger", "stranger")}
+        clients["no keys"] = _bridge_client(ctx, port, None, "")
+        got: dict[str, set[bytes]] = {name: set() for name in clients}
+
+        def collect() -> bool:
+            for n in names:
+                pubs[n].send(n.encode())
+            for name, sock in clients.items():
+                while sock.poll(0):
+                    got[name].add(sock.recv_multipart()[0])
+            return (service_topic("gpsLocationExternal", True) in got["logger"]
+                    and service_topic("gpsLocation", True) in got["laptop"])
+
+        wait_until(collect, what="the allowed services through the bridge", interval=0.02)
+        for _ in range(20):  # and a while more, for anything that should not come
+            collect()
+            time.sleep(0.01)
+        topics = {name: got[name] - {b"h"} for name in got}  # the schema announcement
+        assert topics["laptop"] == {service_topic("gpsLocation", True)}
+        assert topics["logger"] == {service_topic(n, True) for n in names}
+        assert got["stranger"] == set() and got["no keys"] == set()
+        assert all(t.endswith(TOPIC_END) for t in topics["logger"])
+        assert len(warnings_of(caplog, "may not read gpsLocationExternal")) == 1
+    finally:
+        out.stop()
+        runner.join()
+        out.close()
+        ctx.destroy(linger=0)
+    assert out.counts["refused_clients"] >= 1  # the stranger (ZAP; the keyless one fails earlier)
+    assert out.counts["refused_subscriptions"] >= 1
+
+
+def test_bridge_serve_without_keys_says_it_is_open_in_one_line() -> None:
+    proc = run_cli("bridge", "serve", "gpsLocation", "--bind", "127.0.0.1", "--port",
+                   str(free_port_pair()), "--duration", "0.3")
+    assert proc.stderr.count("unauthenticated") == 1
+    assert "--keys DIR" in proc.stderr
