@@ -403,3 +403,29 @@ def test_a_list_view_indexes_and_iterates_as_pycapnps_list() -> None:
     for lst in (empty, slow):
         with pytest.raises(ZeroDivisionError):
             lst[-1]
+
+
+def test_a_submaster_with_views_is_freed_without_the_cycle_collector() -> None:
+    """A view asks pycapnp through a callable that must not hold the SubMaster: a
+    SubMaster -> view -> SubMaster cycle would keep its sockets open until the cycle
+    collector ran."""
+    import gc
+    import weakref
+
+    pm = PubMaster(["vehicleState"])
+    sm = SubMaster(["vehicleState"])
+    pm.wait_for_readers_to_update("vehicleState", 5.0)
+    pm.send("vehicleState", new_message("vehicleState", valid=True))
+    for _ in range(100):
+        sm.update(100)
+        if sm.seen["vehicleState"]:
+            break
+    assert isinstance(sm["vehicleState"], StructView)
+    assert sm["vehicleState"].to_dict()["speed"] == 0.0  # the pycapnp reader made too
+    gc.disable()
+    try:
+        ref = weakref.ref(sm)
+        del sm
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -101,6 +101,31 @@ class _Payloads(dict):  # type: ignore[type-arg]
         return [(s, self[s]) for s in self]
 
 
+def _pycapnp_payload(schema: Schema, service: str, data: bytes) -> Any:
+    """pycapnp's reader of the payload a view was made of (what the view does not read
+    itself). The view checked the root and the payload's pointer, so pycapnp takes the
+    message; MessageDecodeError if it does not."""
+    return getattr(schema.decode(data), service)
+
+
+def _decode_payload(schema: Schema, members: dict[str, Any], bad_messages: dict[str, int],
+                    service: str, data: bytes) -> Any:
+    """The payload of a message SubMaster took as bytes: a view over them (``members``:
+    the compiled layouts, None for a service without views), or, where the typed reader
+    does not follow them, pycapnp's reader; None (counted in ``bad_messages``) when
+    pycapnp refuses them."""
+    member = members[service]
+    if member is not None:
+        view = view_member(data, member, partial(_pycapnp_payload, schema, service, data))
+        if view is not FALLBACK:
+            return view
+    try:
+        return getattr(schema.decode(data), service)
+    except (MessageDecodeError, AttributeError):
+        bad_messages[service] += 1
+        return None
+
+
 def _default_payload(schema: Schema, service: str) -> Any:
     """An all-default (zero) reader of ``service``'s payload type."""
     msg = schema.event.new_message()
@@ -161,7 +186,10 @@ class SubMaster:
         self._views = self.schema.views
         self._identify = self._views.identify
         self._members = {s: self._views.member(s) for s in self.services}
-        self.data: _Payloads = _Payloads(self._decode_payload)
+        self.bad_messages: dict[str, int] = {}
+        # what decodes holds no reference to the SubMaster: no cycle through its payloads
+        self.data: _Payloads = _Payloads(
+            partial(_decode_payload, self.schema, self._members, self.bad_messages))
         self._pending = self.data.pending
         self.updated: dict[str, bool] = {}
         self.seen: dict[str, bool] = {}
@@ -171,7 +199,6 @@ class SubMaster:
         self.recv_time: dict[str, float] = {}
         self.recv_frame: dict[str, int] = {}
         self.logMonoTime: dict[str, int] = {}  # noqa: N815 (upstream name)
-        self.bad_messages: dict[str, int] = {}
         self.freq_tracker: dict[str, FrequencyTracker] = {}
         self.max_freq: dict[str, float] = {}
         self.min_freq: dict[str, float] = {}
@@ -224,7 +251,7 @@ class SubMaster:
         if data is not None:
             member = self._members[service]
             view = FALLBACK if member is None else \
-                view_member(data, member, partial(self._pycapnp_payload, service, data))
+                view_member(data, member, partial(_pycapnp_payload, self.schema, service, data))
             payload = view if view is not FALLBACK else self._decode_payload(service, data)
             if payload is not None:
                 _dict_setitem(self.data, service, payload)
@@ -238,22 +265,7 @@ class SubMaster:
         """The payload of a message ``update`` took as bytes: a view over them, or, where
         the typed reader does not follow them, pycapnp's reader; None (counted in
         bad_messages) when pycapnp refuses them."""
-        member = self._members[service]
-        if member is not None:
-            view = view_member(data, member, partial(self._pycapnp_payload, service, data))
-            if view is not FALLBACK:
-                return view
-        try:
-            return getattr(self.schema.decode(data), service)
-        except (MessageDecodeError, AttributeError):
-            self.bad_messages[service] += 1
-            return None
-
-    def _pycapnp_payload(self, service: str, data: bytes) -> Any:
-        """pycapnp's reader of the payload a view was made of (what the view does not read
-        itself). The view checked the root and the payload's pointer, so pycapnp takes
-        the message; MessageDecodeError if it does not."""
-        return getattr(self.schema.decode(data), service)
+        return _decode_payload(self.schema, self._members, self.bad_messages, service, data)
 
     def update(self, timeout: int = 100) -> None:
         """Waits up to ``timeout`` ms for the polled service (any service when none is
