@@ -615,3 +615,24 @@ def test_health_equals_its_definition_at_every_update() -> None:
             assert sm.freq_ok[s] == (alive and tracker.ok), (step, s)
             checked += alive
     assert checked > 3000  # alive often, and dead often (the stalls)
+
+
+def test_a_builder_of_another_schemas_event_is_refused_not_sent() -> None:
+    """PubMaster checks the service a builder carries with pycapnp's which() on the
+    builder: read back from its bytes with this schema's layout, the robot schema's
+    armState reads as msgq's logStart (the word there is zero) and would go out."""
+    from schema_profiles import robot_schema
+
+    robot_msg = robot_schema().event.new_message()
+    robot_msg.init("armState")
+    pm = PubMaster(["logStart"])
+    sm = SubMaster(["logStart"])
+    try:
+        pm.wait_for_readers_to_update("logStart", 5.0)
+        with pytest.raises(ValueError, match="carries 'armState'"):
+            pm.send("logStart", robot_msg)
+        sm.update(0)
+        assert not sm.seen["logStart"] and sm.bad_messages["logStart"] == 0
+    finally:
+        sm.close()
+        pm.close()

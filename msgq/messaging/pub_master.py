@@ -21,7 +21,6 @@ class PubMaster:
 
     def __init__(self, services: Iterable[str], schema: Schema | None = None) -> None:
         self.schema = schema_in_force(schema)
-        self._identify = self.schema.views.identify
         self.sock: dict[str, Any] = {}
         for service in services:
             self.schema.services[service]  # KeyError naming close matches
@@ -46,19 +45,17 @@ class PubMaster:
         if isinstance(dat, (bytes, bytearray, memoryview)):
             sock.send(dat)
             return
-        to_bytes = getattr(dat, "to_bytes", None)
-        if to_bytes is None or not hasattr(dat, "which"):
+        which = getattr(dat, "which", None)
+        if which is None or not hasattr(dat, "to_bytes"):
             raise TypeError(f"send({service!r}, ...) takes an Event builder or bytes, not "
                             f"{type(dat).__name__}")
-        data = to_bytes()
-        # the service the bytes carry, read from them in one C call (pycapnp's which()
-        # for what that does not follow)
-        peeked = self._identify(data)
-        carried = peeked[2] if peeked is not None else str(dat.which())
+        # pycapnp's which(), not the service read back from the bytes: a builder of
+        # another struct (a payload, say) could read as any service there
+        carried = which()
         if carried != service:
             raise ValueError(f"the message carries {carried!r} but was sent to {service!r}; "
                              f"use new_message({service!r})")
-        sock.send(data)
+        sock.send(dat.to_bytes())
 
     def all_readers_updated(self, service: str) -> bool:
         """Whether every subscriber of ``service`` has read everything sent on it."""
