@@ -52,6 +52,14 @@ class StructView:
 
     def __getattr__(self, name: str) -> Any: ...
 
+class StructListView:
+    """A list of structs of a message, as pycapnp's list reader behaves (len, [i],
+    iteration; elements are StructViews); anything else is asked of pycapnp's."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> StructView: ...
+    def __getattr__(self, name: str) -> Any: ...
+
 class EventFields:
     """Where the root struct keeps logMonoTime, valid and the union discriminant."""
 
@@ -60,8 +68,9 @@ class EventFields:
                  valid_default: bool) -> None: ...
 
 def view_member(message: bytes, member: CompiledMember,
-                decode: Callable[[], Any]) -> StructView | object:
-    """A view of the root union's struct ``member`` in ``message``, or FALLBACK."""
+                decode: Callable[[], Any]) -> StructView | StructListView | object:
+    """A view of the root union's struct (or list of structs) ``member`` in ``message``,
+    or FALLBACK."""
 
 def identify(message: bytes, fields: EventFields) -> tuple[int, bool, str] | object:
     """``(logMonoTime, valid, service)`` of a one-segment Event, or FALLBACK."""

@@ -1,7 +1,8 @@
 """Payload views: the fast path for the fields services read (SubMaster's ``sm[s]``).
 
 :meth:`PayloadViews.view` gives, for a received message of a struct service, a
-:class:`msgq.schemas._typed_reader.StructView`: its fields are read straight from the
+:class:`msgq.schemas._typed_reader.StructView` (a ``StructListView`` for a list of
+structs): its fields are read straight from the
 message's bytes when asked (a few hundred nanoseconds, no decode), values identical to
 pycapnp's; whatever the view does not read itself (``which()``, ``to_dict()``, union
 members, lists of structs, ...) it asks of a pycapnp reader made once, on first need.

@@ -22,13 +22,14 @@ Payload views, no decoding: ``update`` reads ``logMonoTime``, ``valid`` and the 
 each new message straight from its bytes (:meth:`msgq.schemas.payload_views.PayloadViews.
 identify`, EventLayout.identify's answer in one C call, which also checks the framing).
 ``sm[s]`` of a struct service is then a view over the message's bytes
-(:class:`msgq.schemas._typed_reader.StructView`): each field is read from the bytes when
-asked, with pycapnp's value; what the view does not read itself (``which()``,
-``to_dict()``, union members, lists of structs, ...) it asks of a pycapnp reader decoded
-once, on first need. Other payloads (lists, text, data) and messages the typed reader
-does not follow (several segments, far pointers) are decoded with pycapnp when first read,
-as before: bytes that frame correctly but fail pycapnp's own checks then are counted in
-``bad_messages[s]``, and ``sm[s]`` keeps the previous payload.
+(:class:`msgq.schemas._typed_reader.StructView`; ``StructListView`` for a list of
+structs): each field is read from the bytes when asked, with pycapnp's value; what the
+view does not read itself (``which()``, ``to_dict()``, union members, ...) it asks of a
+pycapnp reader decoded once, on first need. Other payloads (lists of numbers, text,
+data) and messages the typed reader does not follow (several segments, far pointers)
+are decoded with pycapnp when first read, as before: bytes that frame correctly but fail
+pycapnp's own checks then are counted in ``bad_messages[s]``, and ``sm[s]`` keeps the
+previous payload.
 """
 
 from __future__ import annotations
