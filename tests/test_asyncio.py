@@ -35,21 +35,24 @@ def test_receive_async_waits_without_blocking_the_loop(backend: str, fake_layer:
     async def main() -> tuple[bytes | None, int]:
         ticks = 0
 
-        async def ticker() -> None:
+        async def ticker() -> None:  # another task: sends once it has run 5 times
             nonlocal ticks
             while True:
                 await asyncio.sleep(0.005)
                 ticks += 1
+                if ticks == 5:
+                    pub.send(b"later")
 
         tick_task = asyncio.create_task(ticker())
-        asyncio.get_running_loop().call_later(0.1, pub.send, b"later")
-        msg = await sub.receive_async()
+        # a receive that blocked the loop would starve the ticker, so nothing would be
+        # sent: it times out instead (the ticks are counted, not timed: a loaded machine
+        # gave 2 ticks in a fixed 100 ms window)
+        msg = await asyncio.wait_for(sub.receive_async(), 10)
         tick_task.cancel()
         return msg, ticks
 
     msg, ticks = run(main())
-    assert msg == b"later"
-    assert ticks >= 5  # the loop ran other tasks while the receive waited
+    assert msg == b"later" and ticks >= 5
 
 
 def test_receive_async_honours_the_socket_timeout(backend: str, endpoint: str) -> None:
