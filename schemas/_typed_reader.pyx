@@ -24,6 +24,7 @@ field ``(kind, where, default, extra)``, struct ``(fields, union)`` — or, for 
 that reading a field costs C struct accesses, not tuple lookups and conversions.
 """
 
+cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -106,6 +107,7 @@ class _Unfollowed(Exception):
     """A message this reader leaves to pycapnp."""
 
 
+@cython.no_gc  # no cycle goes through a value (a number and a name)
 cdef class EnumValue:
     """An enum value as a view reads it, behaving as pycapnp's ``_DynamicEnum``: ``raw``
     (the number), ``str()`` the enumerant's name (RuntimeError for a number the schema
@@ -576,6 +578,7 @@ def read_member(const uint8_t[::1] message, CompiledMember member not None):
 # --- views -------------------------------------------------------------------------------
 
 
+@cython.no_gc  # references point up to the parent and the bytes only: no cycle, no GC cost
 cdef class StructView:
     """A struct of a message, read field by field straight from the message's bytes.
 
@@ -671,6 +674,7 @@ cdef class StructView:
         return repr(self._pycapnp())
 
 
+@cython.no_gc  # as StructView
 cdef class StructListView:
     """A list of structs of a message, as pycapnp's list reader behaves: ``len()``,
     ``[i]`` (a :class:`StructView`; an index past the end raises IndexError, a negative
