@@ -452,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="a smoke run: 4 simulated seconds in 2 segments, no cluster")
     parser.add_argument("--pushdown", action="store_true",
                         help="the filter pushdown and route layout suite instead (issue 28; "
-                             "default --seconds 400, --rotate 10)")
+                             "default --seconds 300, --rotate 10)")
     parser.add_argument("--routes", type=int, default=200,
                         help="routes of 3 small segments in the layout row (default 200)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -472,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.pushdown:
         given = argv if argv is not None else sys.argv[1:]
         pd_seconds = 20.0 if args.tiny else (
-            args.seconds if "--seconds" in given else 400.0)
+            args.seconds if "--seconds" in given else 300.0)
         pd_rotate = 5.0 if args.tiny else (args.rotate if "--rotate" in given else 10.0)
         routes = 4 if args.tiny else args.routes
         pushed = run_pushdown(pd_seconds, pd_rotate, max(repeat, 1 if args.tiny else 3),

@@ -581,6 +581,19 @@ class MsgqLogDataSource(DataSource):
             return MsgqLogPushdownReader(options, ours)
         return MsgqLogReader(options, ours)
 
+    def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - Spark's name
+        """``spark.readStream.format("msgqlog").load(folder)``: the events a recorder
+        writes, micro-batch by micro-batch (:mod:`msgq.spark.streaming`)."""
+        # the stream reader: only streaming queries need it
+        from msgq.spark.streaming import MsgqLogStreamReader
+
+        options = self._options()
+        ours = output_schema(options)
+        if schema != ours:
+            raise ValueError("the msgqlog source defines its own schema (from the capnp "
+                             "schema and the decode option): do not pass .schema(...)")
+        return MsgqLogStreamReader(options, ours)
+
 
 class _CaseInsensitive:
     """Options looked up by name in any case (as Spark's own)."""
@@ -728,7 +741,8 @@ class _SegmentRead:
     """
 
     def __init__(self, options: ReadOptions, schema: StructType, path: str,
-                 segment: int | None, content: bytes | None = None) -> None:
+                 segment: int | None, content: bytes | None = None, *,
+                 stream_offset: int = 0, file_offset: int = 0) -> None:
         # pyarrow: the optional spark extra, imported when Spark is used
         import pyarrow as pa
 
@@ -743,6 +757,10 @@ class _SegmentRead:
         self.segment = segment
         self.route = route_name(path)
         self.content = content
+        # where ``content`` starts in the segment (a stream's byte range): in the
+        # uncompressed stream (the offset column) and in the file
+        self._stream_offset = stream_offset
+        self._file_offset = file_offset
         where = options.where
         self._events_only = where is not None and where.events_only
         self._event_test = where.event_test() if where is not None and where.checks_events \
@@ -817,12 +835,12 @@ class _SegmentRead:
         for column in (self._offset, self._mono, self._service, self._valid, self._size,
                        self._data):
             column.append(None)
-        self._offset[-1] = offset
+        self._offset[-1] = None if offset is None else offset + self._stream_offset
 
     def _add_log_problem(self, problem: Any) -> None:
         detail = problem.detail
-        if problem.file_offset != problem.offset:
-            detail += f" (file byte {problem.file_offset})"
+        if problem.file_offset != problem.offset or self._file_offset != self._stream_offset:
+            detail += f" (file byte {problem.file_offset + self._file_offset})"
         self._problem(problem.kind, problem.offset, detail)
 
     # events ----------------------------------------------------------------------
@@ -841,7 +859,9 @@ class _SegmentRead:
 
     def _add_events(self, events: list[Any]) -> None:
         first = len(self._offset)
-        self._offset += [e.offset for e in events]
+        base = self._stream_offset
+        self._offset += [e.offset + base for e in events] if base else \
+            [e.offset for e in events]
         self._mono += [e.mono_ns for e in events]
         self._service += [e.service for e in events]
         self._valid += [e.valid for e in events]
