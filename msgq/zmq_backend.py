@@ -1612,6 +1612,7 @@ class Poller:
     def __init__(self) -> None:
         self._sockets: list[SubSocket] = []
         self._poller = zmq.Poller()
+        self._next_handshake_check = 0.0
 
     def registerSocket(self, socket: SubSocket) -> None:  # noqa: N802 (upstream name)
         """Adds ``socket``; registering a socket twice has no further effect."""
@@ -1652,9 +1653,12 @@ class Poller:
                 stashed = [s for s in self._sockets if s._stash is not None]
             if stashed:
                 return stashed
-            for s in self._sockets:
-                s._check_handshakes()
-            if deadline is not None and time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= self._next_handshake_check:  # at most once a slice, not per poll(0)
+                self._next_handshake_check = now + _SLICE_MS / 1000
+                for s in self._sockets:
+                    s._check_handshakes()
+            if deadline is not None and now >= deadline:
                 return []
 
     async def poll_async(self, timeout: int | None = None) -> list[SubSocket]:
