@@ -157,6 +157,16 @@ class LogReader:
                 continue
             yield name, LogEvent(item.data, mono, valid, service, name, item.offset)
 
+    def segment_batches(self, path: Any) -> Iterator[MessageBatch | LogEvent]:
+        """One segment as the scanner hands it over, for tools that work on whole runs of
+        events (numpy arrays of offset, length, service index, flags and logMonoTime over
+        the decompressed bytes; see :class:`msgq.logs.segment.MessageBatch`): a batch is
+        not filtered (apply ``services`` / ``start_mono_ns`` to its arrays), an event the
+        scanner left to pycapnp comes as a :class:`LogEvent`, filtered. Damage handling
+        and problems are this reader's, as for :meth:`segment_events`."""
+        for _, item in self._segment_items(path):
+            yield item
+
     def segment_events(self, path: Any) -> Iterator[LogEvent]:
         """The events of one segment (a path, or a seekable binary file such as an
         ``io.BytesIO`` of a segment's bytes, named by its ``name``), in file order, with
