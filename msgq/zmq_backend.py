@@ -554,7 +554,15 @@ class ZapHandler:
                 if self._stop_listener in ready:
                     return
                 request = self._zap.recv_multipart()
-                self._zap.send_multipart(self._answer(request))
+                try:
+                    reply = self._answer(request)
+                except Exception as e:  # noqa: BLE001 - a refusal, never a dead handler
+                    log.error("ZAP handler: %r while deciding; the client is refused", e)
+                    request_id = request[1] if len(request) > 1 else b""
+                    if len(request) > 2:
+                        self.refusals[request[2].decode("utf-8", "replace")] += 1
+                    reply = [b"1.0", request_id, b"500", b"internal error", b"", b""]
+                self._zap.send_multipart(reply)
         except zmq.ContextTerminated:
             return
         finally:

@@ -443,3 +443,40 @@ def test_bridge_serve_without_keys_says_it_is_open_in_one_line() -> None:
                    str(free_port_pair()), "--duration", "0.3")
     assert proc.stderr.count("unauthenticated") == 1
     assert "--keys DIR" in proc.stderr
+
+
+def test_a_failing_permission_check_refuses_and_the_handler_lives_on(keys: Path) -> None:
+    ctx = zmq.Context()
+    try:
+        handler = zmq_backend.zap_handler(ctx)
+
+        def broken(public: bytes) -> tuple[str | None, str]:
+            raise RuntimeError("bug")
+
+        keyset = zmq_backend.load_keys(keys, "laptop")
+        results = []
+        # A dead handler would let every client in: libzmq admits all when no ZAP
+        # handler is bound. So after the broken decision a refusal must still refuse.
+        for decide in (broken, zmq_backend.service_policy(keyset, "not_for_laptop"),
+                       zmq_backend.service_policy(keyset, "ep_x")):
+            port = free_port()
+            pub = ctx.socket(zmq.PUB)
+            zmq_backend.make_curve_server(pub, keyset, "ep_x", decide)
+            pub.bind(f"tcp://127.0.0.1:{port}")
+            sub = ctx.socket(zmq.SUB)
+            zmq_backend.make_curve_client(sub, keyset)
+            sub.subscribe(b"")
+            sub.connect(f"tcp://127.0.0.1:{port}")
+            deadline = time.monotonic() + 3
+            got = None
+            while got is None and time.monotonic() < deadline:
+                pub.send(b"m")
+                got = sub.recv() if sub.poll(20) else None
+            results.append(got)
+            sub.close(0)
+            pub.close(0)
+        assert results == [None, None, b"m"]
+        assert handler.refusals["ep_x"] >= 2
+    finally:
+        zmq_backend.stop_zap_handler(ctx)
+        ctx.destroy(linger=0)
