@@ -226,3 +226,42 @@ def test_read_logs_services_start_end_are_pushed_filters(
                   end=end).count()
     assert sorted(r.problem.split(":")[0] for r in compact if r.kind == "problem") == \
         ["corrupt", "truncated"]  # a compact read keeps them: logstats reports damage
+
+
+def test_logstats_start_end_count_the_window_and_keep_the_damage(
+        spark: Any, recordings: dict[str, str]) -> None:
+    import io
+    import json
+    from contextlib import redirect_stdout
+
+    import msgq.cli
+    from msgq.cli.output import UsageError
+    from msgq.spark import read_logs
+
+    start, end = BASE + 1_000 * MS, BASE + 2_000 * MS
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = msgq.cli.main(["logstats", recordings["damaged"], "--json", "--start",
+                              f"{start / 1e9}", "--end", f"{end / 1e9}"])
+    assert code == 0
+    doc = json.loads(out.getvalue())
+    got = {r["service"]: r["count"] for r in doc["services"]}
+    window = read_logs(spark, recordings["damaged"], start=start, end=end, data=False)
+    want = {r.service: r["count"] for r in window.groupBy("service").count().collect()}
+    assert got == want and sum(got.values()) > 100
+    assert all(start <= r["first_mono_ns"] and r["last_mono_ns"] < end
+               for r in doc["services"])
+    assert sorted(p["problem"].split(":")[0] for p in doc["problems"]) == \
+        ["corrupt", "truncated"]
+    with pytest.raises(UsageError, match="--start must be before --end"):
+        msgq.cli.logstats.run(argparse_namespace(["--start", "2", "--end", "1"]))
+
+
+def argparse_namespace(extra: list[str]) -> Any:
+    import argparse
+
+    from msgq.cli import logstats
+
+    parser = argparse.ArgumentParser(prog="msgq")
+    logstats.add_parser(parser.add_subparsers())
+    return parser.parse_args(["logstats", "x", *extra])

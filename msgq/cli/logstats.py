@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -280,8 +281,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _follow(args: argparse.Namespace, conf: dict[str, str]) -> int:
     """--follow: the statistics of a growing recording, printed after each refresh."""
-    import os
-
     if len(args.paths) != 1 or not os.path.isdir(args.paths[0]):
         raise UsageError("--follow takes one recording folder (the one msgq record writes)")
     if args.every <= 0 or (args.duration is not None and args.duration <= 0):

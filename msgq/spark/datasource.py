@@ -592,7 +592,7 @@ class MsgqLogDataSource(DataSource):
         if schema != ours:
             raise ValueError("the msgqlog source defines its own schema (from the capnp "
                              "schema and the decode option): do not pass .schema(...)")
-        return MsgqLogStreamReader(options, ours)
+        return MsgqLogStreamReader(options, ours, _SegmentRead, segment_number)
 
 
 class _CaseInsensitive:

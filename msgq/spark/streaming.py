@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import io
 import os
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -33,6 +35,8 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 import msgq.spark
 from msgq.logs import LogProblem, read_index, segment_paths
 from msgq.logs.segment import read_messages
+from msgq.spark.analyses import GAP_FACTOR, expected_rates, log_stats
+from msgq.spark.compact import COMPACT_SCHEMA
 
 __all__ = ["MsgqLogStreamReader", "StreamPartition", "follow_stats", "frames_end"]
 
@@ -75,13 +79,18 @@ class MsgqLogStreamReader(DataSourceStreamReader):
     """The stream of one recording folder (module docstring); rows as the batch
     source's (same options, same columns)."""
 
-    def __init__(self, options: Any, schema: Any) -> None:
+    def __init__(self, options: Any, schema: Any, segment_read: Any,
+                 segment_number: Any) -> None:
         if len(options.paths) != 1 or not os.path.isdir(options.paths[0]):
             raise ValueError("spark.readStream.format('msgqlog') follows one recording "
                              f"folder (that a recorder writes), not {list(options.paths)}")
         self.options = options
         self.schema = schema
         self.folder = options.paths[0]
+        # msgq.spark.datasource's _SegmentRead and segment_number (passed in: that
+        # module imports this one)
+        self._segment_read = segment_read
+        self._segment_number = segment_number
 
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - Spark's name
         """Nothing read yet."""
@@ -137,8 +146,6 @@ class MsgqLogStreamReader(DataSourceStreamReader):
                    ) -> list[InputPartition]:
         """The byte ranges between two offsets: the rest of ``start``'s segment, the
         segments after it, and ``end``'s segment up to its byte."""
-        from msgq.spark.datasource import segment_number
-
         parts: list[InputPartition] = []
         for path in self._segments():
             name = os.path.basename(path)
@@ -150,21 +157,19 @@ class MsgqLogStreamReader(DataSourceStreamReader):
                 continue
             last = int(end["byte"]) if name == end["file"] else os.path.getsize(path)
             if last > first:
-                parts.append(StreamPartition(path, segment_number(path), first, last,
+                parts.append(StreamPartition(path, self._segment_number(path), first, last,
                                              stream))
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """The rows of one byte range (Arrow batches, as the batch source's)."""
-        from msgq.spark.datasource import _SegmentRead
-
         assert isinstance(partition, StreamPartition)
         with open(partition.path, "rb") as f:
             f.seek(partition.start)
             content = f.read(partition.end - partition.start)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            yield from _SegmentRead(self.options, self.schema, partition.path,
+            yield from self._segment_read(self.options, self.schema, partition.path,
                                     partition.segment, content,
                                     stream_offset=partition.stream,
                                     file_offset=partition.start).batches()
@@ -180,12 +185,6 @@ def follow_stats(spark: Any, folder: str, every_s: float, on_update: Any,
     ``on_update(stats)`` (:meth:`msgq.spark.analyses.LogStats.to_dict` of everything
     read so far) after each micro-batch that brought rows; until ``duration_s`` passed
     (None: until interrupted). Returns the number of updates."""
-    import threading
-    import time
-
-    from msgq.spark.analyses import GAP_FACTOR, expected_rates, log_stats
-    from msgq.spark.compact import COMPACT_SCHEMA
-
     rows: list[Any] = []
     fresh = threading.Event()
     lock = threading.Lock()
