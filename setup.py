@@ -215,7 +215,8 @@ setup(
     # C that Cython generates) stay out of it.
     exclude_package_data={
         "": ["*.c", "*.pyx", "*.pxd", "*.pxi"],
-        "msgq": ["src/*"],
+        "msgq": ["src/*", "logs/src/*"],
+        "msgq.logs": ["src/*"],
         "msgq.visionipc": ["src/*"],
     },
 )

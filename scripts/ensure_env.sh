@@ -113,9 +113,13 @@ fi
 # job needs is not installed yet (test's includes spark's).
 extra="spark"
 [ "$profile" = test ] && extra="test"
-inputs_hash="$(cat pyproject.toml setup.py MANIFEST.in msgq/*.pyx msgq/*.pxd msgq/spark/*.pyx \
-  msgq/src/*.[ch] visionipc/*.pyx visionipc/*.pxi visionipc/src/*.[ch] 2>/dev/null \
-  | sha256sum | cut -d' ' -f1) debug=${MSGQ_DEBUG:-0}"
+# (every Cython and C source wherever it lives, so that moving one never breaks this line)
+build_inputs() {
+  printf '%s\n' pyproject.toml setup.py MANIFEST.in
+  find msgq schemas visionipc \( -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' \
+    -o -path '*/src/*.[ch]' \) -type f | LC_ALL=C sort
+}
+inputs_hash="$(build_inputs | xargs cat | sha256sum | cut -d' ' -f1) debug=${MSGQ_DEBUG:-0}"
 stamp=.venv/.msgq-build-inputs
 installed=""
 [ -f "$stamp" ] && installed="$(cat "$stamp")"

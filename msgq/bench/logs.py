@@ -338,13 +338,13 @@ def _decompressed(path: str) -> bytes:
     with open(path, "rb") as f:
         data = f.read()
     if data.startswith(b"\x28\xb5\x2f\xfd"):
-        import zstandard
+        import zstandard  # the logs extra's dependency, only for zstd segments
 
         # the fastest whole-segment call zstandard has (every frame, one output buffer)
         return zstandard.ZstdDecompressor().decompressobj(read_across_frames=True) \
             .decompress(data)
     if data.startswith(b"BZh"):
-        import bz2
+        import bz2  # only for bz2 segments (loggerd's older format)
 
         return bz2.decompress(data)
     return data
