@@ -325,22 +325,24 @@ int vipc_listener_start(const char *path, unsigned mode, uint64_t server_id,
     l->ino = st.st_ino;
     if (pipe2(l->wake_fds, O_CLOEXEC | O_NONBLOCK) != 0) r = -errno;
   }
-  if (r == 0) {
-    atomic_store(&l->running, true);
-    int e = pthread_create(&l->thread, NULL, listener_main, l);
-    if (e != 0) {
-      atomic_store(&l->running, false);
-      r = -e;
-    } else {
-      l->thread_started = true;
-    }
-  }
   if (r < 0) {
     if (l->dev || l->ino) unlink(path);
     free_listener(l);
     return r;
   }
   *out = l;
+  return 0;
+}
+
+int vipc_listener_run(vipc_listener *l) {
+  if (l->thread_started) return 0;
+  atomic_store(&l->running, true);
+  int e = pthread_create(&l->thread, NULL, listener_main, l);
+  if (e != 0) {
+    atomic_store(&l->running, false);
+    return -e;
+  }
+  l->thread_started = true;
   return 0;
 }
 

@@ -18,10 +18,15 @@
 typedef struct vipc_listener vipc_listener;
 
 /* Binds path (replacing a socket left there, V6; -EEXIST when the path is something
- * else), gives it mode, listens and starts the thread. max_pending: connections that may
- * wait for their request at once (1..4096). 0, -EEXIST, -EINVAL, -ENAMETOOLONG, -errno. */
+ * else), gives it mode and listens; connections wait in the backlog until
+ * vipc_listener_run starts the thread, so the uids and streams set in between apply to
+ * the first client too. max_pending: connections that may wait for their request at once
+ * (1..4096). 0, -EEXIST, -EINVAL, -ENAMETOOLONG, -errno. */
 int vipc_listener_start(const char *path, unsigned mode, uint64_t server_id,
                         int64_t handshake_timeout_ns, int max_pending, vipc_listener **out);
+
+/* Starts the thread that accepts and answers connections (once; 0 or -errno). */
+int vipc_listener_run(vipc_listener *l);
 
 /* The uids served (any: every uid). Takes effect for connections accepted afterwards. */
 int vipc_listener_set_uids(vipc_listener *l, const uint32_t *uids, size_t n, int any);

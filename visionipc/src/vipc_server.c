@@ -289,6 +289,7 @@ int vipc_server_start_listener(vipc_server *srv) {
     vipc_stream *s = &srv->streams[i];
     r = vipc_listener_add_stream(l, s->id, &s->geometry, s->map_size, s->fds, s->num_buffers);
   }
+  if (r == 0) r = vipc_listener_run(l); /* only now: no client meets an empty allow list */
   if (r < 0) {
     vipc_listener_stop(l);
     return r;
