@@ -471,6 +471,14 @@ static int ring_commit(msgq_publisher *pub, uint64_t prefix, uint32_t ring_size)
 
 /* --- Chunk pool: the publisher's side (P1-P6 in docs/ring.md) ---------------------- */
 
+/* A sequence word (P2): a write counter (31 bits) above the message size (32 bits)
+ * above the "being written" bit. Each write of any chunk gets the next counter, so a
+ * descriptor matches only the one write it was made for, in its own chunk. */
+#define POOL_COUNTER_MASK ((UINT64_C(1) << 31) - 1u)
+static inline uint64_t pool_sequence(uint64_t counter, uint32_t size) {
+  return (counter << 33) | ((uint64_t)size << 1);
+}
+
 static inline uint32_t chunk_granule(const msgq_pool_publisher *pool, uint32_t chunk) {
   return chunk * pool->chunk_granules;
 }
@@ -494,12 +502,19 @@ static void pool_cut(msgq_publisher *pub, uint32_t size) {
   /* At least two chunks (always possible for a message up to msgq_ring_max_message). */
   if (granules > ring->pool_granules / 2u) granules = ring->pool_granules / 2u;
   if (pool->chunk_size) pool->recuts++;
+  /* The write counter goes on past every value in the table (a previous publisher's
+   * too), and every word gets a value no descriptor carries. */
+  uint64_t highest = 0;
   for (uint32_t g = 0; g < ring->pool_granules; g++) {
-    uint64_t seq = atomic_load_explicit(&ring->pool_seq[g], memory_order_relaxed);
-    atomic_store_explicit(&ring->pool_seq[g], (seq + 2u) & ~(uint64_t)1u,
-                          memory_order_relaxed);
+    uint64_t counter = atomic_load_explicit(&ring->pool_seq[g], memory_order_relaxed) >> 33;
+    if (counter > highest) highest = counter;
   }
+  if (pool->next_counter > highest) highest = pool->next_counter;
+  const uint64_t cut = (highest + 1u) & POOL_COUNTER_MASK;
+  for (uint32_t g = 0; g < ring->pool_granules; g++)
+    atomic_store_explicit(&ring->pool_seq[g], cut << 33, memory_order_relaxed);
   atomic_thread_fence(memory_order_release);
+  pool->next_counter = (cut + 1u) & POOL_COUNTER_MASK;
   pool->chunk_granules = (uint32_t)granules;
   pool->chunk_size = (uint32_t)(granules << ring->granule_shift);
   pool->num_chunks = ring->pool_granules / (uint32_t)granules;
@@ -561,10 +576,13 @@ static bool chunk_pinned(const msgq_header *h, uint32_t g) {
   return false;
 }
 
-/* Starts writing chunk c: its first granule's sequence becomes odd (P2). */
-static uint64_t chunk_begin_write(msgq_publisher *pub, uint32_t c) {
-  _Atomic uint64_t *seq = &pub->ring.pool_seq[chunk_granule(&pub->pool, c)];
-  uint64_t odd = (atomic_load_explicit(seq, memory_order_relaxed) + 1u) | 1u;
+/* Starts writing a `size`-byte message into chunk c: its first granule's sequence word
+ * becomes the next write counter, the size and the odd "being written" bit (P2). */
+static uint64_t chunk_begin_write(msgq_publisher *pub, uint32_t c, uint32_t size) {
+  msgq_pool_publisher *pool = &pub->pool;
+  _Atomic uint64_t *seq = &pub->ring.pool_seq[chunk_granule(pool, c)];
+  uint64_t odd = pool_sequence(pool->next_counter, size) | 1u;
+  pool->next_counter = (pool->next_counter + 1u) & POOL_COUNTER_MASK;
   /* seq_cst: before the pin loads of chunk_pinned (P4); and (as a release fence would)
    * before every byte written into the chunk after it (P2). */
   atomic_store_explicit(seq, odd, memory_order_seq_cst);
@@ -577,13 +595,13 @@ static uint64_t chunk_begin_write(msgq_publisher *pub, uint32_t c) {
  * pins (that reader is lapped, P5); when every one is pinned, the oldest anyway (the
  * pinned view then reads as overwritten, as a lapped view of the ring does). Never
  * waits. Returns the chunk, its odd sequence in *seq_out. */
-static uint32_t pool_take(msgq_publisher *pub, uint64_t *seq_out) {
+static uint32_t pool_take(msgq_publisher *pub, uint32_t size, uint64_t *seq_out) {
   msgq_pool_publisher *pool = &pub->pool;
   const msgq_header *h = pub->ring.header;
   pool_retire(pub);
   if (pool->free_count) {
     uint32_t c = pool->free_stack[--pool->free_count];
-    *seq_out = chunk_begin_write(pub, c);
+    *seq_out = chunk_begin_write(pub, c, size);
     return c;
   }
   pool->laps++;
@@ -592,7 +610,7 @@ static uint32_t pool_take(msgq_publisher *pub, uint64_t *seq_out) {
     uint32_t c = pool->fifo_chunk[at];
     uint32_t g = chunk_granule(pool, c);
     uint64_t before = atomic_load_explicit(&pub->ring.pool_seq[g], memory_order_relaxed);
-    uint64_t odd = chunk_begin_write(pub, c);
+    uint64_t odd = chunk_begin_write(pub, c, size);
     if (k + 1u < pool->fifo_count && chunk_pinned(h, g)) {
       /* Pinned: give the reader its chunk back untouched (nothing was written; a
        * reader that saw the odd value meanwhile took its copy for overwritten). */
@@ -629,7 +647,7 @@ int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
     msgq_pool_publisher *pool = &pub->pool;
     if (size > pool->chunk_size) pool_cut(pub, size);
     uint64_t seq;
-    uint32_t c = pool_take(pub, &seq);
+    uint32_t c = pool_take(pub, size, &seq);
     if (c != UINT32_MAX) {
       pool->reserved_chunk = (int32_t)c;
       pool->reserved_seq = seq;
@@ -658,7 +676,7 @@ static int pool_commit(msgq_publisher *pub) {
   const uint8_t *payload = ring->pool_data + ((uint64_t)g << ring->granule_shift);
   uint64_t prefix = MSGQ_POOL_DESCRIPTOR_SIZE | MSGQ_POOL_DESCRIPTOR_BIT;
   if (ring->flags & MSGQ_FLAG_CHECKSUM) prefix |= (uint64_t)msgq_crc32c(payload, size) << 32;
-  const uint64_t seq = pool->reserved_seq + 1u;
+  const uint64_t seq = pool->reserved_seq & ~(uint64_t)1u; /* written: even */
   /* release: the chunk's bytes before its even sequence (and before the descriptor,
    * which write_pointer's release publishes). */
   atomic_store_explicit(&ring->pool_seq[g], seq, memory_order_release);
@@ -942,6 +960,7 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
     const uint32_t granule = (uint32_t)descriptor[0];
     const uint32_t pooled_size = (uint32_t)(descriptor[0] >> 32);
     if (pooled && (granule >= ring->pool_granules || (descriptor[1] & 1u) ||
+                   (uint32_t)(descriptor[1] >> 1) != pooled_size ||
                    pooled_size > msgq_ring_max_message(ring) ||
                    ((uint64_t)granule << ring->granule_shift) + pooled_size > ring->pool_size)) {
       reset_for_corruption(sub);
@@ -976,9 +995,11 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
       sub->peeked_pool = true;
       if (atomic_load_explicit(&ring->pool_seq[granule], memory_order_seq_cst) !=
           descriptor[1]) {
-        /* Reused already: we were lapped (P5). */
+        /* Reused already: this reader was lapped (P5). Only this message is lost; the
+         * next descriptors name newer chunks, which may still hold theirs. */
+        unpin(sub);
         sub->resets++;
-        reader_reset(sub);
+        store_read_pointer(sub, next);
         continue;
       }
       sub->peeked_granule = granule;
@@ -1015,11 +1036,22 @@ static bool peeked_intact(msgq_subscriber *sub) {
                        position_offset(sub->read_pointer));
 }
 
+/* The peeked message was overwritten while the caller used it: in the ring the reader
+ * jumps to the writer (I3); a chunk was taken back (P5), so only this message is lost
+ * and the reader goes on with the next. */
+static void peeked_overwritten(msgq_subscriber *sub, bool was_pooled) {
+  sub->resets++;
+  if (was_pooled)
+    store_read_pointer(sub, sub->next_read_pointer);
+  else
+    reader_reset(sub);
+}
+
 int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy) {
+  const bool was_pooled = sub->peeked_pool;
   /* The caller's copy (plain loads) happens before the reload in the check. */
   if (!peeked_intact(sub)) {
-    sub->resets++;
-    reader_reset(sub);
+    peeked_overwritten(sub, was_pooled);
     return 0;
   }
   store_read_pointer(sub, sub->next_read_pointer);
@@ -1042,9 +1074,9 @@ int msgq_subscriber_release_view(msgq_subscriber *sub) {
           : sub->ring.data + ro + 8u;
   uint32_t crc = checksummed ? msgq_crc32c(payload, sub->peeked_size) : 0;
   /* The caller's reads and the CRC's happen before the reload in the check. */
+  const bool was_pooled = sub->peeked_pool;
   if (!peeked_intact(sub)) {
-    sub->resets++;
-    reader_reset(sub);
+    peeked_overwritten(sub, was_pooled);
     return 0;
   }
   store_read_pointer(sub, sub->next_read_pointer);

@@ -277,6 +277,7 @@ typedef struct {
   uint64_t fifo_end[MSGQ_POOL_MAX_CHUNKS];
   int32_t reserved_chunk; /* -1: the open reservation (if any) is in the ring */
   uint64_t reserved_seq;  /* the odd sequence the reserved chunk carries while written */
+  uint64_t next_counter;  /* write counter of the next sequence word (P2) */
   /* Statistics. */
   uint64_t sends;  /* messages sent through the pool */
   uint64_t laps;   /* chunks taken back from under a reader that was behind */
