@@ -33,7 +33,8 @@ DEFAULT_SUBS: tuple[int, ...] = (1, 4)
 INTO_SIZES: tuple[int, ...] = (64 * KIB, MIB)
 RTT_SIZES: tuple[int, ...] = (8, 64 * KIB)
 #: Every backend the benchmark knows, in table order; pyzmq is the reference of the ratios.
-BACKEND_ORDER: tuple[str, ...] = ("msgq", "msgq-zmq", "pyzmq", "kickmsg", "iceoryx2")
+BACKEND_ORDER: tuple[str, ...] = (
+    "msgq", "msgq-ring", "msgq-zmq", "pyzmq", "kickmsg", "iceoryx2")
 REFERENCE = "pyzmq"
 TESTS: tuple[str, ...] = ("throughput", "recv_into", "view", "rtt", "rtt_async")
 #: Payload sizes of the asyncio round-trip rows.
@@ -297,6 +298,21 @@ class MsgqBackend(Backend):
             if close is not None:
                 close()
         self.sockets.clear()
+
+
+class MsgqRingBackend(MsgqBackend):
+    """msgq without the chunk pool (``MSGQ_POOL=0``): every message in the ring, as before
+    the pool, for a before/after comparison in one run."""
+
+    name = "msgq-ring"
+    io_note = (
+        "as msgq, with MSGQ_POOL=0: queues are created without the chunk pool, so large "
+        "messages go through the ring too")
+
+    def __init__(self, run_dir: str, prefix: str) -> None:
+        # Read by whichever process creates the queue (each benchmark process is fresh).
+        os.environ["MSGQ_POOL"] = "0"
+        super().__init__(run_dir, prefix)
 
 
 class MsgqZmqBackend(MsgqBackend):
@@ -640,5 +656,6 @@ class Iceoryx2Backend(Backend):
 #: Backend name -> adapter class.
 BACKENDS: dict[str, type[Backend]] = {
     cls.name: cls
-    for cls in (MsgqBackend, MsgqZmqBackend, PyzmqBackend, KickmsgBackend, Iceoryx2Backend)
+    for cls in (MsgqBackend, MsgqRingBackend, MsgqZmqBackend, PyzmqBackend, KickmsgBackend,
+                Iceoryx2Backend)
 }

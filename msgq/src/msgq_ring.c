@@ -483,11 +483,20 @@ static inline uint32_t chunk_granule(const msgq_pool_publisher *pool, uint32_t c
   return chunk * pool->chunk_granules;
 }
 
+/* Granules a message of `size` bytes spans (at least one). */
+static inline uint32_t granules_spanned(const msgq_ring *ring, uint32_t size) {
+  uint64_t n = ((uint64_t)size + ((uint64_t)1 << ring->granule_shift) - 1u) >> ring->granule_shift;
+  return n ? (uint32_t)n : 1u;
+}
+
 /* Cuts the granules into chunks of at least `size` bytes (P3): a quarter more than the
  * chunks so far, so that a stream of growing messages is re-cut a few times only, and
- * no more than MSGQ_POOL_MAX_CHUNKS of them. Every granule's sequence moves to a new
- * even value first, so no descriptor of the old cut can pass its check against a chunk
- * of the new one (P2); the release fence orders that before any byte of the new cut. */
+ * no more than MSGQ_POOL_MAX_CHUNKS of them. Nothing in shared memory changes: every
+ * write marks each granule it covers (P2), so a descriptor of the old cut fails its
+ * check once any byte of it is rewritten, and not before. The chunks that overlap
+ * messages still in flight go to the bottom of the free stack, so readers keep them as
+ * long as the pool allows. The first cut of a publisher (also after a takeover, P6)
+ * starts the write counter past every value in the table. */
 static void pool_cut(msgq_publisher *pub, uint32_t size) {
   msgq_ring *ring = &pub->ring;
   msgq_pool_publisher *pool = &pub->pool;
@@ -501,26 +510,39 @@ static void pool_cut(msgq_publisher *pub, uint32_t size) {
   uint64_t granules = (want + granule - 1u) >> ring->granule_shift;
   /* At least two chunks (always possible for a message up to msgq_ring_max_message). */
   if (granules > ring->pool_granules / 2u) granules = ring->pool_granules / 2u;
-  if (pool->chunk_size) pool->recuts++;
-  /* The write counter goes on past every value in the table (a previous publisher's
-   * too), and every word gets a value no descriptor carries. */
-  uint64_t highest = 0;
-  for (uint32_t g = 0; g < ring->pool_granules; g++) {
-    uint64_t counter = atomic_load_explicit(&ring->pool_seq[g], memory_order_relaxed) >> 33;
-    if (counter > highest) highest = counter;
+
+  uint64_t in_flight[MSGQ_POOL_MAX_GRANULES / 64u] = {0};
+  if (pool->chunk_size) {
+    pool->recuts++;
+    for (uint32_t k = 0; k < pool->fifo_count; k++) {
+      uint32_t first = chunk_granule(pool, pool->fifo_chunk[(pool->fifo_head + k) %
+                                                            MSGQ_POOL_MAX_CHUNKS]);
+      for (uint32_t g = first; g < first + pool->chunk_granules; g++)
+        in_flight[g / 64u] |= UINT64_C(1) << (g % 64u);
+    }
+  } else {
+    uint64_t highest = 0;
+    for (uint32_t g = 0; g < ring->pool_granules; g++) {
+      uint64_t c = atomic_load_explicit(&ring->pool_seq[g], memory_order_relaxed) >> 33;
+      if (c > highest) highest = c;
+    }
+    pool->next_counter = (highest + 1u) & POOL_COUNTER_MASK;
   }
-  if (pool->next_counter > highest) highest = pool->next_counter;
-  const uint64_t cut = (highest + 1u) & POOL_COUNTER_MASK;
-  for (uint32_t g = 0; g < ring->pool_granules; g++)
-    atomic_store_explicit(&ring->pool_seq[g], cut << 33, memory_order_relaxed);
-  atomic_thread_fence(memory_order_release);
-  pool->next_counter = (cut + 1u) & POOL_COUNTER_MASK;
   pool->chunk_granules = (uint32_t)granules;
   pool->chunk_size = (uint32_t)(granules << ring->granule_shift);
   pool->num_chunks = ring->pool_granules / (uint32_t)granules;
   if (pool->num_chunks > MSGQ_POOL_MAX_CHUNKS) pool->num_chunks = MSGQ_POOL_MAX_CHUNKS;
   pool->free_count = 0;
-  for (uint32_t c = pool->num_chunks; c-- > 0;) pool->free_stack[pool->free_count++] = (uint16_t)c;
+  for (int pass = 0; pass < 2; pass++) {
+    /* Pass 0 stacks the chunks over in-flight messages (bottom), pass 1 the others, the
+     * first chunk on top. */
+    for (uint32_t c = pool->num_chunks; c-- > 0;) {
+      bool busy = false;
+      for (uint32_t g = c * pool->chunk_granules; g < (c + 1u) * pool->chunk_granules; g++)
+        busy |= (in_flight[g / 64u] >> (g % 64u)) & 1u;
+      if (busy == (pass == 0)) pool->free_stack[pool->free_count++] = (uint16_t)c;
+    }
+  }
   pool->fifo_head = 0;
   pool->fifo_count = 0;
 }
@@ -564,59 +586,79 @@ static void pool_retire(msgq_publisher *pub) {
   }
 }
 
-/* Whether a live reader slot pins the chunk starting at granule g (P4). seq_cst: the
- * publisher's store of the chunk's odd sequence before this load, and the reader's pin
- * store before its sequence load, cannot both miss each other. */
-static bool chunk_pinned(const msgq_header *h, uint32_t g) {
+/* Whether a live reader slot pins a message overlapping granules [g, g + n) (P4). */
+static bool chunk_pinned(const msgq_header *h, uint32_t g, uint32_t n) {
   for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++) {
     const msgq_reader_slot *slot = &h->readers[i];
-    if (atomic_load_explicit(&slot->pinned_chunk, memory_order_seq_cst) != g + 1u) continue;
-    if (atomic_load_explicit(&slot->owner_pid, memory_order_relaxed) != 0) return true;
+    if (atomic_load_explicit(&slot->owner_pid, memory_order_relaxed) == 0) continue;
+    uint32_t pin = atomic_load_explicit(&slot->pinned_chunk, memory_order_relaxed);
+    if (pin == 0) continue;
+    uint32_t first = (pin & 0xFFFFu) - 1u, count = pin >> 16;
+    if (first < g + n && g < first + count) return true;
   }
   return false;
 }
 
-/* Starts writing a `size`-byte message into chunk c: its first granule's sequence word
- * becomes the next write counter, the size and the odd "being written" bit (P2). */
-static uint64_t chunk_begin_write(msgq_publisher *pub, uint32_t c, uint32_t size) {
+/* Starts writing a `size`-byte message into chunk c (P2, P4): every granule of the chunk
+ * gets the odd word of this write (the next counter, the size, the "being written" bit);
+ * then, behind a seq_cst fence, the pins are looked at. A pinned chunk (only looked for
+ * when `may_skip`) gets its old words back and 0 is returned; else the odd word, after a
+ * release fence that orders it before every byte written into the chunk. */
+static uint64_t chunk_begin_write(msgq_publisher *pub, uint32_t c, uint32_t size,
+                                  bool may_skip) {
   msgq_pool_publisher *pool = &pub->pool;
-  _Atomic uint64_t *seq = &pub->ring.pool_seq[chunk_granule(pool, c)];
-  uint64_t odd = pool_sequence(pool->next_counter, size) | 1u;
+  _Atomic uint64_t *words = &pub->ring.pool_seq[chunk_granule(pool, c)];
+  const uint32_t n = pool->chunk_granules;
+  uint64_t saved[MSGQ_POOL_MAX_GRANULES / 2u];
+  const uint64_t odd = pool_sequence(pool->next_counter, size) | 1u;
+  for (uint32_t i = 0; i < n; i++) {
+    saved[i] = atomic_load_explicit(&words[i], memory_order_relaxed);
+    atomic_store_explicit(&words[i], odd, memory_order_relaxed);
+  }
+  /* seq_cst fence: our word stores before the pin loads; pairs with the fence between a
+   * reader's pin store and its word loads (peek): one side sees the other. */
+  atomic_thread_fence(memory_order_seq_cst);
+  if (may_skip && chunk_pinned(pub->ring.header, chunk_granule(pool, c), n)) {
+    /* Nothing was written: the words go back, and a reader that saw the odd ones
+     * meanwhile took its message for overwritten (a lost message, never a torn one). */
+    for (uint32_t i = 0; i < n; i++)
+      atomic_store_explicit(&words[i], saved[i], memory_order_relaxed);
+    return 0;
+  }
   pool->next_counter = (pool->next_counter + 1u) & POOL_COUNTER_MASK;
-  /* seq_cst: before the pin loads of chunk_pinned (P4); and (as a release fence would)
-   * before every byte written into the chunk after it (P2). */
-  atomic_store_explicit(seq, odd, memory_order_seq_cst);
   atomic_thread_fence(memory_order_release);
   return odd;
 }
 
-/* Takes a chunk for a new message: the most recently freed one; when none is free
- * (a reader is behind by the whole pool), the oldest in-flight chunk that no reader
- * pins (that reader is lapped, P5); when every one is pinned, the oldest anyway (the
- * pinned view then reads as overwritten, as a lapped view of the ring does). Never
- * waits. Returns the chunk, its odd sequence in *seq_out. */
+/* Takes a chunk for a new message: the most recently freed one that no reader pins;
+ * when none is free (a reader is behind by the whole pool), the oldest in-flight chunk
+ * that no reader pins (that reader is lapped, P5); when every one is pinned, the oldest
+ * anyway (its view then reads as overwritten, as a lapped view of the ring does). Never
+ * waits. Returns the chunk, its odd sequence word in *seq_out. */
 static uint32_t pool_take(msgq_publisher *pub, uint32_t size, uint64_t *seq_out) {
   msgq_pool_publisher *pool = &pub->pool;
-  const msgq_header *h = pub->ring.header;
   pool_retire(pub);
-  if (pool->free_count) {
+  /* Free chunks first, from the top; a pinned one (a reader of a message the last
+   * re-cut left there) moves to the bottom. */
+  for (uint32_t tries = pool->free_count; tries > 0; tries--) {
     uint32_t c = pool->free_stack[--pool->free_count];
-    *seq_out = chunk_begin_write(pub, c, size);
-    return c;
+    uint64_t odd = chunk_begin_write(pub, c, size, true);
+    if (odd) {
+      *seq_out = odd;
+      return c;
+    }
+    memmove(&pool->free_stack[1], &pool->free_stack[0],
+            pool->free_count * sizeof pool->free_stack[0]);
+    pool->free_stack[0] = (uint16_t)c;
+    pool->free_count++;
   }
   pool->laps++;
   for (uint32_t k = 0; k < pool->fifo_count; k++) {
     uint32_t at = (pool->fifo_head + k) % MSGQ_POOL_MAX_CHUNKS;
     uint32_t c = pool->fifo_chunk[at];
-    uint32_t g = chunk_granule(pool, c);
-    uint64_t before = atomic_load_explicit(&pub->ring.pool_seq[g], memory_order_relaxed);
-    uint64_t odd = chunk_begin_write(pub, c, size);
-    if (k + 1u < pool->fifo_count && chunk_pinned(h, g)) {
-      /* Pinned: give the reader its chunk back untouched (nothing was written; a
-       * reader that saw the odd value meanwhile took its copy for overwritten). */
-      atomic_store_explicit(&pub->ring.pool_seq[g], before, memory_order_release);
-      continue;
-    }
+    const bool last = k + 1u == pool->fifo_count && pool->free_count == 0;
+    uint64_t odd = chunk_begin_write(pub, c, size, !last);
+    if (!odd) continue;
     /* Out of the FIFO: the entries before it move up by one. */
     for (uint32_t j = k; j > 0; j--) {
       uint32_t to = (pool->fifo_head + j) % MSGQ_POOL_MAX_CHUNKS;
@@ -629,7 +671,10 @@ static uint32_t pool_take(msgq_publisher *pub, uint32_t size, uint64_t *seq_out)
     *seq_out = odd;
     return c;
   }
-  return UINT32_MAX; /* unreachable: every chunk is free, in flight or this one */
+  /* Every chunk pinned, and the free ones too: the top free one anyway. */
+  uint32_t c = pool->free_stack[--pool->free_count];
+  *seq_out = chunk_begin_write(pub, c, size, false);
+  return c;
 }
 
 /* A chunk that carries no published message goes back on top of the free stack. */
@@ -677,9 +722,11 @@ static int pool_commit(msgq_publisher *pub) {
   uint64_t prefix = MSGQ_POOL_DESCRIPTOR_SIZE | MSGQ_POOL_DESCRIPTOR_BIT;
   if (ring->flags & MSGQ_FLAG_CHECKSUM) prefix |= (uint64_t)msgq_crc32c(payload, size) << 32;
   const uint64_t seq = pool->reserved_seq & ~(uint64_t)1u; /* written: even */
-  /* release: the chunk's bytes before its even sequence (and before the descriptor,
+  /* release fence: the chunk's bytes before its even words (and before the descriptor,
    * which write_pointer's release publishes). */
-  atomic_store_explicit(&ring->pool_seq[g], seq, memory_order_release);
+  atomic_thread_fence(memory_order_release);
+  for (uint32_t i = 0; i < pool->chunk_granules; i++)
+    atomic_store_explicit(&ring->pool_seq[g + i], seq, memory_order_relaxed);
   void *at;
   int r = check_owner(pub);
   if (r == 0) r = ring_reserve(pub, MSGQ_POOL_DESCRIPTOR_SIZE, &at);
@@ -784,6 +831,18 @@ static inline void refresh_write_pointer(msgq_subscriber *sub) {
   sub->seen_write_pointer =
       not_behind(load_write_pointer(sub->ring.header, sub->seen_write_pointer),
                  sub->read_pointer);
+}
+
+/* Whether every granule the peeked message spans still carries the sequence word its
+ * descriptor named (P2). */
+static bool granules_hold(const msgq_subscriber *sub) {
+  const msgq_ring *ring = &sub->ring;
+  const uint32_t n = granules_spanned(ring, sub->peeked_size);
+  for (uint32_t i = 0; i < n; i++)
+    if (atomic_load_explicit(&ring->pool_seq[sub->peeked_granule + i], memory_order_relaxed) !=
+        sub->peeked_seq)
+      return false;
+  return true;
 }
 
 /* Ends this reader's pin of a chunk (P4). release: our reads of the chunk come before. */
@@ -987,14 +1046,19 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
     sub->next_read_pointer = next;
     sub->peeked_checksum = (uint32_t)(prefix >> 32);
     if (pooled) {
-      /* Pin, then check that the chunk still holds this message (P4). seq_cst on both:
-       * pairs with the publisher's odd-sequence store and pin loads in pool_take, so
-       * either it sees our pin or we see its sequence. */
+      /* Pin, then check that the granules still hold this message (P4). The seq_cst
+       * fence pairs with the one in chunk_begin_write: either the publisher sees our
+       * pin, or we see its odd words. */
       msgq_reader_slot *slot = &sub->ring.header->readers[sub->slot];
-      atomic_store_explicit(&slot->pinned_chunk, granule + 1u, memory_order_seq_cst);
+      const uint32_t span = granules_spanned(ring, pooled_size);
+      atomic_store_explicit(&slot->pinned_chunk, (span << 16) | (granule + 1u),
+                            memory_order_relaxed);
+      atomic_thread_fence(memory_order_seq_cst);
       sub->peeked_pool = true;
-      if (atomic_load_explicit(&ring->pool_seq[granule], memory_order_seq_cst) !=
-          descriptor[1]) {
+      sub->peeked_granule = granule;
+      sub->peeked_seq = descriptor[1];
+      sub->peeked_size = pooled_size;
+      if (!granules_hold(sub)) {
         /* Reused already: this reader was lapped (P5). Only this message is lost; the
          * next descriptors name newer chunks, which may still hold theirs. */
         unpin(sub);
@@ -1002,9 +1066,6 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
         store_read_pointer(sub, next);
         continue;
       }
-      sub->peeked_granule = granule;
-      sub->peeked_seq = descriptor[1];
-      sub->peeked_size = pooled_size;
       *payload = ring->pool_data + ((uint64_t)granule << ring->granule_shift);
       *size = pooled_size;
       return 1;
@@ -1022,8 +1083,7 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
  * (seqlock reader side; pairs with the release fence in chunk_begin_write). Unpins. */
 static bool chunk_intact(msgq_subscriber *sub) {
   atomic_thread_fence(memory_order_acquire);
-  bool intact = atomic_load_explicit(&sub->ring.pool_seq[sub->peeked_granule],
-                                     memory_order_relaxed) == sub->peeked_seq;
+  bool intact = granules_hold(sub);
   unpin(sub);
   return intact;
 }

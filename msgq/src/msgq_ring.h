@@ -59,6 +59,24 @@
  *     messages, as being overtaken does.
  *     docs/ring.md has the argument and the crash windows.
  *
+ * The chunk pool (MSGQ_FLAG_POOL; docs/ring.md has the argument and crash windows):
+ *  P1 A descriptor is a ring message of MSGQ_POOL_DESCRIPTOR_SIZE bytes whose prefix has
+ *     MSGQ_POOL_DESCRIPTOR_BIT set; its words are trusted only after I3 and range checks.
+ *  P2 A chunk's sequence word (its first granule's) is counter | size | writing-bit: odd
+ *     (seq_cst, then a release fence) before any byte of a write, even (release) before
+ *     the descriptor is published. A reader's copy or view is intact when the word,
+ *     reloaded after an acquire fence, equals the descriptor's. Counters are pool-wide.
+ *  P3 Only the publisher hands chunks out and takes them back (process memory: a LIFO
+ *     free stack, a FIFO in flight). A chunk is freed once every claimed reader slot
+ *     reports a position past its descriptor.
+ *  P4 A reader pins its chunk in its slot (seq_cst) before checking the word (seq_cst);
+ *     a publisher taking a chunk from under a reader stores the odd word (seq_cst)
+ *     before looking at the pins, and restores it when the chunk is pinned.
+ *  P5 The publisher never waits: with no chunk free it takes the oldest in-flight chunk
+ *     nobody pins (the oldest anyway when all are); that reader skips the message.
+ *  P6 A new publisher re-cuts at its first pooled send and moves every word past the
+ *     highest counter, so nothing an earlier publisher left passes a check.
+ *
  * Every value read from the segment is untrusted: offsets, sizes and the header are
  * bounds-checked, and a bad value resets the reader instead of reading out of bounds. */
 #ifndef MSGQ_RING_H
