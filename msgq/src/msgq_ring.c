@@ -71,9 +71,7 @@ uint32_t msgq_ring_max_message_size(uint32_t capacity) {
   return per_message >= 8u ? (uint32_t)(per_message - 8u) : 0u;
 }
 
-uint32_t msgq_ring_max_message(const msgq_ring *ring) {
-  return msgq_ring_max_message_size(ring->segment_size);
-}
+uint32_t msgq_ring_max_message(const msgq_ring *ring) { return ring->max_message; }
 
 static inline uint64_t align64(uint64_t n) { return (n + 63u) & ~(uint64_t)63u; }
 
@@ -174,6 +172,8 @@ int msgq_ring_attach(msgq_ring *ring, void *mem, size_t size) {
   ring->flags = h->flags;
   ring->map_size = size;
   ring->segment_size = h->capacity;
+  ring->max_message = msgq_ring_max_message_size(h->capacity);
+  ring->max_inline = msgq_ring_max_message_size(h->ring_capacity);
   if (h->flags & MSGQ_FLAG_POOL) {
     /* validate_header checked that ring, table and granules fill the segment exactly. */
     ring->pool_granules = h->pool_granules;
@@ -553,7 +553,7 @@ static void pool_cut(msgq_publisher *pub, uint32_t size) {
  * chunk: it stays inline, where it fits). */
 static bool goes_to_pool(const msgq_publisher *pub, uint32_t size) {
   if (!pub->ring.pool_granules) return false;
-  if (size > msgq_ring_max_message_size(pub->ring.capacity)) return true;
+  if (size > pub->ring.max_inline) return true;
   return size >= MSGQ_POOL_THRESHOLD && size >= pub->pool.chunk_size / 4u;
 }
 
@@ -686,8 +686,8 @@ int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
   msgq_ring *ring = &pub->ring;
   int r = check_owner(pub);
   if (r < 0) return r;
-  if (size > msgq_ring_max_message(ring)) return MSGQ_ETOOLARGE;
-  msgq_publisher_abort(pub); /* a reservation left open is dropped */
+  if (size > ring->max_message) return MSGQ_ETOOLARGE;
+  if (pub->reserved) msgq_publisher_abort(pub); /* a reservation left open is dropped */
   if (goes_to_pool(pub, size)) {
     msgq_pool_publisher *pool = &pub->pool;
     if (size > pool->chunk_size) pool_cut(pub, size);

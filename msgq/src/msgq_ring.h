@@ -62,20 +62,22 @@
  * The chunk pool (MSGQ_FLAG_POOL; docs/ring.md has the argument and crash windows):
  *  P1 A descriptor is a ring message of MSGQ_POOL_DESCRIPTOR_SIZE bytes whose prefix has
  *     MSGQ_POOL_DESCRIPTOR_BIT set; its words are trusted only after I3 and range checks.
- *  P2 A chunk's sequence word (its first granule's) is counter | size | writing-bit: odd
- *     (seq_cst, then a release fence) before any byte of a write, even (release) before
- *     the descriptor is published. A reader's copy or view is intact when the word,
- *     reloaded after an acquire fence, equals the descriptor's. Counters are pool-wide.
+ *  P2 A write stores its sequence word (counter | size | writing-bit; counters are
+ *     pool-wide) odd in every granule of its chunk, then a release fence, before any
+ *     byte; after the bytes, a release fence and the even word in every granule, before
+ *     the descriptor is published. A reader's copy or view is intact when, after an
+ *     acquire fence, every granule it spans still carries the descriptor's word.
  *  P3 Only the publisher hands chunks out and takes them back (process memory: a LIFO
  *     free stack, a FIFO in flight). A chunk is freed once every claimed reader slot
  *     reports a position past its descriptor.
- *  P4 A reader pins its chunk in its slot (seq_cst) before checking the word (seq_cst);
- *     a publisher taking a chunk from under a reader stores the odd word (seq_cst)
- *     before looking at the pins, and restores it when the chunk is pinned.
+ *  P4 A reader pins its granule range in its slot, then a seq_cst fence, then checks
+ *     the words; a publisher stores a candidate chunk's odd words, then a seq_cst
+ *     fence, then reads the pins, and restores the words when the chunk is pinned.
  *  P5 The publisher never waits: with no chunk free it takes the oldest in-flight chunk
  *     nobody pins (the oldest anyway when all are); that reader skips the message.
- *  P6 A new publisher re-cuts at its first pooled send and moves every word past the
- *     highest counter, so nothing an earlier publisher left passes a check.
+ *  P6 A new publisher starts with every chunk free and a write counter past every
+ *     word in the table; nothing an earlier publisher left passes a check once its
+ *     granules are rewritten, and a chunk it died writing (odd words) never does.
  *
  * Every value read from the segment is untrusted: offsets, sizes and the header are
  * bounds-checked, and a bad value resets the reader instead of reading out of bounds. */
@@ -219,6 +221,10 @@ typedef struct {
   uint32_t pool_granules;
   uint32_t granule_shift;
   uint64_t pool_size; /* bytes of pool_data */
+  /* Set at attach so that a send divides nothing: the largest message of the queue
+   * (msgq_ring_max_message) and the largest the ring itself takes. */
+  uint32_t max_message;
+  uint32_t max_inline;
 } msgq_ring;
 
 /* Formats `size` bytes at mem as an empty queue (size = header + capacity) with the

@@ -503,7 +503,11 @@ static void test_reader_killed_holding_a_view(void) {
 
 /* --- threaded stress: pooled messages, copying and viewing readers ------------------ */
 
+#if defined(__SANITIZE_THREAD__)
+#define STRESS_MESSAGES 1500 /* every access is instrumented: keep the run to seconds */
+#else
 #define STRESS_MESSAGES 6000
+#endif
 #define STRESS_READERS 3
 
 typedef struct {
