@@ -29,7 +29,7 @@ FLAG_POOL = 2
 def shm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MSGQ_BACKEND", "msgq")
     monkeypatch.delenv("ZMQ", raising=False)
-    monkeypatch.delenv("MSGQ_POOL", raising=False)
+    monkeypatch.setenv("MSGQ_POOL", "1")  # off by default (docs/ring.md)
 
 
 def message(seq: int, size: int) -> bytes:

@@ -34,7 +34,7 @@ INTO_SIZES: tuple[int, ...] = (64 * KIB, MIB)
 RTT_SIZES: tuple[int, ...] = (8, 64 * KIB)
 #: Every backend the benchmark knows, in table order; pyzmq is the reference of the ratios.
 BACKEND_ORDER: tuple[str, ...] = (
-    "msgq", "msgq-ring", "msgq-zmq", "pyzmq", "kickmsg", "iceoryx2")
+    "msgq", "msgq-pool", "msgq-zmq", "pyzmq", "kickmsg", "iceoryx2")
 REFERENCE = "pyzmq"
 TESTS: tuple[str, ...] = ("throughput", "recv_into", "view", "rtt", "rtt_async")
 #: Payload sizes of the asyncio round-trip rows.
@@ -300,18 +300,18 @@ class MsgqBackend(Backend):
         self.sockets.clear()
 
 
-class MsgqRingBackend(MsgqBackend):
-    """msgq without the chunk pool (``MSGQ_POOL=0``): every message in the ring, as before
-    the pool, for a before/after comparison in one run."""
+class MsgqPoolBackend(MsgqBackend):
+    """msgq with the chunk pool (``MSGQ_POOL=1``, off by default): messages of 16 KiB and
+    more in chunks, for a comparison with the ring alone in one run."""
 
-    name = "msgq-ring"
+    name = "msgq-pool"
     io_note = (
-        "as msgq, with MSGQ_POOL=0: queues are created without the chunk pool, so large "
-        "messages go through the ring too")
+        "as msgq, with MSGQ_POOL=1: queues are created with the chunk pool, so messages "
+        "of 16 KiB and more go into chunks and the ring carries their descriptors")
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         # Read by whichever process creates the queue (each benchmark process is fresh).
-        os.environ["MSGQ_POOL"] = "0"
+        os.environ["MSGQ_POOL"] = "1"
         super().__init__(run_dir, prefix)
 
 
@@ -656,6 +656,6 @@ class Iceoryx2Backend(Backend):
 #: Backend name -> adapter class.
 BACKENDS: dict[str, type[Backend]] = {
     cls.name: cls
-    for cls in (MsgqBackend, MsgqRingBackend, MsgqZmqBackend, PyzmqBackend, KickmsgBackend,
+    for cls in (MsgqBackend, MsgqPoolBackend, MsgqZmqBackend, PyzmqBackend, KickmsgBackend,
                 Iceoryx2Backend)
 }

@@ -16,8 +16,8 @@ _Static_assert(sizeof(msgq_header) == MSGQ_CACHE_LINE * (3 + MSGQ_READER_SLOTS),
                "header layout");
 _Static_assert(MSGQ_READER_SLOTS <= 64, "waiting_readers is a 64-bit mask");
 _Static_assert(MSGQ_POOL_MAX_CHUNKS <= 65536, "chunk indices are 16-bit");
-_Static_assert(MSGQ_POOL_MIN_SEGMENT / 8u >= 3u * (MSGQ_POOL_THRESHOLD + 16u),
-               "the ring of a pooled segment holds every message below the threshold");
+_Static_assert(MSGQ_POOL_MIN_SEGMENT / 8u >= 3u * (MSGQ_POOL_DESCRIPTOR_SIZE + 16u),
+               "the ring of a pooled segment holds descriptors");
 
 /* Before a subscriber sleeps on the futex it looks for data a little longer, because a
  * futex sleep and wake costs tens of microseconds on a virtual machine:

@@ -117,16 +117,19 @@
  * the granules into equal chunks (whole granules, at most MSGQ_POOL_MAX_CHUNKS) sized by
  * the messages it sends. */
 #define MSGQ_POOL_MIN_SEGMENT (1u << 20)
-/* Whether new queues get a pool unless $MSGQ_POOL says (queue_file.c). */
+/* Whether new queues get a pool unless $MSGQ_POOL says (queue_file.c). Off: the ring
+ * of a pooled queue is an eighth of the segment, so a stream of small messages keeps an
+ * eighth of the buffering it had (docs/ring.md, "Why the pool is off by default"). */
 #ifndef MSGQ_POOL_DEFAULT
-#define MSGQ_POOL_DEFAULT 1
+#define MSGQ_POOL_DEFAULT 0
 #endif
 #define MSGQ_POOL_MIN_GRANULE_SHIFT 12u
 #define MSGQ_POOL_MAX_GRANULE_SHIFT 24u
 #define MSGQ_POOL_MAX_GRANULES 4096u
 #define MSGQ_POOL_MAX_CHUNKS 256u
-/* Messages of at least this many bytes go to the pool (smaller ones stay inline, where a
- * copy is cheaper than a descriptor, a pin and a second cache line). */
+/* Messages of at least this many bytes go to the pool, and any message too large for
+ * the queue's ring (smaller ones stay inline, where a copy is cheaper than a descriptor,
+ * a pin and a second cache line). */
 #define MSGQ_POOL_THRESHOLD (16u * 1024u)
 /* Bit of a ring prefix's size field marking a chunk descriptor: the ring message is
  * MSGQ_POOL_DESCRIPTOR_SIZE bytes (granule, payload size, sequence), the CRC32C (if any)

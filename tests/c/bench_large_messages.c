@@ -6,7 +6,7 @@
  * WINDOW messages ahead of the subscriber, as in `python -m msgq.bench`.
  *
  * Rows of the real protocol: the ring alone (a queue created with MSGQ_POOL=0) and the
- * ring with its chunk pool (the default: 1 MiB messages go into chunks, docs/ring.md P1).
+ * ring with its chunk pool (MSGQ_FLAG_POOL: 1 MiB messages go into chunks, docs/ring.md P1).
  *
  * Models (plain memory, no protocol, so they show the bound the memory system sets):
  *   FIFO slots   the ring's access pattern: every message on the bytes written a whole

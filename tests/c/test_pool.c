@@ -21,6 +21,8 @@
 #include "check.h"
 
 #define SEGMENT (2u * 1024u * 1024u)
+/* A message the pool takes in a queue of SEGMENT bytes (beyond its ring's largest). */
+#define BIG 131072u
 
 /* A pooled queue in a shared anonymous mapping (so forked children share it). */
 typedef struct {
@@ -147,17 +149,20 @@ static void test_round_trip_and_lifo_reuse(void) {
   CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
   const uint32_t max = msgq_ring_max_message(&q.ring) & ~7u;
   /* Small inline, large in the pool, the largest in the pool. */
-  const uint32_t sizes[] = {64, 16384, 65536, max, 256};
+  /* 128 KiB is beyond this ring's largest inline message, so it goes to the pool too. */
+  const uint32_t sizes[] = {64, 16384, 131072, max, 256};
   for (unsigned i = 0; i < 5; i++) {
     CHECK(send_seq(&pub, i + 1u, sizes[i]) == 0);
     const uint8_t *payload;
     uint32_t size;
     CHECK(msgq_subscriber_peek(&sub, &payload, &size) == 1);
-    CHECK(in_pool(&q.ring, payload) == (sizes[i] >= MSGQ_POOL_THRESHOLD));
+    CHECK(in_pool(&q.ring, payload) ==
+          (sizes[i] >= MSGQ_POOL_THRESHOLD || sizes[i] > q.ring.max_inline));
     CHECK(whole(payload, size, sizes[i]) == i + 1u);
     CHECK(msgq_subscriber_release_view(&sub) == 1);
   }
-  CHECK(pub.pool.sends == 3);
+  CHECK(q.ring.max_inline < 131072);
+  CHECK(pub.pool.sends == 2u + (16384 >= MSGQ_POOL_THRESHOLD));
   /* A message much smaller than the chunks cut so far stays inline. */
   CHECK(send_seq(&pub, 6, 65536) == 0);
   {
@@ -177,7 +182,7 @@ static void test_round_trip_and_lifo_reuse(void) {
   const uint8_t *first = NULL;
   int same = 0;
   for (uint64_t seq = 10; seq < 110; seq++) {
-    CHECK(send_seq(&pub, seq, 65536) == 0);
+    CHECK(send_seq(&pub, seq, BIG) == 0);
     const uint8_t *payload;
     uint32_t size;
     CHECK(msgq_subscriber_peek(&sub, &payload, &size) == 1);
@@ -200,7 +205,7 @@ static void test_recut_keeps_messages_in_flight(void) {
   msgq_publisher_init(&pub, &q.ring);
   CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
   static uint8_t buf[SEGMENT];
-  const uint32_t sizes[] = {16384, 65536, 131072, 65536, 262144, 16384};
+  const uint32_t sizes[] = {98304, BIG, 98304, 163840, BIG, 98304};
   for (unsigned i = 0; i < 6; i++) CHECK(send_seq(&pub, i + 1u, sizes[i]) == 0);
   CHECK(pub.pool.recuts >= 2);
   for (unsigned i = 0; i < 6; i++)
@@ -218,16 +223,16 @@ static void test_lapped_reader_is_reset_never_torn(void) {
   msgq_subscriber sub;
   msgq_publisher_init(&pub, &q.ring);
   CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
-  CHECK(send_seq(&pub, 1, 65536) == 0);
+  CHECK(send_seq(&pub, 1, BIG) == 0);
   const uint32_t chunks = pub.pool.num_chunks;
   CHECK(chunks >= 8);
-  for (uint64_t seq = 2; seq <= 3u * chunks; seq++) CHECK(send_seq(&pub, seq, 65536) == 0);
+  for (uint64_t seq = 2; seq <= 3u * chunks; seq++) CHECK(send_seq(&pub, seq, BIG) == 0);
   CHECK(pub.pool.laps > 0);
-  static uint8_t buf[65536];
+  static uint8_t buf[BIG];
   uint64_t last = 0;
   long got, n = 0;
   while ((got = receive(&sub, buf, sizeof buf)) >= 0) {
-    uint64_t seq = whole(buf, got, 65536);
+    uint64_t seq = whole(buf, got, BIG);
     CHECK(seq > last);
     last = seq;
     n++;
@@ -246,14 +251,14 @@ static void test_pinned_view_is_not_lapped(void) {
   msgq_publisher_init(&pub, &q.ring);
   CHECK(msgq_subscriber_init(&a, &q.ring, false) == 0);
   CHECK(msgq_subscriber_init(&b, &q.ring, false) == 0);
-  const uint32_t len = 65536;
+  const uint32_t len = BIG;
   CHECK(send_seq(&pub, 1, len) == 0);
   const uint8_t *pa;
   uint32_t size;
   CHECK(msgq_subscriber_peek(&a, &pa, &size) == 1); /* a holds a view of message 1 */
   CHECK(atomic_load(&q.ring.header->readers[a.slot].pinned_chunk) != 0);
   /* b keeps reading, so the pool turns over many times past a's pinned chunk. */
-  static uint8_t buf[65536];
+  static uint8_t buf[BIG];
   CHECK(whole(buf, receive(&b, buf, sizeof buf), len) == 1);
   for (uint64_t seq = 2; seq <= 10u * pub.pool.num_chunks; seq++) {
     CHECK(send_seq(&pub, seq, len) == 0);
@@ -308,10 +313,10 @@ static void test_checksummed_pool(void) {
   msgq_subscriber sub;
   msgq_publisher_init(&pub, &q.ring);
   CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
-  static uint8_t buf[65536];
-  CHECK(send_seq(&pub, 7, 65536) == 0);
-  CHECK(whole(buf, receive(&sub, buf, sizeof buf), 65536) == 7);
-  CHECK(send_seq(&pub, 8, 65536) == 0);
+  static uint8_t buf[BIG];
+  CHECK(send_seq(&pub, 7, BIG) == 0);
+  CHECK(whole(buf, receive(&sub, buf, sizeof buf), BIG) == 7);
+  CHECK(send_seq(&pub, 8, BIG) == 0);
   const uint8_t *p;
   uint32_t n;
   CHECK(msgq_subscriber_peek(&sub, &p, &n) == 1);
@@ -336,7 +341,7 @@ static void test_damaged_pool_metadata(void) {
   long delivered = 0, torn = 0;
   msgq_header *h = q.ring.header;
   for (uint64_t seq = 1; seq <= 3000; seq++) {
-    uint32_t len = 16384u + 8u * ((uint32_t)rand_r(&seed) % 8192u);
+    uint32_t len = 98304u + 8u * ((uint32_t)rand_r(&seed) % 8192u);
     CHECK(send_seq(&pub, seq, len) == 0);
     uint64_t last = atomic_load(&h->last_message);
     uint8_t *desc = q.ring.data + (uint32_t)last;
@@ -396,32 +401,32 @@ static void test_publisher_killed_mid_chunk(void) {
   if (child == 0) {
     msgq_publisher pub;
     msgq_publisher_init(&pub, &q.ring);
-    for (uint64_t seq = 1; seq <= 3; seq++) send_seq(&pub, seq, 65536);
+    for (uint64_t seq = 1; seq <= 3; seq++) send_seq(&pub, seq, BIG);
     void *dst;
-    if (msgq_publisher_reserve(&pub, 65536, &dst) == 0) memset(dst, 0xAB, 30000);
+    if (msgq_publisher_reserve(&pub, BIG, &dst) == 0) memset(dst, 0xAB, 30000);
     kill(getpid(), SIGKILL);
     _exit(1);
   }
   int status;
   waitpid(child, &status, 0);
   CHECK(WIFSIGNALED(status));
-  static uint8_t buf[65536];
+  static uint8_t buf[BIG];
   for (uint64_t seq = 1; seq <= 3; seq++)
-    CHECK(whole(buf, receive(&sub, buf, sizeof buf), 65536) == seq);
+    CHECK(whole(buf, receive(&sub, buf, sizeof buf), BIG) == seq);
   CHECK(receive(&sub, buf, sizeof buf) == -1); /* the half-written one is not there */
   /* One chunk's granules carry an odd word: the dead publisher was writing there. */
   int odd = 0;
   for (uint32_t g = 0; g < q.ring.pool_granules; g++) odd += atomic_load(&q.ring.pool_seq[g]) & 1u;
-  CHECK(odd == (int)(65536u >> q.ring.granule_shift));
+  CHECK(odd == (int)(BIG >> q.ring.granule_shift));
   msgq_publisher pub;
   msgq_publisher_init(&pub, &q.ring);
-  CHECK(send_seq(&pub, 10, 65536) == 0);
-  CHECK(whole(buf, receive(&sub, buf, sizeof buf), 65536) == 10);
+  CHECK(send_seq(&pub, 10, BIG) == 0);
+  CHECK(whole(buf, receive(&sub, buf, sizeof buf), BIG) == 10);
   /* Every chunk is used again: a reader that stops sees the whole pool turn over. */
   const uint8_t *seen[MSGQ_POOL_MAX_CHUNKS];
   uint32_t distinct = 0;
   for (uint64_t seq = 11; seq < 11u + pub.pool.num_chunks; seq++) {
-    CHECK(send_seq(&pub, seq, 65536) == 0);
+    CHECK(send_seq(&pub, seq, BIG) == 0);
   }
   const uint8_t *p;
   uint32_t n;
@@ -449,9 +454,9 @@ static void test_reader_killed_holding_a_view(void) {
   msgq_publisher_init(&pub, &q.ring);
   msgq_subscriber live;
   CHECK(msgq_subscriber_init(&live, &q.ring, false) == 0);
-  CHECK(send_seq(&pub, 1, 65536) == 0);
-  static uint8_t buf[65536];
-  CHECK(whole(buf, receive(&live, buf, sizeof buf), 65536) == 1);
+  CHECK(send_seq(&pub, 1, BIG) == 0);
+  static uint8_t buf[BIG];
+  CHECK(whole(buf, receive(&live, buf, sizeof buf), BIG) == 1);
   int status;
   /* A child that pins a message and is killed while holding the view. */
   int pipefd[2];
@@ -469,9 +474,9 @@ static void test_reader_killed_holding_a_view(void) {
   }
   char c;
   CHECK(read(pipefd[0], &c, 1) == 1 && c == 'r');
-  CHECK(send_seq(&pub, 2, 65536) == 0);
+  CHECK(send_seq(&pub, 2, BIG) == 0);
   CHECK(read(pipefd[0], &c, 1) == 1 && c == 'v');
-  CHECK(whole(buf, receive(&live, buf, sizeof buf), 65536) == 2);
+  CHECK(whole(buf, receive(&live, buf, sizeof buf), BIG) == 2);
   kill(child, SIGKILL);
   waitpid(child, &status, 0);
   close(pipefd[0]);
@@ -482,8 +487,8 @@ static void test_reader_killed_holding_a_view(void) {
   CHECK(pinned == 1);
   /* The dead reader is behind: sends lap rather than wait. */
   for (uint64_t seq = 3; seq < 3u + 2u * pub.pool.num_chunks; seq++) {
-    CHECK(send_seq(&pub, seq, 65536) == 0);
-    CHECK(whole(buf, receive(&live, buf, sizeof buf), 65536) == seq);
+    CHECK(send_seq(&pub, seq, BIG) == 0);
+    CHECK(whole(buf, receive(&live, buf, sizeof buf), BIG) == seq);
   }
   CHECK(pub.pool.laps > 0);
   CHECK(msgq_publisher_sweep(&pub) >= 1);
@@ -493,8 +498,8 @@ static void test_reader_killed_holding_a_view(void) {
   CHECK(pinned == 0);
   uint64_t laps = pub.pool.laps;
   for (uint64_t seq = 100; seq < 200; seq++) {
-    CHECK(send_seq(&pub, seq, 65536) == 0);
-    CHECK(whole(buf, receive(&live, buf, sizeof buf), 65536) == seq);
+    CHECK(send_seq(&pub, seq, BIG) == 0);
+    CHECK(whole(buf, receive(&live, buf, sizeof buf), BIG) == seq);
   }
   CHECK(pub.pool.laps == laps);
   msgq_subscriber_release(&live);
@@ -504,9 +509,9 @@ static void test_reader_killed_holding_a_view(void) {
 /* --- threaded stress: pooled messages, copying and viewing readers ------------------ */
 
 #if defined(__SANITIZE_THREAD__)
-#define STRESS_MESSAGES 1500 /* every access is instrumented: keep the run to seconds */
+#define STRESS_MESSAGES 600 /* every access is instrumented: keep the run to seconds */
 #else
-#define STRESS_MESSAGES 6000
+#define STRESS_MESSAGES 3000
 #endif
 #define STRESS_READERS 3
 
@@ -531,7 +536,7 @@ static void *stress_reader_main(void *arg) {
   msgq_subscriber sub;
   if (msgq_subscriber_init(&sub, r->ring, false) != 0) return NULL;
   atomic_store(&r->ready, 1);
-  uint8_t *buf = malloc(65536);
+  uint8_t *buf = malloc(BIG);
   uint64_t last = 0;
   for (;;) {
     uint64_t seq = 0;
@@ -550,10 +555,10 @@ static void *stress_reader_main(void *arg) {
       }
       if (seq == 0) r->torn++;
     } else {
-      long n = receive(&sub, buf, 65536);
+      long n = receive(&sub, buf, BIG);
       if (n < 0) {
         if (atomic_load(r->done)) {
-          if (receive(&sub, buf, 65536) < 0) break;
+          if (receive(&sub, buf, BIG) < 0) break;
           continue;
         }
         msgq_subscriber_wait(&sub, 1000000);
@@ -590,7 +595,7 @@ static void test_threaded_stress(void) {
   msgq_publisher_init(&pub, &q.ring);
   unsigned seed = 5;
   for (uint64_t seq = 1; seq <= STRESS_MESSAGES; seq++) {
-    uint32_t len = 16384u + 8u * ((uint32_t)rand_r(&seed) % 6144u);
+    uint32_t len = 98304u + 8u * ((uint32_t)rand_r(&seed) % 4096u);
     CHECK(send_seq(&pub, seq, len) == 0);
     if (rand_r(&seed) % 64 == 0) {
       int64_t deadline = os_monotonic_ns() + 50000000;
