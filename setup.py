@@ -144,12 +144,22 @@ extensions = [
         depends=sorted(glob.glob("visionipc/src/*.h")) + ["visionipc/_vipc_types.pxi"]
         + [p.replace(".c", ".h") for p in C_CORE],
     ),
-    # Typed Spark columns read straight from Cap'n Proto bytes (pycapnp is the fallback).
+    # The typed reader: fields read straight from Cap'n Proto bytes, every pointer checked
+    # (pycapnp is the fallback), for SubMaster's payload views and Spark's typed columns.
     Extension(
-        "msgq.spark._capnp_reader",
-        sources=["msgq/spark/_capnp_reader.pyx"],
+        "msgq.schemas._typed_reader",
+        sources=["schemas/_typed_reader.pyx"],
         extra_compile_args=extra_compile_args,
         extra_link_args=strip_args,
+    ),
+    # The log scanner: messages of a decompressed log split and peeked in C, in batches.
+    Extension(
+        "msgq.logs._scan",
+        sources=["msgq/logs/_scan.pyx", "msgq/logs/src/log_scan.c"],
+        include_dirs=["msgq/logs/src"],
+        extra_compile_args=extra_compile_args,
+        extra_link_args=strip_args,
+        depends=["msgq/logs/src/log_scan.h"],
     ),
     # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
     Extension(

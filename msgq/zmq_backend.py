@@ -55,16 +55,23 @@ from __future__ import annotations
 import asyncio
 import atexit
 import errno
+import fnmatch
+import itertools
 import logging
 import os
+import re
 import socket as _socket
+import threading
 import time
 import weakref
+from collections import Counter
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 try:
     import zmq
+    import zmq.utils.z85
     from zmq.utils.monitor import parse_monitor_message
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ImportError(
@@ -85,11 +92,19 @@ from msgq.schemas import selection, services
 __all__ = [
     "DEFAULT_BASE_PORT",
     "DEFAULT_PORT_SPAN",
+    "CLIENT_ENV",
+    "KEYS_ENV",
+    "ClientGrant",
     "Context",
+    "Keys",
     "Poller",
     "PubSocket",
     "SubSocket",
+    "ZapHandler",
+    "create_keys",
     "endpoint_port",
+    "keys_setting",
+    "load_keys",
 ]
 
 log = logging.getLogger("msgq.zmq")
@@ -218,6 +233,454 @@ def _tcp_host(address: str) -> str:
     return address
 
 
+# ---------------------------------------------------------------------------------------
+# CurveZMQ keys and permissions. libzmq does the cryptography (CURVE) and pyzmq the
+# certificate files (zmq.auth); this part only chooses keys and answers ZAP requests.
+
+#: The setting that turns CURVE on for every ZMQ socket of a process: a key directory.
+KEYS_ENV = "MSGQ_ZMQ_KEYS"
+#: Which client key of the key directory a subscriber uses (a name in DIR/clients).
+CLIENT_ENV = "MSGQ_ZMQ_CLIENT"
+#: Name of the publisher's (server's) key pair in a key directory.
+SERVER_KEY_NAME = "server"
+#: Folder of the client key pairs in a key directory.
+CLIENTS_FOLDER = "clients"
+#: The permissions file of a key directory (optional).
+PERMISSIONS_FILE = "permissions.toml"
+#: Where libzmq sends a CURVE server's authentication requests (RFC 27, ZAP).
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclass(frozen=True)
+class ClientGrant:
+    """What one client key may read: service names and VisionIPC streams
+    (``"NAME/STREAM"``) matching its glob patterns."""
+
+    name: str
+    public_key: bytes
+    services: tuple[str, ...] = ("*",)
+    vision: tuple[str, ...] = ("*",)
+
+    def may_read(self, service: str) -> bool:
+        """True when ``service`` matches one of the client's service patterns."""
+        return any(fnmatch.fnmatchcase(service, p) for p in self.services)
+
+    def may_watch(self, name: str, stream: int) -> bool:
+        """True when VisionIPC stream ``name/stream`` matches one of its vision patterns."""
+        return any(fnmatch.fnmatchcase(f"{name}/{stream}", p) for p in self.vision)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """A loaded key directory (see :func:`load_keys`)."""
+
+    directory: str
+    server_public: bytes
+    server_secret: bytes | None
+    client_name: str | None
+    client_public: bytes | None
+    client_secret: bytes | None
+    grants: dict[bytes, ClientGrant] = field(default_factory=dict)
+    #: Public keys of the client key files in DIR/clients, by name.
+    clients: dict[str, bytes] = field(default_factory=dict)
+    #: Why this process has no client key to use (when it has none).
+    client_problem: str = ""
+
+    def grant(self, public_key: bytes) -> ClientGrant | None:
+        """The grant of a client's public key (Z85), None for a key not allowed at all."""
+        return self.grants.get(public_key)
+
+    def server_secret_or_raise(self) -> bytes:
+        """The publisher's secret key, or ValueError saying how to get one."""
+        if self.server_secret is None:
+            raise ValueError(
+                f"{self.directory}: no {SERVER_KEY_NAME}.key_secret, so this process cannot "
+                "publish with keys; copy it from the key directory made by `msgq keys init`")
+        return self.server_secret
+
+    def client_keys_or_raise(self) -> tuple[bytes, bytes]:
+        """This process's client key pair, or ValueError saying which to choose."""
+        if self.client_public is None or self.client_secret is None:
+            raise ValueError(self.client_problem)
+        return self.client_public, self.client_secret
+
+
+def _check_secret_mode(path: str) -> None:
+    mode = os.stat(path).st_mode & 0o777
+    if mode & 0o077:
+        raise ValueError(f"{path} can be read by other users (mode {mode:o}); "
+                         f"run chmod 600 {path}")
+
+
+def _load_pair(path_public: str) -> tuple[bytes, bytes | None]:
+    """The public key of ``NAME.key`` and the secret of ``NAME.key_secret`` beside it
+    (None when absent)."""
+    import zmq.auth  # only a process with keys reads certificate files
+
+    secret_path = path_public + "_secret"
+    if os.path.exists(secret_path):
+        _check_secret_mode(secret_path)
+        public, secret = zmq.auth.load_certificate(secret_path)
+        return public, secret
+    public, _ = zmq.auth.load_certificate(path_public)
+    return public, None
+
+
+def _patterns(value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"{where} must be a list of glob patterns, e.g. [\"carState\", "
+                         "\"gps*\"]")
+    return tuple(value)
+
+
+def _read_permissions(path: str, known: dict[str, bytes]) -> dict[bytes, ClientGrant]:
+    import tomllib  # only a process with a permissions file parses TOML
+
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML ({e}); fix the file") from None
+    clients = doc.get("clients", {})
+    unknown = set(doc) - {"clients"}
+    if unknown or not isinstance(clients, dict):
+        raise ValueError(f"{path}: only [clients.NAME] tables are allowed, found "
+                         f"{sorted(unknown) or 'clients = ' + type(clients).__name__}")
+    grants: dict[bytes, ClientGrant] = {}
+    for name, entry in clients.items():
+        where = f"{path}: [clients.{name}]"
+        if not isinstance(entry, dict) or set(entry) - {"public_key", "services", "vision"}:
+            raise ValueError(f"{where} takes public_key, services and vision only")
+        public = entry.get("public_key")
+        if public is None:
+            if name not in known:
+                raise ValueError(f"{where}: no {CLIENTS_FOLDER}/{name}.key; add it with "
+                                 "`msgq keys init DIR --client NAME` or give public_key")
+            key = known[name]
+        elif isinstance(public, str) and len(public) == 40:
+            key = public.encode("ascii")
+        else:
+            raise ValueError(f"{where}: public_key must be the 40-character Z85 text of a "
+                             ".key file's public-key line")
+        grants[key] = ClientGrant(name, key, _patterns(entry.get("services", []),
+                                                        f"{where} services"),
+                                  _patterns(entry.get("vision", []), f"{where} vision"))
+    return grants
+
+
+def load_keys(directory: str | os.PathLike[str], client: str | None = None) -> Keys:
+    """Reads a key directory made by ``msgq keys init``::
+
+        DIR/server.key              the publishers' public key (every machine)
+        DIR/server.key_secret       its secret (only where publishers run), mode 0600
+        DIR/clients/NAME.key        each client's public key (where publishers run)
+        DIR/clients/NAME.key_secret a client's secret (only on that client), mode 0600
+        DIR/permissions.toml        optional: which client may read which services
+
+    ``client`` (else ``MSGQ_ZMQ_CLIENT``, else the only client secret in the folder)
+    picks the key pair this process subscribes with. Without a permissions file every
+    client key in ``clients/`` may read everything. Raises ValueError naming what is
+    missing or unsafe (a secret other users can read).
+    """
+    path = os.fspath(directory)
+    server_public_path = os.path.join(path, f"{SERVER_KEY_NAME}.key")
+    if not os.path.isfile(server_public_path) and not os.path.isfile(
+            server_public_path + "_secret"):
+        raise ValueError(f"{KEYS_ENV}={path}: no {SERVER_KEY_NAME}.key there; make a key "
+                         f"directory with `msgq keys init {path}`")
+    server_public, server_secret = _load_pair(server_public_path)
+    clients_dir = os.path.join(path, CLIENTS_FOLDER)
+    known: dict[str, bytes] = {}
+    secrets: dict[str, bytes] = {}
+    if os.path.isdir(clients_dir):
+        for entry in sorted(os.listdir(clients_dir)):
+            name, ext = os.path.splitext(entry)
+            if ext == ".key" or (ext == ".key_secret"
+                                 and not os.path.exists(os.path.join(clients_dir, name + ".key"))):
+                public, secret = _load_pair(os.path.join(clients_dir, name + ".key"))
+                known[name] = public
+                if secret is not None:
+                    secrets[name] = secret
+    permissions = os.path.join(path, PERMISSIONS_FILE)
+    if os.path.isfile(permissions):
+        grants = _read_permissions(permissions, known)
+    else:
+        grants = {key: ClientGrant(name, key) for name, key in known.items()}
+    client = client or os.environ.get(CLIENT_ENV) or None
+    problem = ""
+    if client is None:
+        if len(secrets) == 1:
+            client = next(iter(secrets))
+        elif secrets:
+            problem = (f"{path} holds the secret keys of {len(secrets)} clients "
+                       f"({', '.join(sorted(secrets))}); choose one with {CLIENT_ENV}=NAME")
+        else:
+            problem = (f"{path} holds no client secret key ({CLIENTS_FOLDER}/NAME.key_secret), "
+                       "so this process cannot subscribe with keys; copy this machine's "
+                       "client key there")
+    elif client not in secrets:
+        problem = (f"{path}: no {CLIENTS_FOLDER}/{client}.key_secret for client {client!r}; "
+                   f"choose one of {sorted(secrets) or 'none'} with {CLIENT_ENV}")
+    if client is not None and client not in secrets:
+        client = None
+    return Keys(path, server_public, server_secret, client,
+                known.get(client) if client else None, secrets.get(client) if client else None,
+                grants, known, problem)
+
+
+def _write_pair(folder: str, name: str, force: bool) -> bytes:
+    """Writes NAME.key and NAME.key_secret (0600) into ``folder`` through a private
+    temporary folder, so a secret is never readable by others, not even for a moment."""
+    import tempfile  # only key-making code needs a scratch folder
+
+    import zmq.auth  # and writes certificate files
+
+    targets = [os.path.join(folder, name + ext) for ext in (".key", ".key_secret")]
+    if not force:
+        for target in targets:
+            if os.path.exists(target):
+                raise FileExistsError(
+                    f"{target} exists; pass --force to replace it (every machine that holds "
+                    "the old key then needs the new one)")
+    scratch = tempfile.mkdtemp(prefix=".new-", dir=folder)  # mode 0700
+    try:
+        public_file, secret_file = zmq.auth.create_certificates(scratch, name)
+        os.chmod(secret_file, 0o600)
+        os.chmod(public_file, 0o644)
+        public, _ = zmq.auth.load_certificate(public_file)
+        os.replace(secret_file, targets[1])
+        os.replace(public_file, targets[0])
+    finally:
+        for leftover in os.listdir(scratch):
+            os.unlink(os.path.join(scratch, leftover))
+        os.rmdir(scratch)
+    return public
+
+
+def create_keys(directory: str | os.PathLike[str], clients: list[str], server: bool = True,
+                force: bool = False) -> list[tuple[str, bytes]]:
+    """Makes a key directory (see :func:`load_keys`): the publishers' key pair (when
+    ``server``) and one key pair per name in ``clients``, secrets 0600, folders 0700.
+    Refuses to replace an existing key (FileExistsError) unless ``force``. Returns
+    ``(name, public key)`` of every pair written (the server's as ``"server"``)."""
+    path = os.fspath(directory)
+    for name in clients:
+        if not isinstance(name, str) or not _CLIENT_NAME.fullmatch(name):
+            raise ValueError(f"client name {name!r}: use 1-64 letters, digits, '_', '-', '.'")
+    if len(set(clients)) != len(clients):
+        raise ValueError("each client name once, please")
+    clients_dir = os.path.join(path, CLIENTS_FOLDER)
+    os.makedirs(clients_dir, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    os.chmod(clients_dir, 0o700)
+    if not force:  # check every target first: nothing is written when one exists
+        wanted = ([os.path.join(path, SERVER_KEY_NAME)] if server else []) + \
+            [os.path.join(clients_dir, name) for name in clients]
+        for stem in wanted:
+            for ext in (".key", ".key_secret"):
+                if os.path.exists(stem + ext):
+                    raise FileExistsError(
+                        f"{stem + ext} exists; pass --force to replace it (every machine "
+                        "that holds the old key then needs the new one)")
+    written = []
+    if server:
+        written.append((SERVER_KEY_NAME, _write_pair(path, SERVER_KEY_NAME, force)))
+    for name in clients:
+        written.append((name, _write_pair(clients_dir, name, force)))
+    return written
+
+
+def keys_setting(keys: str | os.PathLike[str] | None) -> str | None:
+    """The key directory in force: ``keys`` when given (``""``: none), else
+    ``MSGQ_ZMQ_KEYS`` (unset or empty: none, upstream's open sockets)."""
+    if keys is None:
+        keys = os.environ.get(KEYS_ENV, "")
+    path = os.fspath(keys)
+    return path or None
+
+
+class ZapHandler:
+    """Answers the ZAP requests of the CURVE servers (publishers) of one zmq.Context in a
+    thread of its own, per ZAP domain (a publisher's endpoint or a bridge's socket):
+    ``register(domain, decide)`` with ``decide(public_key) -> (user_id or None, reason)``.
+
+    A request of a domain nobody registered is refused. Refusals are counted per domain
+    (``refusals``); the first of each domain is logged with its reason, the others only
+    counted.
+    """
+
+    def __init__(self, context: zmq.Context) -> None:
+        self._context = context
+        self._policies: dict[str, Any] = {}
+        #: Refused clients, by domain.
+        self.refusals: Counter[str] = Counter()
+        #: Why the last client of each domain was refused.
+        self.reasons: dict[str, str] = {}
+        self._zap = context.socket(zmq.REP)
+        self._zap.setsockopt(zmq.LINGER, 0)
+        self._zap.bind(ZAP_ENDPOINT)
+        address = f"inproc://msgq-zap-stop-{id(self)}"
+        self._stop_end = context.socket(zmq.PAIR)
+        self._stop_end.setsockopt(zmq.LINGER, 0)
+        self._stop_end.bind(address)
+        self._stop_listener = context.socket(zmq.PAIR)
+        self._stop_listener.setsockopt(zmq.LINGER, 0)
+        self._stop_listener.connect(address)
+        self._thread = threading.Thread(target=self._serve, name="msgq-zap", daemon=True)
+        self._thread.start()
+
+    def register(self, domain: str, decide: Any) -> None:
+        """Answers requests of ``domain`` with ``decide(public_key_z85)``."""
+        self._policies[domain] = decide
+        self.reasons.pop(domain, None)
+
+    def unregister(self, domain: str, decide: Any = None) -> None:
+        """Refuses ``domain`` from now on (only if its policy is ``decide``, when given)."""
+        if decide is None or self._policies.get(domain) is decide:
+            self._policies.pop(domain, None)
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._zap, zmq.POLLIN)
+        poller.register(self._stop_listener, zmq.POLLIN)
+        try:
+            while True:
+                ready = dict(poller.poll())
+                if self._stop_listener in ready:
+                    return
+                request = self._zap.recv_multipart()
+                try:
+                    reply = self._answer(request)
+                except Exception as e:  # noqa: BLE001 - a refusal, never a dead handler
+                    log.error("ZAP handler: %r while deciding; the client is refused", e)
+                    request_id = request[1] if len(request) > 1 else b""
+                    if len(request) > 2:
+                        self.refusals[request[2].decode("utf-8", "replace")] += 1
+                    reply = [b"1.0", request_id, b"500", b"internal error", b"", b""]
+                self._zap.send_multipart(reply)
+        except zmq.ContextTerminated:
+            return
+        finally:
+            self._zap.close(0)
+            self._stop_listener.close(0)
+
+    def _answer(self, request: list[bytes]) -> list[bytes]:
+        if len(request) < 6:
+            return [b"1.0", b"", b"500", b"malformed ZAP request", b"", b""]
+        version, request_id, domain_raw, address, _identity, mechanism = request[:6]
+        domain = domain_raw.decode("utf-8", "replace")
+        user_id, reason = None, "the client does not use CURVE"
+        if mechanism == b"CURVE" and len(request) == 7 and len(request[6]) == 32:
+            public = zmq.utils.z85.encode(request[6])
+            decide = self._policies.get(domain)
+            if decide is None:
+                reason = "no publisher of that name takes clients here"
+            else:
+                user_id, reason = decide(public)
+        if user_id is not None:
+            return [version, request_id, b"200", b"OK", user_id.encode("utf-8"), b""]
+        self.refusals[domain] += 1
+        if domain not in self.reasons:
+            log.warning("%r: refused a client at %s: %s (further refusals are counted, "
+                        "not logged)", domain, address.decode("ascii", "replace"), reason)
+        self.reasons[domain] = reason
+        return [version, request_id, b"400", reason.encode("utf-8")[:255], b"", b""]
+
+    def close(self) -> None:
+        """Stops the thread; call before the context is ended."""
+        if self._thread.is_alive():
+            self._stop_end.send(b"")
+            self._thread.join()
+        self._stop_end.close(0)
+
+
+# ZAP handlers by the zmq.Context they serve (one per context: one ZAP endpoint each).
+_zap_handlers: dict[int, tuple[zmq.Context, ZapHandler]] = {}
+_zap_lock = threading.Lock()
+
+
+def zap_handler(context: zmq.Context) -> ZapHandler:
+    """The ZAP handler of ``context``, started on first use."""
+    with _zap_lock:
+        entry = _zap_handlers.get(id(context))
+        if entry is None or entry[0] is not context:
+            entry = _zap_handlers[id(context)] = (context, ZapHandler(context))
+        return entry[1]
+
+
+def _unregister_zap(context: zmq.Context, domain: str, decide: Any) -> None:
+    entry = _zap_handlers.get(id(context))
+    if entry is not None and entry[0] is context:
+        entry[1].unregister(domain, decide)
+
+
+def stop_zap_handler(context: zmq.Context) -> None:
+    """Stops ``context``'s ZAP handler, if it has one (before ending the context)."""
+    with _zap_lock:
+        entry = _zap_handlers.pop(id(context), None)
+    if entry is not None and entry[0] is context:
+        entry[1].close()
+
+
+def service_policy(keys: Keys, service: str) -> Any:
+    """The ZAP decision of a publisher of ``service``: clients whose grant covers it."""
+
+    def decide(public: bytes) -> tuple[str | None, str]:
+        grant = keys.grant(public)
+        if grant is None:
+            return None, (f"client key {public[:8].decode()}... is not in "
+                          f"{keys.directory}/{CLIENTS_FOLDER} nor in {PERMISSIONS_FILE}")
+        if not grant.may_read(service):
+            return None, f"{PERMISSIONS_FILE} does not let client {grant.name!r} read it"
+        return grant.name, ""
+
+    return decide
+
+
+def make_curve_server(sock: zmq.Socket, keys: Keys, domain: str, decide: Any) -> None:
+    """Makes ``sock`` (not yet bound) a CURVE server whose clients ``decide`` admits, in
+    ZAP domain ``domain``."""
+    secret = keys.server_secret_or_raise()
+    zap_handler(sock.context).register(domain, decide)
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+    sock.setsockopt(zmq.ZAP_DOMAIN, domain.encode("utf-8"))
+
+
+def make_curve_client(sock: zmq.Socket, keys: Keys) -> None:
+    """Makes ``sock`` (not yet connected) a CURVE client that accepts only the publisher
+    key of ``keys``."""
+    public, secret = keys.client_keys_or_raise()
+    sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+
+
+def handshake_problem(event: int, value: int, keyed: bool, role: str) -> str:
+    """One line saying why a handshake failed, for the ``role`` (publisher or subscriber)
+    that saw ``event`` (a monitor event) with ``value``."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return (f"the publisher refused this subscriber's key (ZAP status {value}): its "
+                f"{PERMISSIONS_FILE} must let this client read the service")
+    if role == "subscriber" and not keyed:
+        return (f"the publisher requires CurveZMQ keys: set {KEYS_ENV}=DIR with a client "
+                "key it allows")
+    if role == "subscriber":
+        return ("the publisher did not prove it holds the server key of "
+                f"{KEYS_ENV} (a forged publisher, or one without or with other keys): "
+                "nothing from it is delivered")
+    if keyed:
+        return (f"a peer without CurveZMQ keys for it was refused (a subscriber needs "
+                f"{KEYS_ENV} with this key directory's server key and a client key)")
+    return (f"a peer failed the handshake (a subscriber with CurveZMQ keys? then set "
+            f"{KEYS_ENV} on this publisher too)")
+
+
 class Context:
     """A zmq.Context, made on first use and made again in a forked child (a ZMQ context
     must not cross a fork).
@@ -244,6 +707,7 @@ class Context:
         """Closes every socket made with this context and ends it; unsent messages get at
         most each socket's linger to go out."""
         if self._ctx is not None and self._pid == os.getpid() and not self._ctx.closed:
+            stop_zap_handler(self._ctx)
             self._ctx.destroy()
         self._ctx = None
 
@@ -327,17 +791,47 @@ def _slice_ms(deadline: float | None) -> int:
     return min(_SLICE_MS, max(1, int(remaining * 1000)))
 
 
-def _wait_monitor(monitor: zmq.Socket, wanted: int, deadline: float) -> int:
+_monitor_ids = itertools.count()
+
+
+def _open_monitor(sock: zmq.Socket, events: int) -> zmq.Socket:
+    """A monitor socket of ``sock`` for ``events`` whose queue has no limit.
+
+    libzmq's side of a monitor sends blocking, in the I/O thread: with pyzmq's
+    get_monitor_socket (a queue of ~2000 messages) a publisher that is not reading its
+    monitor — idle between sends — stopped accepting connections after a few hundred
+    connection attempts (a flood of them locked out its real subscribers). The events
+    are read at each send (or look); what waits meanwhile is a few dozen bytes each.
+    """
+    address = f"inproc://msgq-monitor-{os.getpid()}-{next(_monitor_ids)}"
+    sock.monitor(address, events)
+    monitor = sock.context.socket(zmq.PAIR)
+    try:
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.setsockopt(zmq.RCVHWM, 0)
+        monitor.connect(address)
+    except BaseException:
+        monitor.close(0)
+        sock.disable_monitor()
+        raise
+    return monitor
+
+
+def _wait_monitor(monitor: zmq.Socket, wanted: int, deadline: float,
+                  failed: Any = None) -> int:
     """Waits on a monitor socket for an event in ``wanted``; returns it, or 0 at the
-    deadline."""
+    deadline. A failed handshake is passed to ``failed(event, value)`` first."""
     while True:
         slice_ms = _slice_ms(deadline)
         if not slice_ms:
             return 0
         if monitor.poll(slice_ms):
-            event = parse_monitor_message(monitor.recv_multipart())["event"]
+            message = parse_monitor_message(monitor.recv_multipart())
+            event = int(message["event"])
+            if failed is not None and event & _HANDSHAKE_FAILED:
+                failed(event, int(message["value"]))
             if event & wanted:
-                return int(event)
+                return event
 
 
 # Ports of publishers this process closed -> until when a bind may wait for them.
@@ -431,7 +925,9 @@ class PubSocket:
     """The publisher of one endpoint: an XPUB socket bound on the endpoint's port.
 
     Options (keyword arguments, else the environment, else the default): ``sndhwm``
-    (messages queued per subscriber), ``linger`` (ms), ``bind_address``, ``join_wait_ms``.
+    (messages queued per subscriber), ``linger`` (ms), ``bind_address``, ``join_wait_ms``,
+    ``keys`` (a key directory, ``MSGQ_ZMQ_KEYS``: the publisher is then a CURVE server
+    that admits the client keys its permissions let read this endpoint; ``""``: none).
     """
 
     def __init__(
@@ -441,15 +937,21 @@ class PubSocket:
         linger: int | None = None,
         bind_address: str | None = None,
         join_wait_ms: int | None = None,
+        keys: str | os.PathLike[str] | None = None,
     ) -> None:
         self.sndhwm = _option(sndhwm, "MSGQ_ZMQ_SNDHWM", DEFAULT_SNDHWM)
         self.linger = _option(linger, "MSGQ_ZMQ_LINGER", DEFAULT_LINGER_MS)
         self.join_wait_ms = _option(join_wait_ms, "MSGQ_ZMQ_JOIN_WAIT_MS", DEFAULT_JOIN_WAIT_MS)
         self.bind_address = bind_address or os.environ.get("MSGQ_ZMQ_BIND") or DEFAULT_BIND_ADDRESS
+        #: The key directory in force (None: no keys, upstream's open socket).
+        self.keys_dir = keys_setting(keys)
         self.endpoint: str | None = None
         self.port: int | None = None
         self._sock: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
+        self._refused = 0
+        self._refusal_said = False
+        self._decide: Any = None
         self._pid = 0
         self._connections = 0
         self._subscriptions = 0
@@ -465,10 +967,17 @@ class PubSocket:
         endpoint, or of an endpoint hashed to the same port), IpcError when an unrelated
         program holds it or the bind address is not usable.
         """
+        keys = load_keys(self.keys_dir) if self.keys_dir else None
+        if keys is not None:
+            keys.server_secret_or_raise()
         name, port, sock = _new_socket(context, endpoint, segment_size, zmq.XPUB, self.linger)
         self.close()
         monitor = None
+        decide = None
         try:
+            if keys is not None:
+                decide = service_policy(keys, name)
+                make_curve_server(sock, keys, name, decide)
             sock.setsockopt(zmq.SNDHWM, self.sndhwm)
             sock.setsockopt(zmq.RCVHWM, self.sndhwm)
             sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscription, for counting
@@ -477,7 +986,8 @@ class PubSocket:
                 # "*" then means both IPv4 and IPv6 (libzmq falls back to IPv4 alone where
                 # the machine has no IPv6).
                 sock.setsockopt(zmq.IPV6, 1)
-            monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+            monitor = _open_monitor(
+                sock, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED)
             host = _tcp_host(self.bind_address)
             try:
                 _bind(sock, f"tcp://{host}:{port}", port)
@@ -487,12 +997,17 @@ class PubSocket:
             if monitor is not None:
                 sock.disable_monitor()
                 monitor.close(0)
+            if decide is not None:
+                _unregister_zap(sock.context, name, decide)
             sock.close(0)
             raise
         self._sock, self._monitor = sock, monitor
         self._pid = os.getpid()
         self.endpoint, self.port = name, port
+        self._decide = decide
         self._connections = self._subscriptions = self._readers = 0
+        self._refused = 0
+        self._refusal_said = False
         self._last_accept = float("-inf")
 
     def _bind_error(self, e: zmq.ZMQError, name: str, host: str, port: int) -> Exception:
@@ -521,12 +1036,22 @@ class PubSocket:
         sock, monitor = self._sock, self._monitor
         assert sock is not None and monitor is not None
         while monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            event = parse_monitor_message(monitor.recv_multipart())["event"]
+            message = parse_monitor_message(monitor.recv_multipart())
+            event = message["event"]
             if event == zmq.EVENT_ACCEPTED:
                 self._connections += 1
                 self._last_accept = time.monotonic()
             elif event == zmq.EVENT_DISCONNECTED:
                 self._connections = max(0, self._connections - 1)
+            elif event & _HANDSHAKE_FAILED:
+                self._refused += 1
+                # A ZAP refusal is told (once) by the ZAP handler, with the client's name.
+                if not self._refusal_said and event != zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                    self._refusal_said = True
+                    log.warning("endpoint %r: %s (refusals are counted in "
+                                "refused_connections, not logged again)", self.endpoint,
+                                handshake_problem(event, int(message["value"]),
+                                                  self.keys_dir is not None, "publisher"))
         while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             parts = sock.recv_multipart(zmq.NOBLOCK)
             if len(parts) != 1 or not parts[0] or parts[0][0] > 1:
@@ -646,6 +1171,14 @@ class PubSocket:
         self._update_peers()
         return self._readers
 
+    @property
+    def refused_connections(self) -> int:
+        """Connections refused since ``connect``: failed CURVE handshakes (no keys, another
+        server key, not ZMQ) and clients its permissions refuse."""
+        if self._sock is not None and self._pid == _process_id:
+            self._update_peers()
+        return self._refused
+
     def close(self) -> None:
         """Closes the publisher. Messages already sent still go out (for at most
         ``linger`` ms); a new publisher of the endpoint in this process can bind at once
@@ -656,6 +1189,9 @@ class PubSocket:
         self._sock = self._monitor = None
         if sock is None or self._pid != os.getpid():
             return  # a forked child must not touch the parent's ZMQ state
+        if self._decide is not None and self.endpoint is not None:
+            _unregister_zap(sock.context, self.endpoint, self._decide)
+            self._decide = None
         # No unbind(): it drops messages still queued for subscribers. The listener goes
         # away in ZMQ's I/O thread shortly after close(); connect() of a new publisher
         # retries for that long (see _released_ports).
@@ -680,7 +1216,10 @@ class SubSocket:
     """One subscriber of an endpoint: a SUB socket connected to the publisher's port.
 
     Options: ``rcvhwm`` (messages queued before newer ones are dropped), ``linger`` (ms),
-    ``connect_wait_ms`` (how long ``connect`` waits for a running publisher to answer).
+    ``connect_wait_ms`` (how long ``connect`` waits for a running publisher to answer),
+    ``keys`` (a key directory, ``MSGQ_ZMQ_KEYS``: the subscriber is then a CURVE client
+    that accepts only the publisher key there; ``""``: none) and ``client`` (its client
+    key, ``MSGQ_ZMQ_CLIENT``).
     """
 
     def __init__(
@@ -689,16 +1228,27 @@ class SubSocket:
         rcvhwm: int | None = None,
         linger: int | None = None,
         connect_wait_ms: int | None = None,
+        keys: str | os.PathLike[str] | None = None,
+        client: str | None = None,
     ) -> None:
         self.rcvhwm = _option(rcvhwm, "MSGQ_ZMQ_RCVHWM", DEFAULT_RCVHWM)
         self.linger = _option(linger, "MSGQ_ZMQ_LINGER", DEFAULT_LINGER_MS)
         self.connect_wait_ms = _option(
             connect_wait_ms, "MSGQ_ZMQ_CONNECT_WAIT_MS", DEFAULT_CONNECT_WAIT_MS)
+        #: The key directory in force (None: no keys, upstream's open socket).
+        self.keys_dir = keys_setting(keys)
+        self.client = client
         self.endpoint: str | None = None
         self.address: str | None = None
         self.port: int | None = None
         #: Messages dropped because they did not come from a publisher of this endpoint.
         self.dropped_messages = 0
+        #: Failed handshakes with the publisher (refused keys, a publisher without or with
+        #: other keys); the first is logged with its reason.
+        self.failed_handshakes = 0
+        self._monitor: zmq.Socket | None = None
+        self._handshake_said = False
+        self._keyed = False
         self._conflate = False
         self._sock: zmq.Socket | None = None
         self._tag = ""
@@ -732,10 +1282,17 @@ class SubSocket:
             raise TypeError(f"address must be str or bytes, not {type(address).__name__}")
         if not address or any(c.isspace() for c in address) or "/" in address:
             raise ValueError(f"address {address!r} is not a host name or IP address")
+        keys = load_keys(self.keys_dir, self.client) if self.keys_dir else None
+        if keys is not None:
+            keys.client_keys_or_raise()
         name, port, sock = _new_socket(context, endpoint, segment_size, zmq.SUB, self.linger)
         self.close()
         monitor = None
+        self.failed_handshakes = 0
+        self._handshake_said = False
         try:
+            if keys is not None:
+                make_curve_client(sock, keys)
             sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
             sock.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_IVL_MS)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_IVL_MAX_MS)
@@ -744,29 +1301,32 @@ class SubSocket:
             if ":" in address:
                 sock.setsockopt(zmq.IPV6, 1)
             sock.setsockopt(zmq.SUBSCRIBE, b"")
-            if self.connect_wait_ms > 0:
-                monitor = sock.get_monitor_socket(
-                    zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED)
+            # The monitor stays: a failed handshake is read from it (and said once) when
+            # nothing arrives.
+            monitor = _open_monitor(
+                sock, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED | _HANDSHAKE_FAILED)
             try:
                 url = f"tcp://{_tcp_host(address)}:{port}"
                 sock.connect(url)
             except zmq.ZMQError as e:
                 raise ValueError(f"endpoint {name!r}: cannot connect to {address!r} port "
                                  f"{port}: {e.strerror}; check the address") from None
-            if monitor is not None:
+            self.endpoint, self.address, self.port = name, address, port
+            self._monitor, self._keyed = monitor, keys is not None
+            if self.connect_wait_ms > 0:
                 deadline = time.monotonic() + self.connect_wait_ms / 1000
-                _wait_monitor(monitor, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED,
-                              deadline)
-                sock.getsockopt(zmq.EVENTS)  # let the socket attach the new connection
+                event = _wait_monitor(
+                    monitor, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED
+                    | _HANDSHAKE_FAILED, deadline, self._handshake_failed)
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    sock.getsockopt(zmq.EVENTS)  # let the socket attach the new connection
         except BaseException:
+            self._monitor = None
             if monitor is not None:
                 sock.disable_monitor()
                 monitor.close(0)
             sock.close(0)
             raise
-        if monitor is not None:
-            sock.disable_monitor()
-            monitor.close(0)
         self._sock = sock
         self._pid = os.getpid()
         self._conflate = bool(conflate)
@@ -786,6 +1346,28 @@ class SubSocket:
 
     def _check_connected(self) -> zmq.Socket:
         return _usable(self._sock, self._pid, self.endpoint, "subscriber")
+
+    def _handshake_failed(self, event: int, value: int) -> None:
+        self.failed_handshakes += 1
+        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            # libzmq gives up on a peer that broke the protocol (a forged or keyless
+            # publisher): connect again (at most every _RELINK_S) to reach the real one.
+            self._foreign_link = True
+        if not self._handshake_said:
+            self._handshake_said = True
+            log.warning("endpoint %r at %s:%s: %s (further failures are counted in "
+                        "failed_handshakes, not logged)", self.endpoint, self.address,
+                        self.port, handshake_problem(event, value, self._keyed, "subscriber"))
+
+    def _check_handshakes(self) -> None:
+        """Reads the connection events that came; says the first failed handshake."""
+        monitor = self._monitor
+        if monitor is None:
+            return
+        while monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            message = parse_monitor_message(monitor.recv_multipart())
+            if message["event"] & _HANDSHAKE_FAILED:
+                self._handshake_failed(int(message["event"]), int(message["value"]))
 
     def _drop(self, why: str) -> None:
         self.dropped_messages += 1
@@ -848,6 +1430,7 @@ class SubSocket:
                 return False
             if sock.poll(slice_ms, zmq.POLLIN):
                 return True
+            self._check_handshakes()
             if self._foreign_link:
                 self._relink(sock)
 
@@ -868,6 +1451,7 @@ class SubSocket:
             frame = self._recv_one(sock)
             if frame is not None:
                 return frame
+            self._check_handshakes()
             if self._foreign_link:
                 self._relink(sock)
             if non_blocking or self._timeout_ms == 0 or not self._wait(sock, deadline):
@@ -936,8 +1520,15 @@ class SubSocket:
     def close(self) -> None:
         """Closes the socket; it can connect again."""
         sock, self._sock = self._sock, None
+        monitor, self._monitor = self._monitor, None
         self._stash = None
         if sock is not None and self._pid == os.getpid():
+            if monitor is not None:
+                try:
+                    sock.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+                monitor.close(0)
             sock.close()
 
     def __del__(self) -> None:
@@ -1029,6 +1620,7 @@ class Poller:
     def __init__(self) -> None:
         self._sockets: list[SubSocket] = []
         self._poller = zmq.Poller()
+        self._next_handshake_check = 0.0
 
     def registerSocket(self, socket: SubSocket) -> None:  # noqa: N802 (upstream name)
         """Adds ``socket``; registering a socket twice has no further effect."""
@@ -1069,7 +1661,12 @@ class Poller:
                 stashed = [s for s in self._sockets if s._stash is not None]
             if stashed:
                 return stashed
-            if deadline is not None and time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= self._next_handshake_check:  # at most once a slice, not per poll(0)
+                self._next_handshake_check = now + _SLICE_MS / 1000
+                for s in self._sockets:
+                    s._check_handshakes()
+            if deadline is not None and now >= deadline:
                 return []
 
     async def poll_async(self, timeout: int | None = None) -> list[SubSocket]:

@@ -32,13 +32,23 @@ def new_message(service: str | None = None, size: int | None = None,
     ``service``, that union member is initialised (``size`` elements when it is a list).
     Unknown service → KeyError with close matches."""
     schema = schema_in_force(schema)
-    kwargs.setdefault("logMonoTime", clock.monotonic_ns())
-    kwargs.setdefault("valid", False)
-    msg = schema.event.new_message(**kwargs)
+    if kwargs:
+        kwargs.setdefault("logMonoTime", clock.monotonic_ns())
+        kwargs.setdefault("valid", False)
+        msg = schema.event.new_message(**kwargs)
+    else:  # the common call, without pycapnp's keyword loop (1 us of a 100 Hz tick's 3)
+        msg = schema.event.new_message()
+        msg.logMonoTime = clock.monotonic_ns()
+        msg.valid = False
     if service is not None:
-        if service not in schema.union_fields:
+        if service not in schema.union_set:
             raise unknown_service_error(service, schema.union_fields)
-        schema.init_payload(msg, service, size)
+        if service in schema.sized_fields:
+            msg.init(service, size or 0)
+        elif size is not None:
+            raise ValueError(f"{service!r} is a struct: it takes no size")
+        else:
+            msg.init(service)
     return msg
 
 

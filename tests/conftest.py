@@ -1,16 +1,107 @@
 """Shared fixtures: every test gets its own queue namespace, and socket tests run on
-every backend the build offers."""
+every backend the build offers.
+
+The quick tier (``./test.sh --quick``, i.e. ``pytest -m "quick or not slow"``): a new test
+that takes over 1.5 s alone carries ``@pytest.mark.slow`` (and ``spark``/``chaos``/``fuzz``/
+``packaging`` where it is one); files that are heavy whole are marked here by name
+(:data:`HEAVY_FILES`), and one test per layer that only slow tests reach is kept in
+(:data:`LAYER_REPRESENTATIVES`, marked ``quick``)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 import msgq
+
+#: Test files that are heavy whole, by name pattern, and the marker each gets (with
+#: ``slow``): the quick tier leaves them out. test_own_schema_cli.py runs every command
+#: again on the robot schema (41 s); the quick tier reaches the robot schema through
+#: test_own_schema_messaging.py and test_own_schema_logs.py.
+HEAVY_FILES = (
+    ("chaos/test_*.py", "chaos"),
+    ("fuzz/test_*.py", "fuzz"),
+    ("test_spark*.py", "spark"),
+    ("test_*_spark.py", "spark"),
+    ("test_packaging.py", "packaging"),
+    ("test_own_schema_cli.py", "slow"),
+)
+#: Markers that make a test ``slow`` wherever it lives.
+HEAVY_MARKERS = ("spark", "chaos", "fuzz", "packaging")
+#: Tests over 1.5 s (measured 2026-11-26) in files whose owners have not marked them
+#: ``slow`` yet: owners, mark them in your file and delete them here.
+SLOW_ELSEWHERE = (
+    "tests/test_logs.py::test_bytes_of_a_damaged_zstd_frame_never_come_out",
+    "tests/test_messaging.py::test_real_time_rates_from_another_process",
+    "tests/test_own_schema_logs.py::test_damage_is_never_taken_for_another_schema",
+    "tests/test_viz_live.py::test_cameras_arrive_as_jpeg",
+    "tests/test_viz_live.py::test_cli_serves_the_schema_in_force",
+    "tests/test_viz_live.py::test_channels_values_rates_and_health",
+    "tests/test_viz_export.py::test_export_benchmark_prints_its_table",
+    "tests/test_bridge.py::test_bridge_reconnects_when_either_side_restarts",
+    "tests/test_bridge.py::test_bridge_carries_services_and_frames",
+    "tests/test_bridge.py::test_bridge_command_errors",
+    "tests/test_bridge.py::test_bridge_drops_garbage_on_the_wire",
+    "tests/test_zmq_security.py::test_subscriber_without_keys_receives_nothing",
+    "tests/test_zmq_security.py::"
+    "test_a_flood_of_unauthenticated_connections_changes_neither_rate_nor_fds",
+)
+#: One test per layer the quick tier would otherwise not reach (marked ``quick``; a
+#: parametrized test is named with its parameters): the Spark data source on a small
+#: recording (the session start is most of its time), and the bridge end to end.
+LAYER_REPRESENTATIVES = (
+    "tests/test_spark.py::test_rows_are_the_events_of_the_log_reader",
+    "tests/test_bridge.py::test_bridge_carries_services_and_frames[none]",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Gives the run a Ctrl-C handler where it was started with SIGINT ignored (a shell
+    does that to a job it starts in the background with &, and so do some CI runners):
+    the programs the tests start inherit an ignored SIGINT across exec, and Python then
+    installs no KeyboardInterrupt handler, so every test that stops a program with
+    Ctrl-C would hang or fail. A handled SIGINT is reset to the default at exec."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m/-k deselect anything
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the tests of :data:`HEAVY_FILES` (and any test carrying a heavy marker)
+    ``slow``, and :data:`LAYER_REPRESENTATIVES` ``quick``; a quick-tier run fails when a
+    representative's file was collected without it (renamed or removed: name another)."""
+    tests_dir = Path(__file__).resolve().parent
+    files: set[str] = set()
+    found: set[str] = set()
+    for item in items:
+        path = Path(str(item.path))
+        relative = path.relative_to(tests_dir) if path.is_relative_to(tests_dir) else path
+        for pattern, marker in HEAVY_FILES:
+            if relative.match(pattern):
+                item.add_marker(marker)
+        if any(item.get_closest_marker(m) for m in HEAVY_MARKERS) \
+                and not item.get_closest_marker("slow"):
+            item.add_marker("slow")
+        base = item.nodeid.split("[", 1)[0]
+        if base in SLOW_ELSEWHERE:
+            item.add_marker("slow")
+        files.add(base.split("::", 1)[0])
+        for nodeid in (item.nodeid, base):
+            if nodeid in LAYER_REPRESENTATIVES:
+                item.add_marker("quick")
+                found.add(nodeid)
+    missing = [n for n in LAYER_REPRESENTATIVES
+               if n.split("::", 1)[0] in files and n not in found]
+    if missing and "quick" in (config.getoption("markexpr") or ""):
+        raise pytest.UsageError(f"quick-tier representative {missing[0]} no longer exists: "
+                                "name another test of its layer in tests/conftest.py")
 
 
 @pytest.fixture(autouse=True)
@@ -65,6 +156,33 @@ def schema_profile(request: pytest.FixtureRequest) -> object:
     from msgq.schemas import msgq_schema
 
     return msgq_schema()
+
+
+@pytest.fixture
+def shm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared-memory backend, whatever the caller's environment selects (use it
+    with ``pytestmark = pytest.mark.usefixtures("shm")``)."""
+    monkeypatch.setenv("MSGQ_BACKEND", "msgq")
+    monkeypatch.delenv("ZMQ", raising=False)
+
+
+@pytest.fixture
+def publisher() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Starts ``tests/rate_publisher.py`` processes (``publisher(vehicleState=100)``,
+    options first: ``publisher("--value", "speed", vehicleState=100)``), each returned
+    once it is ready, all killed at the end of the test."""
+    from helpers import start_publisher
+
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*options: str, **rates: float) -> subprocess.Popen[str]:
+        procs.append(start_publisher(rates, *options))
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.communicate()
 
 
 @pytest.fixture(params=sorted(msgq.BACKENDS))

@@ -6,6 +6,7 @@ waiting for conditions, and connecting socket pairs on any backend."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,13 +21,19 @@ __all__ = [
     "MSGQ",
     "ProgramFailedError",
     "asleep_in_the_kernel",
+    "child_env",
     "connect_pair",
     "expect_exit",
+    "free_port",
     "free_port_pair",
     "interrupt",
+    "open_fds",
+    "publisher_ready",
     "receive_all",
+    "rerun_in_own_namespace",
     "run_cli",
     "run_program",
+    "start_publisher",
     "sync_subscriber",
     "wait_until",
     "wait_until_asleep",
@@ -55,6 +62,31 @@ def expect_exit(argv: Sequence[str], code: int | None, expected: int | Sequence[
         raise ProgramFailedError(_describe(argv, code, expected, out, err))
 
 
+def child_env(**changes: str | None) -> dict[str, str]:
+    """The environment for a child process: the test's (its MSGQ_PREFIX, backend and
+    schema) with ``changes`` (a value of None removes the variable). Passed explicitly:
+    a forkserver child inherits the fork server's environment, not the test's."""
+    env = dict(os.environ)
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def open_fds() -> int:
+    """How many file descriptors this process has open."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def free_port_pair() -> int:
     """A free TCP port on 127.0.0.1 whose next port is free too (the bridge binds two)."""
     for _ in range(50):
@@ -81,6 +113,64 @@ def run_program(argv: Sequence[str], expect: int | Sequence[int] | None = 0,
     if expect is not None:
         expect_exit(argv, proc.returncode, expect, proc.stdout, proc.stderr)
     return proc
+
+
+#: Set in a test run again by :func:`rerun_in_own_namespace` (where it must not recurse).
+IN_OWN_NAMESPACE = "MSGQ_TEST_IN_OWN_NAMESPACE"
+
+
+def rerun_in_own_namespace(nodeid: str, basetemp: str | os.PathLike[str]) -> None:
+    """Runs test ``nodeid`` again in a pytest of its own, in a user and mount namespace
+    where it is root (``unshare --user --map-root-user --mount``): what needs mount
+    rights runs there without them here (its temporary files under ``basetemp``). Skips,
+    saying why, where the kernel refuses user namespaces; fails with the child's output
+    when the test fails there."""
+    import pytest
+
+    if os.environ.get(IN_OWN_NAMESPACE):
+        pytest.fail("the test needs mount rights even in a namespace of its own")
+    unshare = ["unshare", "--user", "--map-root-user", "--mount"]
+    probe = subprocess.run([*unshare, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"needs root or a user namespace to mount a tmpfs: {probe.stderr.strip()}")
+    env = {**os.environ, IN_OWN_NAMESPACE: "1"}
+    env.pop("PYTEST_ADDOPTS", None)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    done = run_program([*unshare, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"--basetemp={basetemp}", nodeid],
+                       env=env, cwd=os.path.dirname(tests), timeout=120)
+    assert re.search(r"\b1 passed", done.stdout), done.stdout[-3000:]
+
+
+#: The publisher program of the tests (see its docstring for what it sends).
+RATE_PUBLISHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rate_publisher.py")
+
+
+def start_publisher(rates: dict[str, float], *options: str, env: dict[str, str] | None = None,
+                    ready: bool = True) -> subprocess.Popen[str]:
+    """``tests/rate_publisher.py SERVICE=HZ ... OPTIONS`` in a process of its own,
+    returned once its sockets exist (``ready``: it printed so; else at once, and the
+    caller waits with :func:`publisher_ready`); the caller kills it (the ``publisher``
+    fixture of conftest.py does)."""
+    argv = [sys.executable, RATE_PUBLISHER, *(f"{s}={hz:g}" for s, hz in rates.items()),
+            *options]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env() if env is None else env)
+    if ready:
+        publisher_ready(proc)
+    return proc
+
+
+def publisher_ready(proc: subprocess.Popen[str]) -> None:
+    """Waits until a publisher of :func:`start_publisher` printed ``ready``; fails with its
+    output when it died instead."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != "ready":
+        proc.kill()
+        out, err = proc.communicate()
+        raise ProgramFailedError(_describe(proc.args, proc.returncode, 0,  # type: ignore[arg-type]
+                                           line + out, err))
 
 
 def run_cli(*args: str, expect: int | Sequence[int] | None = 0, timeout: float = 60,

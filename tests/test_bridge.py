@@ -75,23 +75,35 @@ def _expected_frame(frame_id: int) -> str:
     return hashlib.sha256(data.tobytes()).hexdigest()
 
 
-@pytest.mark.parametrize("compress", ["none", "zstd"])
+@pytest.mark.parametrize("compress", ["none", "zstd", "keys"])
 def test_bridge_carries_services_and_frames(machines: tuple[str, str, list[subprocess.Popen[str]]],
-                                            monkeypatch: pytest.MonkeyPatch,
+                                            monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
                                             compress: str) -> None:
     robot, laptop, procs = machines
     port = free_port_pair()
+    serve_keys: list[str] = []
+    connect_keys: list[str] = []
+    if compress == "keys":  # CurveZMQ, a client allowed exactly what is carried
+        from msgq.zmq_backend import create_keys
+
+        create_keys(tmp_path / "keys", ["laptop"])
+        (tmp_path / "keys" / "permissions.toml").write_text(
+            '[clients.laptop]\nservices = ["vehicleState"]\nvision = ["camerad/0"]\n')
+        serve_keys = ["--keys", str(tmp_path / "keys")]
+        connect_keys = [*serve_keys, "--client", "laptop"]
+        compress = "none"
     pub = subprocess.Popen([sys.executable, "-c", ROBOT], stdout=subprocess.PIPE, text=True,
                            env=_env(robot))
     procs.append(pub)
     assert pub.stdout is not None and pub.stdout.readline().strip() == "ready"
     procs.append(subprocess.Popen(
         [sys.executable, "-m", "msgq", "bridge", "serve", "vehicleState", "--vision",
-         "camerad:0", "--port", str(port), "--compress", compress], env=_env(robot),
+         "camerad:0", "--port", str(port), "--compress", compress, *serve_keys],
+        env=_env(robot),
         stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
     procs.append(subprocess.Popen(
-        [sys.executable, "-m", "msgq", "bridge", "connect", "127.0.0.1", "--port", str(port)],
-        env=_env(laptop), stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+        [sys.executable, "-m", "msgq", "bridge", "connect", "127.0.0.1", "--port", str(port),
+         *connect_keys], env=_env(laptop), stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
 
     # This test process is on the laptop now.
     monkeypatch.delenv("MSGQ_PREFIX")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import interrupt
+from helpers import child_env, free_port, interrupt
 
 import msgq.cli
 import msgq.cli.bench
@@ -22,7 +22,7 @@ from msgq.cli import main
 from msgq.cli.output import human_age, human_bytes, paint, use_colour
 from msgq.queues import queue_dir, queue_path
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("shm")]
 
 # A publisher or subscriber in a process of its own: connects, says "ready", then waits
 # until its stdin closes (or it is killed).
@@ -40,19 +40,15 @@ sys.stdin.read()
 """
 
 
-def child_env() -> dict[str, str]:
-    """The test's environment (with its MSGQ_PREFIX), on the shared-memory backend."""
-    env = dict(os.environ)
-    env["MSGQ_BACKEND"] = "msgq"
-    env.pop("ZMQ", None)
-    env["NO_COLOR"] = "1"
-    return env
+def cli_env() -> dict[str, str]:
+    """The test's environment (the shm fixture's backend, its MSGQ_PREFIX), no colour."""
+    return child_env(NO_COLOR="1")
 
 
 def msgq_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "msgq", *args],
-        env=child_env(),
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -68,7 +64,7 @@ class Endpoints:
     def start(self, role: str, endpoint: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
             [sys.executable, "-c", ENDPOINT_PROCESS, role, endpoint],
-            env=child_env(),
+            env=cli_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -124,7 +120,8 @@ def one_line(text: str) -> str:
 def test_every_command_is_registered_and_loads() -> None:
     # The commands users and the docs rely on: dropping one from the list, or one that
     # no longer imports (shown as "unavailable"), fails here rather than going unnoticed.
-    expected = {"dump", "top", "queues", "record", "replay", "logstats", "bridge", "bench"}
+    expected = {"dump", "top", "queues", "record", "replay", "info", "logstats", "export",
+                "foxglove", "spark", "bridge", "bench", "config"}
     assert expected <= set(msgq.cli.COMMANDS)
     parser = msgq.cli.build_parser()
     for name in expected:
@@ -205,6 +202,101 @@ def test_human_forms() -> None:
         "2 h ago",
         "3 d ago",
     ]
+
+
+# --- msgq config -------------------------------------------------------------------------
+
+
+def test_config_prints_the_flags_of_the_installed_c_api(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from msgq import cflags
+
+    proc = msgq_cli("config", "--include-dir")  # once as users run it
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout == f"{cflags.include_dir()}\n"
+    assert (cflags.include_dir() / "msgq.h").is_file()
+
+    def config(*args: str) -> list[str]:  # the other forms in this process (fast)
+        assert main(["config", *args]) == 0
+        out, err = capsys.readouterr()
+        assert err == ""
+        return out.split()
+
+    both = config()
+    assert f"-I{cflags.include_dir()}" in both and "-lmsgq" in both
+    assert f"-L{cflags.lib_dir()}" in both and f"-Wl,-rpath,{cflags.lib_dir()}" in both
+    assert config("--libs", "--static") == [str(cflags.lib_dir() / "libmsgq.a"), "-lpthread"]
+    vision = config("--libs", "--visionipc")
+    assert vision.index("-lvisionipc") < vision.index("-lmsgq")  # the order a linker needs
+    assert config("--lib-dir") == [str(cflags.lib_dir())]
+
+
+def test_config_without_the_c_library_says_so_and_fails(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from msgq import cflags
+
+    gone = cflags.lib_dir() / "libmsgq.so"
+    monkeypatch.setattr(cflags, "missing", lambda: [gone])
+    assert main(["config", "--libs"]) == 1
+    out, err = capsys.readouterr()
+    assert out.split() and "-lmsgq" in out.split()  # the flags still, for the record
+    assert one_line(err) == f"msgq config: not installed: {gone} (rebuild msgq with pip install .)"
+
+
+# --- msgq logstats: the gap options --------------------------------------------------------
+
+
+def _logstats(*argv: str) -> tuple[int, str]:
+    """``msgq logstats ARGV`` in this process (on the run's Spark session): (code, stdout)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["logstats", *argv])
+    return code, out.getvalue()
+
+
+@pytest.mark.spark
+def test_logstats_gap_factor_and_max_gaps(spark: object, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from msgq.logs import LogWriter
+    from msgq.messaging import new_message
+    from msgq.schemas import find_service
+
+    period = 1e9 / find_service("gyroscope").frequency
+    # 100 events one period apart, but 3 periods before events 20, 40 and 60, 7 before 80
+    mono, stamps = 10**9, []
+    for i in range(100):
+        mono += round(period * {20: 3, 40: 3, 60: 3, 80: 7}.get(i, 1))
+        stamps.append(mono)
+    with LogWriter(str(tmp_path / "rec")) as writer:
+        for stamp in stamps:
+            writer.write(new_message("gyroscope", logMonoTime=stamp))
+    folder = str(tmp_path / "rec")
+
+    def gaps(*options: str) -> tuple[float, list[int]]:
+        code, text = _logstats(folder, "--json", "--services", "gyroscope", *options)
+        assert code == 0, text
+        doc = json.loads(text)
+        return doc["gap_factor"], [round(g["duration_ms"] * 1e6 / period) for g in doc["gaps"]]
+
+    assert gaps() == (2.5, [3, 3, 3, 7])  # the default: dt over 2.5 periods
+    # (each logstats run is a Spark job, seconds each: three of them)
+    assert gaps("--gap-factor", "5") == (5.0, [7])
+
+    def gap_rows(text: str, heading: str) -> list[str]:
+        after = text.split(f"\n{heading}\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        return [line for line in after if line.startswith("gyroscope")]
+
+    code, text = _logstats(folder, "--services", "gyroscope", "--max-gaps", "2")
+    assert code == 0, text
+    assert len(gap_rows(text, "gaps (first 2 of 4; --json lists all)")) == 2
+    capsys.readouterr()
+    code, _ = _logstats(folder, "--gap-factor", "0")
+    assert code == 2 and "--gap-factor" in one_line(capsys.readouterr().err)
 
 
 # --- msgq queues -------------------------------------------------------------------------
@@ -363,7 +455,7 @@ def test_bench_unknown_suite_is_a_usage_error() -> None:
 def _started(argv: list[str], ready: str, stream: str = "stderr") -> subprocess.Popen[str]:
     """``msgq ARGV`` in a process of its own, returned once it printed a line containing
     ``ready`` on ``stream`` (it has set itself up and is running)."""
-    proc = subprocess.Popen([sys.executable, "-m", "msgq", *argv], env=child_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "msgq", *argv], env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pipe = proc.stderr if stream == "stderr" else proc.stdout
     assert pipe is not None
@@ -373,12 +465,6 @@ def _started(argv: list[str], ready: str, stream: str = "stderr") -> subprocess.
         out, err = proc.communicate()
         raise AssertionError(f"msgq {' '.join(argv)} did not start: {line}{out}{err}")
     return proc
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_ctrl_c_stops_record_with_130_and_a_closed_log(tmp_path: Path) -> None:
@@ -394,7 +480,7 @@ def test_ctrl_c_stops_replay_with_130(tmp_path: Path) -> None:
     with LogWriter(str(tmp_path / "rec")) as writer:
         for i in range(5):
             writer.write(new_message("gyroscope", logMonoTime=10**9 + i * 10**8))
-    env = child_env()
+    env = cli_env()
     sub = subprocess.Popen([sys.executable, "-c", "import msgq; s = msgq.sub_sock('gyroscope',"
                             " timeout=20000); print('ready', flush=True);"
                             " print(s.receive() is not None, flush=True)"],
@@ -415,6 +501,6 @@ def test_ctrl_c_stops_top_with_130() -> None:
 
 
 def test_ctrl_c_stops_bridge_with_130() -> None:
-    port = str(_free_port())
+    port = str(free_port())
     proc = _started(["bridge", "connect", "127.0.0.1", "--port", port], "re-publishing")
     interrupt(proc, 130)

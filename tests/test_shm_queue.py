@@ -8,21 +8,17 @@ import os
 import random
 import stat
 import struct
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
-from helpers import wait_until_asleep
+from helpers import rerun_in_own_namespace, wait_until_asleep
 
 import msgq
 from msgq import queues, shm_backend
 
 pytestmark = pytest.mark.usefixtures("shm")
-
-
-@pytest.fixture
-def shm(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MSGQ_BACKEND", "msgq")
-    monkeypatch.delenv("ZMQ", raising=False)
 
 
 HEADER_SIZE = 64 * (3 + queues.READER_SLOTS)
@@ -524,33 +520,31 @@ def test_forked_child_exit_keeps_parent_subscriber(endpoint: str) -> None:
     assert other.receive(non_blocking=True) == b"both"
 
 
-@pytest.fixture
-def tiny_shm_dir(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    """A 1 MiB tmpfs as the shm folder (needs mount rights; skipped without them)."""
-    import subprocess
-
+def test_full_shm_folder_is_an_error_at_connect_not_a_crash_later(
+    endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """On a 1 MiB tmpfs as the shm folder; without mount rights (not root), in a user
+    and mount namespace of its own."""
     mount_point = tmp_path / "tinyshm"
     mount_point.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mount_point)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    monkeypatch.setenv("MSGQ_SHM_DIR", str(mount_point))
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
-def test_full_shm_folder_is_an_error_at_connect_not_a_crash_later(
-    endpoint: str, tiny_shm_dir
-) -> None:
-    with pytest.raises(msgq.IpcError, match="full"):
-        msgq.pub_sock(endpoint)  # 10 MiB default does not fit in 1 MiB
-    pub = msgq.pub_sock(endpoint, segment_size=256 * 1024)  # the space was given back
-    sub = msgq.sub_sock(endpoint)
-    for _ in range(50):  # several passes over every page: no SIGBUS
-        pub.send(b"x" * 60_000)
-        assert sub.receive(non_blocking=True) == b"x" * 60_000
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mount_point)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        rerun_in_own_namespace(request.node.nodeid, tmp_path / "in_namespace")
+        return
+    try:
+        monkeypatch.setenv("MSGQ_SHM_DIR", str(mount_point))
+        with pytest.raises(msgq.IpcError, match="full"):
+            msgq.pub_sock(endpoint)  # 10 MiB default does not fit in 1 MiB
+        pub = msgq.pub_sock(endpoint, segment_size=256 * 1024)  # the space was given back
+        sub = msgq.sub_sock(endpoint)
+        for _ in range(50):  # several passes over every page: no SIGBUS
+            pub.send(b"x" * 60_000)
+            assert sub.receive(non_blocking=True) == b"x" * 60_000
+        pub.close()
+        sub.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_close_while_another_thread_receives_is_refused(endpoint: str) -> None:
@@ -606,8 +600,9 @@ def test_prefix_folder_symlink_is_refused(endpoint: str, prefix: str, tmp_path) 
 
 
 def test_queue_file_of_another_user_is_refused(endpoint: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a file owned by another user")
+    if os.geteuid() != 0:  # CI runs as root
+        pytest.skip("needs root to make a file owned by another user (a user namespace "
+                    "maps only our own uid)")
     path = queues.queue_path(endpoint)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o666)

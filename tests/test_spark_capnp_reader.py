@@ -1,4 +1,4 @@
-"""Typed columns read straight from Cap'n Proto bytes (``msgq/spark/_capnp_reader.pyx``)
+"""Typed columns read straight from Cap'n Proto bytes (``schemas/_typed_reader.pyx``)
 against the pycapnp conversion they replace, value for value and type for type: on the
 benchmark's realistic messages of every service, on thousands of damaged copies of them
 (where pycapnp fails, the fast reader must hand the message back to it), and through the
@@ -21,8 +21,8 @@ pytest.importorskip("pyarrow")
 from msgq.bench.fixtures import SERVICES, filled_message  # noqa: E402
 from msgq.logs import LogWriter  # noqa: E402
 from msgq.schemas import default_schema  # noqa: E402
+from msgq.schemas._typed_reader import FALLBACK, read_member  # noqa: E402
 from msgq.spark import datasource  # noqa: E402
-from msgq.spark._capnp_reader import FALLBACK, read_member  # noqa: E402
 
 _FAILED = object()
 

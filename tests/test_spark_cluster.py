@@ -103,8 +103,12 @@ def test_executors_from_a_packed_environment(
     done = _msgq(["spark", "pack-env", str(archive)], tmp_path)
     assert done.returncode == 0, done.stderr
     # the driver's folder has no ./environment: the data source's driver side must
-    # still find msgq, the executors theirs in the unpacked archive
-    doc = _logstats_json([recording, "--master", cluster.url,
+    # still find msgq, the executors theirs in the unpacked archive. The recording is
+    # named relative to the user's folder (the JVM runs in a private one, where Spark
+    # plans the read: the path is the user's all the same)
+    relative = os.path.relpath(recording, tmp_path)
+    assert not os.path.isabs(relative)
+    doc = _logstats_json([relative, "--master", cluster.url,
                           "--conf", "spark.archives=msgq-env.tar.gz#environment",
                           "--conf", "spark.pyspark.python=./environment/bin/python"],
                          tmp_path, cluster)

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import open_fds
 
 import msgq
 from msgq.visionipc import (
@@ -358,10 +359,6 @@ def test_many_streams_one_server(server: VisionIpcServer) -> None:
         buf = recv_frame(clients[stream])
         assert clients[stream].frame_id == stream and (buf.width, buf.height) == (w, h)
         assert bytes(buf.data) == frame_bytes(stream, 0, w * h * 3 // 2).tobytes()
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 def test_close_frees_everything() -> None:

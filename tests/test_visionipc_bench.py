@@ -15,6 +15,7 @@ import pytest
 pytestmark = pytest.mark.multiprocess
 
 
+@pytest.mark.slow
 def test_tiny_run_prints_every_path_without_drops(tmp_path: Path) -> None:
     out_json = tmp_path / "vipc.json"
     cmd = [

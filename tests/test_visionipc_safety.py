@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from helpers import open_fds
 
 from msgq.bench.visionipc import hostile_clients
 from msgq.visionipc import (
@@ -43,10 +44,6 @@ from msgq.visionipc.packet import pack_frame_packet, parse_frame_packet
 
 SPAWN = mp.get_context("spawn")
 NAME = "camerad"
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.fixture
@@ -247,7 +244,9 @@ def connect_as(uid: int) -> str:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+@pytest.mark.skipif(os.geteuid() != 0,  # CI runs as root
+                    reason="needs root to run a client as another uid (a user namespace "
+                           "maps only our own uid)")
 def test_other_uid_is_served_only_when_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MSGQ_SHM_MODE", "0666")  # let other uids reach the namespace files
     with VisionIpcServer(NAME, allowed_uids=[12345]) as s:

@@ -6,10 +6,16 @@ run). What is measured:
 * **read** — a recording of realistic mixed traffic is generated (every ``should_log``
   service of the registry at its registry rate, contents filled with random values,
   lists of typical lengths, a 16 KiB raw model output; about 950 events and 0.7 MB per
-  second of log) and written once per compression. Then ``LogReader.raw()`` (bytes,
-  time and service peeked without decoding) and plain iteration (a pycapnp Event reader
-  per event) are timed over it: events/s and MB/s of uncompressed event bytes, the best
-  of ``--repeat`` runs.
+  second of log) and written once per compression, and the controller recording of
+  ``msgq bench spark`` (20 services at their registry rates, 60 s zstd segments;
+  ``--controller-seconds``, default five times ``--read-seconds``: 300 s, about 232,000
+  events). Over each, alternating, the best of ``--repeat`` runs: the loop an openpilot
+  user writes with pycapnp (decompress a segment, ``read_multiple_bytes``, ``which()``
+  and ``valid`` counted per service; and ``which()`` only), ``LogReader.raw()`` counted
+  the same way, ``LogReader`` decoded with ``which()``, and plain ``raw()`` and decoded
+  passes: events/s and MB/s of uncompressed event bytes. Read and replay rows time the
+  CPU time of this process (every loop runs in it, on one core), so that other work on
+  the machine does not count; the loops alternate, best of ``--repeat``.
 * **record** — for each rate, a :class:`~msgq.logs.recorder.Recorder` runs in one process
   and a publisher in another sends small sequence-numbered messages (about 80 bytes)
   round-robin over five services at that total rate for ``--seconds``, scheduled
@@ -53,6 +59,7 @@ import msgq
 from msgq.logs import LogReader, LogWriter
 from msgq.logs.recorder import Recorder
 from msgq.logs.replayer import Replayer
+from msgq.logs.sources import segment_paths
 from msgq.logs.writer import COMPRESSIONS
 from msgq.messaging import new_message
 from msgq.schemas import SERVICE_LIST, default_schema
@@ -274,6 +281,7 @@ class ReadResult:
     event_bytes: int  # uncompressed
     file_bytes: int
     seconds: float  # best run
+    recording: str = "mixed"  # "mixed" or "controller"
 
     @property
     def events_per_s(self) -> float:
@@ -311,57 +319,136 @@ class RecordResult:
 # --- read benchmark ----------------------------------------------------------------------
 
 
+#: The read rows: what each loop does per event. The pycapnp rows are the loop an
+#: openpilot user writes (decompress a segment, ``read_multiple_bytes``, iterate), over
+#: the same files in the same run; "counted" loops count events per service and the
+#: valid ones.
+READ_MODES: dict[str, str] = {
+    "pycapnp counted": "pycapnp read_multiple_bytes: which(), valid counted",
+    "raw counted": "LogReader.raw(): service, valid counted",
+    "pycapnp which": "pycapnp read_multiple_bytes: which()",
+    "decoded which": "LogReader (decoded): which()",
+    "raw": "LogReader.raw()",
+    "decoded": "LogReader (decoded)",
+}
+
+
+def _decompressed(path: str) -> bytes:
+    """A segment's bytes, decompressed the way a user's loop does it."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data.startswith(b"\x28\xb5\x2f\xfd"):
+        import zstandard
+
+        # the fastest whole-segment call zstandard has (every frame, one output buffer)
+        return zstandard.ZstdDecompressor().decompressobj(read_across_frames=True) \
+            .decompress(data)
+    if data.startswith(b"BZh"):
+        import bz2
+
+        return bz2.decompress(data)
+    return data
+
+
 def _time_read(folder: str, mode: str) -> tuple[int, int, float]:
     """(events, bytes of events, seconds) of one pass over the recording."""
-    reader = LogReader(folder)
-    n = size = 0
-    start = time.perf_counter()
-    if mode == "raw":
-        for event in reader.raw():
+    n = size = valid = 0
+    counts: dict[str, int] = {}
+    start = time.process_time()
+    if mode.startswith("pycapnp"):
+        event = default_schema().event
+        counted = mode == "pycapnp counted"
+        for path in segment_paths(folder):
+            for msg in event.read_multiple_bytes(_decompressed(path)):
+                service = msg.which()
+                n += 1
+                if counted:
+                    counts[service] = counts.get(service, 0) + 1
+                    if msg.valid:
+                        valid += 1
+    elif mode == "raw counted":
+        for e in LogReader(folder).raw():
+            service = e.service
             n += 1
-            size += len(event.data)
+            counts[service] = counts.get(service, 0) + 1
+            if e.valid:
+                valid += 1
+    elif mode == "decoded which":
+        for msg in LogReader(folder):
+            msg.which()
+            n += 1
+    elif mode == "raw":
+        for e in LogReader(folder).raw():
+            n += 1
+            size += len(e.data)
     else:
-        for _msg in reader:
+        for _msg in LogReader(folder):
             n += 1
-    return n, size, time.perf_counter() - start
+    seconds = time.process_time() - start
+    if counts and sum(counts.values()) != n:
+        raise RuntimeError(f"{mode}: {n} events, {sum(counts.values())} counted")
+    return n, size, seconds
 
 
-def bench_read(workdir: str, seconds: float, compressions: Sequence[str], repeat: int
-               ) -> list[ReadResult]:
-    """Writes the mixed recording once per compression and times reading it."""
+def _recordings(workdir: str) -> list[tuple[str, str, str]]:
+    """(recording, compression, folder) of the recordings bench_read wrote."""
+    found = []
+    for name in sorted(os.listdir(workdir)):
+        if name.startswith("read-controller"):
+            found.append(("controller", "zstd", os.path.join(workdir, name)))
+        elif name.startswith("read-"):
+            found.append(("mixed", name.removeprefix("read-"), os.path.join(workdir, name)))
+    return sorted(found, key=lambda r: r[0] != "mixed")
+
+
+def bench_read(workdir: str, seconds: float, compressions: Sequence[str], repeat: int,
+               controller_seconds: float = 0.0) -> list[ReadResult]:
+    """Writes the mixed recording once per compression (and, with
+    ``controller_seconds``, the controller recording of ``msgq bench spark``: 20 services
+    at their registry rates, 60 s zstd segments) and times reading them."""
     events = list(mixed_events(seconds))
-    results = []
     for compression in compressions:
-        folder = os.path.join(workdir, f"read-{compression}")
-        _write(folder, events, compression)
+        _write(os.path.join(workdir, f"read-{compression}"), events, compression)
+    if controller_seconds > 0:
+        from msgq.bench.spark import make_recording  # the Spark suite's recording
+
+        make_recording(os.path.join(workdir, "read-controller"), controller_seconds, 60.0)
+    results = []
+    for recording, compression, folder in _recordings(workdir):
         file_bytes = _folder_bytes(folder)
         count, event_bytes, _ = _time_read(folder, "raw")  # with the logStart events
-        for mode in ("raw", "decoded"):
-            best = min(_time_read(folder, mode)[2] for _ in range(repeat))
-            results.append(ReadResult(compression, mode, count, event_bytes, file_bytes, best))
+        # the runs of all modes alternate, so that load on the machine hits them alike
+        best = dict.fromkeys(READ_MODES, float("inf"))
+        for _ in range(repeat):
+            for mode in READ_MODES:
+                got, _, took = _time_read(folder, mode)
+                if got != count:
+                    raise RuntimeError(f"{mode} read {got} events of {count}")
+                best[mode] = min(best[mode], took)
+        results += [ReadResult(compression, mode, count, event_bytes, file_bytes, best[mode],
+                               recording) for mode in READ_MODES]
     return results
 
 
 def _time_replay(folder: str) -> tuple[int, float]:
     """(events sent, seconds) of one fast replay of the recording."""
-    start = time.perf_counter()
+    start = time.process_time()
     stats = Replayer(folder, fast=True).run(handle_signals=False)
-    return stats.events, time.perf_counter() - start
+    return stats.events, time.process_time() - start
 
 
 def bench_replay(workdir: str, compressions: Sequence[str], repeat: int
                  ) -> list[ReadResult]:
     """Times a fast replay of each recording :func:`bench_read` wrote."""
     results = []
-    for compression in compressions:
-        folder = os.path.join(workdir, f"read-{compression}")
+    for recording, compression, folder in _recordings(workdir):
         events, event_bytes, _ = _time_read(folder, "raw")
         runs = [_time_replay(folder) for _ in range(repeat)]
         sent = runs[0][0]
         # bytes of the events sent: all of the log's but the logStart events
         per_event = event_bytes / events if events else 0.0
         results.append(ReadResult(compression, "replay", sent, int(per_event * sent),
-                                  _folder_bytes(folder), min(t for _, t in runs)))
+                                  _folder_bytes(folder), min(t for _, t in runs), recording))
     return results
 
 
@@ -501,9 +588,8 @@ def table(reads: list[ReadResult], records: list[RecordResult],
     rows: list[list[object]] = [["benchmark", "case", "events/s", "MB/s", "events", "lost",
                                  "drops"]]
     for r in [*reads, *replays]:
-        what = {"raw": "read LogReader.raw()", "decoded": "read LogReader (decoded)",
-                "replay": "replay --fast"}[r.mode]
-        case = (f"{r.compression}, {r.event_bytes / MB:.1f} MB in "
+        what = "replay --fast" if r.mode == "replay" else f"read {READ_MODES[r.mode]}"
+        case = (f"{r.recording}, {r.compression}, {r.event_bytes / MB:.1f} MB in "
                 f"{r.file_bytes / MB:.1f} MB of files")
         rows.append([what, case, _num(r.events_per_s), f"{r.mb_per_s:.1f}",
                      _num(r.events), "-", "-"])
@@ -552,6 +638,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--read-seconds", type=float, default=None,
                         help=f"log seconds of the generated recording (default "
                              f"{DEFAULT_READ_SECONDS:g}; 0 skips the read rows)")
+    parser.add_argument("--controller-seconds", type=float, default=None,
+                        help="log seconds of the controller recording read beside the mixed "
+                             "one (20 services at their registry rates, as msgq bench spark "
+                             "writes it; default 5 x --read-seconds; 0 leaves it out)")
     parser.add_argument("--compressions", default="zstd,none",
                         help="compressions of the read rows (default zstd,none)")
     parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT,
@@ -567,6 +657,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.read_seconds is None:
         args.read_seconds = 10.0 if args.quick else DEFAULT_READ_SECONDS
+    if args.controller_seconds is None:
+        args.controller_seconds = 5 * args.read_seconds
     if args.seconds is None:
         args.seconds = 0.5 if args.quick else DEFAULT_SECONDS
     if args.rates is None:
@@ -600,7 +692,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     records: list[RecordResult] = []
     try:
         if args.read_seconds > 0:
-            reads = bench_read(workdir, args.read_seconds, args.compression_list, args.repeat)
+            reads = bench_read(workdir, args.read_seconds, args.compression_list, args.repeat,
+                               args.controller_seconds)
             replays = bench_replay(workdir, args.compression_list, args.repeat)
         if args.rate_list:
             ctx = _context()
@@ -617,7 +710,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    print(f"logs benchmark: {os.cpu_count()} CPUs, read rows best of {args.repeat}, "
+    print(f"logs benchmark: {os.cpu_count()} CPUs, read rows best of {args.repeat} "
+          "(CPU time of the process), "
           f"record rows {args.seconds:g} s per rate ({args.record_compression})")
     print(table(reads, records, replays))
     if records:
@@ -631,8 +725,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{_num(best.achieved_rate)} sent{top}")
     if args.json:
         with open(args.json, "w") as f:
+            # "read": the raw and decoded rows (the document's shape before the loops
+            # came); "read_loops": the pycapnp loops and ours counted the same way
             json.dump({"read": [{**asdict(r), "events_per_s": r.events_per_s,
-                                 "mb_per_s": r.mb_per_s} for r in reads],
+                                 "mb_per_s": r.mb_per_s} for r in reads
+                                if r.mode in ("raw", "decoded") and r.recording == "mixed"],
+                       "read_loops": [{**asdict(r), "events_per_s": r.events_per_s,
+                                       "mb_per_s": r.mb_per_s} for r in reads
+                                      if r.mode not in ("raw", "decoded")
+                                      or r.recording != "mixed"],
                        "replay": [{**asdict(r), "events_per_s": r.events_per_s,
                                    "mb_per_s": r.mb_per_s} for r in replays],
                        "record": [{**asdict(r), "achieved_rate": r.achieved_rate,

@@ -13,6 +13,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import struct
 import time
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ INTO_SIZES: tuple[int, ...] = (64 * KIB, MIB)
 RTT_SIZES: tuple[int, ...] = (8, 64 * KIB)
 #: Every backend the benchmark knows, in table order; pyzmq is the reference of the ratios.
 BACKEND_ORDER: tuple[str, ...] = (
-    "msgq", "msgq-pool", "msgq-zmq", "pyzmq", "kickmsg", "iceoryx2")
+    "msgq", "msgq-pool", "msgq-zmq", "msgq-zmq-curve", "pyzmq", "kickmsg", "iceoryx2")
 REFERENCE = "pyzmq"
 TESTS: tuple[str, ...] = ("throughput", "recv_into", "view", "rtt", "rtt_async")
 #: Payload sizes of the asyncio round-trip rows.
@@ -331,6 +332,42 @@ class MsgqZmqBackend(MsgqBackend):
         os.environ.setdefault("MSGQ_ZMQ_SNDHWM", str(PyzmqBackend.HWM))
         os.environ.setdefault("MSGQ_ZMQ_RCVHWM", str(PyzmqBackend.HWM))
         super().__init__(run_dir, prefix)
+
+
+class MsgqZmqCurveBackend(MsgqZmqBackend):
+    """msgq's ZMQ backend with CurveZMQ keys (``MSGQ_ZMQ_KEYS``): the cost of encryption
+    and authentication beside the ``msgq-zmq`` rows."""
+
+    name = "msgq-zmq-curve"
+    io_note = MsgqZmqBackend.io_note + "; CurveZMQ keys (encrypted, authenticated)"
+
+    def __init__(self, run_dir: str, prefix: str) -> None:
+        super().__init__(run_dir, prefix)
+        from msgq.zmq_backend import create_keys  # only these rows make keys
+
+        # One key directory per run, shared by its publisher and subscriber processes:
+        # made aside and renamed into place (the first process to finish wins).
+        self.keys = os.path.join(run_dir, "curve-keys")
+        if not os.path.isdir(self.keys):
+            scratch = os.path.join(run_dir, f"curve-keys.{os.getpid()}")
+            create_keys(scratch, ["bench"])
+            try:
+                os.rename(scratch, self.keys)
+            except OSError:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    def make_pub(self, topic: str, geo: Geometry) -> Any:
+        sock = self.module.PubSocket(keys=self.keys)
+        sock.connect(self.context, topic, geo.segment_size)
+        self.sockets.append(sock)
+        return sock
+
+    def make_sub(self, topic: str, geo: Geometry) -> Any:
+        sock = self.module.SubSocket(keys=self.keys, client="bench")
+        sock.connect(self.context, topic, b"127.0.0.1", False, geo.segment_size)
+        sock.setTimeout(RECV_TIMEOUT_MS)
+        self.sockets.append(sock)
+        return sock
 
 
 class PyzmqBackend(Backend):
@@ -656,6 +693,7 @@ class Iceoryx2Backend(Backend):
 #: Backend name -> adapter class.
 BACKENDS: dict[str, type[Backend]] = {
     cls.name: cls
-    for cls in (MsgqBackend, MsgqPoolBackend, MsgqZmqBackend, PyzmqBackend, KickmsgBackend,
+    for cls in (MsgqBackend, MsgqPoolBackend, MsgqZmqBackend, MsgqZmqCurveBackend, PyzmqBackend,
+                KickmsgBackend,
                 Iceoryx2Backend)
 }

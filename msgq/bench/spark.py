@@ -21,6 +21,13 @@ targets of issue 17 with what was measured, and the load average before and afte
 ``--tiny`` is the smoke run the tests use; ``--no-cluster`` leaves the cluster out;
 ``--seconds`` sets the size (1300: about 1 M events; the table says how many);
 ``--no-reads`` leaves the DataFrame reads out (the loop and logstats only).
+
+``--pushdown`` runs the suite of issue 28 instead (:func:`run_pushdown`, about 2 minutes
+at its default size): a rare service (gpsLocation, 1.3 % of the events) and a time
+window of 5 % of the recording, each read with filter pushdown off, on, and by a plain
+loop over the index reading only what the query needs; then the same events as many
+small loggerd route segments (``<route>--<n>/rlog.zst``, 3 a route) against a few big
+segments, per event. ``--seconds 13000 --routes 2000`` is the issue's size (10 M events).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from typing import Any
 
 from msgq.bench.fixtures import SERVICES, best_time, filled_message
 from msgq.cli.output import EXIT_FAILURE, CommandError, print_error, require_extra
-from msgq.logs import LogReader, LogWriter
+from msgq.logs import LogReader, LogWriter, read_index
 from msgq.schemas import SERVICE_LIST, use_schema
 from msgq.tables import format_table
 
@@ -129,6 +136,144 @@ def _spark_reads(folder: str, cores: int, services: Sequence[str],
         return results
     finally:
         spark.stop()
+
+
+def _window_loop(folder: str, low: int, high: int) -> int:
+    """Events with ``low <= logMonoTime < high`` by a plain loop: the recording index
+    names the segments that overlap the window, and only those are read."""
+    count = 0
+    for entry in read_index(folder) or []:
+        if entry.last_mono_ns < low or entry.first_mono_ns >= high:
+            continue
+        for event in LogReader(os.path.join(folder, entry.file), start_mono_ns=low).raw():
+            count += event.mono_ns < high
+    return count
+
+
+def _routes(folder: str, target: str, per_route: int = 3) -> int:
+    """Moves the segments of the recording ``folder`` into openpilot's layout under
+    ``target``: route ``r<i>``'s segment ``n`` as ``r<i>--<n>/rlog.zst``; returns the
+    number of routes."""
+    files = sorted(n for n in os.listdir(folder) if n.startswith("segment-"))
+    for i, name in enumerate(files):
+        segment = os.path.join(target, f"r{i // per_route:05d}--{i % per_route}")
+        os.makedirs(segment)
+        os.replace(os.path.join(folder, name), os.path.join(segment, "rlog.zst"))
+    return -(-len(files) // per_route)
+
+
+def run_pushdown(seconds: float, rotate_seconds: float, repeat: int, routes: int,
+                 cores: int = 2) -> dict[str, Any]:
+    """The rows of issue 28, in one ``local[cores]`` session; each query's variants are
+    timed alternately, best of ``repeat``."""
+    # imports pyspark: only the Spark rows need it
+    from msgq.spark import read_logs
+
+    # imports pyspark: only the Spark rows need it
+    from msgq.spark.session import spark_session
+
+    load_before = os.getloadavg()
+    rare = "gpsLocation"
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="msgq-spark-bench-") as tmp:
+        folder = os.path.join(tmp, "recording")
+        written = make_recording(folder, seconds, rotate_seconds)
+        entries = read_index(folder) or []
+        first = min(e.first_mono_ns for e in entries)
+        last = max(e.last_mono_ns for e in entries)
+        low = first + int((last - first) * 0.475)
+        high = first + int((last - first) * 0.525)
+        _note(f"{written} events in {len(entries)} segments written")
+        # the same events as small route segments and as few big ones
+        small_rotate = seconds / (3 * routes)
+        small = os.path.join(tmp, "small")
+        make_recording(small, seconds, small_rotate)
+        layout = os.path.join(tmp, "routes")
+        routes = _routes(small, layout)
+        big = os.path.join(tmp, "big")
+        make_recording(big, seconds, seconds / 60 if routes >= 2000 else seconds / 6)
+        big_files = len([n for n in os.listdir(big) if n.startswith("segment-")])
+        _note(f"{routes} routes x 3 segments, and {big_files} big segments written")
+        spark = spark_session(f"local[{cores}]", app_name="msgq spark bench pushdown")
+        try:
+            def query(kind: str, pushdown: bool) -> int:
+                if kind == "rare":
+                    df = read_logs(spark, folder, data=False, pushdown=pushdown,
+                                   services=[rare])
+                else:
+                    df = read_logs(spark, folder, data=False, pushdown=pushdown,
+                                   start=low, end=high)
+                return int(df.count())
+
+            loops = {"rare": lambda: sum(1 for _ in LogReader(folder, services=[rare]).raw()),
+                     "window": lambda: _window_loop(folder, low, high)}
+            for kind, label in (("rare", f"rare service ({rare})"),
+                                ("window", "time window (5 %)")):
+                query(kind, True)  # warm-up: the Python workers, the schema
+                best: dict[str, float] = {}
+                counts: dict[str, int] = {}
+                for _ in range(repeat):  # alternating: load affects each alike
+                    for name, call in (("off", lambda k=kind: query(k, False)),
+                                       ("on", lambda k=kind: query(k, True)),
+                                       ("loop", loops[kind])):
+                        t0 = time.perf_counter()
+                        counts[name] = call()
+                        best[name] = min(best.get(name, 1e99), time.perf_counter() - t0)
+                if len(set(counts.values())) != 1:
+                    raise RuntimeError(f"{label}: the variants disagree: {counts}")
+                rows.append({"query": label, "events": counts["on"],
+                             "pushdown_off_s": best["off"], "pushdown_on_s": best["on"],
+                             "loop_s": best["loop"],
+                             "speedup": best["off"] / best["on"],
+                             "vs_loop": best["on"] / best["loop"]})
+                _note(f"{label}: off {best['off']:.2f} s, on {best['on']:.2f} s, "
+                      f"loop {best['loop']:.2f} s")
+
+            def layout_read(path: str) -> int:
+                df = read_logs(spark, path, data=False)
+                df.write.format("noop").mode("overwrite").save()
+                return 0
+
+            sources = {"small": os.path.join(layout, "r*--*"), "big": big}
+            counts_of = {k: read_logs(spark, p, data=False).count() for k, p in sources.items()}
+            times: dict[str, float] = {}
+            for _ in range(repeat):
+                for name, path in sources.items():
+                    t0 = time.perf_counter()
+                    layout_read(path)
+                    times[name] = min(times.get(name, 1e99), time.perf_counter() - t0)
+            per_event = {k: times[k] / counts_of[k] for k in sources}
+            layout_row = {"routes": routes, "small_files": routes * 3, "big_files": big_files,
+                          "small_s": times["small"], "big_s": times["big"],
+                          "small_events": counts_of["small"], "big_events": counts_of["big"],
+                          "ratio_per_event": per_event["small"] / per_event["big"]}
+            _note(f"layout: small {times['small']:.2f} s, big {times['big']:.2f} s")
+        finally:
+            spark.stop()
+    return {"events_written": written, "segments": len(entries), "cores": cores,
+            "rows": rows, "layout": layout_row, "load_before": load_before,
+            "load_after": os.getloadavg()}
+
+
+def _pushdown_table(result: dict[str, Any]) -> str:
+    rows: list[tuple[str, ...]] = [("query", "events", "pushdown off s", "on s",
+                                    "index loop s", "off/on", "on/loop")]
+    for r in result["rows"]:
+        rows.append((r["query"], str(r["events"]), f"{r['pushdown_off_s']:.2f}",
+                     f"{r['pushdown_on_s']:.2f}", f"{r['loop_s']:.2f}",
+                     f"{r['speedup']:.1f}x", f"{r['vs_loop']:.2f}x"))
+    lay = result["layout"]
+    load = " ".join(f"{v:.2f}" for v in result["load_before"])
+    return "\n".join([
+        f"{result['events_written']} events in {result['segments']} segments, "
+        f"local[{result['cores']}]; load average {load} before",
+        format_table(rows),
+        "targets: off/on >= 10x, on/loop <= 2x",
+        f"route layout: {lay['small_files']} small segments ({lay['routes']} routes x 3) "
+        f"{lay['small_s']:.2f} s for {lay['small_events']} events, {lay['big_files']} big "
+        f"segments {lay['big_s']:.2f} s for {lay['big_events']}: "
+        f"{lay['ratio_per_event']:.2f}x per event (target <= 1.5x)",
+    ])
 
 
 def _logstats(folder: str, master: str) -> tuple[dict[str, Any], float]:
@@ -305,6 +450,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "the loop and msgq logstats only, e.g. on a larger --seconds")
     parser.add_argument("--tiny", action="store_true",
                         help="a smoke run: 4 simulated seconds in 2 segments, no cluster")
+    parser.add_argument("--pushdown", action="store_true",
+                        help="the filter pushdown and route layout suite instead (issue 28; "
+                             "default --seconds 300, --rotate 10)")
+    parser.add_argument("--routes", type=int, default=200,
+                        help="routes of 3 small segments in the layout row (default 200)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     try:
@@ -319,6 +469,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The recording is of msgq's own services: msgq's schema and registry are in force
     # here and in the commands run (whatever MSGQ_SCHEMA / --schema said).
     use_schema(None)
+    if args.pushdown:
+        given = argv if argv is not None else sys.argv[1:]
+        pd_seconds = 20.0 if args.tiny else (
+            args.seconds if "--seconds" in given else 300.0)
+        pd_rotate = 5.0 if args.tiny else (args.rotate if "--rotate" in given else 10.0)
+        routes = 4 if args.tiny else args.routes
+        pushed = run_pushdown(pd_seconds, pd_rotate, max(repeat, 1 if args.tiny else 3),
+                              routes)
+        if args.json:
+            json.dump(pushed, sys.stdout, indent=2)
+            print()
+        else:
+            print(_pushdown_table(pushed))
+        return 0
     result = run(seconds, rotate, repeat, cluster=not (args.tiny or args.no_cluster),
                  reads=not args.no_reads)
     if args.json:

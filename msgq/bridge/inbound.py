@@ -19,10 +19,17 @@ another schema
 (:func:`msgq.bridge.wire.schema_difference`), no message is re-published — each is counted
 as ``wrong_schema`` — ``schema_problem`` says what differs, and ``notify`` (when given) is
 called with it once, instead of re-publishing messages mislabeled.
+
+With keys (``keys=DIR``, else ``MSGQ_ZMQ_KEYS``; ``client`` picks the client key) both
+sockets are CURVE clients that accept only DIR's server key; a failed handshake (the
+other side refused this key, or is not the bridge of that key) is counted in
+``counts["failed_handshakes"]`` and logged once.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -51,6 +58,7 @@ from msgq.bridge.wire import (
 )
 from msgq.schemas import Schema, schema_in_force
 from msgq.visionipc import VisionIpcServer
+from msgq.zmq_backend import handshake_problem, keys_setting, load_keys, make_curve_client
 
 __all__ = ["FRAME_BUFFERS", "HELLO_WAIT_S", "HOLD_LIMIT", "Inbound"]
 
@@ -61,6 +69,9 @@ FRAME_BUFFERS = 4
 HELLO_WAIT_S = 3 * HELLO_INTERVAL_S
 #: Service messages kept while waiting for the announcement (more are dropped, counted).
 HOLD_LIMIT = 10_000
+log = logging.getLogger("msgq.bridge")
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 # Largest frame accepted from the wire (bytes), as VisionIPC's own limit.
 _MAX_FRAME = 1 << 30
 
@@ -70,13 +81,16 @@ class Inbound:
     and re-publishes locally. ``services``: only these (default: every registry service
     that arrives); ``vision``: also re-serve VisionIPC frames; ``schema``: the schema the
     remote side must send (default: the schema in force); ``notify``: called (from
-    :meth:`run`) with one line when the other side announces another schema. Call
-    :meth:`run` (until ``stop()``), then :meth:`close`."""
+    :meth:`run`) with one line when the other side announces another schema; ``keys``
+    and ``client``: CurveZMQ (see the module docstring). Call :meth:`run` (until
+    ``stop()``), then :meth:`close`."""
 
     def __init__(self, address: str, port: int = DEFAULT_PORT,
                  services: list[str] | None = None, vision: bool = True,
                  schema: Schema | None = None,
-                 notify: Callable[[str], None] | None = None) -> None:
+                 notify: Callable[[str], None] | None = None,
+                 keys: str | os.PathLike[str] | None = None,
+                 client: str | None = None) -> None:
 
         schema = schema_in_force(schema)
         self._ours = parse_hello(schema_hello(schema))
@@ -97,14 +111,22 @@ class Inbound:
         #: was dropped (the other side's schema is not the one in force).
         self.last_service_error = ""
         self.counts: Counter[str] = Counter()
+        directory = keys_setting(keys)
+        self._keys = load_keys(directory, client) if directory else None
+        if self._keys is not None:
+            self._keys.client_keys_or_raise()
+        self._handshake_said = False
         self._stop = threading.Event()
         self._zmq = zmq.Context()
         host = f"[{address}]" if ":" in address else address
         self._services_sub = self._zmq.socket(zmq.SUB)
         self._services_sub.setsockopt(zmq.LINGER, 0)
+        if self._keys is not None:
+            make_curve_client(self._services_sub, self._keys)
         self._services_sub.setsockopt(zmq.SUBSCRIBE, HELLO_TOPIC)
         for s in services or [""]:
-            self._services_sub.setsockopt(zmq.SUBSCRIBE, service_topic(s) if s else b"s")
+            topic = service_topic(s, self._keys is not None) if s else b"s"
+            self._services_sub.setsockopt(zmq.SUBSCRIBE, topic)
         self._services_sub.connect(f"tcp://{host}:{port}")
         self.wanted = None if services is None else set(services)
         self._vision_sub = None
@@ -112,6 +134,8 @@ class Inbound:
             self._vision_sub = self._zmq.socket(zmq.SUB)
             self._vision_sub.setsockopt(zmq.LINGER, 0)
             self._vision_sub.setsockopt(zmq.RCVHWM, VISION_HWM * FRAME_PARTS)
+            if self._keys is not None:
+                make_curve_client(self._vision_sub, self._keys)
             self._vision_sub.setsockopt(zmq.SUBSCRIBE, b"v")
             self._vision_sub.connect(f"tcp://{host}:{port + 1}")
         # A (re)connection to the other side: its schema is unknown until it announces
@@ -119,7 +143,8 @@ class Inbound:
         # under the last one's verdict). The monitor comes first in the poller, so its
         # event, which precedes the new connection's first message by the ZMTP
         # handshake, is handled first.
-        self._monitor = self._services_sub.get_monitor_socket(zmq.EVENT_CONNECTED)
+        self._monitor = self._services_sub.get_monitor_socket(
+            zmq.EVENT_CONNECTED | _HANDSHAKE_FAILED)
         self._handlers: dict[Any, Callable[[list[bytes]], None]] = {
             self._monitor: self._on_connected, self._services_sub: self._on_service}
         if self._vision_sub is not None:
@@ -152,6 +177,17 @@ class Inbound:
                 self._release_held()
 
     def _on_connected(self, parts: list[bytes]) -> None:
+        event = int.from_bytes(parts[0][:2], "little")
+        if event & _HANDSHAKE_FAILED:
+            self.counts["failed_handshakes"] += 1
+            if not self._handshake_said:
+                self._handshake_said = True
+                value = int.from_bytes(parts[0][2:6], "little")
+                log.warning("bridge: the other side at %s: %s (further failures are counted "
+                            "in failed_handshakes)", parts[1].decode("utf-8", "replace"),
+                            handshake_problem(event, value, self._keys is not None,
+                                              "subscriber"))
+            return
         self._announced = False
 
     def _on_hello(self, parts: list[bytes]) -> None:

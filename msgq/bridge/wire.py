@@ -22,6 +22,11 @@ The schema, on the services port, at the start and every :data:`HELLO_INTERVAL_S
              discriminant, "layout": [logMonoTime byte, valid byte, valid bit,
              discriminant byte, logMonoTime default, valid default], "fingerprint"}
 
+With keys (``--keys DIR``: CurveZMQ, docs/security.md) every service and VisionIPC
+topic ends in a zero byte (:data:`TOPIC_END`): the sending side grants each client the
+exact topics its permissions allow, and ZMQ matches subscriptions as prefixes, so
+without the end ``gpsLocation`` would also match ``gpsLocationExternal``.
+
 Cap'n Proto bytes carry no schema: read with another one, an Event often still "decodes"
 (another member's name, a time read from the wrong bits). So the receiving side compares
 the announced schema with its own (:func:`schema_difference`: the same root, layout and
@@ -52,6 +57,7 @@ __all__ = [
     "FRAME_PARTS",
     "HELLO_INTERVAL_S",
     "HELLO_TOPIC",
+    "TOPIC_END",
     "VISION_HWM",
     "FrameHeader",
     "WireError",
@@ -75,6 +81,9 @@ FRAME_PARTS = 3
 HELLO_TOPIC = b"h"
 #: Seconds between two schema announcements.
 HELLO_INTERVAL_S = 0.5
+#: What ends every topic of a bridge with keys, so that the subscription a client is
+#: granted (a topic, which ZMQ matches as a prefix) covers that service or stream only.
+TOPIC_END = b"\x00"
 COMPRESSION_NONE = 0
 COMPRESSION_ZSTD = 1
 _MAGIC = 0x4656514D  # "MQVF" little-endian
@@ -88,11 +97,13 @@ class WireError(ValueError):
     """A bridge message that does not follow the wire format."""
 
 
-def service_topic(service: str) -> bytes:
-    return b"s" + service.encode("utf-8")
+def service_topic(service: str, terminated: bool = False) -> bytes:
+    """The topic of ``service``; ``terminated`` (with keys): ending in TOPIC_END."""
+    return b"s" + service.encode("utf-8") + (TOPIC_END if terminated else b"")
 
 
 def parse_service_topic(topic: bytes) -> str:
+    topic = topic.removesuffix(TOPIC_END)
     if not topic.startswith(b"s") or not 1 < len(topic) <= _MAX_NAME + 1:
         raise WireError("not a service topic")
     try:
@@ -145,11 +156,14 @@ def schema_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str | Non
     return None
 
 
-def vision_topic(name: str, stream: int) -> bytes:
-    return b"v" + name.encode("utf-8") + b"/" + str(stream).encode("ascii")
+def vision_topic(name: str, stream: int, terminated: bool = False) -> bytes:
+    """The topic of VisionIPC stream ``name/stream``; ``terminated``: ending in TOPIC_END."""
+    return (b"v" + name.encode("utf-8") + b"/" + str(stream).encode("ascii")
+            + (TOPIC_END if terminated else b""))
 
 
 def parse_vision_topic(topic: bytes) -> tuple[str, int]:
+    topic = topic.removesuffix(TOPIC_END)
     if not topic.startswith(b"v") or len(topic) > _MAX_NAME + 12:
         raise WireError("not a VisionIPC topic")
     name, sep, stream = topic[1:].rpartition(b"/")

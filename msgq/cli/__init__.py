@@ -56,6 +56,7 @@ COMMANDS: tuple[str, ...] = (
     "foxglove",
     "spark",
     "bridge",
+    "keys",
     "bench",
     "config",
 )

@@ -32,6 +32,15 @@ examples:
   msgq bridge connect 192.168.1.10 vehicleState --no-vision
   msgq --schema cereal/log.capnp --registry cereal/services.py bridge serve carState
                                                           an application's schema (cereal's)
+  msgq bridge serve --all --keys keys/                    CurveZMQ: encrypted, only the client
+                                                          keys keys/permissions.toml allows
+  msgq bridge connect 192.168.1.10 --keys keys/ --client laptop
+
+Security: without keys the bridge is open (upstream's behaviour): anyone who reaches the
+ports reads everything, and serve says so in one line at start. With --keys DIR (or
+MSGQ_ZMQ_KEYS=DIR; make one with `msgq keys init DIR`) traffic is encrypted, connect
+accepts only DIR's server key, and serve gives each client key only the services and
+streams DIR/permissions.toml allows it (docs/security.md).
 
 Services are those of the registry in force: msgq's own, or the one --schema FILE.capnp
 and --registry FILE (or MSGQ_SCHEMA and MSGQ_REGISTRY) select; --all is every one of them.
@@ -81,6 +90,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                                     exclusive=True), metavar="S",
                           help="stop after S seconds (default: until Ctrl-C)")
         side.add_argument("--json", action="store_true", help="final counts as JSON")
+        side.add_argument("--keys", metavar="DIR", default=None,
+                          help="CurveZMQ key directory (default: MSGQ_ZMQ_KEYS; none: open)")
+    connect.add_argument("--client", metavar="NAME", default=None,
+                         help="the client key of DIR/clients to use (default: "
+                              "MSGQ_ZMQ_CLIENT, else the only one there)")
     return parser
 
 
@@ -113,11 +127,19 @@ def run(args: argparse.Namespace) -> int:
         vision = _vision_specs(args.vision)
         if not services and not vision:
             raise UsageError("name services to forward (or --all) and/or --vision NAME:STREAMS")
-        side: Any = Outbound(services, vision, bind=args.bind, port=port,
-                             compression=args.compress)
+        try:
+            side: Any = Outbound(services, vision, bind=args.bind, port=port,
+                                 compression=args.compress, keys=args.keys)
+        except ValueError as e:  # a key directory that is missing or unsafe
+            raise CommandError(str(e)) from None
         streams = sum(len(v[1]) for v in vision)
         what = f"forwarding {plural(len(services), 'service')} and " \
                f"{plural(streams, 'VisionIPC stream')} on ports {port}/{port + 1}"
+        if side.keys is None:
+            where = "every interface" if args.bind in ("*", "0.0.0.0", "::") else args.bind
+            print(f"msgq bridge serve: serving {where} unauthenticated and unencrypted: "
+                  "whoever reaches the ports reads every message; use --keys DIR "
+                  "(docs/security.md)", file=sys.stderr)
     else:
         services = check_services(args.services) if args.services else None
 
@@ -125,8 +147,11 @@ def run(args: argparse.Namespace) -> int:
             refused.append(problem)
             side.stop()
 
-        side = Inbound(args.address, port, services, vision=not args.no_vision,
-                       notify=refuse)
+        try:
+            side = Inbound(args.address, port, services, vision=not args.no_vision,
+                           notify=refuse, keys=args.keys, client=args.client)
+        except ValueError as e:  # a key directory that is missing or unsafe
+            raise CommandError(str(e)) from None
         what = f"re-publishing from {args.address}:{port}/{port + 1}"
     print(f"msgq bridge {args.side}: {what} (Ctrl-C to stop)", file=sys.stderr)
 

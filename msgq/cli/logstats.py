@@ -4,6 +4,7 @@ Spark (a local session by default, a cluster with ``--master``)."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from typing import Any
@@ -58,6 +59,8 @@ examples:
   msgq logstats '/data/*/segment-*.log.zst' --segments
   msgq logstats rec --services vehicleState,can --plot rates.png
   msgq logstats rec --json > stats.json
+  msgq logstats rec --start 120 --end 180          one minute of the recording
+  msgq logstats rec --follow --every 2             live tables while msgq record runs
   msgq logstats --schema cereal/log.capnp --registry cereal/services.py route--0/rlog.zst
   msgq logstats rec --master spark://head:7077     on a cluster (shared storage)
   msgq logstats rec --master spark://head:7077 --conf spark.archives=env.tar.gz#environment \
@@ -89,6 +92,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="Spark master (default local[*]: this machine, every core)")
     parser.add_argument("--services", metavar="A,B",
                         help="only these services (others are skipped without decoding)")
+    parser.add_argument("--start", type=float, default=None, metavar="SECONDS",
+                        help="only events from this logMonoTime on (seconds, as the "
+                             "recording's clock; the first segments skipped unread)")
+    parser.add_argument("--end", type=float, default=None, metavar="SECONDS",
+                        help="only events before this logMonoTime (seconds)")
+    parser.add_argument("--follow", action="store_true",
+                        help="follow PATH, a recording folder being written (msgq record): "
+                             "live tables, refreshed as events arrive (Structured "
+                             "Streaming), until Ctrl-C")
+    parser.add_argument("--every", type=float, default=5.0, metavar="SECONDS",
+                        help="with --follow: a refresh every SECONDS (default 5)")
+    parser.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                        help="with --follow: stop after SECONDS (default: at Ctrl-C)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--plot", metavar="OUT.png",
                         help="write the rate of each service over time as a PNG")
@@ -148,6 +164,18 @@ def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
     return files, remote
 
 
+def _window(start: float | None, end: float | None) -> tuple[int | None, int | None]:
+    """--start/--end in seconds as logMonoTime nanoseconds (start <= t < end)."""
+    start_ns = None if start is None else round(start * 1e9)
+    end_ns = None if end is None else round(end * 1e9)
+    for name, value in (("--start", start_ns), ("--end", end_ns)):
+        if value is not None and not 0 <= value < 1 << 63:
+            raise UsageError(f"{name} must be between 0 and 9.2e9 seconds")
+    if start_ns is not None and end_ns is not None and start_ns >= end_ns:
+        raise UsageError("--start must be before --end")
+    return start_ns, end_ns
+
+
 def _check_services(text: str | None) -> list[str] | None:
     """The services of --services, members of the union of the schema in force; an
     unknown one is a usage error (said before Spark starts)."""
@@ -170,8 +198,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--bin must be positive")
     if args.max_gaps < 0:
         raise UsageError("--max-gaps must be 0 or more")
+    start, end = _window(args.start, args.end)
     conf = _spark_conf(args.conf)
     require_extra("spark", "pyspark")
+    if args.follow:
+        return _follow(args, conf)
     files, remote = _check_paths(args.paths, args.via)
     services = _check_services(args.services)
     try:
@@ -209,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
         # the schema in force (--schema/--registry, MSGQ_SCHEMA/MSGQ_REGISTRY, else
         # msgq's own) travels with the read to the executors
         df = read_logs(spark, args.paths, services=services, data=False, via=args.via,
-                       compact=not args.plot)
+                       compact=not args.plot, start=start, end=end,
+                       keep_problems=True)
         # the files Spark listed for the Hadoop paths (the source's are not listed here)
         count = len(files) + (len(df.inputFiles()) if remote else 0)
     except Exception as e:  # bad option values surface as Spark analysis errors
@@ -243,6 +275,53 @@ def run(args: argparse.Namespace) -> int:
         print_json(result)
         return EXIT_OK
     _print_report(result, args)
+    return EXIT_OK
+
+
+def _follow(args: argparse.Namespace, conf: dict[str, str]) -> int:
+    """--follow: the statistics of a growing recording, printed after each refresh."""
+    import os
+
+    if len(args.paths) != 1 or not os.path.isdir(args.paths[0]):
+        raise UsageError("--follow takes one recording folder (the one msgq record writes)")
+    if args.every <= 0 or (args.duration is not None and args.duration <= 0):
+        raise UsageError("--every and --duration must be positive")
+    for flag, given in (("--plot", args.plot), ("--services", args.services),
+                        ("--start", args.start), ("--end", args.end),
+                        ("--master", args.master)):
+        if given:
+            raise UsageError(f"--follow reads on local Spark with no {flag}")
+    # imports pyspark: loaded when the command runs, not at CLI start-up
+    from msgq.spark.session import JavaMissingError, spark_session
+
+    # imports pyspark: loaded when the command runs, not at CLI start-up
+    from msgq.spark.streaming import follow_stats
+
+    try:
+        spark = spark_session(None, app_name="msgq logstats --follow", config=conf,
+                              java_options=_JAVA_OPTIONS, class_cache=True)
+    except JavaMissingError as e:
+        raise CommandError(str(e)) from None
+    folder = args.paths[0]
+
+    def show(result: dict[str, Any]) -> None:
+        result = {"paths": [folder], "files": len(segment_paths(folder)),
+                  "master": "local[*]", **result}
+        if args.json:
+            print(json.dumps(result), flush=True)
+            return
+        if sys.stdout.isatty():
+            print("\x1b[H\x1b[2J", end="")
+        print(paint(f"following {folder} (every {args.every:g} s; Ctrl-C stops)", "dim"))
+        _print_report(result, args)
+        sys.stdout.flush()
+
+    try:
+        follow_stats(spark, folder, args.every, show, args.duration, args.gap_factor)
+    except KeyboardInterrupt:
+        pass
+    except Exception as e:  # a failed streaming query: one line
+        raise CommandError(f"the streaming query failed: {_first_line(e)}") from None
     return EXIT_OK
 
 

@@ -31,7 +31,7 @@ from msgq.logs.reader import (
 from msgq.logs.recorder import Recorder, RecordStats
 from msgq.logs.replayer import Replayer, ReplayStats
 from msgq.logs.schema_check import SchemaMismatchError, check_schema
-from msgq.logs.segment import LogProblem
+from msgq.logs.segment import LogProblem, MessageBatch
 from msgq.logs.writer import COMPRESSIONS, LogWriter, close_on_termination
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "LogProblem",
     "LogReader",
     "LogWriter",
+    "MessageBatch",
     "RecordStats",
     "Recorder",
     "ReplayStats",

@@ -35,9 +35,12 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from msgq.schemas.framing import FramingError, message_extent, message_length
+from msgq.logs import _scan
+from msgq.logs._scan import ROOT_WHOLE, VALID
+from msgq.schemas.framing import EventLayout, FramingError, message_extent, message_length
 
-__all__ = ["LogProblem", "RawMessage", "compression_of", "read_messages"]
+__all__ = ["ROOT_WHOLE", "VALID", "LogProblem", "MessageBatch", "RawMessage", "compression_of",
+           "read_batches", "read_messages"]
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 BZ2_MAGIC = b"BZh"
@@ -66,6 +69,39 @@ class LogProblem:
         if self.file_offset != self.offset:
             where += f" of the decompressed stream (file byte {self.file_offset})"
         return f"{self.path}: {self.kind} at {where}: {self.detail}"
+
+
+@dataclass(frozen=True, eq=False)
+class MessageBatch:
+    """A run of whole messages back to back, split and peeked by the C scanner: the
+    bytes they lie in (``data``, the decompressed piece of the stream, shared, not
+    copied: it may hold bytes before and after the run) and, per message, its offset in
+    ``data``, its length, the index of its service in ``services``, its flags
+    (:data:`VALID`, :data:`ROOT_WHOLE`) and its logMonoTime, as numpy arrays."""
+
+    data: bytes
+    stream_offset: int  # of data[0], in the uncompressed stream
+    file_offset: int | None  # the file offset of every message (its zstd frame); None:
+    # uncompressed, where a message's file offset is its stream offset
+    offset: Any  # numpy int64
+    length: Any  # numpy uint32
+    service: Any  # numpy uint16, an index into services
+    flags: Any  # numpy uint8
+    mono_ns: Any  # numpy uint64
+    services: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+    def messages(self) -> Iterator[RawMessage]:
+        """One :class:`RawMessage` per message (identity: logMonoTime, valid, service)."""
+        for at, length, service, flags, mono in zip(
+                self.offset.tolist(), self.length.tolist(), self.service.tolist(),
+                self.flags.tolist(), self.mono_ns.tolist(), strict=True):
+            offset = self.stream_offset + at
+            yield RawMessage(self.data[at:at + length], offset,
+                             offset if self.file_offset is None else self.file_offset,
+                             (mono, bool(flags & VALID), self.services[service]))
 
 
 @dataclass(frozen=True)
@@ -281,22 +317,53 @@ def read_messages(
                               on_problem, skip_corrupt, identify)
 
 
+def read_batches(
+    source: str | os.PathLike[str] | BinaryIO,
+    on_problem: Callable[[LogProblem], None],
+    skip_corrupt: bool,
+    layout: EventLayout,
+) -> Iterator[MessageBatch | RawMessage]:
+    """Every whole message of one segment, in file order, as :func:`read_messages` finds
+    them, in batches: each run of messages the C scanner splits and peeks with
+    ``layout`` is one :class:`MessageBatch`; a message it does not peek (a far root
+    pointer, a service of a newer schema) comes as a :class:`RawMessage` that
+    ``layout.identify`` (pycapnp) vouched for. Damage is reported and skipped as by
+    :func:`read_messages`."""
+    def identify(data: bytes) -> Any:
+        return layout.identify(data, True)
+
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as f:
+            yield from _read_open(f, os.fspath(source), on_problem, skip_corrupt, identify,
+                                  layout)
+    else:
+        name = getattr(source, "name", None)
+        yield from _read_open(source, name if isinstance(name, str) else "<in-memory segment>",
+                              on_problem, skip_corrupt, identify, layout)
+
+
 def _read_open(f: BinaryIO, path: str, on_problem: Callable[[LogProblem], None],
-               skip_corrupt: bool, identify: Callable[[bytes], Any]) -> Iterator[RawMessage]:
+               skip_corrupt: bool, identify: Callable[[bytes], Any],
+               layout: EventLayout | None = None) -> Iterator[Any]:
     f.seek(0)
     compression = _damaged_magic(f.read(4), path)
     f.seek(0)
     chunks = _zstd_chunks(f) if compression == "zstd" else \
         _bz2_chunks(f) if compression == "bz2" else _raw_chunks(f)
-    yield from _split(path, chunks, compression, on_problem, skip_corrupt, identify)
+    yield from _split(path, chunks, compression, on_problem, skip_corrupt, identify, layout)
 
 
 def _split(path: str, chunks: Iterator[_Chunk], compression: str,
            on_problem: Callable[[LogProblem], None], skip_corrupt: bool,
-           identify: Callable[[bytes], Any]) -> Iterator[RawMessage]:
+           identify: Callable[[bytes], Any],
+           layout: EventLayout | None = None) -> Iterator[RawMessage | MessageBatch]:
     """Splits the decompressed stream into messages; reports damage (see the module
-    docstring) and, with ``skip_corrupt``, resynchronises past it."""
-    buf = bytearray()
+    docstring) and, with ``skip_corrupt``, resynchronises past it. With ``layout``, runs
+    of whole messages it peeks come as one :class:`MessageBatch` each (the C scanner);
+    the others, and every message without it, one :class:`RawMessage` each."""
+    scanner = None if layout is None else _scan.ScanLayout(layout)
+    names = () if layout is None else layout.services
+    buf = b""  # bytes, not a bytearray: a batch refers to it, without a copy
     buf_offset = 0  # uncompressed-stream offset of buf[0]
     stream_offset = 0  # uncompressed bytes seen so far
     file_offset = 0  # where in the file buf[0] came from (its zstd frame, for zstd)
@@ -364,14 +431,23 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
     def scan(final: bool) -> Iterator[RawMessage]:
         """Yields the messages of buf; leaves in it what may still be completed. ``final``:
         no more bytes will continue buf."""
-        nonlocal resyncing, carry, buf_offset, kept
+        nonlocal buf, resyncing, carry, buf_offset, kept
         pos = carry
         carry = 0
         previous = kept  # where the message before pos starts, or -1
         origin = damage = -1  # looking back into the message at origin, damage found after it
         raw = compression == "none"
         while pos < len(buf):
-            if not resyncing:  # the common case, inline: message after message
+            if not resyncing and scanner is not None:
+                # the common case: every whole message the C scanner peeks, in one call
+                stop, _, offset, length, service, flags, mono = _scan.scan(buf, pos, scanner)
+                if len(offset):
+                    yield MessageBatch(buf, buf_offset, None if raw else file_offset,
+                                       offset, length, service, flags, mono, names)
+                    previous = int(offset[-1])
+                    pos = stop
+                    continue
+            if not resyncing:  # message after message (what the C scanner left)
                 try:
                     length = message_length(buf, pos)
                 except FramingError:
@@ -424,7 +500,8 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
             and pos <= len(buf) else min(pos, len(buf))
         carry = pos - keep
         kept = 0 if keep == previous else -1
-        del buf[:keep]
+        if keep:
+            buf = buf[keep:]
         buf_offset += keep
 
     try:
@@ -432,7 +509,7 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
             if chunk.data:
                 if not buf:
                     file_offset = chunk.file_offset
-                buf += chunk.data
+                buf = buf + chunk.data if buf else chunk.data
                 stream_offset += len(chunk.data)
             yield from scan(final=chunk.problem is not None)
             if chunk.problem is not None:
@@ -452,7 +529,7 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
             if chunk.breaks_after or (chunk.problem is not None and chunk.problem[0] ==
                                       "truncated"):
                 buf_offset += len(buf)
-                buf.clear()
+                buf = b""
                 carry, kept = 0, -1
                 resyncing = False
         yield from scan(final=True)

@@ -12,7 +12,10 @@ cereal's rule, so that the same stack gets the same answers on msgq:
   the two clocks can skip one update in two).
 * Two moving averages of the receive intervals: the last ``int(10 * freq)`` (about 10 s)
   and the most recent tenth of those (about 1 s; all of them when that is 0). ``ok`` when
-  either average rate lies in the band — slow to fall, quick to recover.
+  either average rate lies in the band — slow to fall, quick to recover. The average of
+  the last ``n`` intervals is ``n`` over the time between the receive times at both ends
+  of them, so a tracker keeps the last receive times (a bounded deque) and a message
+  costs one append.
 * Only services faster than :data:`CHECKED_ABOVE_HZ` (0.99 Hz) count in
   ``SubMaster.all_freq_ok()`` (openpilot's carParams at 0.02 Hz and clocks at 0.1 Hz are
   never "at their rate" over a 1 Hz floor).
@@ -27,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 
 __all__ = ["CHECKED_ABOVE_HZ", "FLOOR_HZ", "TOLERANCE_HIGH", "TOLERANCE_LOW",
-           "FrequencyTracker", "RateWindow", "rate_band"]
+           "FrequencyTracker", "rate_band", "rate_in_band"]
 
 #: No service is judged against a rate below this (Hz).
 FLOOR_HZ = 1.0
@@ -58,35 +61,21 @@ def rate_band(service_hz: float, update_hz: float, polled: bool) -> tuple[float,
     return freq, low, high
 
 
-class RateWindow:
-    """The last ``length`` receive intervals with their running sum: the average rate is
-    ``count / sum`` in O(1) per interval."""
-
-    __slots__ = ("_added", "_intervals", "_length", "_total")
-
-    def __init__(self, length: int) -> None:
-        self._length = max(1, int(length))
-        self._intervals: deque[float] = deque()
-        self._total = 0.0
-        self._added = 0
-
-    def add(self, interval: float) -> None:
-        """One receive interval of ``interval`` seconds."""
-        intervals = self._intervals
-        intervals.append(interval)
-        self._total += interval
-        if len(intervals) > self._length:
-            self._total -= intervals.popleft()
-        self._added += 1
-        if self._added % (16 * self._length) == 0:
-            self._total = sum(intervals)  # no drift from repeated float subtraction
-
-    @property
-    def rate(self) -> float:
-        """Average receive rate over the window (Hz); 0.0 when it holds no interval."""
-        if not self._intervals or self._total <= 0.0:
-            return 0.0
-        return len(self._intervals) / self._total
+def rate_in_band(times: deque[float], recent: int, min_hz: float, max_hz: float) -> bool:
+    """Whether the average rate over all the intervals between ``times`` (receive times,
+    oldest first), or over the last ``recent`` of them, lies in ``[min_hz, max_hz]``:
+    :attr:`FrequencyTracker.ok` in one call, as SubMaster asks it at every message."""
+    count = len(times) - 1
+    if count <= 0:
+        return False  # no interval: rate 0, below any band (min_hz > 0)
+    last = times[-1]
+    span = last - times[0]
+    if span > 0.0 and min_hz <= count / span <= max_hz:
+        return True
+    if recent < count:
+        count = recent
+    span = last - times[-1 - count]
+    return span > 0.0 and min_hz <= count / span <= max_hz
 
 
 class FrequencyTracker:
@@ -98,8 +87,7 @@ class FrequencyTracker:
     docstring).
     """
 
-    __slots__ = ("checked", "expected_hz", "max_hz", "min_hz", "_last_time", "_long", "_ok",
-                 "_recent")
+    __slots__ = ("checked", "expected_hz", "max_hz", "min_hz", "recent_intervals", "times")
 
     def __init__(self, service_hz: float, update_hz: float | None, polled: bool) -> None:
         if service_hz <= 0:
@@ -112,37 +100,35 @@ class FrequencyTracker:
         self.max_hz = high * TOLERANCE_HIGH
         #: Whether the service counts in all_freq_ok() (faster than CHECKED_ABOVE_HZ).
         self.checked = service_hz > CHECKED_ABOVE_HZ
-        length = int(WINDOW_SECONDS * freq)
-        self._long = RateWindow(length)
-        self._recent = RateWindow(int(length / WINDOW_SECONDS) or length)
-        self._last_time: float | None = None
-        self._ok: bool | None = None  # cached verdict; None: the windows changed
+        length = max(1, int(WINDOW_SECONDS * freq))
+        #: The receive times of the last ``length`` intervals (SubMaster appends to it).
+        self.times: deque[float] = deque(maxlen=length + 1)
+        #: How many of the last intervals the recent average takes.
+        self.recent_intervals = max(1, int(length / WINDOW_SECONDS) or length)
 
     def record(self, recv_time: float) -> None:
         """Counts one message received at ``recv_time`` (seconds, monotonic)."""
-        last = self._last_time
-        self._last_time = recv_time
-        if last is not None:
-            interval = recv_time - last
-            self._long.add(interval)
-            self._recent.add(interval)
-            self._ok = None
+        self.times.append(recv_time)
+
+    def _rate_over(self, intervals: int) -> float:
+        times = self.times
+        count = min(intervals, len(times) - 1)
+        if count <= 0:
+            return 0.0
+        span = times[-1] - times[-1 - count]
+        return count / span if span > 0.0 else 0.0
 
     @property
     def rate(self) -> float:
         """Average receive rate over the long window (Hz)."""
-        return self._long.rate
+        return self._rate_over(len(self.times) - 1)
 
     @property
     def recent_rate(self) -> float:
         """Average receive rate over the recent window (Hz)."""
-        return self._recent.rate
+        return self._rate_over(self.recent_intervals)
 
     @property
     def ok(self) -> bool:
         """Whether the long or the recent average rate lies within the band."""
-        ok = self._ok
-        if ok is None:
-            ok = self._ok = (self.min_hz <= self._long.rate <= self.max_hz
-                             or self.min_hz <= self._recent.rate <= self.max_hz)
-        return ok
+        return rate_in_band(self.times, self.recent_intervals, self.min_hz, self.max_hz)

@@ -39,7 +39,9 @@ class PubMaster:
     def send(self, service: str, dat: Any) -> None:
         """Sends ``dat`` on ``service``: an Event builder (its union must be ``service``,
         else ValueError) or the bytes of one (sent as they are)."""
-        sock = self._socket(service)
+        sock = self.sock.get(service)
+        if sock is None:
+            sock = self._socket(service)
         if isinstance(dat, (bytes, bytearray, memoryview)):
             sock.send(dat)
             return
@@ -47,6 +49,8 @@ class PubMaster:
         if which is None or not hasattr(dat, "to_bytes"):
             raise TypeError(f"send({service!r}, ...) takes an Event builder or bytes, not "
                             f"{type(dat).__name__}")
+        # pycapnp's which(), not the service read back from the bytes: a builder of
+        # another struct (a payload, say) could read as any service there
         carried = which()
         if carried != service:
             raise ValueError(f"the message carries {carried!r} but was sent to {service!r}; "

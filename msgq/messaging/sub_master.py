@@ -18,28 +18,46 @@ Rules (cereal's; the rate band and averages are in :mod:`msgq.messaging.frequenc
 
 Sockets conflate: each update sees the newest message of each service.
 
-Lazy decoding: ``update`` reads ``logMonoTime``, ``valid`` and the service of each new
-message straight from its bytes (:meth:`msgq.schemas.EventLayout.identify`, which also
-checks the framing), and decodes a payload with pycapnp only when the caller reads it
-(``sm[s]`` / ``sm.data[s]``), once per message. A service the caller never reads costs
-no decoding. Bytes that frame correctly but fail pycapnp's own checks at that point are
-counted in ``bad_messages[s]`` then, and ``sm[s]`` keeps the previous payload.
+Payload views, no decoding: ``update`` reads ``logMonoTime``, ``valid`` and the service of
+each new message straight from its bytes (:meth:`msgq.schemas.payload_views.PayloadViews.
+identify`, EventLayout.identify's answer in one C call, which also checks the framing).
+``sm[s]`` of a struct service is then a view over the message's bytes
+(:class:`msgq.schemas._typed_reader.StructView`; ``StructListView`` for a list of
+structs): each field is read from the bytes when asked, with pycapnp's value; what the
+view does not read itself (``which()``, ``to_dict()``, union members, ...) it asks of a
+pycapnp reader decoded once, on first need. Other payloads (lists of numbers, text,
+data) and messages the typed reader does not follow (several segments, far pointers)
+are decoded with pycapnp when first read, as before: bytes that frame correctly but fail
+pycapnp's own checks then are counted in ``bad_messages[s]``, and ``sm[s]`` keeps the
+previous payload.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import msgq
 from msgq import clock
-from msgq.messaging.frequency import TOLERANCE_HIGH, TOLERANCE_LOW, FrequencyTracker, rate_band
+from msgq.messaging.frequency import (
+    TOLERANCE_HIGH,
+    TOLERANCE_LOW,
+    FrequencyTracker,
+    rate_band,
+    rate_in_band,
+)
 from msgq.schemas import Schema, schema_in_force
+from msgq.schemas._typed_reader import view_member
 from msgq.schemas.events import MessageDecodeError
+from msgq.schemas.payload_views import FALLBACK
 from msgq.tables import format_table
 
 __all__ = ["ALIVE_PERIODS", "AsyncSubMaster", "SubMaster"]
+
+_dict_getitem = dict.__getitem__
+_dict_setitem = dict.__setitem__
 
 #: A service is alive while its last message is younger than this many expected periods.
 ALIVE_PERIODS = 10.0
@@ -82,6 +100,31 @@ class _Payloads(dict):  # type: ignore[type-arg]
 
     def items(self) -> Any:
         return [(s, self[s]) for s in self]
+
+
+def _pycapnp_payload(schema: Schema, service: str, data: bytes) -> Any:
+    """pycapnp's reader of the payload a view was made of (what the view does not read
+    itself). The view checked the root and the payload's pointer, so pycapnp takes the
+    message; MessageDecodeError if it does not."""
+    return getattr(schema.decode(data), service)
+
+
+def _decode_payload(schema: Schema, members: dict[str, Any], bad_messages: dict[str, int],
+                    service: str, data: bytes) -> Any:
+    """The payload of a message SubMaster took as bytes: a view over them (``members``:
+    the compiled layouts, None for a service without views), or, where the typed reader
+    does not follow them, pycapnp's reader; None (counted in ``bad_messages``) when
+    pycapnp refuses them."""
+    member = members[service]
+    if member is not None:
+        view = view_member(data, member, partial(_pycapnp_payload, schema, service, data))
+        if view is not FALLBACK:
+            return view
+    try:
+        return getattr(schema.decode(data), service)
+    except (MessageDecodeError, AttributeError):
+        bad_messages[service] += 1
+        return None
 
 
 def _default_payload(schema: Schema, service: str) -> Any:
@@ -141,8 +184,14 @@ class SubMaster:
             self.update_freq = max((registry[s].frequency for s in self.services), default=0.0)
 
         self.frame = -1
-        self._layout = self.schema.layout
-        self.data: _Payloads = _Payloads(self._decode_payload)
+        self._views = self.schema.views
+        self._identify = self._views.identify
+        self._members = {s: self._views.member(s) for s in self.services}
+        self.bad_messages: dict[str, int] = {}
+        # what decodes holds no reference to the SubMaster: no cycle through its payloads
+        self.data: _Payloads = _Payloads(
+            partial(_decode_payload, self.schema, self._members, self.bad_messages))
+        self._pending = self.data.pending
         self.updated: dict[str, bool] = {}
         self.seen: dict[str, bool] = {}
         self.alive: dict[str, bool] = {}
@@ -151,7 +200,6 @@ class SubMaster:
         self.recv_time: dict[str, float] = {}
         self.recv_frame: dict[str, int] = {}
         self.logMonoTime: dict[str, int] = {}  # noqa: N815 (upstream name)
-        self.bad_messages: dict[str, int] = {}
         self.freq_tracker: dict[str, FrequencyTracker] = {}
         self.max_freq: dict[str, float] = {}
         self.min_freq: dict[str, float] = {}
@@ -186,36 +234,39 @@ class SubMaster:
         self._tracked = [(s, t, ALIVE_PERIODS / t.expected_hz)
                          for s, t in self.freq_tracker.items()]
         self._untracked = [s for s in self.services if s not in self.freq_tracker]
+        # the per-message bookkeeping: receive times of tracked services (None: untracked)
+        self._times = {s: (t.times if (t := self.freq_tracker.get(s)) else None)
+                       for s in self.services}
+        self._rate_ok = dict.fromkeys(self.services, False)  # verdict at the last message
+        self._tracked_of = {s: (t, alive_s) for s, t, alive_s in self._tracked}
+        self._next_expiry = float("-inf")  # the first update makes the whole pass
+        self._last_health = float("-inf")
+        self._not_updated = dict.fromkeys(self.services, False)
+        self._non_polled = [(s, self.sock[s]) for s in self.non_polled_services]
         # services all_freq_ok() counts: faster than about 1 Hz (cereal's rule)
         self._rate_checked = frozenset(s for s, t in self.freq_tracker.items() if t.checked)
 
     def __getitem__(self, service: str) -> Any:
+        # _Payloads.__getitem__ inlined: this is every payload read of a control loop
+        data = self._pending.pop(service, None)
+        if data is not None:
+            member = self._members[service]
+            view = FALLBACK if member is None else \
+                view_member(data, member, partial(_pycapnp_payload, self.schema, service, data))
+            payload = view if view is not FALLBACK else self._decode_payload(service, data)
+            if payload is not None:
+                _dict_setitem(self.data, service, payload)
         try:
-            return self.data[service]
+            return _dict_getitem(self.data, service)
         except KeyError:
             raise KeyError(f"service {service!r} is not subscribed by this SubMaster "
                            f"(it has {self.services})") from None
 
-    def _receive(self, service: str, sock: Any, received: list[_Received]) -> None:
-        """Appends the newest message of ``sock`` (an Event of ``service``, its payload
-        still bytes) to ``received``; bytes that are not one are counted in bad_messages."""
-        data = sock.receive(non_blocking=True)
-        if data is None:
-            return
-        peeked = self._layout.identify(data)
-        if peeked is None or peeked[2] != service:
-            self.bad_messages[service] += 1
-            return
-        received.append((service, peeked[0], peeked[1], data))
-
     def _decode_payload(self, service: str, data: bytes) -> Any:
-        """The payload reader of a message ``update`` took as bytes; None (counted in
+        """The payload of a message ``update`` took as bytes: a view over them, or, where
+        the typed reader does not follow them, pycapnp's reader; None (counted in
         bad_messages) when pycapnp refuses them."""
-        try:
-            return getattr(self.schema.decode(data), service)
-        except (MessageDecodeError, AttributeError):
-            self.bad_messages[service] += 1
-            return None
+        return _decode_payload(self.schema, self._members, self.bad_messages, service, data)
 
     def update(self, timeout: int = 100) -> None:
         """Waits up to ``timeout`` ms for the polled service (any service when none is
@@ -223,13 +274,42 @@ class SubMaster:
         self._update_from(self.poller.poll(timeout))
 
     def _update_from(self, ready: list[Any]) -> None:
-        """One update, given the polled sockets that have data."""
-        received: list[_Received] = []
-        for sock in ready:
-            self._receive(self._service_of_sock[id(sock)], sock, received)
-        for service in self.non_polled_services:
-            self._receive(service, self.sock[service], received)
-        self._take(clock.monotonic(), received)
+        """One update, given the polled sockets that have data: the newest message of
+        each service is identified from its bytes (one C call) and kept as bytes, and
+        the bookkeeping is a few dict stores per message."""
+        cur_time = clock.monotonic()
+        self.frame = frame = self.frame + 1
+        updated = self.updated
+        updated.update(self._not_updated)
+        identify = self._identify
+        pending = self.data.pending
+        times = self._times
+        seen = self.seen
+        service_of = self._service_of_sock
+        socks = [(service_of[id(sock)], sock) for sock in ready]
+        if self._non_polled:
+            socks += self._non_polled
+        new = []
+        for s, sock in socks:
+            data = sock.receive(non_blocking=True)
+            if data is None:
+                continue
+            peeked = identify(data)
+            if peeked is None or peeked[2] != s:
+                self.bad_messages[s] += 1
+                continue
+            pending[s] = data
+            updated[s] = True
+            seen[s] = True
+            self.logMonoTime[s] = peeked[0]
+            self.valid[s] = peeked[1]
+            self.recv_frame[s] = frame
+            self.recv_time[s] = cur_time
+            window = times[s]
+            if window is not None:
+                window.append(cur_time)
+                new.append(s)
+        self._health(cur_time, new)
 
     def update_msgs(self, cur_time: float, msgs: Sequence[Any]) -> None:
         """Takes ``msgs`` (Event readers, or None entries, which are skipped) as received
@@ -250,17 +330,18 @@ class SubMaster:
         """The bookkeeping of one update: ``received`` holds (service, logMonoTime, valid,
         payload) tuples, the payload as bytes (decoded when read) or a reader."""
         self.frame += 1
-        for s in self.services:
-            self.updated[s] = False
+        self.updated.update(self._not_updated)
         data = self.data
+        new = []
         for s, mono, valid, payload in received:
             if s not in data:
                 continue
-            self.seen[s] = True
             self.updated[s] = True
+            self.seen[s] = True
             tracker = self.freq_tracker.get(s)
             if tracker is not None:
                 tracker.record(cur_time)
+                new.append(s)
             self.recv_time[s] = cur_time
             self.recv_frame[s] = self.frame
             if isinstance(payload, bytes):
@@ -269,19 +350,47 @@ class SubMaster:
                 data[s] = payload
             self.logMonoTime[s] = mono
             self.valid[s] = valid
+        self._health(cur_time, new)
 
+    def _health(self, cur_time: float, new: list[str]) -> None:
+        """alive and freq_ok of every service at ``cur_time``; ``new``: the rate-tracked
+        services that got a message in this update (their rate verdict changes)."""
+        seen = self.seen
         if self.simulation:
             for s in self.services:
                 self.freq_ok[s] = True
-                self.alive[s] = self.seen[s]
+                self.alive[s] = seen[s]
             return
+        alive_of, freq_ok, rate_ok = self.alive, self.freq_ok, self._rate_ok
+        # A service that just got a message is alive and its rate verdict is new; one
+        # that did not can only die, at its last message + alive_s: the whole pass runs
+        # only once the earliest such time has come (or time went back).
+        next_expiry = self._next_expiry
+        for s in new:
+            tracker, alive_s = self._tracked_of[s]
+            ok = rate_ok[s] = rate_in_band(tracker.times, tracker.recent_intervals,
+                                           tracker.min_hz, tracker.max_hz)
+            alive_of[s] = True
+            freq_ok[s] = ok
+            expiry = cur_time + alive_s * (1 - 1e-9)
+            if expiry < next_expiry:
+                next_expiry = self._next_expiry = expiry
+        if cur_time < next_expiry and cur_time >= self._last_health:
+            self._last_health = cur_time
+            return
+        self._last_health = cur_time
         for s in self._untracked:
-            self.freq_ok[s] = True
-            self.alive[s] = True
-        seen, recv_time = self.seen, self.recv_time
-        for s, tracker, alive_s in self._tracked:
-            alive = self.alive[s] = seen[s] and cur_time - recv_time[s] < alive_s
-            self.freq_ok[s] = alive and tracker.ok
+            freq_ok[s] = True
+            alive_of[s] = True
+        recv_time = self.recv_time
+        next_expiry = float("inf")
+        for s, _, alive_s in self._tracked:
+            alive = alive_of[s] = seen[s] and cur_time - recv_time[s] < alive_s
+            freq_ok[s] = alive and rate_ok[s]
+            if alive:
+                # a little early, so that rounding never reports a dead service alive
+                next_expiry = min(next_expiry, recv_time[s] + alive_s * (1 - 1e-9))
+        self._next_expiry = next_expiry
 
     def _check_avg_freq(self, service: str) -> bool:
         """Whether ``service`` counts in :meth:`all_freq_ok` (cereal's name): faster than

@@ -24,7 +24,17 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["events", "problems", "read_logs", "register"]
+__all__ = ["PUSHDOWN_CONF", "events", "problems", "pushdown_enabled", "read_logs", "register"]
+
+#: Spark's switch of filter pushdown into Python data sources (PySpark 4.1+; off by
+#: default there): :func:`register` turns it on unless it was set.
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+def pushdown_enabled(spark: Any) -> bool:
+    """Whether the session pushes filters into Python data sources
+    (:data:`PUSHDOWN_CONF`)."""
+    return str(spark.conf.get(PUSHDOWN_CONF, "false")).strip().lower() == "true"
 
 
 def register(spark: Any, schema: Any = None) -> None:
@@ -34,10 +44,19 @@ def register(spark: Any, schema: Any = None) -> None:
     unless their options name one (``schemaSpec``, ``schemaFile``): the spec is sent
     with the source, not read from the Spark workers' environment. After
     :func:`msgq.schemas.use_schema`, register again (:func:`read_logs` always passes the
-    schema in force)."""
+    schema in force). Relative paths of its reads are taken from this process's working
+    folder now.
+
+    Filter pushdown (:mod:`msgq.spark.pushdown`): :data:`PUSHDOWN_CONF` is set to true
+    when the session has no value for it. A plain ``spark.read.format("msgqlog")`` read
+    takes filters with its option ``pushdown=true`` (a DataFrame of such a read must then
+    be queried with a pushable filter every time, as :func:`read_logs` does: see
+    :func:`msgq.spark.datasource.source_class`)."""
     # imports pyspark: importing msgq.spark alone must not
     from msgq.spark.datasource import source_class
 
+    if spark.conf.get(PUSHDOWN_CONF, None) is None:
+        spark.conf.set(PUSHDOWN_CONF, "true")
     spark.dataSource.register(source_class(schema))
 
 
@@ -52,6 +71,10 @@ def read_logs(
     via: str = "auto",
     compact: bool = False,
     schema: Any = None,
+    start: int | None = None,
+    end: int | None = None,
+    pushdown: bool | None = None,
+    keep_problems: bool = False,
 ) -> Any:
     """The msgqlog DataFrame of ``paths`` (files, recording folders, globs): events and
     problem rows (see :func:`events`, :func:`problems`). ``data=False`` leaves the
@@ -77,9 +100,21 @@ def read_logs(
     in this process (:func:`msgq.schemas.use_schema`, ``MSGQ_SCHEMA``/``MSGQ_REGISTRY``),
     whatever the Spark workers' environment says: its spec travels with the read
     (option ``schemaSpec``) and the executors rebuild it.
+
+    ``services``, ``start`` and ``end`` (logMonoTime, ns: ``start <= t < end``) are
+    plain DataFrame filters (``service IN (...)``, ``logMonoTime >= start``,
+    ``logMonoTime < end``), which the source takes over (filter pushdown: segments
+    skipped by their sealed index entries, events by their peeked fields); as any filter
+    on an event column they leave out the problem rows. A compact read has no event
+    columns to filter: the same conditions go to the source as its option ``where``,
+    and its problem rows stay; so do they with ``keep_problems=True`` (what ``msgq
+    logstats`` reads: the damage of the files read is reported whatever the filter).
+    ``pushdown=False`` reads with no pushdown (Spark filters every row); default: the
+    session's :data:`PUSHDOWN_CONF`. Relative paths are taken from this process's working
+    folder, wherever Spark plans the read.
     """
     # imports pyspark: importing msgq.spark alone must not
-    from msgq.spark.datasource import read_spec, spec_option
+    from msgq.spark.datasource import read_spec, spec_option, where_option
 
     # imports pyspark: importing msgq.spark alone must not
     from msgq.spark.hadoop import read_segment_files, split_paths
@@ -87,11 +122,15 @@ def read_logs(
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     local, remote = split_paths([os.fspath(p) for p in paths], via)
-    options = {"problems": problems, "data": "true" if data else "false"}
+    options = {"problems": problems, "data": "true" if data else "false",
+               "cwd": os.getcwd()}
+    if services is not None:
+        services = list(services)
+    keep_problems = keep_problems or compact
     if compact:
         options["compact"] = "true"
-    if services is not None:
-        options["services"] = ",".join(services)
+    if keep_problems and (services is not None or start is not None or end is not None):
+        options["where"] = where_option(services, start, end)
     if decode is True:
         options["decode"] = "true"
     elif decode is not False:
@@ -100,11 +139,32 @@ def read_logs(
     frames = []
     if local or not remote:  # no paths at all: the source says what is missing
         register(spark)
+        if pushdown is None:
+            pushdown = pushdown_enabled(spark)
+        elif pushdown and not pushdown_enabled(spark):
+            raise ValueError(f"pushdown=True needs the session's {PUSHDOWN_CONF} true "
+                             "(spark.conf.set it, or leave pushdown out)")
+        options["pushdown"] = "true" if pushdown else "false"
+        options["parallelism"] = str(spark.sparkContext.defaultParallelism)
         reader = spark.read.format("msgqlog").options(**options)
         frames.append(reader.load(local[0] if len(local) == 1 else local))
     if remote:
         frames.append(read_segment_files(spark, remote, options))
-    return frames[0] if len(frames) == 1 else frames[0].union(frames[1])
+    df = frames[0] if len(frames) == 1 else frames[0].union(frames[1])
+    if pushdown and local and not compact:
+        # Spark (4.1-4.3) reuses the reader of a DataFrame's last query that pushed a
+        # filter for a query that pushes none: this always-true filter (no file is
+        # named "") makes every query of this DataFrame push, so each plans afresh.
+        df = df.where(df.file != "")
+    if keep_problems:
+        return df
+    if services is not None:
+        df = df.where(df.service.isin(services))
+    if start is not None:
+        df = df.where(df.logMonoTime >= start)
+    if end is not None:
+        df = df.where(df.logMonoTime < end)
+    return df
 
 
 def events(df: Any) -> Any:

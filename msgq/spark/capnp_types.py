@@ -32,16 +32,16 @@ defaults), as pycapnp and the LogReader give them. If a struct has a field named
 Everything here runs where the data is read (Spark executors); nothing in a plan is
 shipped between processes: executors build plans from the schema file themselves.
 
-A plan also carries a layout: where each value lies in the encoded message, for
-``_capnp_reader``, which reads the values straight from a message's bytes (several times
-faster than pycapnp's attribute access) and hands back to the pycapnp converter any
+A plan also carries a layout: where each value lies in the encoded message, for the typed
+reader (``msgq.schemas._typed_reader``, shared with SubMaster), which reads the values
+straight from a message's bytes (several times faster than pycapnp's attribute access)
+and hands back to the pycapnp converter any
 message it does not follow. A type it cannot read at all (recursion, a pointer field with
 an explicit default) has no layout, and neither has anything containing it.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -63,7 +63,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from . import _capnp_reader as reader
+from msgq.schemas import _typed_reader as reader
+from msgq.schemas.reader_layouts import KINDS, Layout, field_layout
 
 __all__ = ["TypePlan", "member_plan", "struct_plan"]
 
@@ -85,34 +86,16 @@ _PRIMITIVES: dict[str, DataType] = {
     "data": BinaryType(),
 }
 _OMITTED = frozenset({"void", "anyPointer", "interface"})
-_KINDS: dict[str, int] = {
-    "bool": reader.K_BOOL,
-    "int8": reader.K_INT8,
-    "int16": reader.K_INT16,
-    "int32": reader.K_INT32,
-    "int64": reader.K_INT64,
-    "uint8": reader.K_UINT8,
-    "uint16": reader.K_UINT16,
-    "uint32": reader.K_UINT32,
-    "uint64": reader.K_UINT64,
-    "float32": reader.K_FLOAT32,
-    "float64": reader.K_FLOAT64,
-    "text": reader.K_TEXT,
-    "data": reader.K_DATA,
-}
-_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8, "uint16": 16,
-         "uint32": 32, "uint64": 64, "enum": 16}
 
-
-Layout = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
 class TypePlan:
     """The Spark type of one capnp type and how to turn a pycapnp value of it into a
     value Arrow/Spark take for that type (None: the pycapnp value already is one).
-    ``layout``: the type for ``_capnp_reader`` — ``(kind, 0, 0, extra)``, the shape of a
-    list element; a field places it (:func:`_field_layout`) — or None."""
+    ``layout``: the type for the typed reader — ``(kind, 0, 0, extra)``, the shape of a
+    list element; a field places it (:func:`msgq.schemas.reader_layouts.field_layout`) —
+    or None."""
 
     spark_type: DataType
     convert: Converter | None
@@ -136,7 +119,7 @@ def _list_plan(element_type: Any, list_schema: Any, stack: tuple[int, ...]) -> T
         return None
     if kind in _PRIMITIVES:
         return TypePlan(ArrayType(_PRIMITIVES[kind]), list,
-                        (reader.K_LIST, 0, 0, (_KINDS[kind], 0, 0, None)))
+                        (reader.K_LIST, 0, 0, (KINDS[kind], 0, 0, None)))
     element = _type_plan(element_type, list_schema.elementType, stack)
     if element is None:
         return None
@@ -158,7 +141,7 @@ def _type_plan(type_proto: Any, schema: Any, stack: tuple[int, ...]) -> TypePlan
     if kind in _OMITTED:
         return None
     if kind in _PRIMITIVES:
-        return TypePlan(_PRIMITIVES[kind], None, (_KINDS[kind], 0, 0, None))
+        return TypePlan(_PRIMITIVES[kind], None, (KINDS[kind], 0, 0, None))
     if kind == "enum":
         return _enum_plan(schema)
     if kind == "list":
@@ -180,26 +163,7 @@ def _field_plan(field: Any, stack: tuple[int, ...]) -> TypePlan | None:
     plan = _type_plan(type_proto, field.schema if needs_schema else None, stack)
     if plan is None or plan.layout is None:
         return plan
-    return TypePlan(plan.spark_type, plan.convert, _field_layout(proto.slot, plan.layout))
-
-
-def _field_layout(slot: Any, layout: Layout) -> Layout | None:
-    """``layout`` placed at ``slot``: ``(kind, offset or pointer index, default bits,
-    extra)``; None for a pointer field with an explicit default (not followed)."""
-    kind, _, _, extra = layout
-    name = slot.type.which()
-    if name in ("text", "data", "list", "struct"):
-        return None if slot.hadExplicitDefault else (kind, slot.offset, 0, extra)
-    value = getattr(slot.defaultValue, name)
-    if name == "enum" or name in _BITS:
-        default = int(value) & ((1 << _BITS[name]) - 1)
-    elif name == "float32":
-        default = struct.unpack("<I", struct.pack("<f", value))[0]
-    elif name == "float64":
-        default = struct.unpack("<Q", struct.pack("<d", value))[0]
-    else:  # bool
-        default = int(bool(value))
-    return (kind, slot.offset, default, extra)
+    return TypePlan(plan.spark_type, plan.convert, field_layout(proto.slot, plan.layout))
 
 
 def _text_form(value: Any) -> str:
@@ -302,7 +266,7 @@ def _struct_converter(plain: list[tuple[Any, Converter | None]],
 def member_plan(root_schema: Any, member: str) -> TypePlan | None:
     """The plan of one union member of the root struct (a service of an Event schema);
     None for a member without a column (Void). Its layout is the member's for
-    ``_capnp_reader.read_member``: ``(discriminant offset, discriminant, field layout)``,
+    ``_typed_reader.read_member``: ``(discriminant offset, discriminant, field layout)``,
     so that the member is read only from a message whose root union holds it."""
     field = root_schema.fields[member]
     plan = _field_plan(field, (root_schema.node.id,))

@@ -37,7 +37,7 @@ import re
 import socket
 import stat
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import islice
@@ -57,6 +57,7 @@ from pyspark.sql.types import (
 from msgq.logs import CorruptLogWarning, LogReader, TruncatedLogWarning, segment_paths
 from msgq.logs.index import IndexCache
 from msgq.logs.schema_check import check_paths
+from msgq.logs.sources import loggerd_log
 from msgq.schemas import (
     SCHEMA_DIR,
     Schema,
@@ -65,22 +66,26 @@ from msgq.schemas import (
     ServiceRegistry,
     spec_in_force,
 )
+from msgq.schemas._typed_reader import FALLBACK, compile_member, read_member
 from msgq.schemas.events import decode_event
 from msgq.schemas.schema import spec_of
 from msgq.schemas.services import unknown_service_error
-from msgq.spark._capnp_reader import FALLBACK, compile_member, read_member
 from msgq.spark.capnp_types import member_plan
 from msgq.spark.compact import COMPACT_SCHEMA, compact_batches, loggerd_route
+from msgq.spark.pushdown import EventFilter, push
 
 __all__ = [
     "BASE_COLUMNS",
     "SOURCE_NAME",
     "MsgqLogDataSource",
+    "MsgqLogPushdownReader",
     "MsgqLogReader",
+    "PackedPartition",
     "ReadOptions",
     "SegmentPartition",
     "local_path",
     "output_schema",
+    "pack_segments",
     "plan_segments",
     "read_spec",
     "segment_number",
@@ -104,9 +109,11 @@ BASE_COLUMNS: tuple[StructField, ...] = (
     StructField("size", IntegerType(), True),
     StructField("data", BinaryType(), True),
     StructField("problem", StringType(), True),
+    StructField("route", StringType(), True),
 )
 
 _PROBLEM_MODES = ("rows", "fail")
+_LOG_KINDS = ("auto", "rlog", "qlog")
 _BATCH_ROWS = 4096
 _BATCH_BYTES = 16 << 20
 _CHUNK_EVENTS = 512
@@ -130,9 +137,11 @@ def uri_scheme(path: str) -> str | None:
     return None
 
 
-def local_path(path: str) -> str:
+def local_path(path: str, cwd: str | None = None) -> str:
     """``path`` as an absolute local path: ``file:`` URIs lose their scheme; any other
-    scheme is refused (the executors read with Python file I/O, not Hadoop's)."""
+    scheme is refused (the executors read with Python file I/O, not Hadoop's). A relative
+    path is taken from ``cwd`` (the user's working folder, which the read's options
+    carry: Spark's planning process may run elsewhere), else this process's."""
     scheme = uri_scheme(path)
     if scheme is not None:
         rest = path.split(":", 1)[1]
@@ -150,7 +159,10 @@ def local_path(path: str) -> str:
                 raise ValueError(f"{path!r}: file URIs with a host ({host}) are not local")
             rest = "/" + tail
         path = rest
-    return os.path.abspath(os.path.expanduser(path))
+    path = os.path.expanduser(path)
+    if cwd is not None and not os.path.isabs(path):
+        path = os.path.join(cwd, path)
+    return os.path.abspath(path)
 
 
 def _split_list(value: str | None) -> tuple[str, ...] | None:
@@ -173,6 +185,14 @@ class ReadOptions:
     problems: str = "rows"
     with_data: bool = True
     compact: bool = False
+    #: the filters pushed down (msgq.spark.pushdown), None: none
+    where: EventFilter | None = None
+    #: whether the reader takes filters from Spark (option pushdown)
+    pushdown: bool = True
+    #: which log of a loggerd route segment: "auto" (rlog, else qlog), "rlog", "qlog"
+    log: str = "auto"
+    #: the number of tasks the files are packed into at least (option parallelism)
+    parallelism: int = 0
 
     def __post_init__(self) -> None:
         if self.spec is None:
@@ -197,7 +217,8 @@ class ReadOptions:
             raw_paths.append(get("path"))
         if not raw_paths:
             raise ValueError("msgqlog needs a path: spark.read.format('msgqlog').load(PATH)")
-        paths = tuple(local_path(p) if local_paths else p for p in raw_paths)
+        cwd = get("cwd") or None
+        paths = tuple(local_path(p, cwd) if local_paths else p for p in raw_paths)
         problems = (get("problems") or "rows").strip().lower()
         if problems not in _PROBLEM_MODES:
             raise ValueError(f"option problems must be one of {_PROBLEM_MODES}, not {problems!r}")
@@ -225,7 +246,48 @@ class ReadOptions:
                              "it has no typed columns (leave out decode)")
         if compact:
             with_data = False
-        return cls(paths, services, decode, spec, problems, with_data, compact)
+        log = (get("log") or "auto").strip().lower()
+        if log not in _LOG_KINDS:
+            raise ValueError(f"option log must be one of {_LOG_KINDS}, not {log!r}")
+        try:
+            parallelism = int(get("parallelism") or 0)
+        except ValueError:
+            raise ValueError(f"option parallelism must be a whole number, not "
+                             f"{get('parallelism')!r}") from None
+        return cls(paths, services, decode, spec, problems, with_data, compact,
+                   _where_option(get("where"), spec), _flag(get("pushdown"), True, "pushdown"),
+                   log, parallelism)
+
+
+def where_option(services: Iterable[str] | None = None, start: int | None = None,
+                 end: int | None = None) -> str:
+    """The ``where`` option of a compact read (:func:`msgq.spark.read_logs` with
+    ``compact=True``, ``msgq logstats``), whose rows have no event columns to filter:
+    events of ``services`` with ``start <= logMonoTime < end``, decided as a pushed
+    filter is (:mod:`msgq.spark.pushdown`); the problem rows are kept."""
+    return json.dumps({"services": None if services is None else sorted(services),
+                       "start": start, "end": end})
+
+
+def _where_option(text: str | None, spec: SchemaSpec) -> EventFilter | None:
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+        services, start, end = doc["services"], doc["start"], doc["end"]
+        where = EventFilter(
+            services=None if services is None else frozenset(services),
+            min_mono=None if start is None else int(start),
+            max_mono=None if end is None else int(end) - 1,
+            none=(services is not None and not services) or (
+                start is not None and end is not None and int(start) >= int(end)))
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"option where is not one msgq.spark.datasource.where_option "
+                         f"wrote ({type(e).__name__}: {e})") from None
+    members = spec.load().union_fields
+    for name in where.services or ():
+        _check_member(name, members)
+    return where
 
 
 def spec_option(spec: SchemaSpec) -> str:
@@ -285,7 +347,8 @@ def _spec_of_options(get: Any) -> SchemaSpec:
     schema_file = get("schemaFile")
     registry = get("registry")
     root = get("root")
-    imports = tuple(local_path(p) for p in (get("imports") or "").split(os.pathsep) if p)
+    cwd = get("cwd") or None
+    imports = tuple(local_path(p, cwd) for p in (get("imports") or "").split(os.pathsep) if p)
     if text:
         if schema_file or registry or root or imports:
             raise ValueError("option schemaSpec already names the schema: leave out "
@@ -294,11 +357,11 @@ def _spec_of_options(get: Any) -> SchemaSpec:
     in_force = spec_in_force()
     if not (schema_file or registry or imports):
         return in_force if not root or root == in_force.root else replace(in_force, root=root)
-    path = local_path(schema_file) if schema_file else in_force.path
+    path = local_path(schema_file, cwd) if schema_file else in_force.path
     root = root or "Event"
     if registry:
         try:
-            return spec_of(path, local_path(registry), root, imports)
+            return spec_of(path, local_path(registry, cwd), root, imports)
         except (OSError, ValueError) as e:
             raise ValueError(f"option registry: {e}") from None
     if path is not None and not os.path.isfile(path):
@@ -353,7 +416,7 @@ def output_schema(options: ReadOptions) -> StructType:
 
 
 class SegmentPartition(InputPartition):
-    """One segment file: the unit of work of an executor task."""
+    """One segment file: what :func:`plan_segments` lists."""
 
     def __init__(self, path: str, segment: int | None) -> None:
         super().__init__(path)
@@ -362,6 +425,18 @@ class SegmentPartition(InputPartition):
 
     def __repr__(self) -> str:
         return f"SegmentPartition({self.path!r}, segment={self.segment})"
+
+
+class PackedPartition(InputPartition):
+    """The unit of work of an executor task: whole segment files, read one after the
+    other (a file's events are never split between tasks)."""
+
+    def __init__(self, files: list[SegmentPartition]) -> None:
+        super().__init__([f.path for f in files])
+        self.files = files
+
+    def __repr__(self) -> str:
+        return f"PackedPartition({len(self.files)} files, first {self.files[0].path!r})"
 
 
 def segment_number(path: str) -> int | None:
@@ -376,20 +451,89 @@ def segment_number(path: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def route_name(path: str) -> str | None:
+    """The route of a loggerd segment file, as its folders name it
+    (``/data/a2a0ccea32023010|2023-07-27--13-01-19--4/rlog.zst`` ->
+    ``a2a0ccea32023010|2023-07-27--13-01-19``); None for any other file."""
+    route = loggerd_route(path)
+    return None if route is None else route.rpartition("/")[2]
+
+
+def _chosen_log(path: str, log: str) -> str | None:
+    """The loggerd file of ``path``'s segment folder that option ``log`` asks for (the
+    path itself for any other file); None when the folder has none of that kind."""
+    if log == "auto" or loggerd_route(path) is None:
+        return path
+    folder = os.path.dirname(path)
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(log)]
+    except OSError:
+        return path  # read, and reported, as it is
+    chosen = loggerd_log(names)
+    return os.path.join(folder, chosen[0]) if chosen else None
+
+
 def plan_segments(options: ReadOptions) -> list[SegmentPartition]:
-    """The segment files of a read, one partition each. With ``services``, a segment
-    whose final index entry lists none of them is left out unread (see
-    :class:`msgq.logs.index.IndexCache` for which entries are final)."""
+    """The segment files of a read, in reading order. With ``services``, or filters
+    pushed down (``options.where``, :mod:`msgq.spark.pushdown`), a segment whose final
+    index entry says it holds no matching event is left out unread (see
+    :class:`msgq.logs.index.IndexCache` for which entries are final), and one whose path,
+    route or number fails a pushed filter too."""
     partitions = []
     indexes = IndexCache()
     wanted = None if options.services is None else set(options.services)
-    for path in dict.fromkeys(segment_paths(list(options.paths))):
-        entry = indexes.entry(path)
+    where = options.where
+    for listed in dict.fromkeys(segment_paths(list(options.paths))):
+        path = _chosen_log(listed, options.log)
+        if path is None:
+            continue
+        need_entry = wanted is not None or (where is not None and where.active)
+        entry = indexes.entry(path) if need_entry else None
         if entry is not None and wanted is not None and not wanted & set(entry.counts):
             continue
         segment = entry.segment if entry is not None else segment_number(path)
+        if where is not None and not where.keeps_file(path, segment, route_name(path), entry):
+            continue
         partitions.append(SegmentPartition(path, segment))
     return partitions
+
+
+#: What one task reads at most, in file bytes, unless a single file is larger.
+MAX_TASK_BYTES = 128 << 20
+#: What a task reads at least when there are enough files (a task costs milliseconds).
+MIN_TASK_BYTES = 4 << 20
+#: The tasks the planner aims at when the read does not say (option parallelism).
+DEFAULT_PARALLELISM = 8
+
+
+def pack_segments(files: list[SegmentPartition], parallelism: int = 0,
+                  max_bytes: int = MAX_TASK_BYTES) -> list[PackedPartition]:
+    """Whole segment files packed into tasks by size, in reading order: about the total
+    over ``parallelism`` (default :data:`DEFAULT_PARALLELISM`) bytes a task, between
+    :data:`MIN_TASK_BYTES` and ``max_bytes``: thousands of small route segments become a
+    few tasks per core, a few huge files one task each. A file that cannot be sized
+    counts as empty."""
+    if not files:
+        return []
+    sizes = []
+    for f in files:
+        try:
+            sizes.append(os.path.getsize(f.path))
+        except OSError:
+            sizes.append(0)
+    tasks = parallelism if parallelism > 0 else DEFAULT_PARALLELISM
+    target = min(max_bytes, max(MIN_TASK_BYTES, -(-sum(sizes) // tasks)))
+    packed: list[PackedPartition] = []
+    current: list[SegmentPartition] = []
+    current_bytes = 0
+    for f, size in zip(files, sizes, strict=True):
+        if current and current_bytes + size > target:
+            packed.append(PackedPartition(current))
+            current, current_bytes = [], 0
+        current.append(f)
+        current_bytes += size
+    packed.append(PackedPartition(current))
+    return packed
 
 
 class MsgqLogDataSource(DataSource):
@@ -399,6 +543,10 @@ class MsgqLogDataSource(DataSource):
     schema in force in the planning worker)."""
 
     default_spec: str | None = None
+    #: option ``cwd`` of reads that give none: where relative paths are taken from
+    default_cwd: str | None = None
+    #: option ``pushdown`` of reads that give none (see :func:`source_class`)
+    default_pushdown: bool = False
 
     @classmethod
     def name(cls) -> str:
@@ -407,12 +555,15 @@ class MsgqLogDataSource(DataSource):
     def _options(self) -> ReadOptions:
         """The read's options; with no schema option, the source class's spec."""
         options = self.options
+        named = {key.lower(): value for key, value in options.items()}
         if self.default_spec is not None and not any(
                 options.get(key) for key in _SCHEMA_OPTIONS):
-            named = {key.lower(): value for key, value in options.items()}
             named["schemaspec"] = self.default_spec
-            return ReadOptions.parse(_CaseInsensitive(named))
-        return ReadOptions.parse(options)
+        if self.default_cwd is not None and not options.get("cwd"):
+            named["cwd"] = self.default_cwd
+        if options.get("pushdown") is None:
+            named["pushdown"] = "true" if self.default_pushdown else "false"
+        return ReadOptions.parse(_CaseInsensitive(named))
 
     def schema(self) -> StructType:
         options = self._options()
@@ -426,7 +577,22 @@ class MsgqLogDataSource(DataSource):
         if schema != ours:
             raise ValueError("the msgqlog source defines its own schema (from the capnp "
                              "schema and the decode option): do not pass .schema(...)")
+        if options.pushdown and not options.compact:  # compact rows: no event columns
+            return MsgqLogPushdownReader(options, ours)
         return MsgqLogReader(options, ours)
+
+    def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - Spark's name
+        """``spark.readStream.format("msgqlog").load(folder)``: the events a recorder
+        writes, micro-batch by micro-batch (:mod:`msgq.spark.streaming`)."""
+        # the stream reader: only streaming queries need it
+        from msgq.spark.streaming import MsgqLogStreamReader
+
+        options = self._options()
+        ours = output_schema(options)
+        if schema != ours:
+            raise ValueError("the msgqlog source defines its own schema (from the capnp "
+                             "schema and the decode option): do not pass .schema(...)")
+        return MsgqLogStreamReader(options, ours)
 
 
 class _CaseInsensitive:
@@ -439,32 +605,62 @@ class _CaseInsensitive:
         return self._options.get(key.lower())
 
 
-def source_class(schema: Any = None) -> type[MsgqLogDataSource]:
+def source_class(schema: Any = None, pushdown: bool = False) -> type[MsgqLogDataSource]:
     """The msgqlog data source class whose reads default to ``schema`` (a Schema or
     SchemaSpec; None: the schema in force here): a subclass carrying the spec, which
     Spark pickles by value to the workers that plan the reads, whatever their
-    environment says."""
+    environment says. It carries this process's working folder too: relative paths are
+    the user's, not those of the folder Spark's planning process runs in. ``pushdown``:
+    whether its reads take filters from Spark when their option ``pushdown`` does not
+    say (never where the session's ``spark.sql.python.filterPushdown.enabled`` is false,
+    which makes Spark refuse a reader that would). Off by default for plain
+    ``spark.read.format("msgqlog")``: Spark 4.1-4.3 keeps the reader of a DataFrame's
+    last pushed query for its next query that has no filter to push (which would then
+    get the filtered rows); :func:`msgq.spark.read_logs` guards against that and pushes
+    by default."""
     spec = read_spec(schema)
     return type(MsgqLogDataSource.__name__, (MsgqLogDataSource,),
-                {"default_spec": spec_option(spec), "__doc__": MsgqLogDataSource.__doc__,
+                {"default_spec": spec_option(spec), "default_cwd": os.getcwd(),
+                 "default_pushdown": pushdown, "__doc__": MsgqLogDataSource.__doc__,
                  "__module__": __name__})
 
 
 class MsgqLogReader(DataSourceReader):
-    """Plans one partition per segment file and reads them (in the executors)."""
+    """Plans the segment files into tasks (:func:`pack_segments`) and reads them (in the
+    executors). Takes no filters from Spark: the reader of option ``pushdown=false``,
+    and of sessions where ``spark.sql.python.filterPushdown.enabled`` is false."""
 
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
 
     def partitions(self) -> list[InputPartition]:
-        return list(plan_segments(self.options))
+        return list(pack_segments(plan_segments(self.options), self.options.parallelism))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        if not isinstance(partition, SegmentPartition):  # no files: Spark's empty partition
+        if isinstance(partition, SegmentPartition):
+            files = [partition]
+        elif isinstance(partition, PackedPartition):
+            files = partition.files
+        else:  # no files: Spark's empty partition
             return iter(())
-        return _SegmentRead(self.options, self.schema, partition.path,
-                            partition.segment).batches()
+        return (batch for f in files for batch in
+                _SegmentRead(self.options, self.schema, f.path, f.segment).batches())
+
+
+class MsgqLogPushdownReader(MsgqLogReader):
+    """:class:`MsgqLogReader` that also takes the filters of a query it can decide
+    exactly (:mod:`msgq.spark.pushdown`): files skipped unread by their sealed index
+    entries, events dropped on their peeked fields before decoding."""
+
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:  # noqa: N802 - Spark's name
+        where, rest = push(filters, self.options.where)
+        if where.services is not None:  # a name the schema lacks matches no event
+            members = set(self.options.schema.union_fields)
+            where = replace(where, services=where.services & members,
+                            none=where.none or not where.services & members)
+        self.options = replace(self.options, where=where)
+        return iter(rest)
 
 
 # -- executor side -------------------------------------------------------------------
@@ -475,11 +671,11 @@ class _Decoder:
     column: int  # position among the typed columns
     field: Any  # the union member's field of the root struct
     convert: Any  # None: the pycapnp value is the column value
-    layout: Any  # compiled for _capnp_reader.read_member (None: pycapnp always)
+    layout: Any  # compiled for _typed_reader.read_member (None: pycapnp always)
 
     def value(self, data: bytes, schema: Any) -> Any:
         """The column value of an event's bytes: read straight from them
-        (:mod:`msgq.spark._capnp_reader`), or by pycapnp for a message that reader leaves
+        (:mod:`msgq.schemas._typed_reader`), or by pycapnp for a message that reader leaves
         to it (so the value, or the error, is always pycapnp's)."""
         if self.layout is not None:
             value = read_member(data, self.layout)
@@ -545,7 +741,8 @@ class _SegmentRead:
     """
 
     def __init__(self, options: ReadOptions, schema: StructType, path: str,
-                 segment: int | None, content: bytes | None = None) -> None:
+                 segment: int | None, content: bytes | None = None, *,
+                 stream_offset: int = 0, file_offset: int = 0) -> None:
         # pyarrow: the optional spark extra, imported when Spark is used
         import pyarrow as pa
 
@@ -558,7 +755,16 @@ class _SegmentRead:
             schema = output_schema(replace(options, compact=False))
         self.path = path
         self.segment = segment
+        self.route = route_name(path)
         self.content = content
+        # where ``content`` starts in the segment (a stream's byte range): in the
+        # uncompressed stream (the offset column) and in the file
+        self._stream_offset = stream_offset
+        self._file_offset = file_offset
+        where = options.where
+        self._events_only = where is not None and where.events_only
+        self._event_test = where.event_test() if where is not None and where.checks_events \
+            else None
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self.schema = options.schema
         self.decoders = _decoders_for(options)
@@ -603,6 +809,7 @@ class _SegmentRead:
             pa.array(self._size, type=types[6]),
             pa.array(self._data, type=types[7]),
             pa.array(problems, type=types[8]),
+            pa.repeat(pa.scalar(self.route, type=types[9]), rows),
         ]
         for kind, at, values in zip(self._typed_types, self._typed_rows, self._typed_values,
                                     strict=True):
@@ -622,16 +829,18 @@ class _SegmentRead:
             raise _FailOnProblemError(
                 f"{self.path}: {kind}{where}: {detail} (read with option problems=rows to "
                 "get the readable events and a row per problem)")
+        if self._events_only:  # a pushed filter on an event column: no problem rows
+            return
         self._problems[len(self._offset)] = f"{kind}: {detail}"
         for column in (self._offset, self._mono, self._service, self._valid, self._size,
                        self._data):
             column.append(None)
-        self._offset[-1] = offset
+        self._offset[-1] = None if offset is None else offset + self._stream_offset
 
     def _add_log_problem(self, problem: Any) -> None:
         detail = problem.detail
-        if problem.file_offset != problem.offset:
-            detail += f" (file byte {problem.file_offset})"
+        if problem.file_offset != problem.offset or self._file_offset != self._stream_offset:
+            detail += f" (file byte {problem.file_offset + self._file_offset})"
         self._problem(problem.kind, problem.offset, detail)
 
     # events ----------------------------------------------------------------------
@@ -650,7 +859,9 @@ class _SegmentRead:
 
     def _add_events(self, events: list[Any]) -> None:
         first = len(self._offset)
-        self._offset += [e.offset for e in events]
+        base = self._stream_offset
+        self._offset += [e.offset + base for e in events] if base else \
+            [e.offset for e in events]
         self._mono += [e.mono_ns for e in events]
         self._service += [e.service for e in events]
         self._valid += [e.valid for e in events]
@@ -717,9 +928,17 @@ class _SegmentRead:
             source.name = self.path  # names it in the reader's problems
         # The LogReader's reading of one segment (framing, peek, damage, the services
         # filter), from a path or the bytes in memory; no path listing, no index.
-        reader = LogReader([], services=self.options.services, skip_corrupt=True,
-                           schema=self.schema)
+        services = self.options.services
+        start = None
+        where = self.options.where
+        if where is not None:
+            services = where.services_within(services)
+            start = where.min_mono if where.min_mono is not None and where.min_mono > 0 \
+                else None
+        reader = LogReader([], services=services, skip_corrupt=True, schema=self.schema,
+                           start_mono_ns=start)
         events = reader.segment_events(source)
+        test = self._event_test
         seen_corrupt = seen_truncated = 0
         while True:
             # Problems become rows here, not warnings (chunked: the filter costs µs).
@@ -728,6 +947,8 @@ class _SegmentRead:
                 warnings.simplefilter("ignore", CorruptLogWarning)
                 chunk = list(islice(events, _CHUNK_EVENTS))
             done = not chunk
+            if test is not None:  # the peeked fields, before any decoding
+                chunk = [e for e in chunk if test(e.mono_ns, e.valid)]
             while chunk:  # batches end at a message boundary past the size bounds
                 room = max(1, _BATCH_ROWS - len(self._offset))
                 self._add_events(chunk[:room])

@@ -41,7 +41,6 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import msgq.logs
-from msgq.errors import MessageDecodeError
 from msgq.logs import LogProblem, LogReader, segment_paths
 from msgq.logs.index import IndexCache, read_recording
 from msgq.schemas import Schema, schema_in_force
@@ -208,20 +207,15 @@ def _convert_segment(path: str, wanted: list[str] | None, start_ns: int | None,
     reader = LogReader(path, services=wanted, skip_corrupt=True, start_mono_ns=start_ns,
                        schema=schema, warn=False, indexes=indexes)
     read_any = False
-    decode, to_json, dumps = schema.decode, converter.to_json, converter.dumps
+    to_json, dumps = converter.to_json, converter.dumps
     try:
-        for event in reader.raw():
+        # readers of the scanner's batches (one buffer each); an event that does not
+        # decode is one of the reader's problems, listed below
+        for service, mono, size, message in reader.decoded_events():
             read_any = True
-            mono = event.mono_ns
             if end_ns is not None and mono > end_ns:
                 continue
-            try:
-                message = decode(event.data)
-            except MessageDecodeError as e:
-                result.problems.append(f"{event.path} at byte {event.offset}: {e}")
-                continue
-            service = event.service
-            yield service, mono, dumps(service, to_json(message)), len(event.data)
+            yield service, mono, dumps(service, to_json(message)), size
     except (OSError, ValueError, EOFError) as e:
         if mismatch is not None and isinstance(e, mismatch):
             raise

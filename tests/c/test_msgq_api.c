@@ -276,6 +276,21 @@ static void mark_file_superseded(const char *endpoint) {
   close(fd);
 }
 
+/* Subscribers of the queue asleep in a wait (their bits in the header's waiting_readers:
+ * set just before the futex wait, cleared after it). */
+static int sleepers_of(const char *endpoint) {
+  char path[MSGQ_ENDPOINT_PATH_MAX];
+  if (msgq_endpoint_path(endpoint, path, sizeof path) != 0) return -1;
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  msgq_header *h = mmap(NULL, sizeof *h, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (h == MAP_FAILED) return -1;
+  int n = __builtin_popcountll(atomic_load(&h->waiting_readers));
+  munmap(h, sizeof *h);
+  return n;
+}
+
 static void *wait_long(void *arg) {
   msgq_sub_wait(arg, 5000000000LL); /* returns once the replaced file counts as data */
   return NULL;
@@ -291,7 +306,11 @@ static void test_follow_waits_for_a_sleeper(void) {
   if (!sub || !pub) return;
   pthread_t sleeper;
   pthread_create(&sleeper, NULL, wait_long, sub);
-  usleep(20000); /* let it fall asleep */
+  /* until it is asleep on the queue (not a guessed delay, which a loaded machine
+   * outlasts: then the follow below is never refused and the test proves nothing) */
+  int64_t deadline = msgq_now_ns() + 10000000000LL;
+  while (sleepers_of("follow_sleeper") != 1 && msgq_now_ns() < deadline) usleep(1000);
+  CHECK(sleepers_of("follow_sleeper") == 1);
   mark_file_superseded("follow_sleeper");
   const void *data;
   size_t n;

@@ -2,7 +2,7 @@
 at random moments, and random or targeted writes into a live queue file.
 
 Each test runs for its budget (MSGQ_CHAOS_SECONDS, else a short CI budget; the three
-together stay under 90 s in CI) and reports its trials and outcomes (chaos_support.py).
+together take about 30 s in CI) and reports its trials and outcomes (chaos_support.py).
 Messages carry a generation, a sequence number and the CRC32 of their body, so every
 subscriber checks every message it gets: a torn message is one whose body does not match.
 """
@@ -25,18 +25,13 @@ from chaos_support import report as chaos_report
 import msgq
 from msgq import queues
 
-pytestmark = [pytest.mark.crash, pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.crash, pytest.mark.multiprocess, pytest.mark.slow,
+              pytest.mark.usefixtures("shm")]
 
 FORK = mp.get_context("fork")
 HEADER = struct.Struct("<IQI")  # generation, sequence, crc32 of the body
 STOP = b"stop"
 SEGMENT = 2 * 1024 * 1024  # room for 256 KiB messages (a third of the ring each)
-
-
-@pytest.fixture(autouse=True)
-def shm(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MSGQ_BACKEND", "msgq")
-    monkeypatch.delenv("ZMQ", raising=False)
 
 
 def _body(rng: random.Random, largest: int) -> bytes:
@@ -115,7 +110,7 @@ def _stop_subscribers(endpoint: str, subs, results) -> list[tuple]:
 def test_publisher_killed_mid_send(endpoint: str) -> None:
     """SIGKILL the publisher at random moments while it sends 1 B - 256 KiB messages;
     three subscribers verify every message and must follow each next publisher."""
-    budget = chaos_budget(25)
+    budget = chaos_budget(10)
     subs, results = _start_subscribers(endpoint, 3)
     rng = random.Random(1)
     trials = 0
@@ -157,29 +152,15 @@ def _connect_then_die(endpoint: str, mode: str, ready) -> None:
         signal.pause()
 
 
-def _send_cost_ns(pub, payload: bytes) -> float:
-    """ns per send, the fastest of 7 runs of 5000: other processes on the machine only
-    ever add time, so the minimum is the cost of a send itself (a median moved with the
-    load of a busy 2-core machine: 87 ns before and 143 ns after in one loaded run)."""
-    runs = []
-    for _ in range(7):
-        t = time.perf_counter_ns()
-        for _ in range(5000):
-            pub.send(payload)
-        runs.append((time.perf_counter_ns() - t) / 5000)
-    return min(runs)
-
-
 def test_subscribers_killed_by_hundreds(endpoint: str) -> None:
     """SIGKILL subscribers while connecting, idle and asleep in receive(), in batches;
     with no new subscriber to help, the publisher alone must give every slot and
-    waiting bit back, and a send must cost what it cost before."""
-    budget = chaos_budget(20)
+    waiting bit back (a send wakes sleepers only while waiting bits are set: with them
+    given back, a send costs what it cost before)."""
+    budget = chaos_budget(8)
     pub = msgq.pub_sock(endpoint, segment_size=SEGMENT)
     path = queues.queue_path(endpoint)
     payload = bytes(1024)
-    _send_cost_ns(pub, payload)  # warm up: first pass over the ring, caches
-    before = _send_cost_ns(pub, payload)
     rng = random.Random(2)
     killed = {"connecting": 0, "idle": 0, "receive": 0}
     not_reclaimed = 0
@@ -205,7 +186,7 @@ def test_subscribers_killed_by_hundreds(endpoint: str) -> None:
             p.join()
             killed[mode] += 1
         trials += 1
-        t_end = time.monotonic() + 2.0
+        t_end = time.monotonic() + 10.0  # a condition: room for a loaded machine
         while True:
             pub.send(payload)
             info = queues.inspect_queue(path)
@@ -215,15 +196,14 @@ def test_subscribers_killed_by_hundreds(endpoint: str) -> None:
                 not_reclaimed += 1
                 break
             time.sleep(0.001)
-    after = _send_cost_ns(pub, payload)
-    ratio = after / before
+    for _ in range(1000):  # what was given back stays given back
+        pub.send(payload)
+    info = queues.inspect_queue(path)
     chaos_report("subscribers SIGKILLed by hundreds", sum(killed.values()),
                  batches=trials, **{f"killed_{k}": v for k, v in killed.items()},
-                 not_reclaimed_in_2s=not_reclaimed,
-                 send_ns_before=round(before), send_ns_after=round(after),
-                 ratio=round(ratio, 2))
+                 not_reclaimed_in_10s=not_reclaimed)
     assert not_reclaimed == 0
-    assert ratio < 1.5, f"send {after:.0f} ns after the deaths vs {before:.0f} ns before"
+    assert (info["waiters"], info["readers_claimed"]) == (0, 0), info
 
 
 # Regions of a queue file (msgq_ring.h): offsets in the header, then the ring.
@@ -238,7 +218,7 @@ def test_writes_into_a_live_queue_file(endpoint: str) -> None:
     """Random and targeted writes into every control region of a live queue file, then
     into the header line and the ring bytes: no signal, no hang, and no torn message
     from control-field damage (with data damage, only no signal and no hang)."""
-    budget = chaos_budget(25)
+    budget = chaos_budget(10)
     subs, results = _start_subscribers(endpoint, 2, hang_s=10.0)
     started = FORK.Event()
     pub = FORK.Process(target=publish_hashed, args=(endpoint, 0, 4096, started))

@@ -1,0 +1,183 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The log scanner (msgq/logs/src/log_scan.c) for Python: whole runs of messages of a
+decompressed log stream split and peeked in one call, as numpy arrays; and
+:class:`LogEvent`, the raw event, made here without a Python call per event."""
+
+import numpy as np
+
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+
+cdef extern from "log_scan.h":
+    ctypedef struct log_event_layout:
+        uint32_t mono_byte
+        uint32_t valid_byte
+        uint32_t valid_bit
+        uint32_t discriminant_byte
+        uint32_t services
+        uint64_t mono_default
+        uint8_t valid_default
+
+    ctypedef struct log_scan_out:
+        int64_t *offset
+        uint32_t *length
+        uint16_t *service
+        uint8_t *flags
+        uint64_t *mono_ns
+        size_t capacity
+
+    size_t log_scan(const uint8_t *buf, size_t len, size_t pos,
+                    const log_event_layout *layout, log_scan_out *out, size_t *stop,
+                    int *why) nogil
+
+#: Why a scan stopped (log_scan_stop).
+END = 0
+INCOMPLETE = 1
+BAD_FRAMING = 2
+NOT_PEEKED = 3
+FULL = 4
+#: flags bits
+VALID = 1
+ROOT_WHOLE = 2
+
+
+cdef class ScanLayout:
+    """The peeked fields' places and defaults (an :class:`~msgq.schemas.framing.EventLayout`)
+    in the form the C scanner takes."""
+
+    cdef log_event_layout c
+
+    def __init__(self, layout):
+        if layout.mono_byte < 0 or layout.valid_byte < 0 or layout.discriminant_byte < 0:
+            raise ValueError("an event layout's byte offsets are not negative")
+        self.c.mono_byte = layout.mono_byte
+        self.c.valid_byte = layout.valid_byte
+        self.c.valid_bit = layout.valid_bit
+        self.c.discriminant_byte = layout.discriminant_byte
+        self.c.services = min(len(layout.services), 0xFFFF)
+        self.c.mono_default = layout.mono_default
+        self.c.valid_default = 1 if layout.valid_default else 0
+
+
+def scan(const uint8_t[::1] buf, Py_ssize_t pos, ScanLayout layout, Py_ssize_t end=-1):
+    """Scans ``buf[pos:end]`` message after message while each is whole and peeked.
+
+    Returns ``(stop, why, offset, length, service, flags, mono_ns)``: where the scan
+    stopped, why (END, INCOMPLETE, BAD_FRAMING, NOT_PEEKED), and one array entry per
+    message (offsets in ``buf``)."""
+    cdef size_t n_bytes = buf.shape[0] if end < 0 else min(<size_t>end, <size_t>buf.shape[0])
+    if pos < 0 or <size_t>pos > n_bytes:
+        raise ValueError(f"scan position {pos} is outside the buffer of {n_bytes} bytes")
+    # the smallest message is 16 bytes (an 8-byte header and one word)
+    cdef size_t capacity = (n_bytes - pos) // 16 + 1
+    offset = np.empty(capacity, np.int64)
+    length = np.empty(capacity, np.uint32)
+    service = np.empty(capacity, np.uint16)
+    flags = np.empty(capacity, np.uint8)
+    mono = np.empty(capacity, np.uint64)
+    cdef int64_t[::1] o = offset
+    cdef uint32_t[::1] l = length
+    cdef uint16_t[::1] s = service
+    cdef uint8_t[::1] f = flags
+    cdef uint64_t[::1] m = mono
+    cdef log_scan_out out
+    out.offset = &o[0]
+    out.length = &l[0]
+    out.service = &s[0]
+    out.flags = &f[0]
+    out.mono_ns = &m[0]
+    out.capacity = capacity
+    cdef size_t stop = pos
+    cdef int why = END
+    cdef size_t n = 0
+    cdef const uint8_t *data = &buf[0] if buf.shape[0] else NULL
+    if n_bytes > <size_t>pos:
+        with nogil:
+            n = log_scan(data, n_bytes, pos, &layout.c, &out, &stop, &why)
+    return stop, why, offset[:n], length[:n], service[:n], flags[:n], mono[:n]
+
+
+cdef class LogEvent:
+    """One event's bytes with the fields every tool needs, read without decoding:
+    ``data``, ``mono_ns`` (logMonoTime), ``valid``, ``service``, ``path`` (the segment)
+    and ``offset`` (in the segment's uncompressed stream). Immutable; equal when every
+    field is."""
+
+    cdef readonly bytes data
+    cdef readonly object mono_ns
+    cdef readonly bint valid
+    cdef readonly str service
+    cdef readonly str path
+    cdef readonly object offset
+
+    def __init__(self, bytes data, mono_ns, bint valid, str service, str path, offset):
+        self.data = data
+        self.mono_ns = int(mono_ns)
+        self.valid = valid
+        self.service = service
+        self.path = path
+        self.offset = int(offset)
+
+    def _key(self):
+        return (self.data, self.mono_ns, self.valid, self.service, self.path, self.offset)
+
+    def __eq__(self, other):
+        if type(other) is not LogEvent:
+            return NotImplemented
+        return self._key() == (<LogEvent>other)._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        return (f"LogEvent(data={self.data!r}, mono_ns={self.mono_ns!r}, "
+                f"valid={bool(self.valid)!r}, service={self.service!r}, path={self.path!r}, "
+                f"offset={self.offset!r})")
+
+    def __reduce__(self):
+        return (LogEvent, self._key())
+
+
+def log_events(bytes data, const int64_t[::1] offset, const uint32_t[::1] length,
+               const uint16_t[::1] service, const uint8_t[::1] flags,
+               const uint64_t[::1] mono_ns, tuple names, str path, Py_ssize_t stream_offset,
+               const uint8_t[::1] wanted=None, start_mono_ns=None):
+    """The :class:`LogEvent` of each scanned message of ``data`` (arrays from
+    :func:`scan`), ``names`` the service of each index; only those whose service index
+    is set in ``wanted`` (None: all) and, with ``start_mono_ns``, not older."""
+    cdef Py_ssize_t n = offset.shape[0], i
+    cdef uint64_t start = 0
+    cdef bint by_time = start_mono_ns is not None
+    cdef bint by_service = wanted is not None
+    cdef const char *base = data
+    cdef LogEvent e
+    cdef uint16_t which
+    if by_time:
+        if start_mono_ns <= 0:
+            by_time = False
+        else:
+            start = min(start_mono_ns, 0xFFFFFFFFFFFFFFFF)
+    if length.shape[0] < n or service.shape[0] < n or flags.shape[0] < n \
+            or mono_ns.shape[0] < n:
+        raise ValueError("the scan arrays differ in length")
+    for i in range(n):
+        if offset[i] < 0 or offset[i] + length[i] > len(data):
+            raise ValueError("a scanned message lies outside its buffer")
+        if service[i] >= len(names):
+            raise ValueError("a scanned service index has no name")
+    out = []
+    for i in range(n):
+        which = service[i]
+        if by_service and (which >= wanted.shape[0] or not wanted[which]):
+            continue
+        if by_time and mono_ns[i] < start:
+            continue
+        e = LogEvent.__new__(LogEvent)
+        e.data = PyBytes_FromStringAndSize(base + offset[i], length[i])
+        e.mono_ns = mono_ns[i]
+        e.valid = flags[i] & VALID
+        e.service = names[which]
+        e.path = path
+        e.offset = stream_offset + offset[i]
+        out.append(e)
+    return out

@@ -1,0 +1,76 @@
+"""Typing stub of the extension ``msgq.schemas._typed_reader`` (schemas/_typed_reader.pyx):
+fields read straight from Cap'n Proto bytes, pycapnp the fallback: Spark's typed columns
+(read_member) and SubMaster's payload views (view_member)."""
+
+from collections.abc import Callable
+from typing import Any
+
+K_BOOL: int
+K_INT8: int
+K_INT16: int
+K_INT32: int
+K_INT64: int
+K_UINT8: int
+K_UINT16: int
+K_UINT32: int
+K_UINT64: int
+K_FLOAT32: int
+K_FLOAT64: int
+K_TEXT: int
+K_DATA: int
+K_ENUM: int
+K_LIST: int
+K_STRUCT: int
+K_GROUP: int
+
+#: What read_member returns for a message it leaves to pycapnp.
+FALLBACK: object
+
+class CompiledMember:
+    """A union member of the root struct, ready for :func:`read_member`."""
+
+def compile_member(member: tuple[int, int, tuple[Any, ...]]) -> CompiledMember:
+    """``(discriminant_offset, discriminant, field layout)`` (capnp_types.member_plan)
+    compiled for :func:`read_member`."""
+
+def read_member(message: bytes | bytearray | memoryview, member: CompiledMember) -> Any:
+    """The converted value of the member in ``message`` (one framed message), or
+    FALLBACK when pycapnp should read it."""
+
+class EnumValue:
+    """An enum value as a view reads it, behaving as pycapnp's ``_DynamicEnum``."""
+
+    @property
+    def raw(self) -> int:
+        """The enumerant's number."""
+
+    def _as_str(self) -> str: ...
+
+class StructView:
+    """A struct of a message, read field by field from its bytes; anything else is asked
+    of a pycapnp reader of the same struct."""
+
+    def __getattr__(self, name: str) -> Any: ...
+
+class StructListView:
+    """A list of structs of a message, as pycapnp's list reader behaves (len, [i],
+    iteration; elements are StructViews); anything else is asked of pycapnp's."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> StructView: ...
+    def __getattr__(self, name: str) -> Any: ...
+
+class EventFields:
+    """Where the root struct keeps logMonoTime, valid and the union discriminant."""
+
+    def __init__(self, mono_byte: int, valid_byte: int, valid_bit: int,
+                 discriminant_byte: int, services: tuple[str, ...], mono_default: int,
+                 valid_default: bool) -> None: ...
+
+def view_member(message: bytes, member: CompiledMember,
+                decode: Callable[[], Any]) -> StructView | StructListView | object:
+    """A view of the root union's struct (or list of structs) ``member`` in ``message``,
+    or FALLBACK."""
+
+def identify(message: bytes, fields: EventFields) -> tuple[int, bool, str] | object:
+    """``(logMonoTime, valid, service)`` of a one-segment Event, or FALLBACK."""
