@@ -34,6 +34,7 @@ The peers are adapter classes in :mod:`msgq.bench.peers`, the processes' program
 from __future__ import annotations
 
 import argparse
+import ctypes
 import glob
 import importlib
 import importlib.metadata
@@ -224,6 +225,32 @@ class Progress:
             sys.stderr.flush()
 
 
+#: Payloads from this size get a "× memcpy" column (the memory's speed on this machine).
+MEMCPY_FROM = 64 * 1024
+
+
+def memcpy_bandwidth(size: int, rounds: int = 5, seconds: float = 0.05) -> float:
+    """MB/s (10^6 bytes) of one ``memcpy`` of ``size`` bytes between two warm buffers on
+    this CPU: the best of ``rounds`` timed loops of about ``seconds`` each."""
+    src = (ctypes.c_char * size)()
+    dst = (ctypes.c_char * size)()
+    ctypes.memset(src, 1, size)
+    ctypes.memmove(dst, src, size)
+    best = 0.0
+    for _ in range(rounds):
+        n = 0
+        start = time.perf_counter()
+        while True:
+            for _ in range(8):
+                ctypes.memmove(dst, src, size)
+            n += 8
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        best = max(best, n * size / elapsed / 1e6)
+    return best
+
+
 def _cleanup(run_dir: str, prefix: str) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
     for path in glob.glob(os.path.join("/dev/shm", f"{prefix}_*")):  # kickmsg regions
@@ -325,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         + "."
     )
-    table = render_table(cells, backends, skipped, geometry_note)
+    memcpy_mb_s = {size: memcpy_bandwidth(size) for size in sizes if size >= MEMCPY_FROM}
+    table = render_table(cells, backends, skipped, geometry_note, memcpy_mb_s)
     elapsed = time.monotonic() - began
     if args.json:
         document = {
@@ -339,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "versions": {name: BACKENDS[name].version() for name in backends},
                 "skipped": skipped,
                 "start_method": ctx.get_start_method(),
+                "memcpy_mb_s": memcpy_mb_s,
                 "prefix": prefix,
             },
             "results": [

@@ -34,8 +34,8 @@ DEFAULT_SUBS: tuple[int, ...] = (1, 4)
 INTO_SIZES: tuple[int, ...] = (64 * KIB, MIB)
 RTT_SIZES: tuple[int, ...] = (8, 64 * KIB)
 #: Every backend the benchmark knows, in table order; pyzmq is the reference of the ratios.
-BACKEND_ORDER: tuple[str, ...] = ("msgq", "msgq-zmq", "msgq-zmq-curve", "pyzmq", "kickmsg",
-                                  "iceoryx2")
+BACKEND_ORDER: tuple[str, ...] = (
+    "msgq", "msgq-pool", "msgq-zmq", "msgq-zmq-curve", "pyzmq", "kickmsg", "iceoryx2")
 REFERENCE = "pyzmq"
 TESTS: tuple[str, ...] = ("throughput", "recv_into", "view", "rtt", "rtt_async")
 #: Payload sizes of the asyncio round-trip rows.
@@ -299,6 +299,21 @@ class MsgqBackend(Backend):
             if close is not None:
                 close()
         self.sockets.clear()
+
+
+class MsgqPoolBackend(MsgqBackend):
+    """msgq with the chunk pool (``MSGQ_POOL=1``, off by default): messages of 16 KiB and
+    more in chunks, for a comparison with the ring alone in one run."""
+
+    name = "msgq-pool"
+    io_note = (
+        "as msgq, with MSGQ_POOL=1: queues are created with the chunk pool, so messages "
+        "of 16 KiB and more go into chunks and the ring carries their descriptors")
+
+    def __init__(self, run_dir: str, prefix: str) -> None:
+        # Read by whichever process creates the queue (each benchmark process is fresh).
+        os.environ["MSGQ_POOL"] = "1"
+        super().__init__(run_dir, prefix)
 
 
 class MsgqZmqBackend(MsgqBackend):
@@ -678,6 +693,7 @@ class Iceoryx2Backend(Backend):
 #: Backend name -> adapter class.
 BACKENDS: dict[str, type[Backend]] = {
     cls.name: cls
-    for cls in (MsgqBackend, MsgqZmqBackend, MsgqZmqCurveBackend, PyzmqBackend, KickmsgBackend,
+    for cls in (MsgqBackend, MsgqPoolBackend, MsgqZmqBackend, MsgqZmqCurveBackend, PyzmqBackend,
+                KickmsgBackend,
                 Iceoryx2Backend)
 }

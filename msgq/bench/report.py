@@ -60,8 +60,14 @@ def render_table(
     backends: Sequence[str],
     skipped: dict[str, str],
     geometry_note: str,
+    memcpy_mb_s: dict[int, float] | None = None,
 ) -> str:
-    """The one table: a row per (test, payload, subs/CPUs, backend), then footnotes."""
+    """The one table: a row per (test, payload, subs/CPUs, backend), then footnotes.
+
+    ``memcpy_mb_s`` (payload size -> MB/s of one warm ``memcpy`` of that size on this
+    machine) adds the ``× memcpy`` column to the throughput rows of those sizes.
+    """
+    memcpy_mb_s = memcpy_mb_s or {}
     notes = Notes()
     header = [
         "test",
@@ -74,6 +80,7 @@ def render_table(
         "p99 µs",
         "drops",
         "× pyzmq",
+        "× memcpy",
     ]
     rows: list[list[str] | None] = []
     last_kind = None
@@ -88,7 +95,7 @@ def render_table(
                 continue
             rtt = kind.startswith("rtt")
             n_label = f"{n} cpu" if rtt else f"{n} sub{'s' if n > 1 else ''}"
-            row = [TEST_LABEL[kind], fmt_size(size), n_label, name, "", "", "", "", "", ""]
+            row = [TEST_LABEL[kind], fmt_size(size), n_label, name, "", "", "", "", "", "", ""]
             if m.error is not None and m.msgs_per_s is None and m.p50_us is None:
                 reason = m.error.splitlines()[0] if m.error else "failed"
                 label = "n/a" if m.detail.get("not_applicable") else "error"
@@ -110,6 +117,8 @@ def render_table(
                     row[8] += f" {notes.ref(bad)}"
                 if ref is not None and ref.msgs_per_s and m.msgs_per_s is not None:
                     row[9] = f"{m.msgs_per_s / ref.msgs_per_s:.2f}"
+                if memcpy_mb_s.get(size) and m.mb_per_s is not None:
+                    row[10] = f"{m.mb_per_s / memcpy_mb_s[size]:.2f}"
             for key, what in (
                 ("resets", "reader resets (overtaken by the writer)"),
                 ("lost", "messages its subscribers report lost"),
@@ -125,7 +134,7 @@ def render_table(
     for row in rows:
         if row is not None:
             widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    right = {4, 5, 6, 7, 8, 9}
+    right = {4, 5, 6, 7, 8, 9, 10}
 
     def line(cols: Sequence[str]) -> str:
         return "  ".join(
@@ -155,6 +164,13 @@ def render_table(
         f"{fmt_size(WARM_RING_FROM)} also at least one msgq segment's worth of payload (a "
         f"fresh ring's pages fault in on first use; throughput: at most {WARM_MAX_S:g} s).",
     ]
+    if memcpy_mb_s:
+        paragraphs.append(
+            "× memcpy: MB/s ÷ the bandwidth of one memcpy of the payload between two warm "
+            "buffers on one CPU of this machine, measured in this run (best of 5): "
+            + "; ".join(f"{fmt_size(k)}: {v:,.0f} MB/s" for k, v in sorted(memcpy_mb_s.items()))
+            + ". A copying row moves each payload twice (publisher in, subscriber out, on "
+            "two CPUs at once), so 1.0 is the memory's speed for a pipelined pair.")
     paragraphs += [
         f"{name}: waits: {BACKENDS[name].wait_note}; I/O: {BACKENDS[name].io_note}"
         + (f"; asyncio: {BACKENDS[name].async_note}." if BACKENDS[name].async_note else ".")

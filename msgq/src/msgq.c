@@ -191,9 +191,9 @@ int msgq_pub_all_readers_updated(const msgq_pub *pub) {
 
 uint64_t msgq_pub_reclaimed_slots(const msgq_pub *pub) { return pub->core.reclaimed_slots; }
 uint64_t msgq_pub_early_wraps(const msgq_pub *pub) { return pub->core.early_wraps; }
-uint32_t msgq_pub_segment_size(const msgq_pub *pub) { return pub->core.ring.capacity; }
+uint32_t msgq_pub_segment_size(const msgq_pub *pub) { return pub->core.ring.segment_size; }
 uint32_t msgq_pub_max_message_size(const msgq_pub *pub) {
-  return pub->open ? msgq_ring_max_message_size(pub->core.ring.capacity) : 0;
+  return pub->open ? msgq_ring_max_message(&pub->core.ring) : 0;
 }
 int msgq_pub_checksum(const msgq_pub *pub) {
   return (pub->core.ring.flags & MSGQ_FLAG_CHECKSUM) != 0;
@@ -479,7 +479,7 @@ void msgq_sub_get_stats(const msgq_sub *sub, msgq_sub_stats *out) {
   out->corrupt_resets = sub->core.corrupt_resets;
   out->checksum_errors = sub->core.checksum_errors;
 }
-uint32_t msgq_sub_segment_size(const msgq_sub *sub) { return sub->core.ring.capacity; }
+uint32_t msgq_sub_segment_size(const msgq_sub *sub) { return sub->core.ring.segment_size; }
 int msgq_sub_checksum(const msgq_sub *sub) {
   return (sub->core.ring.flags & MSGQ_FLAG_CHECKSUM) != 0;
 }

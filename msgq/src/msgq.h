@@ -73,6 +73,12 @@
  * (MSGQ_OPEN_CHECKSUM) a message whose bytes do not match their CRC32C is dropped and
  * counted (msgq_sub_stats.checksum_errors).
  *
+ * Large messages. A queue created while $MSGQ_POOL=1 (1 MiB or more) carries a pool
+ * of chunks in the same file: a message of 16 KiB or more (or one too large for the
+ * queue's ring) is written into a chunk and the ring carries a small descriptor of it
+ * (docs/ring.md, "The chunk pool"); send, reserve, recv and view work the same, with the
+ * same size limits and checks. Off by default.
+ *
  * Blocking. Timeouts are in nanoseconds; a negative timeout waits forever, 0 does not
  * wait. Waiting calls return early with -EINTR when a signal arrives, so a program can
  * honour Ctrl-C; nothing in msgq installs a signal handler or sends a signal. */

@@ -145,6 +145,16 @@ static int ours_shaped(const msgq_header *h, size_t size) {
 
 static atomic_uint tmp_counter;
 
+/* MSGQ_FLAG_POOL when new queues get a chunk pool for large messages (docs/ring.md,
+ * P1): $MSGQ_POOL=1 (or any value but 0) asks for one, 0 for none, unset gives
+ * MSGQ_POOL_DEFAULT (read at each creation, like the other variables). Segments below
+ * MSGQ_POOL_MIN_SEGMENT never get one. */
+static uint32_t msgq_pool_flag(void) {
+  const char *env = getenv("MSGQ_POOL");
+  if (env && env[0]) return strcmp(env, "0") == 0 ? 0u : MSGQ_FLAG_POOL;
+  return MSGQ_POOL_DEFAULT ? MSGQ_FLAG_POOL : 0u;
+}
+
 /* Makes a complete queue in a new file next to `path`, under a name no endpoint can
  * have (a leading dot), then makes it visible under `path` in one step: rename(2) over
  * the old file when `replace`, else link(2), which fails with EEXIST when another opener
@@ -182,7 +192,7 @@ static int publish_new_queue(const char *path, uint64_t capacity, uint32_t flags
     mem = map_queue(fd, size);
     if (mem == MAP_FAILED) r = -errno;
   }
-  if (r == 0) r = msgq_ring_format(mem, size, flags);
+  if (r == 0) r = msgq_ring_format(mem, size, flags | msgq_pool_flag());
   if (r == 0) r = msgq_ring_attach(ring, mem, size);
   if (r == 0) {
     if (replace) {
@@ -263,7 +273,8 @@ static int open_locked(int fd, uint64_t requested, uint32_t want_flags, enum msg
   (void)madvise(mem, size, MADV_POPULATE_WRITE); /* a valid queue: fault it in now */
 #endif
   if (role == MSGQ_ROLE_SUBSCRIBER ||
-      ((requested == 0 || requested == ring->capacity) && want_flags == ring->flags))
+      ((requested == 0 || requested == ring->segment_size) &&
+       want_flags == (ring->flags & ~MSGQ_FLAG_POOL)))
     return 0;
   /* A publisher wants another size or other flags: replace an unused queue; adopt a
    * live one that is at least as large (every message it meant to send fits, the flags
@@ -271,13 +282,13 @@ static int open_locked(int fd, uint64_t requested, uint32_t want_flags, enum msg
   msgq_queue_info info;
   (void)msgq_ring_inspect(ring->header, ring->map_size, &info); /* attached: valid */
   if (!queue_in_use(&info)) {
-    if (requested == 0) *capacity = ring->capacity;
+    if (requested == 0) *capacity = ring->segment_size;
     memset(ring, 0, sizeof *ring);
     *old_mem = mem;
     *old_size = size;
     return QUEUE_FILE_REPLACE;
   }
-  if (requested == 0 || ring->capacity >= requested) return 0;
+  if (requested == 0 || ring->segment_size >= requested) return 0;
   msgq_queue_unmap(ring);
   return MSGQ_ESIZEMISMATCH;
 }

@@ -5,6 +5,9 @@
  * allocated buffer, as `receive()` does into a new `bytes`). The publisher stays at most
  * WINDOW messages ahead of the subscriber, as in `python -m msgq.bench`.
  *
+ * Rows of the real protocol: the ring alone (a queue created with MSGQ_POOL=0) and the
+ * ring with its chunk pool (MSGQ_FLAG_POOL: 1 MiB messages go into chunks, docs/ring.md P1).
+ *
  * Models (plain memory, no protocol, so they show the bound the memory system sets):
  *   FIFO slots   the ring's access pattern: every message on the bytes written a whole
  *                ring ago (the ring `python -m msgq.bench` makes for 1 MiB: 25 MiB);
@@ -79,6 +82,7 @@ struct run {
   _Atomic int freed[MAX_CHUNKS];    /* LIFO: chunks the subscriber gave back, in order */
   _Atomic long freed_count;
   uint8_t *chunks;
+  uint32_t ring_flags; /* RING rows: MSGQ_FLAG_POOL or 0 */
   msgq_ring ring;
   msgq_publisher pub;
   msgq_subscriber sub;
@@ -204,7 +208,8 @@ static void open_ring(struct run *r) {
   void *mem = aligned_alloc(4096, total);
   if (!mem) exit(2);
   memset(mem, 0, total);
-  if (msgq_ring_format(mem, total, 0) != 0 || msgq_ring_attach(&r->ring, mem, total) != 0)
+  if (msgq_ring_format(mem, total, r->ring_flags) != 0 ||
+      msgq_ring_attach(&r->ring, mem, total) != 0)
     exit(2);
   msgq_publisher_init(&r->pub, &r->ring);
   if (msgq_subscriber_init(&r->sub, &r->ring, false) != 0) exit(2);
@@ -223,7 +228,7 @@ struct row {
   double rates[RUNS];
 };
 
-static struct row rows[8];
+static struct row rows[10];
 static int n_rows;
 
 static void add_row(const char *layout, enum layout kind, unsigned slots, unsigned window,
@@ -241,7 +246,11 @@ static void add_row(const char *layout, enum layout kind, unsigned slots, unsign
   r->sub_copy = sub_copy;
   r->cpu[0] = cpu[0];
   r->cpu[1] = cpu[1];
-  if (kind == RING) open_ring(r);
+  if (kind == RING) {
+    r->ring_flags = slots; /* for RING rows, `slots` carries the format flags */
+    r->slots = 0;
+    open_ring(r);
+  }
   else open_chunks(r);
 }
 
@@ -263,6 +272,9 @@ int main(void) {
   char name[48];
   snprintf(name, sizeof name, "msgq ring, %u MiB", bench_ring_capacity() >> 20);
   add_row(name, RING, 0, WINDOW, "memcpy", copy_memcpy, "memcpy", copy_memcpy, cpu);
+  snprintf(name, sizeof name, "msgq ring + pool, %u MiB", bench_ring_capacity() >> 20);
+  add_row(name, RING, MSGQ_FLAG_POOL, WINDOW, "memcpy", copy_memcpy, "memcpy", copy_memcpy,
+          cpu);
   snprintf(name, sizeof name, "model: FIFO slots, %u x 1 MiB", ring_slots);
   add_row(name, FIFO, ring_slots, WINDOW, "memcpy", copy_memcpy, "memcpy", copy_memcpy, cpu);
 #if defined(__x86_64__)
@@ -285,11 +297,28 @@ int main(void) {
   for (int pass = 0; pass < RUNS; pass++)
     for (int i = 0; i < n_rows; i++) rows[i].rates[pass] = measure(&rows[i].run);
 
+  /* The memory's speed: one memcpy of 1 MiB between two warm buffers on one CPU. */
+  uint8_t *warm = aligned_alloc(64, SIZE);
+  if (!warm) return 2;
+  double memcpy_rate = 0;
+  for (int pass = 0; pass < RUNS; pass++) {
+    double start = now_s();
+    for (int i = 0; i < 2000; i++) {
+      memcpy(warm, source, SIZE);
+      __asm__ volatile("" : : "r"(warm) : "memory");
+    }
+    double rate = 2000 / (now_s() - start);
+    if (rate > memcpy_rate) memcpy_rate = rate;
+  }
+  free(warm);
+
   printf("1 MiB messages, publisher on CPU %d, subscriber on CPU %d; median of %d runs of "
          "%d messages (each pass runs every row)\n",
          cpu[0], cpu[1], RUNS, MESSAGES);
-  printf("%-30s  %-12s  %-10s  %6s  %7s  %8s  %7s  %7s  %6s\n", "layout", "publisher",
-         "subscriber", "window", "us/msg", "k msg/s", "min k", "max k", "x ring");
+  printf("memcpy of 1 MiB, warm buffers, one CPU (best of %d): %.2f us, %.1f k/s, %.1f GB/s\n",
+         RUNS, 1e6 / memcpy_rate, memcpy_rate / 1e3, memcpy_rate * SIZE / 1e9);
+  printf("%-30s  %-12s  %-10s  %6s  %7s  %8s  %7s  %7s  %6s  %8s\n", "layout", "publisher",
+         "subscriber", "window", "us/msg", "k msg/s", "min k", "max k", "x ring", "x memcpy");
   double ring_rate = 0;
   for (int i = 0; i < n_rows; i++) {
     double sorted[RUNS];
@@ -297,11 +326,15 @@ int main(void) {
     qsort(sorted, RUNS, sizeof sorted[0], by_value);
     const double rate = sorted[RUNS / 2];
     if (i == 0) ring_rate = rate;
-    printf("%-30s  %-12s  %-10s  %6u  %7.2f  %8.1f  %7.1f  %7.1f  %6.2f\n", rows[i].layout,
-           rows[i].pub_copy, rows[i].sub_copy, rows[i].run.window, 1e6 / rate, rate / 1e3,
-           sorted[0] / 1e3, sorted[RUNS - 1] / 1e3, rate / ring_rate);
+    printf("%-30s  %-12s  %-10s  %6u  %7.2f  %8.1f  %7.1f  %7.1f  %6.2f  %8.2f\n",
+           rows[i].layout, rows[i].pub_copy, rows[i].sub_copy, rows[i].run.window, 1e6 / rate,
+           rate / 1e3, sorted[0] / 1e3, sorted[RUNS - 1] / 1e3, rate / ring_rate,
+           rate / memcpy_rate);
   }
-  printf("early wraps in the msgq ring: %llu of %d sends\n",
-         (unsigned long long)rows[0].run.pub.early_wraps, (RUNS + 1) * MESSAGES);
+  printf("early wraps in the msgq ring: %llu of %d sends; pool: %llu sends, %llu chunks "
+         "taken from a reader behind\n",
+         (unsigned long long)rows[0].run.pub.early_wraps, (RUNS + 1) * MESSAGES,
+         (unsigned long long)rows[1].run.pub.pool.sends,
+         (unsigned long long)rows[1].run.pub.pool.laps);
   return 0;
 }
