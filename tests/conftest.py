@@ -35,24 +35,6 @@ HEAVY_FILES = (
 )
 #: Markers that make a test ``slow`` wherever it lives.
 HEAVY_MARKERS = ("spark", "chaos", "fuzz", "packaging")
-#: Tests over 1.5 s (measured 2026-11-26) in files whose owners have not marked them
-#: ``slow`` yet: owners, mark them in your file and delete them here.
-SLOW_ELSEWHERE = (
-    "tests/test_logs.py::test_bytes_of_a_damaged_zstd_frame_never_come_out",
-    "tests/test_messaging.py::test_real_time_rates_from_another_process",
-    "tests/test_own_schema_logs.py::test_damage_is_never_taken_for_another_schema",
-    "tests/test_viz_live.py::test_cameras_arrive_as_jpeg",
-    "tests/test_viz_live.py::test_cli_serves_the_schema_in_force",
-    "tests/test_viz_live.py::test_channels_values_rates_and_health",
-    "tests/test_viz_export.py::test_export_benchmark_prints_its_table",
-    "tests/test_bridge.py::test_bridge_reconnects_when_either_side_restarts",
-    "tests/test_bridge.py::test_bridge_carries_services_and_frames",
-    "tests/test_bridge.py::test_bridge_command_errors",
-    "tests/test_bridge.py::test_bridge_drops_garbage_on_the_wire",
-    "tests/test_zmq_security.py::test_subscriber_without_keys_receives_nothing",
-    "tests/test_zmq_security.py::"
-    "test_a_flood_of_unauthenticated_connections_changes_neither_rate_nor_fds",
-)
 #: One test per layer the quick tier would otherwise not reach (marked ``quick``; a
 #: parametrized test is named with its parameters): the Spark data source on a small
 #: recording (the session start is most of its time), and the bridge end to end.
@@ -90,8 +72,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 and not item.get_closest_marker("slow"):
             item.add_marker("slow")
         base = item.nodeid.split("[", 1)[0]
-        if base in SLOW_ELSEWHERE:
-            item.add_marker("slow")
         files.add(base.split("::", 1)[0])
         for nodeid in (item.nodeid, base):
             if nodeid in LAYER_REPRESENTATIVES:

@@ -75,6 +75,7 @@ def _expected_frame(frame_id: int) -> str:
     return hashlib.sha256(data.tobytes()).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compress", ["none", "zstd", "keys"])
 def test_bridge_carries_services_and_frames(machines: tuple[str, str, list[subprocess.Popen[str]]],
                                             monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
@@ -149,6 +150,7 @@ def test_bridge_carries_services_and_frames(machines: tuple[str, str, list[subpr
     client.close()
 
 
+@pytest.mark.slow
 def test_bridge_drops_garbage_on_the_wire(prefix: str) -> None:
     import zmq
 
@@ -226,6 +228,7 @@ def test_bridge_drops_garbage_on_the_wire(prefix: str) -> None:
         ctx.term()
 
 
+@pytest.mark.slow
 def test_bridge_command_errors() -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "msgq", "bridge", *args],
@@ -255,6 +258,7 @@ def _speed(data: bytes) -> int:
     return int(log_from_bytes(data).vehicleState.speed)
 
 
+@pytest.mark.slow
 def test_bridge_reconnects_when_either_side_restarts(
         machines: tuple[str, str, list[subprocess.Popen[str]]],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -371,6 +371,7 @@ def _quiet_raw(reader: LogReader) -> list[bytes]:
         return _read_raw_reader(reader)
 
 
+@pytest.mark.slow
 def test_bytes_of_a_damaged_zstd_frame_never_come_out(tmp_path: Path) -> None:
     # A flipped bit inside a frame often still decodes (to wrong bytes): only the frame's
     # checksum, at its end, tells. The reader holds a frame's output until then, so every

@@ -445,6 +445,7 @@ def _publish_at(service: str, rate_hz: float, seconds: float, prefix: str) -> No
         time.sleep(max(0.0, next_t - time.monotonic()))
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_real_time_rates_from_another_process(prefix: str) -> None:
     sm = SubMaster(["gpsLocation", "vehicleState"], poll="gpsLocation")

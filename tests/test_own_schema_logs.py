@@ -267,6 +267,7 @@ def test_a_log_of_another_schema_is_refused(writer_profile: str, layout: str,
         Replayer(log, schema=reader_schema, fast=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compression", ["none", "zstd", "bz2"])
 def test_damage_is_never_taken_for_another_schema(compression: str, tmp_path: Path) -> None:
     """Seeded damage to logs without an index (so the sample decides): flipped bits,

@@ -500,6 +500,7 @@ def test_cli_export_without_the_extra_says_what_to_install(tmp_path: Path) -> No
     assert "install msgq-shm[viz]" in lines[0]
 
 
+@pytest.mark.slow
 def test_export_benchmark_prints_its_table() -> None:
     """python -m msgq.bench.export on a short recording: its rows, the decode row at
     100 % and the export row a share of it."""

@@ -76,6 +76,7 @@ def profile_name(schema: Schema) -> str:
 # --- tests ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_channels_values_rates_and_health(schema_profile: Schema) -> None:
     from msgq.viz.live import HEALTH_TOPIC, LiveServer
 
@@ -308,6 +309,7 @@ def _protobuf_fields(data: bytes) -> dict[int, list[Any]]:
     return fields
 
 
+@pytest.mark.slow
 def test_cameras_arrive_as_jpeg() -> None:
     """The demo robot's camera process (VisionIPC, 640x480 NV12): frames arrive as
     foxglove.CompressedImage holding a JPEG of --camera-width, at about --camera-rate."""
@@ -351,6 +353,7 @@ def test_cameras_arrive_as_jpeg() -> None:
         camera.wait()
 
 
+@pytest.mark.slow
 def test_cli_serves_the_schema_in_force() -> None:
     """``msgq foxglove --schema ... --registry ...``: the robot's channels, named and
     typed by its schema; the command stops after --duration with exit code 0."""

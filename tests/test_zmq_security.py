@@ -192,6 +192,7 @@ def test_unauthorised_key_receives_nothing_and_both_sides_say_why_once(
     assert err.count("does not let client 'logger' read it") == 1, err
 
 
+@pytest.mark.slow
 def test_subscriber_without_keys_receives_nothing(publisher: Publisher, endpoint: str,
                                                   keys: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
@@ -339,6 +340,7 @@ NULL_GREETING = (b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, 
                  + b"\x00" + bytes(31))
 
 
+@pytest.mark.slow
 def test_a_flood_of_unauthenticated_connections_changes_neither_rate_nor_fds(
         publisher: Publisher, endpoint: str, keys: Path) -> None:
     sub = subscriber(endpoint, keys=str(keys), client="laptop")
