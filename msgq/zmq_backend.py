@@ -817,6 +817,18 @@ def _open_monitor(sock: zmq.Socket, events: int) -> zmq.Socket:
     return monitor
 
 
+def _close_monitor(sock: zmq.Socket, monitor: zmq.Socket | None) -> None:
+    """Stops ``sock``'s monitor and closes the monitor socket (nothing when ``monitor`` is
+    None); a socket whose monitor is already gone is fine."""
+    if monitor is None:
+        return
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass
+    monitor.close(0)
+
+
 def _wait_monitor(monitor: zmq.Socket, wanted: int, deadline: float,
                   failed: Any = None) -> int:
     """Waits on a monitor socket for an event in ``wanted``; returns it, or 0 at the
@@ -994,9 +1006,7 @@ class PubSocket:
             except zmq.ZMQError as e:
                 raise self._bind_error(e, name, host, port) from None
         except BaseException:
-            if monitor is not None:
-                sock.disable_monitor()
-                monitor.close(0)
+            _close_monitor(sock, monitor)
             if decide is not None:
                 _unregister_zap(sock.context, name, decide)
             sock.close(0)
@@ -1195,12 +1205,7 @@ class PubSocket:
         # No unbind(): it drops messages still queued for subscribers. The listener goes
         # away in ZMQ's I/O thread shortly after close(); connect() of a new publisher
         # retries for that long (see _released_ports).
-        if monitor is not None:
-            try:
-                sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
-            monitor.close(0)
+        _close_monitor(sock, monitor)
         sock.close()
         if self.port is not None:
             _released_ports[self.port] = time.monotonic() + _RELEASE_WAIT_S + self.linger / 1000
@@ -1322,9 +1327,7 @@ class SubSocket:
                     sock.getsockopt(zmq.EVENTS)  # let the socket attach the new connection
         except BaseException:
             self._monitor = None
-            if monitor is not None:
-                sock.disable_monitor()
-                monitor.close(0)
+            _close_monitor(sock, monitor)
             sock.close(0)
             raise
         self._sock = sock
@@ -1523,12 +1526,7 @@ class SubSocket:
         monitor, self._monitor = self._monitor, None
         self._stash = None
         if sock is not None and self._pid == os.getpid():
-            if monitor is not None:
-                try:
-                    sock.disable_monitor()
-                except zmq.ZMQError:
-                    pass
-                monitor.close(0)
+            _close_monitor(sock, monitor)
             sock.close()
 
     def __del__(self) -> None:
