@@ -6,6 +6,7 @@ waiting for conditions, and connecting socket pairs on any backend."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -19,10 +20,12 @@ import msgq
 
 __all__ = [
     "MSGQ",
+    "DAMAGE_KINDS",
     "ProgramFailedError",
     "asleep_in_the_kernel",
     "child_env",
     "connect_pair",
+    "damage_bytes",
     "expect_exit",
     "free_port",
     "free_port_pair",
@@ -266,3 +269,48 @@ def receive_all(sub: object, count: int, timeout_s: float = 10.0) -> list[bytes]
         if msg is not None:
             out.append(msg)
     return out
+
+
+#: The ways damage_bytes damages a file: cut its tail, flip bits, zero a run, append junk.
+DAMAGE_KINDS = ("truncate", "flip", "zero", "append")
+
+
+def damage_bytes(data: bytes, kind: str,
+                 rng: random.Random) -> tuple[bytes, list[tuple[int, int]], str]:
+    """``data`` damaged one way of DAMAGE_KINDS, drawn from ``rng`` (the same seed gives the
+    same damage): (the damaged bytes, the damaged [start, end) spans of the original
+    offsets — an append's span lies past its end — and, for an append, what was appended:
+    "random", "own bytes" or "zstd magic"; else "")."""
+    if kind not in DAMAGE_KINDS:
+        raise ValueError(f"damage kind {kind!r} is unknown; use one of {DAMAGE_KINDS}")
+    damaged = bytearray(data)
+    size = len(damaged)
+    style = ""
+    if kind == "truncate":
+        cut = rng.randrange(size)
+        del damaged[cut:]
+        spans = [(cut, size)]
+    elif kind == "flip":
+        spans = []
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            at = rng.randrange(size)
+            damaged[at] ^= 1 << rng.randrange(8)
+            spans.append((at, at + 1))
+    elif kind == "zero":
+        at = rng.randrange(size)
+        length = min(rng.randint(1, 256), size - at)
+        damaged[at:at + length] = bytes(length)
+        spans = [(at, at + length)]
+    else:
+        style = rng.choice(("random", "own bytes", "zstd magic"))
+        n = rng.randint(1, 600)
+        if style == "random":
+            extra = rng.randbytes(n)
+        elif style == "own bytes":
+            at = rng.randrange(size)
+            extra = bytes(damaged[at:at + n])
+        else:
+            extra = b"\x28\xb5\x2f\xfd" + rng.randbytes(n)
+        damaged += extra
+        spans = [(size, size + len(extra))]
+    return bytes(damaged), spans, style

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import DAMAGE_KINDS, damage_bytes
 
 from msgq.logs import LogCorruptionError, LogEvent, LogReader, LogWriter, MessageBatch, _scan
 from msgq.schemas import schema_in_force
@@ -33,7 +34,7 @@ from msgq.schemas.framing import FramingError, message_length
 DATA = Path(__file__).parent / "data" / "log_scanner"
 EXPECTED = DATA / "expected.json"
 FILES = {"zstd": "segment.zst", "bz2": "segment.bz2", "none": "segment.raw"}
-KINDS = ("truncate", "flip", "zero", "append")
+KINDS = DAMAGE_KINDS
 SEEDS_PER_KIND = 25
 SERVICES = ("gyroscope", "accelerometer", "can", "logMessage")
 
@@ -82,37 +83,17 @@ def _damaged(compression: str, seed: int) -> tuple[str, bytes]:
     """(what was done, the damaged bytes) of the corpus segment of ``compression``."""
     rng = random.Random(seed * 7919 + len(compression))
     kind = KINDS[seed % len(KINDS)]
-    data = bytearray((DATA / FILES[compression]).read_bytes())
-    size = len(data)
+    data, spans, style = damage_bytes((DATA / FILES[compression]).read_bytes(), kind, rng)
+    (start, end), *_ = spans
     if kind == "truncate":
-        cut = rng.randrange(size)
-        del data[cut:]
-        what = f"cut at {cut}"
+        what = f"cut at {start}"
     elif kind == "flip":
-        spots = []
-        for _ in range(rng.choice((1, 1, 2, 3))):
-            at = rng.randrange(size)
-            data[at] ^= 1 << rng.randrange(8)
-            spots.append(at)
-        what = f"bits flipped at {spots}"
+        what = f"bits flipped at {[at for at, _ in spans]}"
     elif kind == "zero":
-        at = rng.randrange(size)
-        length = min(rng.randint(1, 256), size - at)
-        data[at:at + length] = bytes(length)
-        what = f"{length} bytes zeroed at {at}"
+        what = f"{end - start} bytes zeroed at {start}"
     else:
-        style = rng.choice(("random", "own bytes", "zstd magic"))
-        n = rng.randint(1, 600)
-        if style == "random":
-            extra = rng.randbytes(n)
-        elif style == "own bytes":
-            at = rng.randrange(size)
-            extra = bytes(data[at:at + n])
-        else:
-            extra = b"\x28\xb5\x2f\xfd" + rng.randbytes(n)
-        data += extra
-        what = f"{len(extra)} bytes appended ({style})"
-    return what, bytes(data)
+        what = f"{end - start} bytes appended ({style})"
+    return what, data
 
 
 def _cases() -> list[tuple[str, int]]:

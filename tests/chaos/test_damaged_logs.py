@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 import zstandard
+from helpers import DAMAGE_KINDS, damage_bytes
 
 import msgq
 from msgq.bench.logs import sequenced_message
@@ -50,7 +51,7 @@ pytestmark = pytest.mark.chaos
 CHAOS_SECONDS = float(os.environ.get("MSGQ_CHAOS_SECONDS") or 0)
 SEED_BASE = int(os.environ.get("MSGQ_CHAOS_SEED") or 0)
 COMPRESSIONS = ("zstd", "none", "bz2")
-KINDS = ("truncate", "flip", "zero", "append")
+KINDS = DAMAGE_KINDS
 SERVICES = ("gyroscope", "accelerometer")
 EVENTS = 900
 SPARK_BATCH = 12  # damaged segments per Spark read
@@ -166,37 +167,8 @@ def _damage(recording: Recording, seed: int, dest: Path) -> Damage:
     kind = KINDS[seed % len(KINDS)]
     index = rng.randrange(len(recording.segments))
     segment = recording.segments[index]
-    data = bytearray(segment.data)
-    size = len(data)
-    detail = ""
-    if kind == "truncate":
-        cut = rng.randrange(size)
-        del data[cut:]
-        spans = [(cut, size)]
-    elif kind == "flip":
-        spans = []
-        for _ in range(rng.choice((1, 1, 2, 3))):
-            at = rng.randrange(size)
-            data[at] ^= 1 << rng.randrange(8)
-            spans.append((at, at + 1))
-    elif kind == "zero":
-        at = rng.randrange(size)
-        length = min(rng.randint(1, 256), size - at)
-        data[at:at + length] = bytes(length)
-        spans = [(at, at + length)]
-    else:
-        style = rng.choice(("random", "own bytes", "zstd magic"))
-        n = rng.randint(1, 600)
-        if style == "random":
-            extra = rng.randbytes(n)
-        elif style == "own bytes":
-            at = rng.randrange(size)
-            extra = bytes(data[at:at + n])
-        else:
-            extra = b"\x28\xb5\x2f\xfd" + rng.randbytes(n)
-        data += extra
-        spans = [(size, size + len(extra))]
-        detail = f", {style}"
+    data, spans, style = damage_bytes(segment.data, kind, rng)
+    detail = f", {style}" if style else ""
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(recording.folder, dest)
     (dest / segment.name).write_bytes(bytes(data))
