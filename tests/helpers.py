@@ -26,6 +26,7 @@ __all__ = [
     "child_env",
     "connect_pair",
     "damage_bytes",
+    "damage_message",
     "expect_exit",
     "free_port",
     "free_port_pair",
@@ -314,3 +315,19 @@ def damage_bytes(data: bytes, kind: str,
         damaged += extra
         spans = [(size, size + len(extra))]
     return bytes(damaged), spans, style
+
+
+def damage_message(rng: random.Random, good: bytes, truncate: float = 0.0) -> bytes:
+    """``good`` (a serialized message) with 1 to 4 bytes damaged, drawn from ``rng``: each
+    either one bit flipped or the byte replaced; with probability ``truncate`` the tail is
+    then cut too (0 draws nothing for it, so a test without cuts keeps its sequence)."""
+    data = bytearray(good)
+    for _ in range(rng.choice((1, 1, 2, 4))):
+        at = rng.randrange(len(data))
+        if rng.random() < 0.5:
+            data[at] ^= 1 << rng.randrange(8)
+        else:
+            data[at] = rng.randrange(256)
+    if truncate > 0 and rng.random() < truncate:
+        data = data[: rng.randrange(len(data))]
+    return bytes(data)

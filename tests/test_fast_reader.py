@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from helpers import damage_message
 from schema_profiles import robot_schema
 
 from msgq.messaging import PubMaster, SubMaster, new_message
@@ -297,19 +298,6 @@ def test_non_struct_payloads_and_other_members_fall_back() -> None:
     assert schema.views.view("imu", msg.to_bytes(), lambda: None) is FALLBACK
 
 
-def _damage(rng: random.Random, good: bytes) -> bytes:
-    data = bytearray(good)
-    for _ in range(rng.choice((1, 1, 2, 4))):
-        at = rng.randrange(len(data))
-        if rng.random() < 0.5:
-            data[at] ^= 1 << rng.randrange(8)
-        else:
-            data[at] = rng.randrange(256)
-    if rng.random() < 0.05:
-        data = data[: rng.randrange(len(data))]
-    return bytes(data)
-
-
 def test_damaged_messages_read_as_pycapnp_or_fall_back() -> None:
     """Random damage to every byte (segment table, pointers, tags, data) and truncation:
     identify() is EventLayout.identify's answer; a view is made only where pycapnp takes
@@ -322,7 +310,7 @@ def test_damaged_messages_read_as_pycapnp_or_fall_back() -> None:
         for service in _struct_services(schema):
             good = random_message(rng, schema, service)
             for _ in range(60):
-                data = _damage(rng, good)
+                data = damage_message(rng, good, truncate=0.05)
                 identified = schema.views.identify(data)
                 assert identified == schema.layout.identify(data), (profile, service)
                 if identified is None:
