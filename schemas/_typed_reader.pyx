@@ -579,7 +579,39 @@ def read_member(const uint8_t[::1] message, CompiledMember member not None):
 
 
 @cython.no_gc  # references point up to the parent and the bytes only: no cycle, no GC cost
-cdef class StructView:
+cdef class _PycapnpBacked:
+    """What both views share: the message, where they sit in it, and the pycapnp reader of
+    the same struct or list that answers what the view does not read itself — made once, on
+    first need, from the parent's reader (the root's from the message)."""
+    cdef object message  # the bytes, kept alive: walk.buf points into them
+    cdef _Walk walk
+    cdef StructLayout layout
+    cdef object parent  # a view, or for the root a callable giving its pycapnp reader
+    cdef object name  # the attribute (a list's: the index) of the parent's reader this is
+    cdef object reader  # the pycapnp reader, once made
+
+    cdef object _pycapnp(self):
+        if self.reader is None:
+            if isinstance(self.parent, StructListView):
+                self.reader = (<StructListView>self.parent)._pycapnp()[self.name]
+            elif isinstance(self.parent, _PycapnpBacked):
+                self.reader = getattr((<_PycapnpBacked>self.parent)._pycapnp(), self.name)
+            else:
+                self.reader = self.parent()
+        return self.reader
+
+    def __dir__(self):
+        return dir(self._pycapnp())
+
+    def __str__(self):
+        return str(self._pycapnp())
+
+    def __repr__(self):
+        return repr(self._pycapnp())
+
+
+@cython.no_gc  # as _PycapnpBacked
+cdef class StructView(_PycapnpBacked):
     """A struct of a message, read field by field straight from the message's bytes.
 
     An attribute the view's layout names (a non-union field of a type it follows) is read
@@ -591,13 +623,7 @@ cdef class StructView:
     pycapnp reader of the same struct, made once, on first need, from the parent's (the
     root's from the message). So every attribute has pycapnp's value, or pycapnp's error.
     """
-    cdef object message  # the bytes, kept alive: walk.buf points into them
-    cdef _Walk walk
     cdef Struct s
-    cdef StructLayout layout
-    cdef object parent  # StructView, or for the root a callable giving its pycapnp reader
-    cdef object name  # the attribute of the parent's reader this view is
-    cdef object reader  # the pycapnp reader, once made
 
     def __getattribute__(self, name):
         field = self.layout.by_name.get(name)
@@ -654,39 +680,15 @@ cdef class StructView:
         view.name = name
         return view
 
-    cdef object _pycapnp(self):
-        if self.reader is None:
-            if isinstance(self.parent, StructView):
-                self.reader = getattr((<StructView>self.parent)._pycapnp(), self.name)
-            elif isinstance(self.parent, StructListView):
-                self.reader = (<StructListView>self.parent)._pycapnp()[self.name]
-            else:
-                self.reader = self.parent()
-        return self.reader
-
-    def __dir__(self):
-        return dir(self._pycapnp())
-
-    def __str__(self):
-        return str(self._pycapnp())
-
-    def __repr__(self):
-        return repr(self._pycapnp())
 
 
-@cython.no_gc  # as StructView
-cdef class StructListView:
+@cython.no_gc  # as _PycapnpBacked
+cdef class StructListView(_PycapnpBacked):
     """A list of structs of a message, as pycapnp's list reader behaves: ``len()``,
     ``[i]`` (a :class:`StructView`; an index past the end raises IndexError, a negative
     one counts modulo the length, as pycapnp's), iteration; anything else is asked of a
     pycapnp list reader made once, on first need."""
-    cdef object message
-    cdef _Walk walk
     cdef Composite c
-    cdef StructLayout layout
-    cdef object parent  # StructView, or for a root payload the callable giving its reader
-    cdef object name
-    cdef object reader
 
     def __len__(self):
         return self.c.count
@@ -715,23 +717,6 @@ cdef class StructListView:
 
     def __getattr__(self, name):
         return getattr(self._pycapnp(), name)
-
-    cdef object _pycapnp(self):
-        if self.reader is None:
-            if isinstance(self.parent, StructView):
-                self.reader = getattr((<StructView>self.parent)._pycapnp(), self.name)
-            else:
-                self.reader = self.parent()
-        return self.reader
-
-    def __dir__(self):
-        return dir(self._pycapnp())
-
-    def __str__(self):
-        return str(self._pycapnp())
-
-    def __repr__(self):
-        return repr(self._pycapnp())
 
 
 cdef StructListView _list_view(object message, _Walk walk, const Struct *s, Field field,
