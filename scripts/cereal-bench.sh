@@ -13,19 +13,11 @@
 # $MSGQ_CEREAL_BENCH_VENV, default ~/.cache/msgq/cereal-bench-venv.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ $# -lt 1 ] || [ ! -f "$1/log.capnp" ] || [ ! -f "$1/services.py" ] ||
-   [ ! -f "$1/messaging/__init__.py" ]; then
-  echo "usage: $0 CEREAL_DIR [BENCH_ARGS...]  (a cereal checkout: log.capnp, services.py," \
-       "messaging/)" >&2
-  exit 2
-fi
-cereal="$(cd "$1" && pwd)"
+source "$here/scripts/lib/checkout.sh"
+cereal="$(checkout_dir "usage: $0 CEREAL_DIR [BENCH_ARGS...]  (a cereal checkout: log.capnp,\
+ services.py, messaging/)" "${1:-}" log.capnp services.py messaging/__init__.py)"
 shift
-python="${PYTHON:-$here/.venv/bin/python}"
-if [ ! -x "$python" ]; then
-  echo "no Python at $python: run ./test.sh once (it builds .venv) or set PYTHON" >&2
-  exit 2
-fi
+use_project_python
 venv="${MSGQ_CEREAL_BENCH_VENV:-$HOME/.cache/msgq/cereal-bench-venv}"
 if ! "$venv/bin/python" -P -c "import msgq.ipc_pyx, capnp" 2>/dev/null; then
   echo "making cereal's environment in $venv (msgq-ipc, pycapnp)" >&2
@@ -34,8 +26,7 @@ if ! "$venv/bin/python" -P -c "import msgq.ipc_pyx, capnp" 2>/dev/null; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check msgq-ipc pycapnp
 fi
 # Check that cereal's messaging imports over upstream msgq before measuring anything.
-scratch="$(mktemp -d)"
-trap 'rm -rf "$scratch"' EXIT
+use_scratch
 "$python" -c 'import sys; from msgq.bench.messaging import cereal_over_upstream as c
 c(sys.argv[1], sys.argv[2])' "$cereal" "$scratch"
 if ! (cd "$scratch" && PYTHONPATH="$scratch" "$venv/bin/python" -P -c "import cereal.messaging"); then

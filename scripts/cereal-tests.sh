@@ -15,19 +15,12 @@
 # `parameterized` package.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ $# -lt 1 ] || [ ! -f "$1/log.capnp" ] || [ ! -f "$1/services.py" ]; then
-  echo "usage: $0 CEREAL_DIR [PYTEST_ARGS...]  (the cereal folder: log.capnp, services.py)" >&2
-  exit 2
-fi
-cereal="$(cd "$1" && pwd)"
+source "$here/scripts/lib/checkout.sh"
+cereal="$(checkout_dir "usage: $0 CEREAL_DIR [PYTEST_ARGS...]  (the cereal folder: log.capnp,\
+ services.py)" "${1:-}" log.capnp services.py)"
 shift
-python="${PYTHON:-$here/.venv/bin/python}"
-if [ ! -x "$python" ]; then
-  echo "no Python at $python: run ./test.sh once (it builds .venv) or set PYTHON" >&2
-  exit 2
-fi
-scratch="$(mktemp -d)"
-trap 'rm -rf "$scratch"' EXIT
+use_project_python
+use_scratch
 "$python" -m msgq.compat.cereal "$cereal" "$scratch" >/dev/null
 files=()
 for name in test_messaging.py test_pub_sub_master.py test_services.py test_fake.py \

@@ -10,25 +10,18 @@
 # folder cannot shadow the installed package, in a fresh MSGQ_PREFIX namespace.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ $# -lt 1 ] || [ ! -d "$1" ]; then
-  echo "usage: $0 UPSTREAM_DIR [PYTEST_ARGS...]  (a checkout of commaai/msgq)" >&2
-  exit 2
-fi
-upstream="$(cd "$1" && pwd)"
+source "$here/scripts/lib/checkout.sh"
+upstream="$(checkout_dir "usage: $0 UPSTREAM_DIR [PYTEST_ARGS...]  (a checkout of commaai/msgq)" \
+  "${1:-}")"
 shift
-python="${PYTHON:-$here/.venv/bin/python}"
-if [ ! -x "$python" ]; then
-  echo "no Python at $python: run ./test.sh once (it builds .venv) or set PYTHON" >&2
-  exit 2
-fi
+use_project_python
 files=(
   msgq/tests/test_messaging.py
   msgq/tests/test_poller.py
   msgq/tests/test_fake.py
   msgq/visionipc/tests/test_visionipc.py
 )
-scratch="$(mktemp -d)"
-trap 'rm -rf "$scratch"' EXIT
+use_scratch
 # Copy the test files (with their packages' __init__.py) so pytest sees nothing else of
 # the checkout.
 for f in "${files[@]}"; do
