@@ -18,19 +18,13 @@
 #include "msgq_ring.h"
 #include "os_wait.h"
 
-#include "check.h"
+#include "test_support.h"
 
 #define SEGMENT (2u * 1024u * 1024u)
 /* A message the pool takes in a queue of SEGMENT bytes (beyond its ring's largest). */
 #define BIG 131072u
 
 /* A pooled queue in a shared anonymous mapping (so forked children share it). */
-typedef struct {
-  void *mem;
-  size_t size;
-  msgq_ring ring;
-} test_queue;
-
 static test_queue make_queue_flags(uint32_t segment, uint32_t flags) {
   test_queue q;
   q.size = MSGQ_HEADER_SIZE + segment;
@@ -70,25 +64,6 @@ static uint64_t whole(const uint8_t *buf, long got, uint32_t len) {
     if (w != seq * 1000003u + i) return 0;
   }
   return seq;
-}
-
-/* The copy out of a chunk while the writer may reuse it (the intended race, named in
- * tsan.supp; consume checks it afterwards). */
-__attribute__((noinline)) static void copy_payload(uint8_t *dst, const uint8_t *src,
-                                                   size_t n) {
-  memcpy(dst, src, n);
-}
-
-/* Receives one message (copy); its size, -1 when none. Retries an overwritten copy. */
-static long receive(msgq_subscriber *sub, uint8_t *buf, size_t cap) {
-  for (;;) {
-    const uint8_t *payload;
-    uint32_t size;
-    if (msgq_subscriber_peek(sub, &payload, &size) != 1) return -1;
-    if (size > cap) return -2;
-    copy_payload(buf, payload, size);
-    if (msgq_subscriber_consume(sub, buf)) return (long)size;
-  }
 }
 
 static int send_seq(msgq_publisher *pub, uint64_t seq, uint32_t len) {
@@ -145,8 +120,7 @@ static void test_round_trip_and_lifo_reuse(void) {
   test_queue q = make_pooled(SEGMENT);
   msgq_publisher pub;
   msgq_subscriber sub;
-  msgq_publisher_init(&pub, &q.ring);
-  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  attach_pair(&q, &pub, &sub);
   const uint32_t max = msgq_ring_max_message(&q.ring) & ~7u;
   /* Small inline, large in the pool, the largest in the pool. */
   /* 128 KiB is beyond this ring's largest inline message, so it goes to the pool too. */
@@ -175,8 +149,7 @@ static void test_round_trip_and_lifo_reuse(void) {
   msgq_subscriber_release(&sub);
   free_queue(&q);
   q = make_pooled(SEGMENT);
-  msgq_publisher_init(&pub, &q.ring);
-  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  attach_pair(&q, &pub, &sub);
   /* A reader that keeps up gets the chunk it freed last back, message after message:
    * the bytes in use stay one chunk (cache-warm). */
   const uint8_t *first = NULL;
@@ -202,8 +175,7 @@ static void test_recut_keeps_messages_in_flight(void) {
   test_queue q = make_pooled(SEGMENT);
   msgq_publisher pub;
   msgq_subscriber sub;
-  msgq_publisher_init(&pub, &q.ring);
-  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  attach_pair(&q, &pub, &sub);
   static uint8_t buf[SEGMENT];
   const uint32_t sizes[] = {98304, BIG, 98304, 163840, BIG, 98304};
   for (unsigned i = 0; i < 6; i++) CHECK(send_seq(&pub, i + 1u, sizes[i]) == 0);
@@ -221,8 +193,7 @@ static void test_lapped_reader_is_reset_never_torn(void) {
   test_queue q = make_pooled(SEGMENT);
   msgq_publisher pub;
   msgq_subscriber sub;
-  msgq_publisher_init(&pub, &q.ring);
-  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  attach_pair(&q, &pub, &sub);
   CHECK(send_seq(&pub, 1, BIG) == 0);
   const uint32_t chunks = pub.pool.num_chunks;
   CHECK(chunks >= 8);
@@ -311,8 +282,7 @@ static void test_checksummed_pool(void) {
   test_queue q = make_queue_flags(SEGMENT, MSGQ_FLAG_POOL | MSGQ_FLAG_CHECKSUM);
   msgq_publisher pub;
   msgq_subscriber sub;
-  msgq_publisher_init(&pub, &q.ring);
-  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  attach_pair(&q, &pub, &sub);
   static uint8_t buf[BIG];
   CHECK(send_seq(&pub, 7, BIG) == 0);
   CHECK(whole(buf, receive(&sub, buf, sizeof buf), BIG) == 7);
@@ -334,8 +304,7 @@ static void test_damaged_pool_metadata(void) {
   test_queue q = make_pooled(SEGMENT);
   msgq_publisher pub;
   msgq_subscriber sub;
-  msgq_publisher_init(&pub, &q.ring);
-  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  attach_pair(&q, &pub, &sub);
   static uint8_t buf[SEGMENT];
   unsigned seed = 7;
   long delivered = 0, torn = 0;
@@ -515,14 +484,6 @@ static void test_reader_killed_holding_a_view(void) {
 #endif
 #define STRESS_READERS 3
 
-typedef struct {
-  msgq_ring *ring;
-  _Atomic int *done;
-  bool views;
-  _Atomic int ready;
-  long received, torn, out_of_order, resets, overwritten_views;
-} stress_reader;
-
 /* The in-place reader's use of a message (the intended race, named in tsan.supp):
  * checks it where it lies, with a pause so the writer gets a chance to lap it. */
 __attribute__((noinline)) static uint64_t view_looks_whole(const uint8_t *p, uint32_t n) {
@@ -582,15 +543,7 @@ static void test_threaded_stress(void) {
   _Atomic int done = 0;
   stress_reader readers[STRESS_READERS];
   pthread_t threads[STRESS_READERS];
-  for (int i = 0; i < STRESS_READERS; i++) {
-    memset(&readers[i], 0, sizeof readers[i]);
-    readers[i].ring = &q.ring;
-    readers[i].done = &done;
-    readers[i].views = i % 2 == 1;
-    pthread_create(&threads[i], NULL, stress_reader_main, &readers[i]);
-    while (!atomic_load(&readers[i].ready)) {
-    }
-  }
+  start_stress_readers(readers, threads, STRESS_READERS, &q.ring, &done, stress_reader_main);
   msgq_publisher pub;
   msgq_publisher_init(&pub, &q.ring);
   unsigned seed = 5;
@@ -598,21 +551,12 @@ static void test_threaded_stress(void) {
     uint32_t len = 98304u + 8u * ((uint32_t)rand_r(&seed) % 4096u);
     CHECK(send_seq(&pub, seq, len) == 0);
     if (rand_r(&seed) % 64 == 0) {
-      int64_t deadline = os_monotonic_ns() + 50000000;
-      while (!msgq_publisher_all_readers_updated(&pub) && os_monotonic_ns() < deadline)
-        sched_yield();
+      wait_for_readers(&pub, 50000000);
     }
   }
   atomic_store(&done, 1);
-  long total = 0, overwritten = 0;
-  for (int i = 0; i < STRESS_READERS; i++) {
-    pthread_join(threads[i], NULL);
-    CHECK(readers[i].torn == 0);
-    CHECK(readers[i].out_of_order == 0);
-    CHECK(readers[i].received > 0);
-    total += readers[i].received;
-    overwritten += readers[i].overwritten_views;
-  }
+  long total, overwritten;
+  join_stress_readers(readers, threads, STRESS_READERS, true, &total, &overwritten);
   printf("     pool stress: %ld messages received by %d readers (copies and views), 0 torn; "
          "%ld views reported overwritten, %llu chunks taken from behind readers\n",
          total, STRESS_READERS, overwritten, (unsigned long long)pub.pool.laps);

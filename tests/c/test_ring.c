@@ -24,15 +24,9 @@
 #include "os_wait.h"
 #include "queue_file.h"
 
-#include "check.h"
+#include "test_support.h"
 
 /* A queue in ordinary memory, formatted like a fresh queue file. */
-typedef struct {
-  void *mem;
-  size_t size;
-  msgq_ring ring;
-} test_queue;
-
 static test_queue make_queue_flags(uint32_t capacity, uint32_t flags) {
   test_queue q;
   q.size = MSGQ_HEADER_SIZE + capacity;
@@ -49,27 +43,6 @@ static test_queue make_queue_flags(uint32_t capacity, uint32_t flags) {
 static test_queue make_queue(uint32_t capacity) { return make_queue_flags(capacity, 0); }
 
 static void free_queue(test_queue *q) { free(q->mem); }
-
-/* The copy out of the ring, which may race with the publisher overwriting the bytes (the
- * ring's one intended race, checked afterwards by consume): a function of its own so
- * that tests/c/tsan.supp can name exactly it. */
-__attribute__((noinline)) static void copy_payload(uint8_t *dst, const uint8_t *src,
-                                                   size_t n) {
-  memcpy(dst, src, n);
-}
-
-/* Receives one message into buf; returns its size, -1 when there is none. Retries when
- * the copy was overwritten, like the Python binding does. */
-static long receive(msgq_subscriber *sub, uint8_t *buf, size_t cap) {
-  for (;;) {
-    const uint8_t *payload;
-    uint32_t size;
-    if (msgq_subscriber_peek(sub, &payload, &size) != 1) return -1;
-    if (size > cap) return -2;
-    copy_payload(buf, payload, size);
-    if (msgq_subscriber_consume(sub, buf)) return (long)size;
-  }
-}
 
 static void test_header_round_trip(void) {
   test_queue q = make_queue(4096);
@@ -276,8 +249,7 @@ static bool is_message(const uint8_t *buf, long got, uint64_t seq, uint32_t len)
 static void open_pair(test_queue *q, uint32_t capacity, msgq_publisher *pub,
                       msgq_subscriber *sub) {
   *q = make_queue(capacity);
-  msgq_publisher_init(pub, &q->ring);
-  CHECK(msgq_subscriber_init(sub, &q->ring, false) == 0);
+  attach_pair(q, pub, sub);
 }
 
 static void test_early_wrap_keeps_the_ring_warm(void) {
@@ -872,15 +844,6 @@ static uint32_t checksum(const uint8_t *p, size_t n) {
   return h;
 }
 
-typedef struct {
-  msgq_ring *ring;
-  _Atomic int *done;
-  bool views; /* reads each message in place (release_view) instead of copying it */
-  _Atomic int ready;
-  _Atomic long received;
-  long torn, out_of_order, resets, overwritten_views;
-} stress_reader;
-
 /* The in-place reader's use of a message: checks it where it lies (the intended race
  * with the writer, named in tsan.supp) and says whether it looked whole. Reads the
  * whole payload twice with a pause, so the writer gets a chance to lap it. */
@@ -965,15 +928,7 @@ static void threaded_stress(int burst_max) {
   _Atomic int done = 0;
   stress_reader readers[STRESS_READERS];
   pthread_t threads[STRESS_READERS];
-  for (int i = 0; i < STRESS_READERS; i++) {
-    memset(&readers[i], 0, sizeof readers[i]);
-    readers[i].ring = &q.ring;
-    readers[i].done = &done;
-    readers[i].views = i % 2 == 1;
-    pthread_create(&threads[i], NULL, stress_reader_main, &readers[i]);
-    while (!atomic_load(&readers[i].ready)) {
-    }
-  }
+  start_stress_readers(readers, threads, STRESS_READERS, &q.ring, &done, stress_reader_main);
   msgq_publisher pub;
   msgq_publisher_init(&pub, &q.ring);
   unsigned seed = 99;
@@ -986,24 +941,12 @@ static void threaded_stress(int burst_max) {
     memcpy(msg + 8, &sum, 4);
     CHECK(msgq_publisher_send(&pub, msg, (uint32_t)len) == 0);
     if (burst_max ? rand_r(&seed) % (unsigned)burst_max == 0 : seq % 2048 == 0) {
-      /* Every reader must come back to the write position (by reading or by being
-       * overtaken and reset) before the writer goes on, at most 50 ms: the readers
-       * really run during the writes even when the scheduler would starve a thread. */
-      int64_t deadline = os_monotonic_ns() + 50000000;
-      while (!msgq_publisher_all_readers_updated(&pub) && os_monotonic_ns() < deadline)
-        sched_yield();
+      wait_for_readers(&pub, 50000000); /* before the writer goes on, at most 50 ms */
     }
   }
   atomic_store(&done, 1);
-  long total = 0, overwritten = 0;
-  for (int i = 0; i < STRESS_READERS; i++) {
-    pthread_join(threads[i], NULL);
-    CHECK(readers[i].torn == 0);
-    CHECK(readers[i].out_of_order == 0);
-    CHECK(readers[i].received + readers[i].resets > 0); /* it ran while data waited */
-    total += readers[i].received;
-    overwritten += readers[i].overwritten_views;
-  }
+  long total, overwritten;
+  join_stress_readers(readers, threads, STRESS_READERS, false, &total, &overwritten);
   printf("     stress (bursts of %s): %ld messages received by %d readers (copies and views), 0 torn; "
          "%ld views reported overwritten, %llu early wraps\n",
          burst_max ? "1 to 64" : "2048", total, STRESS_READERS,
