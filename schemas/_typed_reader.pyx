@@ -600,6 +600,15 @@ cdef class _PycapnpBacked:
                 self.reader = self.parent()
         return self.reader
 
+    cdef inline void _place(self, object message, _Walk walk, StructLayout layout,
+                            object parent, object name):
+        """Sets where the view sits: the message, its walker, the layout and the parent."""
+        self.message = message
+        self.walk = walk
+        self.layout = layout
+        self.parent = parent
+        self.name = name
+
     def __dir__(self):
         return dir(self._pycapnp())
 
@@ -672,12 +681,8 @@ cdef class StructView(_PycapnpBacked):
 
     cdef StructView _child(self, const Struct *s, StructLayout layout, object name):
         cdef StructView view = StructView.__new__(StructView)
-        view.message = self.message
-        view.walk = self.walk
+        view._place(self.message, self.walk, layout, self, name)
         view.s = s[0]
-        view.layout = layout
-        view.parent = self
-        view.name = name
         return view
 
 
@@ -704,15 +709,11 @@ cdef class StructListView(_PycapnpBacked):
             if index < 0:
                 index += self.c.count
         view = StructView.__new__(StructView)
-        view.message = self.message
-        view.walk = self.walk
+        view._place(self.message, self.walk, self.layout, self, index)
         view.s.data = self.c.first + index * self.c.step
         view.s.data_bytes = self.c.data_bytes
         view.s.ptrs = view.s.data + self.c.data_bytes
         view.s.ptr_count = self.c.ptr_count
-        view.layout = self.layout
-        view.parent = self
-        view.name = index
         return view
 
     def __getattr__(self, name):
@@ -732,11 +733,7 @@ cdef StructListView _list_view(object message, _Walk walk, const Struct *s, Fiel
     else:
         view.c.first = view.c.count = view.c.step = 0
         view.c.data_bytes = view.c.ptr_count = 0
-    view.message = message
-    view.walk = walk
-    view.layout = field.element.struct_
-    view.parent = parent
-    view.name = name
+    view._place(message, walk, field.element.struct_, parent, name)
     return view
 
 
@@ -783,12 +780,8 @@ def view_member(bytes message, CompiledMember member not None, object decode):
     except _Unfollowed:
         return FALLBACK
     view = StructView.__new__(StructView)
-    view.message = message
-    view.walk = walk
+    view._place(message, walk, member.field.struct_, decode, None)
     view.s = payload
-    view.layout = member.field.struct_
-    view.parent = decode
-    view.name = None
     return view
 
 
