@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import damage_message
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
@@ -74,14 +75,7 @@ def test_the_fast_reader_equals_pycapnp_on_damaged_messages() -> None:
         decoder = decoders[service]
         good = filled_message(service).to_bytes()
         for _ in range(400):
-            data = bytearray(good)
-            for _ in range(rng.choice((1, 1, 2, 4))):
-                at = rng.randrange(len(data))
-                if rng.random() < 0.5:
-                    data[at] ^= 1 << rng.randrange(8)
-                else:
-                    data[at] = rng.randrange(256)
-            damaged = bytes(data)
+            damaged = damage_message(rng, good)
             slow = _pycapnp(decoder, damaged)
             fast = read_member(damaged, decoder.layout)
             if fast is FALLBACK:
