@@ -40,9 +40,9 @@ import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from itertools import islice
 from typing import Any
 
+import numpy as np
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import (
     BinaryType,
@@ -54,9 +54,16 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from msgq.logs import CorruptLogWarning, LogReader, TruncatedLogWarning, segment_paths
+from msgq.logs import (
+    CorruptLogWarning,
+    LogReader,
+    MessageBatch,
+    TruncatedLogWarning,
+    segment_paths,
+)
 from msgq.logs.index import IndexCache
 from msgq.logs.schema_check import check_paths
+from msgq.logs.segment import VALID
 from msgq.logs.sources import loggerd_log
 from msgq.schemas import (
     SCHEMA_DIR,
@@ -879,6 +886,57 @@ class _SegmentRead:
             if self.decoders:
                 self._add_typed(row, event)
 
+    def _add_batch(self, batch: MessageBatch, picked: Any) -> None:
+        """The rows of the messages ``picked`` (numpy indices) of a scanner batch, made
+        from its arrays: no Python object per event but the row's values."""
+        first = len(self._offset)
+        at = batch.offset[picked]
+        lengths = batch.length[picked]
+        monos = batch.mono_ns[picked]
+        services = batch.service[picked]
+        starts = at.tolist()
+        sizes = lengths.tolist()
+        self._offset += (at + (batch.stream_offset + self._stream_offset)).tolist()
+        self._mono += monos.tolist()
+        self._service += _names(batch.services)[services].tolist()
+        self._valid += ((batch.flags[picked] & VALID) != 0).tolist()
+        self._size += sizes
+        data = batch.data
+        if self.options.with_data:
+            self._data += [data[a:a + n] for a, n in zip(starts, sizes, strict=True)]
+            self._bytes += int(lengths.sum())
+        else:
+            self._data += [None] * len(sizes)
+        over = np.flatnonzero(monos > np.uint64(_MAX_LONG))
+        for i in over.tolist():
+            row = first + i
+            self._problems[row] = f"out of range: logMonoTime {self._mono[row]} is over 2^63-1"
+            self._mono[row] = None
+        if self.decoders:
+            self._add_batch_typed(batch, picked, first, services, starts, sizes)
+
+    def _add_batch_typed(self, batch: MessageBatch, picked: Any, first: int, services: Any,
+                         starts: list[int], sizes: list[int]) -> None:
+        view = memoryview(batch.data)
+        for index, name in enumerate(batch.services):
+            decoder = self.decoders.get(name)
+            if decoder is None:
+                continue
+            rows = self._typed_rows[decoder.column]
+            values = self._typed_values[decoder.column]
+            layout = decoder.layout
+            for i in np.flatnonzero(services == index).tolist():
+                a, n = starts[i], sizes[i]
+                try:
+                    value = FALLBACK if layout is None else read_member(view[a:a + n], layout)
+                    if value is FALLBACK:
+                        value = decoder.from_pycapnp(batch.data[a:a + n], self.schema)
+                except Exception as e:  # pycapnp raises KjException, ValueError, ...
+                    self._problems[first + i] = f"undecodable: {' '.join(str(e).split())}"
+                    continue
+                rows.append(first + i)
+                values.append(value)
+
     def _readable(self) -> bool:
         """Whether the partition's path is a file here; a problem row when not (on a
         cluster: the file must be at the same path on every executor)."""
@@ -926,8 +984,9 @@ class _SegmentRead:
         else:
             source = io.BytesIO(self.content)
             source.name = self.path  # names it in the reader's problems
-        # The LogReader's reading of one segment (framing, peek, damage, the services
-        # filter), from a path or the bytes in memory; no path listing, no index.
+        # The LogReader's reading of one segment (framing, peek, damage), from a path or
+        # the bytes in memory; no path listing, no index. Its batches come unfiltered:
+        # the services and time filters are masks over their arrays here.
         services = self.options.services
         start = None
         where = self.options.where
@@ -937,27 +996,90 @@ class _SegmentRead:
                 else None
         reader = LogReader([], services=services, skip_corrupt=True, schema=self.schema,
                            start_mono_ns=start)
-        events = reader.segment_events(source)
-        test = self._event_test
-        seen_corrupt = seen_truncated = 0
+        items = reader.segment_batches(source)
+        wanted = None if services is None else frozenset(services)
+        # Rows are committed a chunk of _CHUNK_EVENTS (service- and time-filtered) events
+        # at a time, the problems found while reading a chunk after it, as the event
+        # reader's chunks were: the same rows, in the same order, the same problem rows
+        # (and a chunk cut short by an error that stops the reading is not committed).
+        pending: list[Any] = []  # (batch, message indices) or a LogEvent
+        in_chunk = 0
+        seen = [0, 0]
         while True:
-            # Problems become rows here, not warnings (chunked: the filter costs µs).
-            with warnings.catch_warnings():
+            with warnings.catch_warnings():  # problems become rows here, not warnings
                 warnings.simplefilter("ignore", TruncatedLogWarning)
                 warnings.simplefilter("ignore", CorruptLogWarning)
-                chunk = list(islice(events, _CHUNK_EVENTS))
-            done = not chunk
-            if test is not None:  # the peeked fields, before any decoding
-                chunk = [e for e in chunk if test(e.mono_ns, e.valid)]
-            while chunk:  # batches end at a message boundary past the size bounds
-                room = max(1, _BATCH_ROWS - len(self._offset))
-                self._add_events(chunk[:room])
-                chunk = chunk[room:]
+                item = next(items, None)
+            if item is None:
+                break
+            if type(item) is not MessageBatch:
+                pieces: list[Any] = [item]
+                count = 1
+            else:
+                picked = _picked(item, wanted, start)
+                count = len(picked)
+                pieces = []
+                at = 0
+                while at < count:
+                    take = min(count - at, _CHUNK_EVENTS - in_chunk)
+                    pending.append((item, picked[at:at + take]))
+                    at += take
+                    in_chunk += take
+                    if in_chunk == _CHUNK_EVENTS:
+                        yield from self._commit(pending, reader, seen)
+                        pending, in_chunk = [], 0
+                continue
+            pending += pieces
+            in_chunk += count
+            if in_chunk == _CHUNK_EVENTS:
+                yield from self._commit(pending, reader, seen)
+                pending, in_chunk = [], 0
+        yield from self._commit(pending, reader, seen)
+
+    def _commit(self, pending: list[Any], reader: LogReader, seen: list[int]
+                ) -> Iterator[Any]:
+        """Adds a chunk's events (the pushed event filter applied to them) and then the
+        problems the reader found since the last chunk, yielding each full batch."""
+        where = self.options.where
+        for piece in pending:
+            if type(piece) is tuple:
+                batch, picked = piece
+                if self._event_test is not None and len(picked):
+                    assert where is not None
+                    picked = picked[where.event_mask(batch.mono_ns[picked],
+                                                     (batch.flags[picked] & VALID) != 0)]
+                while len(picked):  # batches end at a message boundary past the bounds
+                    room = max(1, _BATCH_ROWS - len(self._offset))
+                    self._add_batch(batch, picked[:room])
+                    picked = picked[room:]
+                    if self._full():
+                        yield self._flush()
+            elif self._event_test is None or self._event_test(piece.mono_ns, piece.valid):
+                self._add_events([piece])
                 if self._full():
                     yield self._flush()
-            new = reader.corrupt[seen_corrupt:] + reader.truncated[seen_truncated:]
-            for problem in sorted(new, key=lambda p: p.offset):
-                self._add_log_problem(problem)
-            seen_corrupt, seen_truncated = len(reader.corrupt), len(reader.truncated)
-            if done:
-                return
+        new = reader.corrupt[seen[0]:] + reader.truncated[seen[1]:]
+        for problem in sorted(new, key=lambda p: p.offset):
+            self._add_log_problem(problem)
+        seen[0], seen[1] = len(reader.corrupt), len(reader.truncated)
+
+
+def _picked(batch: MessageBatch, wanted: frozenset[str] | None, start: int | None) -> Any:
+    """The indices of the messages of ``batch`` a reader of services ``wanted`` (None:
+    all) from logMonoTime ``start`` on (None: all) reads, as a numpy array."""
+    keep = None
+    if wanted is not None:
+        table = np.fromiter((name in wanted for name in batch.services), bool,
+                            len(batch.services))
+        keep = table[batch.service]
+    if start is not None:
+        late = batch.mono_ns >= np.uint64(start)
+        keep = late if keep is None else keep & late
+    return np.arange(len(batch)) if keep is None else np.flatnonzero(keep)
+
+
+@functools.lru_cache(maxsize=64)
+def _names(services: tuple[str, ...]) -> Any:
+    """A layout's service names as a numpy object array, to be indexed by a batch's
+    service indices (one array per layout)."""
+    return np.array(services, dtype=object)

@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 __all__ = ["EventFilter", "push"]
 
 _MAX_LONG = (1 << 63) - 1
@@ -123,6 +125,29 @@ class EventFilter:
         if valid is None:
             return lambda mono, ok: low <= mono <= high
         return lambda mono, ok: low <= mono <= high and ok == valid
+
+    def event_mask(self, mono_ns: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """:meth:`event_test` over whole arrays (a scanner batch's uint64 logMonoTimes and
+        bool valid flags): a bool array, True where the event passes."""
+        n = len(mono_ns)
+        if self.none:
+            return np.zeros(n, bool)
+        keep = np.ones(n, bool)
+        if self.valid is not None:
+            keep &= valid == self.valid
+        if self.min_mono is None and self.max_mono is None and self.monos is None:
+            return keep  # as event_test: no time bound at all, not even a long's
+        low = self.min_mono if self.min_mono is not None else -1
+        high = min(self.max_mono, _MAX_LONG) if self.max_mono is not None else _MAX_LONG
+        if high < 0 or low > high:
+            return np.zeros(n, bool)
+        if low > 0:
+            keep &= mono_ns >= np.uint64(low)
+        keep &= mono_ns <= np.uint64(high)
+        if self.monos is not None:
+            wanted = np.array(sorted(m for m in self.monos if 0 <= m <= _MAX_LONG), np.uint64)
+            keep &= np.isin(mono_ns, wanted)
+        return keep
 
     def services_within(self, services: tuple[str, ...] | None) -> tuple[str, ...] | None:
         """The services to read: ``services`` (the source's option; None: all) narrowed
