@@ -918,8 +918,8 @@ class _SegmentRead:
     def _add_batch_typed(self, batch: MessageBatch, picked: Any, first: int, services: Any,
                          starts: list[int], sizes: list[int]) -> None:
         view = memoryview(batch.data)
-        for index, name in enumerate(batch.services):
-            decoder = self.decoders.get(name)
+        for index in np.unique(services).tolist():  # the services present only
+            decoder = self.decoders.get(batch.services[index])
             if decoder is None:
                 continue
             rows = self._typed_rows[decoder.column]
@@ -1012,28 +1012,20 @@ class _SegmentRead:
                 item = next(items, None)
             if item is None:
                 break
-            if type(item) is not MessageBatch:
-                pieces: list[Any] = [item]
-                count = 1
-            else:
+            if type(item) is MessageBatch:
                 picked = _picked(item, wanted, start)
-                count = len(picked)
-                pieces = []
-                at = 0
-                while at < count:
-                    take = min(count - at, _CHUNK_EVENTS - in_chunk)
-                    pending.append((item, picked[at:at + take]))
-                    at += take
-                    in_chunk += take
-                    if in_chunk == _CHUNK_EVENTS:
-                        yield from self._commit(pending, reader, seen)
-                        pending, in_chunk = [], 0
-                continue
-            pending += pieces
-            in_chunk += count
-            if in_chunk == _CHUNK_EVENTS:
-                yield from self._commit(pending, reader, seen)
-                pending, in_chunk = [], 0
+            else:  # an event the scanner left to pycapnp: filtered already
+                picked = None
+            count = 1 if picked is None else len(picked)
+            at = 0
+            while at < count:
+                take = min(count - at, _CHUNK_EVENTS - in_chunk)
+                pending.append(item if picked is None else (item, picked[at:at + take]))
+                at += take
+                in_chunk += take
+                if in_chunk == _CHUNK_EVENTS:
+                    yield from self._commit(pending, reader, seen)
+                    pending, in_chunk = [], 0
         yield from self._commit(pending, reader, seen)
 
     def _commit(self, pending: list[Any], reader: LogReader, seen: list[int]
