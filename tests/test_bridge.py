@@ -486,3 +486,19 @@ def test_schema_announcements_tell_the_same_schema_grown_from_another() -> None:
                 json.dumps({"root": "Event", "members": [1], "layout": []}).encode()):
         with pytest.raises(WireError):
             parse_hello(bad)
+
+
+def test_topics_parse_back_to_their_names_and_never_hold_a_nul() -> None:
+    """Topics with keys end in a NUL byte, so a name holding one would read two ways (a
+    fuzzer found ``s\\x14`` + seven NULs parsed as a name of seven characters): refused."""
+    from msgq.bridge import wire
+
+    for terminated in (False, True):
+        assert wire.parse_service_topic(wire.service_topic("gps", terminated)) == "gps"
+        assert wire.parse_vision_topic(wire.vision_topic("cam", 3, terminated)) == ("cam", 3)
+    for topic in (b"s\x14" + bytes(7), b"sa\x00b", b"sa\x00b\x00"):
+        with pytest.raises(wire.WireError, match="NUL"):
+            wire.parse_service_topic(topic)
+    for topic in (b"va\x00b/0", b"va\x00b/0\x00"):
+        with pytest.raises(wire.WireError, match="NUL"):
+            wire.parse_vision_topic(topic)

@@ -106,6 +106,8 @@ def parse_service_topic(topic: bytes) -> str:
     topic = topic.removesuffix(TOPIC_END)
     if not topic.startswith(b"s") or not 1 < len(topic) <= _MAX_NAME + 1:
         raise WireError("not a service topic")
+    if TOPIC_END in topic:  # a name never holds it: a terminated topic has one reading
+        raise WireError("service name holds a NUL byte")
     try:
         return topic[1:].decode("utf-8")
     except UnicodeDecodeError:
@@ -166,6 +168,8 @@ def parse_vision_topic(topic: bytes) -> tuple[str, int]:
     topic = topic.removesuffix(TOPIC_END)
     if not topic.startswith(b"v") or len(topic) > _MAX_NAME + 12:
         raise WireError("not a VisionIPC topic")
+    if TOPIC_END in topic:
+        raise WireError("VisionIPC name holds a NUL byte")
     name, sep, stream = topic[1:].rpartition(b"/")
     if not sep or not name or not stream.isdigit() or len(stream) > 10:
         raise WireError("malformed VisionIPC topic")
