@@ -119,3 +119,14 @@ def test_rows_are_the_event_readers(tmp_path: Path, where: EventFilter | None) -
             assert len(problems) >= 2
             assert all(r["problem"] for r in problems)
 
+
+
+def test_a_filter_without_conditions_passes_every_event() -> None:
+    """event_test and event_mask agree on the empty filter too (event_test compared valid
+    with None and so refused every event)."""
+    where = EventFilter()
+    mono = np.array([0, BASE, LONG], np.uint64)
+    valid = np.array([True, False, True])
+    assert [where.event_test()(int(m), bool(v)) for m, v in zip(mono.tolist(), valid.tolist(),
+                                                                 strict=True)] == [True] * 3
+    assert where.event_mask(mono, valid).tolist() == [True] * 3

@@ -121,6 +121,8 @@ class EventFilter:
             return lambda mono, ok: mono in monos and low <= mono <= high and (
                 valid is None or ok == valid)
         if self.min_mono is None and self.max_mono is None:
+            if valid is None:
+                return lambda mono, ok: True  # as event_mask: nothing to decide
             return lambda mono, ok: ok == valid
         if valid is None:
             return lambda mono, ok: low <= mono <= high
