@@ -502,3 +502,69 @@ def test_topics_parse_back_to_their_names_and_never_hold_a_nul() -> None:
     for topic in (b"va\x00b/0", b"va\x00b/0\x00"):
         with pytest.raises(wire.WireError, match="NUL"):
             wire.parse_vision_topic(topic)
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The IPv4 addresses on which TCP ``port`` listens here (from /proc/net/tcp: the test
+    looks at the kernel's sockets, not at what the bridge says)."""
+    found = set()
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            local, state = line.split()[1], line.split()[3]
+            address, local_port = local.split(":")
+            if state == "0A" and int(local_port, 16) == port:  # 0A: LISTEN
+                found.add(".".join(str(b) for b in reversed(bytes.fromhex(address))))
+    return found
+
+
+@pytest.mark.slow
+def test_bridge_serve_binds_only_the_address_given(prefix: str) -> None:
+    import zmq
+
+    import msgq
+    from msgq.bridge.wire import service_topic
+
+    port = free_port_pair()
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "msgq", "bridge", "serve", "vehicleState", "--bind", "127.0.0.1",
+         "--port", str(port), "--duration", "60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    try:
+        wait_until(lambda: _listening_addresses(port) and _listening_addresses(port + 1),
+                   what="the bridge's two ports listening")
+        assert _listening_addresses(port) == {"127.0.0.1"}
+        assert _listening_addresses(port + 1) == {"127.0.0.1"}
+        # ... and it serves there: a raw ZMQ subscriber gets the service's bytes unchanged.
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        sub.setsockopt(zmq.SUBSCRIBE, service_topic("vehicleState"))
+        pub = msgq.pub_sock("vehicleState")
+        data = _speed_message(7)
+        received: list[list[bytes]] = []
+
+        def arrived() -> bool:  # the subscription takes a moment to reach the bridge
+            pub.send(data)
+            if sub.poll(20):
+                received.append(sub.recv_multipart())
+            return bool(received)
+
+        wait_until(arrived, what="a message through the bridge")
+        assert received[0] == [service_topic("vehicleState"), data]
+    finally:
+        sub.close(0)
+        ctx.term()
+        serve.terminate()
+        _, err = serve.communicate(timeout=30)
+    assert "serving 127.0.0.1 unauthenticated" in err
+
+    # An address that is not this machine's: one line that says what --bind takes.
+    out = subprocess.run(
+        [sys.executable, "-m", "msgq", "bridge", "serve", "vehicleState", "--bind", "192.0.2.1",
+         "--port", str(port), "--duration", "5"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"msgq bridge: error: cannot bind 192.0.2.1 on ports {port}/{port + 1}: Cannot assign "
+        "requested address (--bind takes an address of this machine, * for every interface; "
+        "--port another port)"]

@@ -132,6 +132,12 @@ def run(args: argparse.Namespace) -> int:
                                  compression=args.compress, keys=args.keys)
         except ValueError as e:  # a key directory that is missing or unsafe
             raise CommandError(str(e)) from None
+        except OSError as e:  # an address not of this machine, or ports in use
+            reason = (e.strerror or str(e)).split(" (addr=")[0]
+            raise CommandError(
+                f"cannot bind {args.bind} on ports {port}/{port + 1}: {reason.rsplit(': ', 1)[-1]}"
+                " (--bind takes an address of this machine, * for every interface; --port "
+                "another port)") from None
         streams = sum(len(v[1]) for v in vision)
         what = f"forwarding {plural(len(services), 'service')} and " \
                f"{plural(streams, 'VisionIPC stream')} on ports {port}/{port + 1}"
