@@ -161,6 +161,13 @@ extensions = [
         extra_link_args=strip_args,
         depends=["msgq/logs/src/log_scan.h"],
     ),
+    # The MCAP export's JSON writer: Cap'n Proto bytes to JSON text, a batch per call.
+    Extension(
+        "msgq.viz._json_writer",
+        sources=["msgq/viz/_json_writer.pyx"],
+        extra_compile_args=extra_compile_args,
+        extra_link_args=strip_args,
+    ),
     # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
     Extension(
         "msgq.visionipc._frame_copy",

@@ -1,0 +1,739 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The compiled JSON writer of the MCAP export: Cap'n Proto message bytes → the exact JSON
+text :class:`msgq.viz.json_schema.EventConverter` makes of them (same keys in the same
+order, enums as names, Data as base64, 64-bit integers exact, floats as the encoder in
+use writes them, non-finite floats as strings), read straight from the bytes without a
+pycapnp reader or a Python dict per event, a whole batch of messages per call.
+
+The bytes come from files: untrusted. Every pointer is checked against the message's
+segment, the words read are budgeted (8 times the message, as a traversal limit; lists of
+zero-sized elements are charged per element) and nesting is bounded. Anything this
+writer does not follow — several segments, far pointers, a list encoded with another
+element size than its type's, a pointer of the wrong kind, text that is not strict UTF-8
+with its NUL (or holds a NUL), a generic's parameter, a null pointer whose field has an
+explicit default, a budget or depth exceeded — gives None for that message, and the
+caller converts it the old way (pycapnp and the EventConverter), so the text is the same
+byte for byte and an error is the one it always was.
+
+Float text: orjson's (shortest round trip, ``1e16``, ``1e-7``, ``0.00001``) where the
+EventConverter would use orjson (orjson installed, the service's JSON Schema holds no
+null, the text has no ``null`` in it and no non-finite float), else the standard
+library's (``float.__repr__``: ``1e+16``, ``1e-07``, ``1e-05``).
+"""
+
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcpy, strlen, strchr
+from libc.stdlib cimport malloc, realloc, free
+from libc.math cimport isfinite, isnan
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.mem cimport PyMem_Free
+from cpython.ref cimport Py_INCREF
+
+cdef extern from "Python.h":
+    char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
+                                int *ptype) except NULL
+    int Py_DTSF_ADD_DOT_0
+
+cdef extern from "string.h":
+    void *memmem(const void *haystack, size_t haystacklen, const void *needle,
+                 size_t needlelen) nogil
+
+# Kinds of fields, list elements and values.
+cdef enum:
+    J_BOOL = 0
+    J_INT8 = 1
+    J_INT16 = 2
+    J_INT32 = 3
+    J_INT64 = 4
+    J_UINT8 = 5
+    J_UINT16 = 6
+    J_UINT32 = 7
+    J_UINT64 = 8
+    J_FLOAT32 = 9
+    J_FLOAT64 = 10
+    J_TEXT = 11
+    J_DATA = 12
+    J_ENUM = 13
+    J_LIST = 14
+    J_STRUCT = 15
+    J_GROUP = 16
+    J_VOID = 17  # null
+    J_NULL = 18  # AnyPointer, interface: null, nothing read
+    J_OTHER = 19  # not followed here (a generic's parameter): the message falls back
+
+KINDS = {"bool": J_BOOL, "int8": J_INT8, "int16": J_INT16, "int32": J_INT32,
+         "int64": J_INT64, "uint8": J_UINT8, "uint16": J_UINT16, "uint32": J_UINT32,
+         "uint64": J_UINT64, "float32": J_FLOAT32, "float64": J_FLOAT64, "text": J_TEXT,
+         "data": J_DATA, "enum": J_ENUM, "list": J_LIST, "struct": J_STRUCT,
+         "group": J_GROUP, "void": J_VOID, "null": J_NULL, "other": J_OTHER}
+
+# capnp list element size codes
+cdef enum:
+    SZ_VOID = 0
+    SZ_BIT = 1
+    SZ_BYTE = 2
+    SZ_TWO = 3
+    SZ_FOUR = 4
+    SZ_EIGHT = 5
+    SZ_POINTER = 6
+    SZ_COMPOSITE = 7
+
+cdef int MAX_DEPTH = 60  # below capnp's nesting limit of 64: deeper falls back
+
+# Return codes of the walk: 0 written, FOLLOW_NOT: leave this message to the old path.
+cdef enum:
+    FOLLOW_NOT = 1
+
+cdef const char *B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+cdef const char *HEX = b"0123456789abcdef"
+
+
+cdef inline int element_size(int kind) noexcept:
+    if kind == J_BOOL:
+        return SZ_BIT
+    if kind == J_INT8 or kind == J_UINT8:
+        return SZ_BYTE
+    if kind == J_INT16 or kind == J_UINT16 or kind == J_ENUM:
+        return SZ_TWO
+    if kind == J_INT32 or kind == J_UINT32 or kind == J_FLOAT32:
+        return SZ_FOUR
+    if kind == J_INT64 or kind == J_UINT64 or kind == J_FLOAT64:
+        return SZ_EIGHT
+    if kind == J_STRUCT:
+        return SZ_COMPOSITE
+    if kind == J_TEXT or kind == J_DATA or kind == J_LIST:
+        return SZ_POINTER
+    return -1  # void, null, other, group: not followed in lists
+
+
+cdef inline uint64_t load64(const uint8_t *p) noexcept nogil:
+    cdef uint64_t v
+    memcpy(&v, p, 8)
+    return v
+
+
+cdef class JType:
+    """A compiled value type: its kind and what it needs (enum names, list element,
+    struct)."""
+    cdef int kind
+    cdef list enum_names  # enum: by number, the quoted name as bytes, or None
+    cdef Py_ssize_t n_enum
+    cdef JType element  # list
+    cdef JStruct struct_  # struct, group
+
+
+cdef class JField:
+    """A compiled field: its key text, where it lies, its default's bits."""
+    cdef bytes key  # '"name":' (union members: '"_which":"name","name":')
+    cdef int kind
+    cdef Py_ssize_t where  # data offset in units of the value's size, or pointer index
+    cdef uint64_t default
+    cdef bint explicit_default  # a pointer field with an explicit default
+    cdef JType type
+
+
+cdef class JStruct:
+    """A compiled struct or group: its non-union fields in order, and its union."""
+    cdef tuple fields
+    cdef bint has_union
+    cdef Py_ssize_t discriminant_offset
+    cdef dict members  # discriminant -> JField
+
+    def set(self, tuple fields, object union):
+        """Fills this struct (made empty first, so that recursive types can refer to
+        it): ``fields`` (JField), ``union`` None or (discriminant offset, {discriminant:
+        JField})."""
+        self.fields = fields
+        self.has_union = union is not None
+        self.members = {} if union is None else dict(union[1])
+        self.discriminant_offset = 0 if union is None else union[0]
+
+
+def make_type(int kind, object enum_names=None, JType element=None,
+              JStruct struct_=None) -> JType:
+    """A compiled value type (see :mod:`msgq.viz.json_writer`)."""
+    cdef JType t = JType.__new__(JType)
+    t.kind = kind
+    t.enum_names = list(enum_names or ())
+    t.n_enum = len(t.enum_names)
+    t.element = element
+    t.struct_ = struct_
+    return t
+
+
+def make_field(bytes key, JType type, Py_ssize_t where, uint64_t default,
+               bint explicit_default) -> JField:
+    """A compiled field (see :mod:`msgq.viz.json_writer`)."""
+    cdef JField f = JField.__new__(JField)
+    f.key = key
+    f.type = type
+    f.kind = type.kind
+    f.where = where
+    f.default = default
+    f.explicit_default = explicit_default
+    return f
+
+
+def make_struct() -> JStruct:
+    """An empty compiled struct, filled later with :meth:`JStruct.set`."""
+    cdef JStruct s = JStruct.__new__(JStruct)
+    s.fields = ()
+    s.members = {}
+    s.has_union = False
+    s.discriminant_offset = 0
+    return s
+
+
+cdef struct Struct:
+    Py_ssize_t data  # byte offset of the data section
+    Py_ssize_t data_bytes
+    Py_ssize_t ptrs  # byte offset of the pointer section
+    Py_ssize_t ptr_count
+
+
+cdef class _Writer:
+    """One batch's output buffer and the walk over one message at a time."""
+    cdef char *out
+    cdef Py_ssize_t len, cap
+    cdef const uint8_t *buf
+    cdef Py_ssize_t start, end
+    cdef Py_ssize_t budget
+    cdef int depth
+    cdef bint orjson_style
+    cdef bint saw_null  # a null or a non-finite float was written
+
+    def __dealloc__(self):
+        free(self.out)
+
+    cdef int reserve(self, Py_ssize_t n) except -1:
+        cdef Py_ssize_t cap
+        cdef char *grown
+        if self.len + n <= self.cap:
+            return 0
+        cap = self.cap * 2 if self.cap else 65536
+        while cap < self.len + n:
+            cap *= 2
+        grown = <char *>realloc(self.out, cap)
+        if grown == NULL:
+            raise MemoryError()
+        self.out = grown
+        self.cap = cap
+        return 0
+
+    cdef inline int put(self, const char *text, Py_ssize_t n) except -1:
+        if self.len + n > self.cap:
+            self.reserve(n)
+        memcpy(self.out + self.len, text, n)
+        self.len += n
+        return 0
+
+    cdef inline int put_char(self, char c) except -1:
+        if self.len + 1 > self.cap:
+            self.reserve(1)
+        self.out[self.len] = c
+        self.len += 1
+        return 0
+
+    cdef inline int put_bytes(self, bytes b) except -1:
+        return self.put(PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
+
+    cdef int put_null(self) except -1:
+        self.saw_null = True
+        return self.put(b"null", 4)
+
+    cdef int put_uint(self, uint64_t v) except -1:
+        cdef char tmp[24]
+        cdef int i = 24
+        if v == 0:
+            return self.put_char(b'0')
+        while v:
+            i -= 1
+            tmp[i] = <char>(48 + v % 10)
+            v //= 10
+        return self.put(tmp + i, 24 - i)
+
+    cdef int put_int(self, int64_t v) except -1:
+        if v < 0:
+            self.put_char(b'-')
+            return self.put_uint(<uint64_t>0 - <uint64_t>v)
+        return self.put_uint(<uint64_t>v)
+
+    cdef int put_double(self, double d) except -1:
+        cdef char *text
+        cdef char *e
+        cdef Py_ssize_t n, mantissa, digits, i
+        cdef int exponent, sign
+        if not isfinite(d):
+            self.saw_null = True  # orjson writes null: the old path uses the stdlib's text
+            if isnan(d):
+                return self.put(b'"NaN"', 5)
+            if d > 0:
+                return self.put(b'"Infinity"', 10)
+            return self.put(b'"-Infinity"', 11)
+        text = PyOS_double_to_string(d, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
+        try:
+            n = strlen(text)
+            e = strchr(text, b'e')
+            if not self.orjson_style or e == NULL:
+                self.put(text, n)
+                return 0
+            # repr's d[.ddd]e±XX → orjson's d[.ddd]eX, except 1e-5 <= |d| < 1e-4, which
+            # orjson writes as 0.0000ddd
+            mantissa = e - text
+            sign = 1 if e[1] == b'+' else -1
+            exponent = 0
+            i = 2
+            while i < n - mantissa:
+                exponent = exponent * 10 + (e[i] - 48)
+                i += 1
+            if sign < 0 and exponent == 5:
+                i = 0
+                if text[0] == b'-':
+                    self.put_char(b'-')
+                    i = 1
+                self.put(b"0.0000", 6)
+                while i < mantissa:
+                    if text[i] != b'.':
+                        self.put_char(text[i])
+                    i += 1
+                return 0
+            self.put(text, mantissa + 1)
+            if sign < 0:
+                self.put_char(b'-')
+            self.put_uint(<uint64_t>exponent)
+            return 0
+        finally:
+            PyMem_Free(text)
+
+    cdef int put_base64(self, const uint8_t *p, Py_ssize_t n) except -1:
+        cdef Py_ssize_t i = 0
+        cdef uint32_t v
+        cdef char *o
+        self.reserve(2 + (n + 2) // 3 * 4)
+        o = self.out + self.len
+        o[0] = b'"'
+        o += 1
+        while i + 3 <= n:
+            v = (<uint32_t>p[i] << 16) | (<uint32_t>p[i + 1] << 8) | p[i + 2]
+            o[0] = B64[(v >> 18) & 63]
+            o[1] = B64[(v >> 12) & 63]
+            o[2] = B64[(v >> 6) & 63]
+            o[3] = B64[v & 63]
+            o += 4
+            i += 3
+        if n - i == 1:
+            v = <uint32_t>p[i] << 16
+            o[0] = B64[(v >> 18) & 63]
+            o[1] = B64[(v >> 12) & 63]
+            o[2] = b'='
+            o[3] = b'='
+            o += 4
+        elif n - i == 2:
+            v = (<uint32_t>p[i] << 16) | (<uint32_t>p[i + 1] << 8)
+            o[0] = B64[(v >> 18) & 63]
+            o[1] = B64[(v >> 12) & 63]
+            o[2] = B64[(v >> 6) & 63]
+            o[3] = b'='
+            o += 4
+        o[0] = b'"'
+        o += 1
+        self.len = o - self.out
+        return 0
+
+    cdef int put_text(self, const uint8_t *p, Py_ssize_t n) except -1:
+        """A capnp Text's bytes (without its NUL) as a JSON string, UTF-8 kept; returns
+        FOLLOW_NOT for bytes that are not strict UTF-8 or hold a NUL."""
+        cdef Py_ssize_t i = 0, run = 0
+        cdef uint8_t c, c1, c2, c3
+        cdef uint32_t cp
+        self.put_char(b'"')
+        while i < n:
+            c = p[i]
+            if c >= 0x80:
+                # strict UTF-8: no overlong forms, no surrogates, at most U+10FFFF
+                if c >= 0xC2 and c <= 0xDF:
+                    if i + 1 >= n or (p[i + 1] & 0xC0) != 0x80:
+                        return FOLLOW_NOT
+                    i += 2
+                elif c >= 0xE0 and c <= 0xEF:
+                    if i + 2 >= n:
+                        return FOLLOW_NOT
+                    c1 = p[i + 1]
+                    c2 = p[i + 2]
+                    if (c1 & 0xC0) != 0x80 or (c2 & 0xC0) != 0x80:
+                        return FOLLOW_NOT
+                    cp = ((c & 0x0F) << 12) | ((c1 & 0x3F) << 6) | (c2 & 0x3F)
+                    if cp < 0x800 or (cp >= 0xD800 and cp <= 0xDFFF):
+                        return FOLLOW_NOT
+                    i += 3
+                elif c >= 0xF0 and c <= 0xF4:
+                    if i + 3 >= n:
+                        return FOLLOW_NOT
+                    c1 = p[i + 1]
+                    c2 = p[i + 2]
+                    c3 = p[i + 3]
+                    if (c1 & 0xC0) != 0x80 or (c2 & 0xC0) != 0x80 or (c3 & 0xC0) != 0x80:
+                        return FOLLOW_NOT
+                    cp = ((c & 0x07) << 18) | ((c1 & 0x3F) << 12) | ((c2 & 0x3F) << 6) \
+                        | (c3 & 0x3F)
+                    if cp < 0x10000 or cp > 0x10FFFF:
+                        return FOLLOW_NOT
+                    i += 4
+                else:
+                    return FOLLOW_NOT
+                continue
+            if c == 0:
+                return FOLLOW_NOT
+            if c < 0x20 or c == b'"' or c == b'\\':
+                self.put(<const char *>p + run, i - run)
+                self.put_escape(c)
+                i += 1
+                run = i
+                continue
+            i += 1
+        self.put(<const char *>p + run, n - run)
+        self.put_char(b'"')
+        return 0
+
+    cdef int put_escape(self, uint8_t c) except -1:
+        cdef char tmp[6]
+        if c == b'"':
+            return self.put(b'\\"', 2)
+        if c == b'\\':
+            return self.put(b'\\\\', 2)
+        if c == b'\n':
+            return self.put(b'\\n', 2)
+        if c == b'\r':
+            return self.put(b'\\r', 2)
+        if c == b'\t':
+            return self.put(b'\\t', 2)
+        if c == 8:
+            return self.put(b'\\b', 2)
+        if c == 12:
+            return self.put(b'\\f', 2)
+        tmp[0] = b'\\'
+        tmp[1] = b'u'
+        tmp[2] = b'0'
+        tmp[3] = b'0'
+        tmp[4] = HEX[c >> 4]
+        tmp[5] = HEX[c & 15]
+        return self.put(tmp, 6)
+
+    # -- the walk -------------------------------------------------------------------
+
+    cdef inline int spend(self, Py_ssize_t words) noexcept:
+        self.budget -= words
+        return FOLLOW_NOT if self.budget < 0 else 0
+
+    cdef int struct_at(self, Py_ssize_t at, Struct *s) noexcept:
+        """The struct the pointer at byte ``at`` points to (a null pointer: an empty
+        struct, so that every field reads as its default)."""
+        cdef uint64_t w = load64(self.buf + at)
+        cdef Py_ssize_t target, dw, pw
+        s.data = s.ptrs = at
+        s.data_bytes = s.ptr_count = 0
+        if w == 0:
+            return 0
+        if (w & 3) != 0:
+            return FOLLOW_NOT  # a far pointer, or not a struct pointer
+        target = at + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
+        dw = (w >> 32) & 0xFFFF
+        pw = (w >> 48) & 0xFFFF
+        if target < self.start or target + 8 * (dw + pw) > self.end:
+            return FOLLOW_NOT
+        s.data = target
+        s.data_bytes = 8 * dw
+        s.ptrs = target + 8 * dw
+        s.ptr_count = pw
+        return self.spend(dw + pw if dw + pw > 0 else 1)
+
+    cdef inline uint64_t raw_bits(self, const Struct *s, Py_ssize_t byte, int width) noexcept:
+        cdef uint64_t v = 0
+        if byte + width <= s.data_bytes:
+            memcpy(&v, self.buf + s.data + byte, width)
+        return v
+
+    cdef int write_struct(self, const Struct *s, JStruct layout) except -1:
+        cdef Py_ssize_t i, n
+        cdef JField field
+        cdef int rc
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            return FOLLOW_NOT
+        self.put_char(b'{')
+        n = len(layout.fields)
+        for i in range(n):
+            field = <JField>layout.fields[i]
+            if i:
+                self.put_char(b',')
+            self.put_bytes(field.key)
+            rc = self.write_field(s, field)
+            if rc:
+                return rc
+        if layout.has_union:
+            if n:
+                self.put_char(b',')
+            field = layout.members.get(
+                <uint16_t>self.raw_bits(s, 2 * layout.discriminant_offset, 2))
+            if field is None:  # a member this schema does not know (a newer writer's)
+                self.put(b'"_which":', 9)
+                self.put_null()
+            else:
+                self.put_bytes(field.key)
+                rc = self.write_field(s, field)
+                if rc:
+                    return rc
+        self.put_char(b'}')
+        self.depth -= 1
+        return 0
+
+    cdef int write_field(self, const Struct *s, JField field) except -1:
+        cdef int kind = field.kind
+        cdef Py_ssize_t where = field.where
+        cdef uint64_t raw
+        cdef Struct empty
+        if kind == J_BOOL:
+            raw = 0
+            if where // 8 < s.data_bytes:
+                raw = (self.buf[s.data + where // 8] >> (where % 8)) & 1
+            if raw ^ (field.default & 1):
+                return self.put(b"true", 4)
+            return self.put(b"false", 5)
+        if kind <= J_FLOAT64 or kind == J_ENUM:
+            return self.primitive(s, kind, where, field.default, field.type)
+        if kind == J_GROUP:
+            return self.write_struct(s, field.type.struct_)
+        if kind == J_VOID or kind == J_NULL:
+            return self.put_null()
+        if kind == J_OTHER:
+            return FOLLOW_NOT
+        # pointer fields: where is the pointer index
+        if where >= s.ptr_count or load64(self.buf + s.ptrs + 8 * where) == 0:
+            if field.explicit_default:
+                return FOLLOW_NOT  # the declared default: the old path reads it
+            if kind == J_TEXT or kind == J_DATA:
+                return self.put(b'""', 2)
+            if kind == J_LIST:
+                return self.put(b"[]", 2)
+            empty.data = empty.ptrs = 0
+            empty.data_bytes = empty.ptr_count = 0
+            return self.write_struct(&empty, field.type.struct_)
+        return self.pointer_value(s.ptrs + 8 * where, field.type)
+
+    cdef int primitive(self, const Struct *s, int kind, Py_ssize_t where, uint64_t default,
+                       JType type) except -1:
+        cdef uint64_t raw
+        cdef uint32_t raw32
+        cdef float f
+        cdef double d
+        if kind == J_INT8 or kind == J_UINT8:
+            raw = self.raw_bits(s, where, 1) ^ default
+            if kind == J_INT8:
+                return self.put_int(<int8_t>raw)
+            return self.put_uint(<uint8_t>raw)
+        if kind == J_INT16 or kind == J_UINT16 or kind == J_ENUM:
+            raw = self.raw_bits(s, 2 * where, 2) ^ default
+            if kind == J_ENUM:
+                return self.put_enum(<uint16_t>raw, type)
+            if kind == J_INT16:
+                return self.put_int(<int16_t>raw)
+            return self.put_uint(<uint16_t>raw)
+        if kind == J_INT32 or kind == J_UINT32 or kind == J_FLOAT32:
+            raw32 = <uint32_t>(self.raw_bits(s, 4 * where, 4) ^ default)
+            if kind == J_FLOAT32:
+                memcpy(&f, &raw32, 4)
+                return self.put_double(<double>f)
+            if kind == J_INT32:
+                return self.put_int(<int32_t>raw32)
+            return self.put_uint(raw32)
+        raw = self.raw_bits(s, 8 * where, 8) ^ default
+        if kind == J_FLOAT64:
+            memcpy(&d, &raw, 8)
+            return self.put_double(d)
+        if kind == J_INT64:
+            return self.put_int(<int64_t>raw)
+        return self.put_uint(raw)
+
+    cdef inline int put_enum(self, uint16_t value, JType type) except -1:
+        cdef object name
+        if value < type.n_enum:
+            name = type.enum_names[value]
+            if name is not None:
+                return self.put_bytes(<bytes>name)
+        return self.put_uint(value)  # an enumerant this schema does not name
+
+    cdef int pointer_value(self, Py_ssize_t at, JType type) except -1:
+        """The value of the non-null pointer at byte ``at``."""
+        cdef Struct s
+        cdef int rc
+        if type.kind == J_STRUCT:
+            rc = self.struct_at(at, &s)
+            if rc:
+                return rc
+            return self.write_struct(&s, type.struct_)
+        return self.list_at(at, load64(self.buf + at), type)
+
+    cdef int list_at(self, Py_ssize_t at, uint64_t w, JType type) except -1:
+        cdef Py_ssize_t target, count, i, words, dw, pw, step, first
+        cdef int size, ekind, rc, kind = type.kind
+        cdef JType element
+        cdef Struct s
+        if (w & 3) != 1:
+            return FOLLOW_NOT
+        target = at + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
+        size = (w >> 32) & 7
+        count = <Py_ssize_t>(w >> 35)
+        if target < self.start:
+            return FOLLOW_NOT
+        if kind == J_TEXT or kind == J_DATA:
+            if size != SZ_BYTE or target + count > self.end:
+                return FOLLOW_NOT
+            if self.spend((count + 7) // 8):
+                return FOLLOW_NOT
+            if kind == J_DATA:
+                return self.put_base64(self.buf + target, count)
+            if count == 0 or self.buf[target + count - 1] != 0:
+                return FOLLOW_NOT  # text needs its NUL
+            return self.put_text(self.buf + target, count - 1)
+        element = type.element
+        ekind = element.kind
+        if size != element_size(ekind):
+            return FOLLOW_NOT  # another encoding than the type's: the old path converts
+        self.put_char(b'[')
+        if ekind == J_STRUCT:
+            words = count  # after the tag: the word count
+            if target + 8 + 8 * words > self.end:
+                return FOLLOW_NOT
+            w = load64(self.buf + target)
+            if (w & 3) != 0:
+                return FOLLOW_NOT
+            count = <Py_ssize_t>((w >> 2) & 0x3FFFFFFF)
+            dw = (w >> 32) & 0xFFFF
+            pw = (w >> 48) & 0xFFFF
+            if count * (dw + pw) > words:
+                return FOLLOW_NOT
+            if self.spend((count if count > words else words) + 1):
+                return FOLLOW_NOT
+            first = target + 8
+            step = 8 * (dw + pw)
+            s.data_bytes = 8 * dw
+            s.ptr_count = pw
+            for i in range(count):
+                if i:
+                    self.put_char(b',')
+                s.data = first + i * step
+                s.ptrs = s.data + s.data_bytes
+                rc = self.write_struct(&s, element.struct_)
+                if rc:
+                    return rc
+            return self.put_char(b']')
+        if size == SZ_BIT:
+            words = (count + 63) // 64
+        elif size == SZ_POINTER:
+            words = count
+        else:
+            words = (count * (1 << (size - 2)) + 7) // 8  # 1, 2, 4, 8 bytes
+        if target + 8 * words > self.end:
+            return FOLLOW_NOT
+        if self.spend(count if count > words else words):
+            return FOLLOW_NOT
+        if size == SZ_POINTER:
+            for i in range(count):
+                if i:
+                    self.put_char(b',')
+                if load64(self.buf + target + 8 * i) == 0:
+                    if ekind == J_LIST:
+                        self.put(b"[]", 2)
+                    else:
+                        self.put(b'""', 2)
+                    continue
+                rc = self.list_at(target + 8 * i, load64(self.buf + target + 8 * i), element)
+                if rc:
+                    return rc
+            return self.put_char(b']')
+        for i in range(count):
+            if i:
+                self.put_char(b',')
+            if ekind == J_BOOL:
+                if (self.buf[target + i // 8] >> (i % 8)) & 1:
+                    self.put(b"true", 4)
+                else:
+                    self.put(b"false", 5)
+                continue
+            s.data = target
+            s.data_bytes = 8 * words
+            self.primitive(&s, ekind, i, 0, element)
+        return self.put_char(b']')
+
+    cdef int message(self, const uint8_t *buf, Py_ssize_t length, JStruct root,
+                     int expected, bint orjson_style) except -1:
+        """One message's JSON at the end of the buffer (0), or FOLLOW_NOT (the buffer is
+        left as it was)."""
+        cdef Py_ssize_t mark = self.len
+        cdef uint64_t head
+        cdef Py_ssize_t words
+        cdef Struct s
+        cdef int rc
+        if length < 16:
+            return FOLLOW_NOT
+        head = load64(buf)
+        words = <Py_ssize_t>(head >> 32)
+        if (head & 0xFFFFFFFF) != 0 or words < 1 or 8 + 8 * words > length:
+            return FOLLOW_NOT  # several segments, or a segment past the message
+        self.buf = buf
+        self.start = 8
+        self.end = 8 + 8 * words
+        self.budget = 8 * words
+        self.depth = 0
+        self.orjson_style = orjson_style
+        self.saw_null = False
+        rc = self.struct_at(8, &s)
+        if rc == 0 and expected >= 0 and \
+                <int>self.raw_bits(&s, 2 * root.discriminant_offset, 2) != expected:
+            rc = FOLLOW_NOT  # not the service the scanner peeked
+        if rc == 0:
+            rc = self.write_struct(&s, root)
+        if rc:
+            self.len = mark
+        return rc
+
+
+def convert_batch(JStruct root, const uint8_t[::1] data, const int64_t[::1] offset,
+                  const uint32_t[::1] length, const int64_t[::1] which,
+                  const int16_t[::1] expected, const uint8_t[::1] orjson_style):
+    """The JSON texts of messages ``which`` (indexes into ``offset``/``length``, the
+    messages' places in ``data``) as a list of bytes, None for a message left to the old
+    path. ``expected[i]``: the root discriminant message ``which[i]`` must hold (-1: any);
+    ``orjson_style[i]``: whether the old path would try orjson for it (see the module
+    docstring)."""
+    cdef Py_ssize_t n = which.shape[0]
+    cdef Py_ssize_t i, k, at, size, mark
+    cdef _Writer w = _Writer.__new__(_Writer)
+    cdef int rc
+    cdef bint style
+    cdef object text
+    out = PyList_New(n)
+    for i in range(n):
+        k = which[i]
+        if k < 0 or k >= offset.shape[0]:
+            raise IndexError("message index out of range")
+        at = offset[k]
+        size = length[k]
+        if at < 0 or at + size > data.shape[0]:
+            raise IndexError("message out of the batch's bytes")
+        w.len = 0
+        style = orjson_style[i] != 0
+        rc = w.message(&data[0] + at, size, root, expected[i], style)
+        if rc == 0 and style and (w.saw_null or
+                                  memmem(w.out, w.len, b"null", 4) != NULL):
+            # orjson's text would hold null: the old path writes the stdlib's instead
+            w.len = 0
+            rc = w.message(&data[0] + at, size, root, expected[i], False)
+        if rc == 0:
+            text = PyBytes_FromStringAndSize(w.out, w.len)
+        else:
+            text = None
+        Py_INCREF(text)
+        PyList_SET_ITEM(out, i, text)
+    return out
