@@ -130,6 +130,7 @@ cdef class JField:
     cdef Py_ssize_t where  # data offset in units of the value's size, or pointer index
     cdef uint64_t default
     cdef bint explicit_default  # a pointer field with an explicit default
+    cdef bytes default_text  # its JSON text, where known (Text, Data); else None
     cdef JType type
 
 
@@ -163,8 +164,9 @@ def make_type(int kind, object enum_names=None, JType element=None,
 
 
 def make_field(bytes key, JType type, Py_ssize_t where, uint64_t default,
-               bint explicit_default) -> JField:
-    """A compiled field (see :mod:`msgq.viz.json_writer`)."""
+               bint explicit_default, bytes default_text=None) -> JField:
+    """A compiled field (see :mod:`msgq.viz.json_writer`); ``default_text``: the JSON
+    text of a pointer field's explicit default (None: the old path reads it)."""
     cdef JField f = JField.__new__(JField)
     f.key = key
     f.type = type
@@ -172,6 +174,7 @@ def make_field(bytes key, JType type, Py_ssize_t where, uint64_t default,
     f.where = where
     f.default = default
     f.explicit_default = explicit_default
+    f.default_text = default_text
     return f
 
 
@@ -511,7 +514,9 @@ cdef class _Writer:
         # pointer fields: where is the pointer index
         if where >= s.ptr_count or load64(self.buf + s.ptrs + 8 * where) == 0:
             if field.explicit_default:
-                return FOLLOW_NOT  # the declared default: the old path reads it
+                if field.default_text is None:
+                    return FOLLOW_NOT  # a list's or struct's default: the old path reads it
+                return self.put_bytes(field.default_text)
             if kind == J_TEXT or kind == J_DATA:
                 return self.put(b'""', 2)
             if kind == J_LIST:

@@ -40,13 +40,17 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import numpy as np
+
 import msgq.logs
-from msgq.logs import LogProblem, LogReader, segment_paths
+from msgq.logs import LogEvent, LogProblem, LogReader, MessageBatch, segment_paths
 from msgq.logs.index import IndexCache, read_recording
+from msgq.logs.segment import ROOT_WHOLE, VALID
 from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.services import unknown_service_error
 from msgq.viz import require
 from msgq.viz.json_schema import event_converter
+from msgq.viz.json_writer import JsonProgram, batch_json, json_program
 
 __all__ = ["ExportStats", "default_jobs", "export_mcap", "first_mono_ns"]
 
@@ -203,19 +207,35 @@ def _convert_segment(path: str, wanted: list[str] | None, start_ns: int | None,
                      indexes: IndexCache, mismatch: Any, result: _SegmentResult
                      ) -> Iterator[tuple[str, int, bytes, int]]:
     """(service, logMonoTime, JSON bytes, event bytes) of each event of one segment, in
-    file order; damage goes to ``result``."""
+    file order; damage goes to ``result``. The events the reader would decode (each
+    batch's wanted whole roots, then one by one what the scanner left to pycapnp) are
+    converted by the compiled JSON writer, a batch per call; what it leaves (see
+    :mod:`msgq.viz.json_writer`) goes through pycapnp and the EventConverter as before,
+    so that the text is the same."""
     reader = LogReader(path, services=wanted, skip_corrupt=True, start_mono_ns=start_ns,
                        schema=schema, warn=False, indexes=indexes)
     read_any = False
+    program = json_program(schema)
     to_json, dumps = converter.to_json, converter.dumps
+    wanted_set = None if wanted is None else frozenset(wanted)
     try:
-        # readers of the scanner's batches (one buffer each); an event that does not
-        # decode is one of the reader's problems, listed below
-        for service, mono, size, message in reader.decoded_events():
-            read_any = True
-            if end_ns is not None and mono > end_ns:
-                continue
-            yield service, mono, dumps(service, to_json(message)), size
+        # the reader's own choice of segments (its index may say this one has nothing)
+        for _ in reader._paths_to_read():
+            for item in reader.segment_batches(path):
+                if type(item) is not MessageBatch:
+                    message = reader._decode_event(item)  # reported when it does not decode
+                    if message is None:
+                        continue
+                    read_any = True
+                    if end_ns is None or item.mono_ns <= end_ns:
+                        yield item.service, item.mono_ns, dumps(item.service,
+                                                                to_json(message)), len(item.data)
+                    continue
+                for event in _batch_events(item, program, wanted_set, start_ns, path, reader,
+                                           schema, to_json, dumps):
+                    read_any = True
+                    if end_ns is None or event[1] <= end_ns:
+                        yield event
     except (OSError, ValueError, EOFError) as e:
         if mismatch is not None and isinstance(e, mismatch):
             raise
@@ -224,6 +244,45 @@ def _convert_segment(path: str, wanted: list[str] | None, start_ns: int | None,
         result.unreadable = not read_any
     for problem in (*reader.truncated, *reader.corrupt):
         result.problems.append(_problem_text(problem))
+
+
+def _batch_events(batch: MessageBatch, program: JsonProgram, wanted: frozenset[str] | None,
+                  start_ns: int | None, path: str, reader: LogReader, schema: Schema,
+                  to_json: Any,
+                  dumps: Any) -> Iterator[tuple[str, int, bytes, int]]:
+    """The events of one batch that the reader would decode, in file order: whole roots
+    of the wanted services from ``start_ns`` on through the JSON writer, broken roots
+    decoded alone (and so reported) as the reader does."""
+    whole = (batch.flags & ROOT_WHOLE) != 0
+    chosen = np.ones(len(batch), bool)
+    if wanted is not None:
+        chosen &= np.array([name in wanted for name in batch.services], bool)[batch.service]
+    if start_ns is not None:
+        chosen &= batch.mono_ns >= max(start_ns, 0)
+    indexes = np.flatnonzero(chosen)
+    if not len(indexes):
+        return
+    converted = indexes[whole[indexes]]
+    texts = iter(batch_json(program, batch, converted))
+    names = batch.services
+    data = batch.data
+    for i, service_index, mono, size, is_whole in zip(
+            indexes.tolist(), batch.service[indexes].tolist(), batch.mono_ns[indexes].tolist(),
+            batch.length[indexes].tolist(), whole[indexes].tolist(), strict=True):
+        service = names[service_index]
+        if is_whole:
+            text = next(texts)
+            if text is None:  # left to pycapnp: the old path, same text or same error
+                at = int(batch.offset[i])
+                text = dumps(service, to_json(schema.decode(data[at:at + size])))
+            yield service, mono, text, size
+            continue
+        at = int(batch.offset[i])
+        event = LogEvent(data[at:at + size], mono, bool(batch.flags[i] & VALID), service,
+                         path, batch.stream_offset + at)
+        message = reader._decode_event(event)  # reported when it does not decode
+        if message is not None:
+            yield service, mono, dumps(service, to_json(message)), size
 
 
 # -- parallel conversion: each worker converts whole segments into a spool file, which
