@@ -321,6 +321,136 @@ def test_sorted_reading_is_the_merge_by_time(tmp_path: Path, overlap: bool) -> N
     assert not LogReader(tmp_path / "rec", sort=True)._in_order(paths)
 
 
+# -- every decision of the splitter, recorded ---------------------------------------------
+#
+# The events and problems LogReader lists are not all a change of the scanner can alter:
+# how runs are cut into batches, which messages come one by one, the order of events and
+# problems, and which bytes ``identify`` is asked about (and in which order) are recorded
+# too, per case, as a digest in splits.json (``--expect-splits``), from read_batches (the
+# reader's path) and from read_messages with an identify of its own (schema_check's and
+# the fuzz harness's path), over the damaged corpus, a chaos-style recording and raw
+# streams whose length fields are hit one word off.
+
+SPLITS = DATA / "splits.json"
+
+
+class _Refused(Exception):
+    pass
+
+
+def _split_digest(file: bytes, mode: str, skip: bool) -> str:
+    """A digest of everything one read of ``file`` hands out, in order."""
+    import io
+
+    from msgq.logs import segment
+
+    layout = schema_in_force().layout
+    log: list[Any] = []
+    asked = [0]
+
+    def identify(data: bytes) -> Any:
+        asked[0] += 1
+        log.append(("identify", len(data), hashlib.sha256(data).hexdigest()[:8]))
+        if mode == "picky":  # refuses some real messages, so that resyncing starts there
+            found = layout.identify(data, True)
+            if found is None or found[0] % 3 == 0:
+                return None
+            return found
+        if mode == "raising" and asked[0] == 40:
+            raise _Refused("the 40th message")
+        return layout.identify(data, True)
+
+    def on_problem(problem: Any) -> None:
+        log.append(("problem", problem.kind, problem.offset, problem.file_offset,
+                    problem.detail))
+
+    source = io.BytesIO(file)
+    items = segment.read_batches(source, on_problem, skip, layout) if mode == "batches" \
+        else segment.read_messages(source, on_problem, skip, identify)
+    try:
+        for item in items:
+            if isinstance(item, MessageBatch):
+                log.append(("batch", item.stream_offset, item.file_offset, len(item.data),
+                            hashlib.sha256(item.data).hexdigest()[:8],
+                            item.offset.tolist(), item.length.tolist(),
+                            item.service.tolist(), item.flags.tolist(),
+                            item.mono_ns.tolist()))
+            else:
+                log.append(("message", hashlib.sha256(item.data).hexdigest()[:8],
+                            item.offset, item.file_offset, repr(item.identity)))
+    except _Refused as e:
+        log.append(("raised", str(e)))
+    return hashlib.sha256(repr(log).encode()).hexdigest()[:24]
+
+
+def _split_files() -> dict[str, bytes]:
+    """The inputs of the split record, by name."""
+    files: dict[str, bytes] = {}
+    for compression, name in FILES.items():
+        files[f"{compression}/intact"] = (DATA / name).read_bytes()
+        for seed in range(0, SEEDS_PER_KIND * len(KINDS), 3):
+            files[f"{compression}/{seed}"] = _damaged(compression, seed)[1]
+    # chaos-style: a recording of sequenced messages, damaged the chaos test's ways
+    from msgq.bench.logs import sequenced_message
+
+    stream = b"".join(sequenced_message(("gyroscope", "accelerometer")[i % 2], i,
+                                        10**9 + i * 10**6) for i in range(150))
+    import zstandard
+
+    frames = b"".join(zstandard.ZstdCompressor(write_checksum=True).compress(
+        stream[at:at + 2048]) for at in range(0, len(stream), 2048))
+    for seed in range(40):
+        rng = random.Random(seed)
+        base = stream if seed % 2 else frames
+        files[f"chaos/{seed}"] = damage_bytes(base, KINDS[seed % len(KINDS)], rng)[0]
+    # raw streams with a message's length fields one word off, or its header zeroed
+    raw = (DATA / FILES["none"]).read_bytes()
+    starts = []
+    at = 0
+    while at < len(raw):
+        starts.append(at)
+        at += message_length(raw, at) or len(raw)
+    for seed in range(60):
+        rng = random.Random(1000 + seed)
+        data = bytearray(raw)
+        for _ in range(1 + seed % 3):
+            start = rng.choice(starts[1:-1])
+            how = rng.randrange(4)
+            size = int.from_bytes(data[start + 4:start + 8], "little")
+            if how == 0:
+                size += rng.choice((-2, -1, 1, 2))
+                data[start + 4:start + 8] = (size & 0xFFFFFFFF).to_bytes(4, "little")
+            elif how == 1:
+                data[start:start + 8] = bytes(8)
+            elif how == 2:
+                data[start:start + 4] = rng.choice((1, 600, 0xFFFFFFFF)).to_bytes(4, "little")
+            else:
+                data[start + 8:start + 16] = rng.randbytes(8)
+        files[f"words/{seed}"] = bytes(data[:len(data) - rng.choice((0, 0, 3, 8, 40))])
+    return files
+
+
+def run_splits() -> dict[str, str]:
+    """Every split case: ``name/mode/skip`` -> digest."""
+    out = {}
+    for name, file in _split_files().items():
+        modes = ("batches", "messages", "picky", "raising") if not name.endswith(("1", "2")) \
+            else ("batches",)
+        for mode in modes:
+            for skip in (True, False):
+                out[f"{name}/{mode}/{skip}"] = _split_digest(file, mode, skip)
+    return out
+
+
+def test_splits_are_as_recorded() -> None:
+    """Batches, single messages, problems and identify calls, in order: as recorded."""
+    expected = json.loads(SPLITS.read_text())
+    got = run_splits()
+    assert set(got) == set(expected)
+    differ = sorted(key for key in expected if got[key] != expected[key])
+    assert not differ, f"{len(differ)} cases differ: {differ[:10]}"
+
+
 if __name__ == "__main__":
     if "--corpus" in sys.argv:
         write_corpus()
@@ -330,5 +460,7 @@ if __name__ == "__main__":
         with tempfile.TemporaryDirectory() as folder:
             EXPECTED.write_text(json.dumps(run_corpus(Path(folder)), indent=0,
                                            sort_keys=True) + "\n")
-    if not {"--corpus", "--expect"} & set(sys.argv):
+    if "--expect-splits" in sys.argv:
+        SPLITS.write_text(json.dumps(run_splits(), indent=0, sort_keys=True) + "\n")
+    if not {"--corpus", "--expect", "--expect-splits"} & set(sys.argv):
         pytest.main([__file__, "-q"])

@@ -5,7 +5,7 @@ decompressed log stream split and peeked in one call, as numpy arrays; and
 
 import numpy as np
 
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 cdef extern from "log_scan.h":
@@ -30,6 +30,42 @@ cdef extern from "log_scan.h":
                     const log_event_layout *layout, log_scan_out *out, size_t *stop,
                     int *why) nogil
 
+    int64_t log_message_extent(const uint8_t *segment, uint64_t words) nogil
+
+    ctypedef int (*log_identify_fn)(void *ctx, const uint8_t *msg, size_t len, int keep)
+
+    ctypedef struct log_splitter:
+        const log_event_layout *layout
+        log_identify_fn identify
+        void *ctx
+        int raw
+        int64_t pos, previous, origin, damage
+        int resyncing, final, failed
+        int64_t keep, carry, kept
+
+    ctypedef struct log_split_result:
+        int64_t offset
+        int64_t length
+        int peeked
+        uint64_t mono_ns
+        uint16_t service
+        uint8_t flags
+        int detail
+        uint64_t value
+        size_t count
+
+    enum:
+        LOG_SPLIT_RUN, LOG_SPLIT_MESSAGE, LOG_SPLIT_CORRUPT, LOG_SPLIT_WAIT, LOG_SPLIT_ERROR
+        LOG_DETAIL_SEGMENTS, LOG_DETAIL_NO_DATA, LOG_DETAIL_TOO_LARGE, LOG_DETAIL_NOT_DECODED
+        LOG_DETAIL_RUNS_PAST
+        LOG_MAX_SEGMENTS, LOG_MAX_MESSAGE_BYTES
+
+    void log_split_begin(log_splitter *sp, int64_t carry, int64_t kept, int resyncing,
+                         int final)
+    int log_split_next(log_splitter *sp, const uint8_t *buf, size_t len, log_scan_out *out,
+                       log_split_result *res)
+    size_t log_split_run_capacity(const log_splitter *sp, size_t len)
+
 #: Why a scan stopped (log_scan_stop).
 END = 0
 INCOMPLETE = 1
@@ -46,6 +82,7 @@ cdef class ScanLayout:
     in the form the C scanner takes."""
 
     cdef log_event_layout c
+    cdef readonly tuple services
 
     def __init__(self, layout):
         if layout.mono_byte < 0 or layout.valid_byte < 0 or layout.discriminant_byte < 0:
@@ -57,6 +94,7 @@ cdef class ScanLayout:
         self.c.services = min(len(layout.services), 0xFFFF)
         self.c.mono_default = layout.mono_default
         self.c.valid_default = 1 if layout.valid_default else 0
+        self.services = tuple(layout.services)
 
 
 def scan(const uint8_t[::1] buf, Py_ssize_t pos, ScanLayout layout, Py_ssize_t end=-1):
@@ -181,3 +219,154 @@ def log_events(bytes data, const int64_t[::1] offset, const uint32_t[::1] length
         e.offset = stream_offset + offset[i]
         out.append(e)
     return out
+
+
+def message_extent(const uint8_t[::1] message):
+    """How many words of a one-segment message its root reaches (the root pointer and
+    everything the pointers lead to, up to the furthest word): the size of the segment
+    for a message written tightly. None when the message has more than one segment, its
+    size field disagrees with its length, a pointer leaves the segment, it holds far or
+    capability pointers, or following it would take more than ``4 * words + 64`` steps.
+    Bounded; nothing is decoded (log_message_extent in C)."""
+    cdef size_t n = message.shape[0]
+    if n < 16:
+        return None
+    cdef const uint8_t *p = &message[0]
+    cdef uint32_t count = p[0] | (p[1] << 8) | (p[2] << 16) | (<uint32_t>p[3] << 24)
+    cdef uint64_t words = p[4] | (p[5] << 8) | (p[6] << 16) | (<uint64_t>p[7] << 24)
+    if count != 0 or 8 + 8 * words != n:
+        return None
+    cdef int64_t reached
+    with nogil:
+        reached = log_message_extent(p + 8, words)
+    if reached == -2:
+        raise MemoryError()
+    return None if reached < 0 else reached
+
+
+# -- splitting a log stream, damage decisions included ----------------------------------
+
+_DETAILS = {
+    LOG_DETAIL_NO_DATA: "message with no data",
+    LOG_DETAIL_NOT_DECODED: "bytes that do not decode as a message",
+    LOG_DETAIL_RUNS_PAST: "a length field that runs past the end of the data",
+}
+
+
+def _detail(int detail, uint64_t value):
+    if detail == LOG_DETAIL_SEGMENTS:
+        return f"segment count {value} is over {LOG_MAX_SEGMENTS}"
+    if detail == LOG_DETAIL_TOO_LARGE:
+        return f"message of {value} bytes is over the {LOG_MAX_MESSAGE_BYTES} limit"
+    return _DETAILS[detail]
+
+
+cdef int _identify(void *ctx, const uint8_t *msg, size_t length, int keep) noexcept with gil:
+    cdef Splitter sp = <Splitter>ctx
+    try:
+        identity = sp.identify(PyBytes_FromStringAndSize(<const char *>msg, length))
+    except BaseException as e:  # handed back to the caller by next_action
+        sp.error = e
+        return -1
+    if identity is None:
+        return 0
+    if keep:
+        sp.identity = identity
+    return 1
+
+
+cdef class Splitter:
+    """The scanner's state over one segment's decompressed stream (log_splitter): C
+    splits the stream into messages and takes every damage decision; this holds the
+    bytes not yet done with and says what came, in order."""
+
+    cdef log_splitter c
+    cdef ScanLayout scan_layout
+    cdef public object identify
+    cdef object identity
+    cdef object error
+    cdef public bytes buf
+    cdef public Py_ssize_t buf_offset
+    cdef public bint resyncing
+    cdef public Py_ssize_t carry
+    cdef public Py_ssize_t kept
+    cdef object arrays
+    cdef log_split_result res
+
+    def __init__(self, identify, ScanLayout layout=None, bint raw=False):
+        self.identify = identify
+        self.scan_layout = layout
+        self.c.layout = &layout.c if layout is not None else NULL
+        self.c.identify = _identify
+        self.c.ctx = <void *>self
+        self.c.raw = raw
+        self.buf = b""
+        self.buf_offset = 0
+        self.resyncing = False
+        self.carry = 0
+        self.kept = -1
+
+    def begin(self, bint final):
+        """Starts a pass over ``buf`` (``final``: no more bytes will follow)."""
+        log_split_begin(&self.c, self.carry, self.kept, self.resyncing, final)
+        self.arrays = None
+
+    def next_action(self):
+        """What the pass finds next: ``("run", offset, length, service, flags, mono_ns)``,
+        ``("message", offset, data, identity)``, ``("corrupt", offset, detail)`` or
+        ``("wait",)`` (the pass is over: ``buf`` keeps what is not done with)."""
+        cdef bytes buf = self.buf
+        cdef size_t n = len(buf)
+        cdef size_t capacity = log_split_run_capacity(&self.c, n)
+        cdef log_scan_out out
+        cdef int64_t[::1] o
+        cdef uint32_t[::1] l
+        cdef uint16_t[::1] s
+        cdef uint8_t[::1] f
+        cdef uint64_t[::1] m
+        out.capacity = 0
+        if capacity:
+            # arrays a run did not take are used again (capacity only shrinks in a pass)
+            if self.arrays is None or len(self.arrays[0]) < capacity:
+                self.arrays = (np.empty(capacity, np.int64), np.empty(capacity, np.uint32),
+                               np.empty(capacity, np.uint16), np.empty(capacity, np.uint8),
+                               np.empty(capacity, np.uint64))
+            o, l, s, f, m = self.arrays
+            out.offset = &o[0]
+            out.length = &l[0]
+            out.service = &s[0]
+            out.flags = &f[0]
+            out.mono_ns = &m[0]
+            out.capacity = capacity
+        self.identity = None
+        cdef int action = log_split_next(&self.c, <const uint8_t *>PyBytes_AS_STRING(buf), n,
+                                         &out, &self.res)
+        self.resyncing = self.c.resyncing
+        if action == LOG_SPLIT_RUN:
+            k = self.res.count
+            offset, length, service, flags, mono = self.arrays
+            self.arrays = None
+            return ("run", offset[:k], length[:k], service[:k], flags[:k], mono[:k])
+        if action == LOG_SPLIT_MESSAGE:
+            at = self.res.offset
+            data = buf[at:at + self.res.length]
+            if self.res.peeked:
+                identity = (self.res.mono_ns, bool(self.res.flags & VALID),
+                            self.scan_layout.services[self.res.service])
+            else:
+                identity = self.identity
+            return ("message", at, data, identity)
+        if action == LOG_SPLIT_CORRUPT:
+            return ("corrupt", self.res.offset, _detail(self.res.detail, self.res.value))
+        if action == LOG_SPLIT_WAIT:
+            keep = self.c.keep
+            self.carry = self.c.carry
+            self.kept = self.c.kept
+            if keep:
+                self.buf = buf[keep:]
+            self.buf_offset += keep
+            return ("wait",)
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+        raise RuntimeError("the log scanner stopped on an internal error")

@@ -357,6 +357,86 @@ def _split(path: str, chunks: Iterator[_Chunk], compression: str,
            on_problem: Callable[[LogProblem], None], skip_corrupt: bool,
            identify: Callable[[bytes], Any],
            layout: EventLayout | None = None) -> Iterator[RawMessage | MessageBatch]:
+    """Splits the decompressed stream into messages with the C scanner
+    (:class:`msgq.logs._scan.Splitter`), which takes every damage decision (see the module
+    docstring); this feeds it the stream piece by piece and reports what it finds."""
+    if _ENGINE == "python":
+        yield from _split_python(path, chunks, compression, on_problem, skip_corrupt,
+                                 identify, layout)
+        return
+    raw = compression == "none"
+    names = () if layout is None else layout.services
+    splitter = _scan.Splitter(identify, None if layout is None else _scan.ScanLayout(layout),
+                              raw)
+    stream_offset = 0  # uncompressed bytes seen so far
+    file_offset = 0  # where in the file splitter.buf[0] came from (its zstd frame, for zstd)
+
+    def report(kind: str, offset: int, detail: str) -> None:
+        on_problem(LogProblem(path, kind, offset, offset if raw else file_offset, detail))
+
+    def scan(final: bool) -> Iterator[RawMessage | MessageBatch]:
+        splitter.begin(final)
+        while True:
+            action = splitter.next_action()
+            what = action[0]
+            if what == "run":
+                yield MessageBatch(splitter.buf, splitter.buf_offset,
+                                   None if raw else file_offset, *action[1:], names)
+            elif what == "message":
+                _, at, data, identity = action
+                offset = splitter.buf_offset + at
+                yield RawMessage(data, offset, offset if raw else file_offset, identity)
+            elif what == "corrupt":
+                report("corrupt", splitter.buf_offset + action[1], action[2])
+                if not skip_corrupt:
+                    raise _StopReadingError
+            else:
+                return
+
+    try:
+        for chunk in chunks:
+            if chunk.data:
+                if not splitter.buf:
+                    file_offset = chunk.file_offset
+                splitter.buf = splitter.buf + chunk.data if splitter.buf else chunk.data
+                stream_offset += len(chunk.data)
+            yield from scan(final=chunk.problem is not None)
+            if chunk.problem is not None:
+                kind, detail = chunk.problem
+                if kind == "truncated":
+                    if not splitter.resyncing:
+                        if splitter.buf:
+                            detail = f"{detail}; {len(splitter.buf)} bytes of an unfinished " \
+                                     "message dropped"
+                        report(kind, splitter.buf_offset, detail)
+                else:
+                    file_offset = chunk.file_offset
+                    report(kind, stream_offset, detail)
+                    if not skip_corrupt:
+                        return
+                    splitter.resyncing = True  # what is left before it is lost too
+            if chunk.breaks_after or (chunk.problem is not None and chunk.problem[0] ==
+                                      "truncated"):
+                splitter.buf_offset += len(splitter.buf)
+                splitter.buf = b""
+                splitter.carry, splitter.kept = 0, -1
+                splitter.resyncing = False
+        yield from scan(final=True)
+    except _StopReadingError:
+        return
+    left = len(splitter.buf) - splitter.carry  # after the message kept to look back into
+    if left > 0 and not splitter.resyncing:
+        report("truncated", splitter.buf_offset + splitter.carry,
+               f"the file ends inside a message ({left} bytes of it dropped)")
+
+
+_ENGINE = "c"  # "python": the scanner that came before the C one (for the equality test)
+
+
+def _split_python(path: str, chunks: Iterator[_Chunk], compression: str,
+                  on_problem: Callable[[LogProblem], None], skip_corrupt: bool,
+                  identify: Callable[[bytes], Any],
+                  layout: EventLayout | None = None) -> Iterator[RawMessage | MessageBatch]:
     """Splits the decompressed stream into messages; reports damage (see the module
     docstring) and, with ``skip_corrupt``, resynchronises past it. With ``layout``, runs
     of whole messages it peeks come as one :class:`MessageBatch` each (the C scanner);

@@ -66,4 +66,79 @@ int log_peek(const uint8_t *msg, size_t len, const log_event_layout *layout,
 size_t log_scan(const uint8_t *buf, size_t len, size_t pos, const log_event_layout *layout,
                 log_scan_out *out, size_t *stop, int *why);
 
+/* How many words of a one-segment message (segment = its words, after the 8-byte header)
+ * the root reaches: the root pointer and everything its pointers lead to, up to the
+ * furthest word. -1 when a pointer leaves the segment, a far or capability pointer is met,
+ * or following it would take more than 4 * words + 64 steps (pointers visited and
+ * queued): bounded work on untrusted bytes. -2 when out of memory. */
+int64_t log_message_extent(const uint8_t *segment, uint64_t words);
+
+/* Whether bytes are a message, for what the scanner does not peek (a far root pointer, a
+ * service of a newer schema) or for every message without a layout. keep: the answer is
+ * about the message the scanner may hand over next (keep what was learned of it).
+ * Returns 1 (a message), 0 (not one) or -1 (an error: the split stops with LOG_SPLIT_ERROR). */
+typedef int (*log_identify_fn)(void *ctx, const uint8_t *msg, size_t len, int keep);
+
+/* Splitting one decompressed piece of a log stream into messages, with every damage
+ * decision: what is corrupt, where reading resynchronises after damage (a whole,
+ * identified message at an 8-byte step, followed by another or by the end; looking back
+ * into the message before the damage, whose length field may be what was hit), and what
+ * is left for more bytes to complete. One pass over a buffer is log_split_begin, then
+ * log_split_next until it returns LOG_SPLIT_WAIT (or LOG_SPLIT_ERROR). */
+typedef struct {
+    const log_event_layout *layout; /* NULL: identify() decides every message */
+    log_identify_fn identify;
+    void *ctx;
+    int raw;                        /* uncompressed: the last message is kept to look back */
+    /* the pass's state */
+    int64_t pos, previous, origin, damage;
+    int resyncing, final, failed;
+    /* after LOG_SPLIT_WAIT: how many bytes of the buffer are done with (drop them), where
+     * the next pass starts in what is left (carry, possibly past its end) and whether it
+     * starts with the last message read (kept: 0, else -1) */
+    int64_t keep, carry, kept;
+} log_splitter;
+
+enum log_split_action {
+    LOG_SPLIT_RUN = 1,     /* out holds count messages, whole and peeked */
+    LOG_SPLIT_MESSAGE = 2, /* one message (offset, length); peeked: fields set, else the
+                            * identify(keep=1) call on it said what it is */
+    LOG_SPLIT_CORRUPT = 3, /* no message starts at offset: detail, value say why */
+    LOG_SPLIT_WAIT = 4,    /* the pass is over: keep, carry, kept are set */
+    LOG_SPLIT_ERROR = 5,   /* identify returned -1 */
+};
+
+enum log_split_detail {
+    LOG_DETAIL_SEGMENTS = 1,   /* value: the segment count */
+    LOG_DETAIL_NO_DATA = 2,
+    LOG_DETAIL_TOO_LARGE = 3,  /* value: the message's bytes */
+    LOG_DETAIL_NOT_DECODED = 4,
+    LOG_DETAIL_RUNS_PAST = 5,
+};
+
+typedef struct {
+    int64_t offset;
+    int64_t length;
+    int peeked;
+    uint64_t mono_ns;
+    uint16_t service;
+    uint8_t flags;
+    int detail;
+    uint64_t value;
+    size_t count; /* LOG_SPLIT_RUN */
+} log_split_result;
+
+/* Starts a pass over a buffer: at carry (bytes before it were read), kept: 0 when the
+ * buffer starts with the last message read, else -1; final: no more bytes will follow. */
+void log_split_begin(log_splitter *sp, int64_t carry, int64_t kept, int resyncing, int final);
+
+/* The next thing the pass finds in buf (the same buffer for the whole pass). A run needs
+ * out with room for (len - pos) / 16 + 1 messages when not resynchronising and a layout
+ * is set (log_split_run_capacity). */
+int log_split_next(log_splitter *sp, const uint8_t *buf, size_t len, log_scan_out *out,
+                   log_split_result *res);
+
+/* Room a run may need from the current position: 0 when no run can come next. */
+size_t log_split_run_capacity(const log_splitter *sp, size_t len);
+
 #endif
