@@ -618,6 +618,45 @@ def test_health_equals_its_definition_at_every_update() -> None:
     assert checked > 3000  # alive often, and dead often (the stalls)
 
 
+def test_send_reads_the_service_of_new_message_builders_from_their_bytes() -> None:
+    """PubMaster.send reads the service the latest new_message builder carries from its
+    bytes (no pycapnp which()); the check is the same: the right service goes out with
+    its fields, a wrong one is refused, an older builder or one of another schema made by
+    new_message is checked by pycapnp."""
+    from schema_profiles import robot_schema
+
+    from msgq.schemas.events import built_by_new_message
+
+    pm = PubMaster(["vehicleState", "gyroscope"])
+    sm = SubMaster(["vehicleState", "gyroscope"])
+    try:
+        pm.wait_for_readers_to_update("vehicleState", 5.0)
+        older = new_message("vehicleState")
+        older.vehicleState.speed = 1.5
+        msg = new_message("vehicleState")
+        msg.vehicleState.speed = 2.5
+        assert built_by_new_message(msg) is pm.schema
+        assert built_by_new_message(older) is None
+        pm.send("vehicleState", msg)
+        sm.update(1000)
+        assert sm.updated["vehicleState"] and sm["vehicleState"].speed == 2.5
+        pm.send("vehicleState", older)  # not the latest: pycapnp's which() checks it
+        sm.update(1000)
+        assert sm.updated["vehicleState"] and sm["vehicleState"].speed == 1.5
+        wrong = new_message("gpsLocation")
+        with pytest.raises(ValueError, match="carries 'gpsLocation'"):
+            pm.send("vehicleState", wrong)
+        robot_msg = new_message("armState", schema=robot_schema())
+        assert built_by_new_message(robot_msg) is not pm.schema
+        with pytest.raises(ValueError, match="carries 'armState'"):
+            pm.send("gyroscope", robot_msg)  # its bytes read as gyroscope with msgq's layout
+        sm.update(0)
+        assert not sm.updated["vehicleState"] and not sm.seen["gyroscope"]
+    finally:
+        sm.close()
+        pm.close()
+
+
 def test_a_builder_of_another_schemas_event_is_refused_not_sent() -> None:
     """PubMaster checks the service a builder carries with pycapnp's which() on the
     builder: read back from its bytes with this schema's layout, the robot schema's

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgq
 from msgq.schemas import Schema, schema_in_force
+from msgq.schemas.events import built_by_new_message
 
 __all__ = ["PubMaster"]
 
@@ -22,6 +23,10 @@ class PubMaster:
     def __init__(self, services: Iterable[str], schema: Schema | None = None) -> None:
         self.schema = schema_in_force(schema)
         self.sock: dict[str, Any] = {}
+        try:  # the service a builder carries, read from its bytes (see send)
+            self._identify: Any = self.schema.views.identify
+        except ValueError:  # a root struct whose fields the layout does not read
+            self._identify = None
         for service in services:
             self.schema.services[service]  # KeyError naming close matches
             if service not in self.sock:
@@ -45,17 +50,27 @@ class PubMaster:
         if isinstance(dat, (bytes, bytearray, memoryview)):
             sock.send(dat)
             return
+        data = None
+        if self._identify is not None and built_by_new_message(dat) is self.schema:
+            # a root Event builder of this schema: the service its bytes carry, read with
+            # this schema's layout, is its which() (one C call instead of pycapnp's)
+            data = dat.to_bytes()
+            peeked = self._identify(data)
+            if peeked is not None and peeked[2] == service:
+                sock.send(data)
+                return
         which = getattr(dat, "which", None)
         if which is None or not hasattr(dat, "to_bytes"):
             raise TypeError(f"send({service!r}, ...) takes an Event builder or bytes, not "
                             f"{type(dat).__name__}")
         # pycapnp's which(), not the service read back from the bytes: a builder of
-        # another struct (a payload, say) could read as any service there
+        # another struct (a payload, or another schema's Event) could read as any
+        # service there
         carried = which()
         if carried != service:
             raise ValueError(f"the message carries {carried!r} but was sent to {service!r}; "
                              f"use new_message({service!r})")
-        sock.send(dat.to_bytes())
+        sock.send(dat.to_bytes() if data is None else data)
 
     def all_readers_updated(self, service: str) -> bool:
         """Whether every subscriber of ``service`` has read everything sent on it."""
