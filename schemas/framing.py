@@ -9,7 +9,9 @@ A log stream is Cap'n Proto messages back to back in the standard (unpacked) enc
     then the segments.
 
 Everything here treats the bytes as untrusted: a length field that points past the data
-or is implausibly large is reported, never followed.
+or is implausibly large is reported, never followed. These are the rules for one message
+at a time (what a subscriber or the recorder is handed); a log stream is split, and its
+damage judged, by the C log scanner (``msgq/logs/src/log_scan.c``), whose rules are these.
 
 Layer: the Event layer; imports the standard library and :mod:`msgq.errors` only (the
 schema an :class:`EventLayout` was made from decodes what peeking cannot).
@@ -28,7 +30,6 @@ __all__ = [
     "MAX_SEGMENTS",
     "EventLayout",
     "FramingError",
-    "message_extent",
     "message_length",
     "root_data_section",
 ]
@@ -71,68 +72,6 @@ def message_length(buf: Any, offset: int) -> int | None:
     if end - offset < total:
         return None
     return total
-
-
-_ELEMENT_BITS = (0, 1, 8, 16, 32, 64, 64)  # list element sizes 0..6 (7: composite)
-
-
-def message_extent(message: Any) -> int | None:
-    """How many words of a one-segment message its root reaches (the root pointer and
-    everything the pointers lead to, up to the furthest word): the size of the segment
-    for a message written tightly, as Cap'n Proto writers do. None when the message has
-    more than one segment, its size field disagrees with its length, a pointer leaves the
-    segment, it holds far or capability pointers, or following it would take more than a
-    few times its size in steps. Pure Python, bounded; nothing is decoded."""
-    if len(message) < 16 or _U32.unpack_from(message, 0)[0] != 0:
-        return None
-    words = _U32.unpack_from(message, 4)[0]
-    if 8 + 8 * words != len(message):
-        return None
-    budget = 4 * words + 64  # pointers visited and queued, all together
-    reached = 1  # the root pointer
-    pending = [0]  # word indexes (in the segment) of pointers still to follow
-    while pending:
-        at = pending.pop()
-        pointer = _U64.unpack_from(message, 8 + 8 * at)[0]
-        if pointer == 0:
-            continue
-        kind = pointer & 3
-        offset = (pointer >> 2) & 0x3FFFFFFF
-        if offset & 0x20000000:
-            offset -= 0x40000000
-        target = at + 1 + offset
-        if kind == 0:  # struct
-            data_words, pointer_words = (pointer >> 32) & 0xFFFF, pointer >> 48
-            end = target + data_words + pointer_words
-            children = range(target + data_words, end)
-        elif kind == 1:  # list
-            element, count = (pointer >> 32) & 7, pointer >> 35
-            if element == 7:  # composite: a tag word, then count words of structs
-                end = target + 1 + count
-                if target < 0 or end > words:
-                    return None
-                tag = _U64.unpack_from(message, 8 + 8 * target)[0]
-                elements = (tag >> 2) & 0x3FFFFFFF
-                data_words, pointer_words = (tag >> 32) & 0xFFFF, tag >> 48
-                size = data_words + pointer_words
-                if tag & 3 or elements * size > count:
-                    return None
-                children = [target + 1 + i * size + data_words + j
-                            for i in range(elements if pointer_words else 0)
-                            for j in range(pointer_words)] if pointer_words else range(0)
-            else:
-                end = target + (count * _ELEMENT_BITS[element] + 63) // 64
-                children = range(target, end) if element == 6 else range(0)
-        else:  # far pointer or capability: not followed here
-            return None
-        if target < 0 or end > words:
-            return None
-        budget -= 1 + len(children)
-        if budget < 0:
-            return None
-        reached = max(reached, end)
-        pending.extend(children)
-    return reached
 
 
 def root_data_section(message: Any) -> tuple[int, int] | None:

@@ -334,7 +334,7 @@ def test_sorted_reading_is_the_merge_by_time(tmp_path: Path, overlap: bool) -> N
 SPLITS = DATA / "splits.json"
 
 
-class _Refused(Exception):
+class _RefusedError(Exception):
     pass
 
 
@@ -357,7 +357,7 @@ def _split_digest(file: bytes, mode: str, skip: bool) -> str:
                 return None
             return found
         if mode == "raising" and asked[0] == 40:
-            raise _Refused("the 40th message")
+            raise _RefusedError("the 40th message")
         return layout.identify(data, True)
 
     def on_problem(problem: Any) -> None:
@@ -378,7 +378,7 @@ def _split_digest(file: bytes, mode: str, skip: bool) -> str:
             else:
                 log.append(("message", hashlib.sha256(item.data).hexdigest()[:8],
                             item.offset, item.file_offset, repr(item.identity)))
-    except _Refused as e:
+    except _RefusedError as e:
         log.append(("raised", str(e)))
     return hashlib.sha256(repr(log).encode()).hexdigest()[:24]
 

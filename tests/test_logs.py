@@ -524,7 +524,7 @@ def test_looking_back_into_a_message_never_invents_events(tmp_path: Path) -> Non
     # (its length field may have been hit); bytes inside an intact message can look like
     # a message though. A candidate there counts only when the message before it, cut at
     # that point, is exactly whole (message_extent); else the search goes on after it.
-    from msgq.schemas.framing import message_extent
+    from msgq.logs._scan import message_extent
 
     events = _events(200)
     assert all(message_extent(e) == (len(e) - 8) // 8 for e in events)

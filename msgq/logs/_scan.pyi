@@ -1,5 +1,6 @@
 """Type stubs of the log scanner extension (msgq/logs/_scan.pyx)."""
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ VALID: int
 ROOT_WHOLE: int
 
 class ScanLayout:
+    services: tuple[str, ...]
     def __init__(self, layout: Any) -> None: ...
 
 def scan(
@@ -42,3 +44,16 @@ def log_events(
     flags: np.ndarray, mono_ns: np.ndarray, names: tuple[str, ...], path: str,
     stream_offset: int, wanted: np.ndarray | None = None, start_mono_ns: int | None = None,
 ) -> list[LogEvent]: ...
+
+def message_extent(message: Any) -> int | None: ...
+
+class Splitter:
+    def __init__(
+        self, identify: Callable[[bytes], Any], layout: ScanLayout | None = None,
+        raw: bool = False,
+    ) -> None: ...
+    def split(
+        self, chunks: Iterable[Any], path: str, on_problem: Callable[[Any], None],
+        skip_corrupt: bool, batch: Callable[..., Any], message: Callable[..., Any],
+        problem: Callable[..., Any],
+    ) -> Iterator[Any]: ...

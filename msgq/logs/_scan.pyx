@@ -60,8 +60,13 @@ cdef extern from "log_scan.h":
         LOG_DETAIL_RUNS_PAST
         LOG_MAX_SEGMENTS, LOG_MAX_MESSAGE_BYTES
 
-    void log_split_begin(log_splitter *sp, int64_t carry, int64_t kept, int resyncing,
-                         int final)
+    void log_split_init(log_splitter *sp, const log_event_layout *layout,
+                        log_identify_fn identify, void *ctx, int raw)
+    void log_split_begin(log_splitter *sp, int final)
+    int log_split_cut(log_splitter *sp, size_t len, int64_t *left)
+    void log_split_damaged(log_splitter *sp)
+    void log_split_break(log_splitter *sp)
+    int log_split_finish(const log_splitter *sp, size_t len, int64_t *at, int64_t *left)
     int log_split_next(log_splitter *sp, const uint8_t *buf, size_t len, log_scan_out *out,
                        log_split_result *res)
     size_t log_split_run_capacity(const log_splitter *sp, size_t len)
@@ -275,46 +280,116 @@ cdef int _identify(void *ctx, const uint8_t *msg, size_t length, int keep) noexc
     return 1
 
 
+class _StopReading(Exception):
+    """Reading stops at damage (no skip_corrupt)."""
+
+
 cdef class Splitter:
-    """The scanner's state over one segment's decompressed stream (log_splitter): C
-    splits the stream into messages and takes every damage decision; this holds the
-    bytes not yet done with and says what came, in order."""
+    """One segment's decompressed stream split into messages by the C scanner
+    (log_splitter), which takes every damage decision; :meth:`split` feeds it the
+    stream piece by piece and hands out what it finds, in order."""
 
     cdef log_splitter c
     cdef ScanLayout scan_layout
-    cdef public object identify
+    cdef object identify
     cdef object identity
     cdef object error
-    cdef public bytes buf
-    cdef public Py_ssize_t buf_offset
-    cdef public bint resyncing
-    cdef public Py_ssize_t carry
-    cdef public Py_ssize_t kept
+    cdef bytes buf
+    cdef Py_ssize_t buf_offset
     cdef object arrays
     cdef log_split_result res
 
     def __init__(self, identify, ScanLayout layout=None, bint raw=False):
         self.identify = identify
         self.scan_layout = layout
-        self.c.layout = &layout.c if layout is not None else NULL
-        self.c.identify = _identify
-        self.c.ctx = <void *>self
-        self.c.raw = raw
+        log_split_init(&self.c, &layout.c if layout is not None else NULL, _identify,
+                       <void *>self, raw)
         self.buf = b""
         self.buf_offset = 0
-        self.resyncing = False
-        self.carry = 0
-        self.kept = -1
 
-    def begin(self, bint final):
-        """Starts a pass over ``buf`` (``final``: no more bytes will follow)."""
-        log_split_begin(&self.c, self.carry, self.kept, self.resyncing, final)
-        self.arrays = None
+    def split(self, chunks, str path, on_problem, bint skip_corrupt, batch, message,
+              problem):
+        """Every whole message of the stream ``chunks`` holds (pieces with ``data``,
+        ``file_offset``, ``problem`` and ``breaks_after``, as segment.py's readers make
+        them), in order: ``batch(...)`` per run of peeked messages, ``message(...)`` per
+        message handed over alone; damage goes to ``on_problem(problem(...))``."""
+        cdef bint raw = self.c.raw
+        cdef int64_t at = 0, left = 0
+        cdef Py_ssize_t stream_offset = 0  # uncompressed bytes seen so far
+        file_offset = 0  # where in the file buf[0] came from (its zstd frame, for zstd)
+        names = self.scan_layout.services if self.scan_layout is not None else ()
+        try:
+            for chunk in chunks:
+                data = chunk.data
+                if data:
+                    if not self.buf:
+                        file_offset = chunk.file_offset
+                    self.buf = self.buf + data if self.buf else data
+                    stream_offset += len(data)
+                final = chunk.problem is not None
+                yield from self._pass(final, path, file_offset, on_problem, skip_corrupt,
+                                      batch, message, problem, names)
+                if final:
+                    kind, detail = chunk.problem
+                    if kind == "truncated":
+                        if log_split_cut(&self.c, len(self.buf), &left):
+                            if left:
+                                detail = f"{detail}; {left} bytes of an unfinished " \
+                                         "message dropped"
+                            on_problem(problem(path, kind, self.buf_offset,
+                                               self.buf_offset if raw else file_offset,
+                                               detail))
+                        self._drop()
+                        continue
+                    file_offset = chunk.file_offset
+                    on_problem(problem(path, kind, stream_offset,
+                                       stream_offset if raw else file_offset, detail))
+                    if not skip_corrupt:
+                        return
+                    log_split_damaged(&self.c)  # what is left before it is lost too
+                if chunk.breaks_after:
+                    log_split_break(&self.c)
+                    self._drop()
+            yield from self._pass(True, path, file_offset, on_problem, skip_corrupt, batch,
+                                  message, problem, names)
+        except _StopReading:
+            return
+        if log_split_finish(&self.c, len(self.buf), &at, &left):
+            offset = self.buf_offset + at
+            on_problem(problem(path, "truncated", offset, offset if raw else file_offset,
+                               f"the file ends inside a message ({left} bytes of it "
+                               "dropped)"))
 
-    def next_action(self):
-        """What the pass finds next: ``("run", offset, length, service, flags, mono_ns)``,
-        ``("message", offset, data, identity)``, ``("corrupt", offset, detail)`` or
-        ``("wait",)`` (the pass is over: ``buf`` keeps what is not done with)."""
+    def _pass(self, bint final, str path, file_offset, on_problem, bint skip_corrupt, batch,
+              message, problem, tuple names):
+        """One pass of the C scanner over ``buf`` (``final``: no bytes will follow)."""
+        cdef bint raw = self.c.raw
+        log_split_begin(&self.c, final)
+        while True:
+            action = self._next()
+            if action is None:
+                return
+            if action[0] == 0:
+                yield batch(self.buf, self.buf_offset, None if raw else file_offset,
+                            *action[1:], names)
+                continue
+            offset = self.buf_offset + action[1]
+            if action[0] == 1:
+                yield message(action[2], offset, offset if raw else file_offset, action[3])
+                continue
+            on_problem(problem(path, "corrupt", offset, offset if raw else file_offset,
+                               action[2]))
+            if not skip_corrupt:
+                raise _StopReading()
+
+    cdef void _drop(self):
+        self.buf_offset += len(self.buf)
+        self.buf = b""
+
+    cdef object _next(self):
+        """What the pass finds next: ``(0, offset, length, service, flags, mono_ns)`` (a
+        run), ``(1, offset, data, identity)`` (one message), ``(2, offset, detail)`` (a
+        corrupt spot) or None (the pass is over: ``buf`` keeps what is not done with)."""
         cdef bytes buf = self.buf
         cdef size_t n = len(buf)
         cdef size_t capacity = log_split_run_capacity(&self.c, n)
@@ -341,12 +416,11 @@ cdef class Splitter:
         self.identity = None
         cdef int action = log_split_next(&self.c, <const uint8_t *>PyBytes_AS_STRING(buf), n,
                                          &out, &self.res)
-        self.resyncing = self.c.resyncing
         if action == LOG_SPLIT_RUN:
             k = self.res.count
             offset, length, service, flags, mono = self.arrays
             self.arrays = None
-            return ("run", offset[:k], length[:k], service[:k], flags[:k], mono[:k])
+            return (0, offset[:k], length[:k], service[:k], flags[:k], mono[:k])
         if action == LOG_SPLIT_MESSAGE:
             at = self.res.offset
             data = buf[at:at + self.res.length]
@@ -355,17 +429,16 @@ cdef class Splitter:
                             self.scan_layout.services[self.res.service])
             else:
                 identity = self.identity
-            return ("message", at, data, identity)
+            return (1, at, data, identity)
         if action == LOG_SPLIT_CORRUPT:
-            return ("corrupt", self.res.offset, _detail(self.res.detail, self.res.value))
+            return (2, self.res.offset, _detail(self.res.detail, self.res.value))
         if action == LOG_SPLIT_WAIT:
+            self.arrays = None
             keep = self.c.keep
-            self.carry = self.c.carry
-            self.kept = self.c.kept
             if keep:
                 self.buf = buf[keep:]
             self.buf_offset += keep
-            return ("wait",)
+            return None
         error, self.error = self.error, None
         if error is not None:
             raise error

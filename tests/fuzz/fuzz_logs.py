@@ -1,7 +1,7 @@
 """Fuzzes the log framing and segment reader (``schemas/framing.py``,
-``msgq/logs/segment.py``): the bytes of a segment file, raw or (chosen by the first
-byte) compressed with zstd, in one frame or two, or bz2, so that mutations reach the
-message splitting inside compressed data too.
+``msgq/logs/segment.py`` over the C scanner, ``msgq/logs/src/log_scan.c``): the bytes of a
+segment file, raw or (chosen by the first byte) compressed with zstd, in one frame or two,
+or bz2, so that mutations reach the message splitting inside compressed data too.
 
 Properties: ``message_length`` returns None, a length in bounds (a whole number of words,
 at least a header and a word, inside the data) or raises ``FramingError``;
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zstandard  # noqa: E402
 from harness import main, sabotaged  # noqa: E402
 
-from msgq.logs import schema_check, segment  # noqa: E402
+from msgq.logs import _scan, schema_check, segment  # noqa: E402
 from msgq.messaging import new_message  # noqa: E402
 from msgq.schemas import (
     default_schema,  # noqa: E402
@@ -44,7 +44,6 @@ if sabotaged():
         return header + 8 * max(words, 1)
 
     framing.message_length = lax_length
-    segment.message_length = lax_length
 
 
 class _StopError(Exception):
@@ -84,7 +83,7 @@ def test_one_input(data: bytes) -> None:
     assert verdict in (None, "ok", "foreign", "odd"), verdict
     if LAYOUT.peek(data) is not None:  # a discriminant peek reads is one of the members
         assert verdict in ("ok", "odd"), verdict
-    extent = framing.message_extent(data)
+    extent = _scan.message_extent(data)
     if extent is not None:  # one segment, and it reaches no further than its size
         assert 1 <= extent <= (len(data) - 8) // 8, (extent, len(data))
 

@@ -333,15 +333,46 @@ static int overlapping(log_splitter *sp, const uint8_t *buf, size_t len, int64_t
     return 0;
 }
 
-void log_split_begin(log_splitter *sp, int64_t carry, int64_t kept, int resyncing, int final) {
-    sp->pos = carry;
-    sp->previous = kept;
+void log_split_init(log_splitter *sp, const log_event_layout *layout, log_identify_fn identify,
+                    void *ctx, int raw) {
+    memset(sp, 0, sizeof *sp);
+    sp->layout = layout;
+    sp->identify = identify;
+    sp->ctx = ctx;
+    sp->raw = raw;
+    sp->previous = sp->origin = sp->damage = sp->kept = -1;
+}
+
+void log_split_begin(log_splitter *sp, int final) {
+    sp->pos = sp->carry;
+    sp->previous = sp->kept;
     sp->origin = sp->damage = -1;
-    sp->resyncing = resyncing;
     sp->final = final;
     sp->failed = 0;
-    sp->keep = sp->carry = 0;
+    sp->keep = 0;
+}
+
+void log_split_break(log_splitter *sp) {
+    sp->carry = 0;
     sp->kept = -1;
+    sp->resyncing = 0;
+}
+
+int log_split_cut(log_splitter *sp, size_t len, int64_t *left) {
+    int report = !sp->resyncing;
+    *left = (int64_t)len;
+    log_split_break(sp);
+    return report;
+}
+
+void log_split_damaged(log_splitter *sp) {
+    sp->resyncing = 1;
+}
+
+int log_split_finish(const log_splitter *sp, size_t len, int64_t *at, int64_t *left) {
+    *at = sp->carry;
+    *left = (int64_t)len - sp->carry; /* after the message kept to look back into, if any */
+    return *left > 0 && !sp->resyncing;
 }
 
 size_t log_split_run_capacity(const log_splitter *sp, size_t len) {

@@ -128,9 +128,31 @@ typedef struct {
     size_t count; /* LOG_SPLIT_RUN */
 } log_split_result;
 
-/* Starts a pass over a buffer: at carry (bytes before it were read), kept: 0 when the
- * buffer starts with the last message read, else -1; final: no more bytes will follow. */
-void log_split_begin(log_splitter *sp, int64_t carry, int64_t kept, int resyncing, int final);
+/* A splitter at the start of a stream. */
+void log_split_init(log_splitter *sp, const log_event_layout *layout, log_identify_fn identify,
+                    void *ctx, int raw);
+
+/* Starts a pass over the buffer (what is left of the last one, with more bytes after it):
+ * at carry, kept as the last pass left them; final: no more bytes will follow. */
+void log_split_begin(log_splitter *sp, int final);
+
+/* The piece of stream in the buffer (len bytes, a pass over it done) was cut short: the
+ * file ends inside its zstd frame or bz2 stream. Returns 1 when that is to be reported
+ * (not while resynchronising), with *left the bytes of an unfinished message it drops;
+ * the buffer is then dropped (log_split_break). */
+int log_split_cut(log_splitter *sp, size_t len, int64_t *left);
+
+/* A damaged piece of stream follows the buffer: what is left of it is lost too (reading
+ * resynchronises after the damage). */
+void log_split_damaged(log_splitter *sp);
+
+/* The bytes after the buffer do not continue it (a new zstd frame after a corrupt one):
+ * the buffer is dropped, a partial message in it with it. */
+void log_split_break(log_splitter *sp);
+
+/* The file ended after the last pass (final) over the buffer: returns 1 when it ends
+ * inside a message, with *at its offset in the buffer and *left its bytes dropped. */
+int log_split_finish(const log_splitter *sp, size_t len, int64_t *at, int64_t *left);
 
 /* The next thing the pass finds in buf (the same buffer for the whole pass). A run needs
  * out with room for (len - pos) / 16 + 1 messages when not resynchronising and a layout
