@@ -509,12 +509,16 @@ def test_export_benchmark_prints_its_table() -> None:
                             timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    rows = {line.split("  ")[0]: line for line in lines[2:]}
+    rows = {line.split("  ")[0]: line for line in lines[2:-1]}
     assert set(rows) == {"decode (LogReader loop)", "convert", "convert + JSON",
-                         "export to MCAP", "export, 2 processes"}, result.stdout
-    assert rows["decode (LogReader loop)"].endswith("100 %")
-    share = int(rows["export to MCAP"].split()[-2])
+                         "JSON writer (compiled)", "export to MCAP", "export through pycapnp",
+                         "export, 2 processes"}, result.stdout
+    assert rows["decode (LogReader loop)"].endswith("100.0 %")
+    share = float(rows["export to MCAP"].split()[-2])
     assert 0 < share < 100
+    summary = re.match(r"export / decode: ([\d.]+); .*pycapnp: ([\d.]+)x$", lines[-1])
+    assert summary, lines[-1]
+    assert 0 < float(summary[1]) < 1 and float(summary[2]) > 0
 
 
 def test_logs_of_another_schema_are_refused_in_one_line(tmp_path: Path) -> None:

@@ -4,19 +4,26 @@ LogReader loop that only decodes the same recording. One table.
 Run ``python -m msgq.bench.export`` (``--help`` for the options). A recording of realistic
 mixed traffic (msgq's schema: every logged service with a rate at its registry rate,
 filled with random values, as ``python -m msgq.bench.logs`` makes it) is written once;
-then, best of ``--repeat`` runs each:
+then ``--repeat`` rounds of every mode, alternating (the machine's load falls on all
+alike), the best round of each:
 
-* **decode** — ``for event in LogReader(rec): pass`` (a pycapnp Event reader per event:
-  the baseline the issue's goal is stated against);
-* **convert** — decode, and each event to its JSON value (:mod:`msgq.viz.json_schema`);
+* **decode** — ``for event in LogReader(rec): pass`` (a pycapnp Event reader per event,
+  lazy: nothing under the root is read; the baseline the issue's goal is stated against);
+* **convert** — decode, and each event to its JSON value through pycapnp
+  (:mod:`msgq.viz.json_schema`);
 * **convert + JSON** — and to its JSON text;
-* **export** — :func:`msgq.viz.mcap_export.export_mcap` to an MCAP file (all of the above,
+* **JSON writer (compiled)** — the same texts from each batch's bytes
+  (:mod:`msgq.viz.json_writer`), no pycapnp;
+* **export** — :func:`msgq.viz.mcap_export.export_mcap` to an MCAP file (the JSON writer,
   plus the MCAP writer: chunks, zstd, indexes), in this process (``jobs=1``);
+* **export through pycapnp** — the same file the way it was made before the JSON writer
+  (``compiled=False``);
 * **export, N processes** — the same with ``jobs=N`` (``--jobs``, default one per core, at
   most 8): segments converted in worker processes, written in order by this one. The
   recording is cut into 1-second segments so that there are segments to share.
 
-Each row gives events/s, MB/s of event bytes and its rate as a share of the decode row.
+Each row gives events/s, MB/s of event bytes and its rate as a share of the decode row; a
+line under the table gives export / decode and the compiled writer's speed-up.
 
 ``--live SECONDS`` measures the live server instead, on the demo robot
 (:mod:`msgq.demo.robot`: sensors, vehicle and a 640x480 camera in their own processes):
@@ -40,13 +47,15 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from msgq.bench.fixtures import best_time
+import numpy as np
+
 from msgq.bench.logs import mixed_events
-from msgq.logs import LogReader, LogWriter
+from msgq.logs import LogReader, LogWriter, MessageBatch
 from msgq.schemas import schema_in_force
 from msgq.tables import format_table
 from msgq.viz import MissingExtraError, require
 from msgq.viz.json_schema import event_converter
+from msgq.viz.json_writer import batch_json, json_program
 from msgq.viz.live import HEALTH_TOPIC
 from msgq.viz.mcap_export import export_mcap
 from msgq.viz.ws_client import FoxgloveClient
@@ -54,6 +63,9 @@ from msgq.viz.ws_client import FoxgloveClient
 __all__ = ["main", "measure"]
 
 MB = 1e6
+DECODE = "decode (LogReader loop)"
+EXPORT = "export to MCAP"
+EXPORT_PYCAPNP = "export through pycapnp"
 
 
 # The demo robot (msgq.demo.robot, a peer program: run, not imported) for --live.
@@ -64,9 +76,11 @@ _ROBOT = ("import sys\nfrom msgq.demo.robot import start_robot\n"
 def measure(folder: str, out: str, repeat: int, jobs: int = 1
             ) -> list[dict[str, float | int | str]]:
     """The rows of the table for the recording in ``folder`` (``out``: a scratch MCAP
-    path)."""
+    path): every mode run once per round, ``repeat`` rounds (alternating, so that the
+    machine's load falls on every mode alike), the best round of each counts."""
     schema = schema_in_force()
     converter = event_converter(schema)
+    program = json_program(schema)
     event_bytes = sum(len(e.data) for e in LogReader(folder).raw())
 
     def decode() -> int:
@@ -91,25 +105,44 @@ def measure(folder: str, out: str, repeat: int, jobs: int = 1
             n += 1
         return n
 
+    def json_writer() -> int:
+        n = 0
+        reader = LogReader(folder)
+        for path in reader.paths:
+            for batch in reader.segment_batches(path):
+                if isinstance(batch, MessageBatch):
+                    n += len(batch_json(program, batch, np.arange(len(batch))))
+        return n
+
     def export() -> int:
         return export_mcap(folder, out, jobs=1).messages
+
+    def export_pycapnp() -> int:
+        return export_mcap(folder, out, jobs=1, compiled=False).messages
 
     def export_parallel() -> int:
         return export_mcap(folder, out, jobs=jobs).messages
 
+    modes = [(DECODE, decode), ("convert", convert), ("convert + JSON", convert_json),
+             ("JSON writer (compiled)", json_writer), (EXPORT, export),
+             (EXPORT_PYCAPNP, export_pycapnp),
+             *([(f"export, {jobs} processes", export_parallel)] if jobs > 1 else [])]
+    best: dict[str, float] = {}
+    events: dict[str, int] = {}
+    for _ in range(repeat):
+        for name, run in modes:
+            start = time.perf_counter()
+            events[name] = run()
+            best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+    base = events[DECODE] / best[DECODE]
     rows: list[dict[str, float | int | str]] = []
-    base = None
-    for name, run in (("decode (LogReader loop)", decode), ("convert", convert),
-                      ("convert + JSON", convert_json), ("export to MCAP", export),
-                      *([(f"export, {jobs} processes", export_parallel)] if jobs > 1
-                        else [])):
-        events, seconds = best_time(run, repeat)
-        rate = events / seconds
-        base = base or rate
-        rows.append({"mode": name, "events": events, "seconds": round(seconds, 4),
-                     "events_per_s": round(rate), "mb_per_s": round(event_bytes / MB / seconds,
-                                                                    1),
-                     "of_decode": round(rate / base, 3)})
+    for name, _ in modes:
+        seconds = best[name]
+        rate = events[name] / seconds
+        rows.append({"mode": name, "events": events[name], "seconds": round(seconds, 4),
+                     "events_per_s": round(rate),
+                     "mb_per_s": round(event_bytes / MB / seconds, 1),
+                     "of_decode": round(rate / base, 4)})
     return rows
 
 
@@ -248,7 +281,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(
         [["mode", "events/s", "MB/s", "of decode"]] +
         [[r["mode"], f"{r['events_per_s']:,}", f"{r['mb_per_s']}",
-          f"{100 * float(r['of_decode']):.0f} %"] for r in rows]))
+          f"{100 * float(r['of_decode']):.1f} %"] for r in rows]))
+    rate = {str(r["mode"]): float(r["events_per_s"]) for r in rows}
+    print(f"export / decode: {rate[EXPORT] / rate[DECODE]:.3f}; export with the compiled "
+          f"writer / through pycapnp: {rate[EXPORT] / rate[EXPORT_PYCAPNP]:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"events": events, "event_bytes": size, "encoder": encoder,

@@ -107,6 +107,12 @@ cdef inline int element_size(int kind) noexcept:
     return -1  # void, null, other, group: not followed in lists
 
 
+cdef inline Py_ssize_t load32(const uint8_t *p) noexcept nogil:
+    cdef uint32_t v
+    memcpy(&v, p, 4)
+    return v
+
+
 cdef inline uint64_t load64(const uint8_t *p) noexcept nogil:
     cdef uint64_t v
     memcpy(&v, p, 8)
@@ -193,6 +199,19 @@ cdef struct Struct:
     Py_ssize_t data_bytes
     Py_ssize_t ptrs  # byte offset of the pointer section
     Py_ssize_t ptr_count
+    Py_ssize_t seg_start  # the segment it lies in (its pointers are relative to it)
+    Py_ssize_t seg_end
+
+
+cdef struct Target:
+    uint64_t tag  # the struct or list pointer (or a far pointer's landing pad's tag)
+    Py_ssize_t at  # byte offset of what it points to
+    Py_ssize_t seg_start  # the segment that lies in
+    Py_ssize_t seg_end
+
+
+cdef enum:
+    MAX_SEGMENTS = 64  # more: the old path reads the message
 
 
 cdef class _Writer:
@@ -200,7 +219,9 @@ cdef class _Writer:
     cdef char *out
     cdef Py_ssize_t len, cap
     cdef const uint8_t *buf
-    cdef Py_ssize_t start, end
+    cdef Py_ssize_t n_segments
+    cdef Py_ssize_t seg_start[MAX_SEGMENTS]
+    cdef Py_ssize_t seg_end[MAX_SEGMENTS]
     cdef Py_ssize_t budget
     cdef int depth
     cdef bint orjson_style
@@ -429,26 +450,81 @@ cdef class _Writer:
         self.budget -= words
         return FOLLOW_NOT if self.budget < 0 else 0
 
-    cdef int struct_at(self, Py_ssize_t at, Struct *s) noexcept:
+    cdef int follow(self, Py_ssize_t at, Py_ssize_t seg_start, Py_ssize_t seg_end,
+                    Target *t) noexcept:
+        """Where the non-null pointer at byte ``at`` (of the segment [seg_start, seg_end))
+        points, through a far pointer's landing pad where it is one; FOLLOW_NOT for a
+        pad or segment out of bounds."""
+        cdef uint64_t w = load64(self.buf + at)
+        cdef uint64_t far
+        cdef Py_ssize_t segment, pad
+        if (w & 3) != 2:
+            t.tag = w
+            t.at = at + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
+            t.seg_start = seg_start
+            t.seg_end = seg_end
+            return 0
+        segment = <Py_ssize_t>(w >> 32)
+        if segment >= self.n_segments:
+            return FOLLOW_NOT
+        pad = self.seg_start[segment] + 8 * <Py_ssize_t>((w >> 3) & 0x1FFFFFFF)
+        if self.spend(1):
+            return FOLLOW_NOT
+        if (w & 4) == 0:  # one landing pad: a pointer relative to itself
+            if pad + 8 > self.seg_end[segment]:
+                return FOLLOW_NOT
+            w = load64(self.buf + pad)
+            if (w & 3) == 2 or (w & 3) == 3:
+                return FOLLOW_NOT
+            t.tag = w
+            t.at = pad + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
+            t.seg_start = self.seg_start[segment]
+            t.seg_end = self.seg_end[segment]
+            return 0
+        # two words: a far pointer to the content, then the tag describing it
+        if pad + 16 > self.seg_end[segment]:
+            return FOLLOW_NOT
+        far = load64(self.buf + pad)
+        w = load64(self.buf + pad + 8)
+        if (far & 7) != 2 or (w & 3) == 2 or (w & 3) == 3:
+            return FOLLOW_NOT
+        segment = <Py_ssize_t>(far >> 32)
+        if segment >= self.n_segments:
+            return FOLLOW_NOT
+        t.tag = w
+        t.at = self.seg_start[segment] + 8 * <Py_ssize_t>((far >> 3) & 0x1FFFFFFF)
+        t.seg_start = self.seg_start[segment]
+        t.seg_end = self.seg_end[segment]
+        return 0
+
+    cdef int struct_at(self, Py_ssize_t at, Py_ssize_t seg_start, Py_ssize_t seg_end,
+                       Struct *s) noexcept:
         """The struct the pointer at byte ``at`` points to (a null pointer: an empty
         struct, so that every field reads as its default)."""
         cdef uint64_t w = load64(self.buf + at)
-        cdef Py_ssize_t target, dw, pw
+        cdef Py_ssize_t dw, pw
+        cdef Target t
         s.data = s.ptrs = at
         s.data_bytes = s.ptr_count = 0
+        s.seg_start = seg_start
+        s.seg_end = seg_end
         if w == 0:
             return 0
+        if self.follow(at, seg_start, seg_end, &t):
+            return FOLLOW_NOT
+        w = t.tag
         if (w & 3) != 0:
-            return FOLLOW_NOT  # a far pointer, or not a struct pointer
-        target = at + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
+            return FOLLOW_NOT  # not a struct pointer
         dw = (w >> 32) & 0xFFFF
         pw = (w >> 48) & 0xFFFF
-        if target < self.start or target + 8 * (dw + pw) > self.end:
+        if t.at < t.seg_start or t.at + 8 * (dw + pw) > t.seg_end:
             return FOLLOW_NOT
-        s.data = target
+        s.data = t.at
         s.data_bytes = 8 * dw
-        s.ptrs = target + 8 * dw
+        s.ptrs = t.at + 8 * dw
         s.ptr_count = pw
+        s.seg_start = t.seg_start
+        s.seg_end = t.seg_end
         return self.spend(dw + pw if dw + pw > 0 else 1)
 
     cdef inline uint64_t raw_bits(self, const Struct *s, Py_ssize_t byte, int width) noexcept:
@@ -524,7 +600,7 @@ cdef class _Writer:
             empty.data = empty.ptrs = 0
             empty.data_bytes = empty.ptr_count = 0
             return self.write_struct(&empty, field.type.struct_)
-        return self.pointer_value(s.ptrs + 8 * where, field.type)
+        return self.pointer_value(s.ptrs + 8 * where, s.seg_start, s.seg_end, field.type)
 
     cdef int primitive(self, const Struct *s, int kind, Py_ssize_t where, uint64_t default,
                        JType type) except -1:
@@ -568,31 +644,40 @@ cdef class _Writer:
                 return self.put_bytes(<bytes>name)
         return self.put_uint(value)  # an enumerant this schema does not name
 
-    cdef int pointer_value(self, Py_ssize_t at, JType type) except -1:
-        """The value of the non-null pointer at byte ``at``."""
+    cdef int pointer_value(self, Py_ssize_t at, Py_ssize_t seg_start, Py_ssize_t seg_end,
+                           JType type) except -1:
+        """The value of the non-null pointer at byte ``at`` (of the segment [seg_start,
+        seg_end))."""
         cdef Struct s
         cdef int rc
         if type.kind == J_STRUCT:
-            rc = self.struct_at(at, &s)
+            rc = self.struct_at(at, seg_start, seg_end, &s)
             if rc:
                 return rc
             return self.write_struct(&s, type.struct_)
-        return self.list_at(at, load64(self.buf + at), type)
+        return self.list_at(at, seg_start, seg_end, type)
 
-    cdef int list_at(self, Py_ssize_t at, uint64_t w, JType type) except -1:
-        cdef Py_ssize_t target, count, i, words, dw, pw, step, first
+    cdef int list_at(self, Py_ssize_t at, Py_ssize_t seg_start, Py_ssize_t seg_end,
+                     JType type) except -1:
+        cdef Py_ssize_t target, count, i, words, dw, pw, step, first, end
         cdef int size, ekind, rc, kind = type.kind
+        cdef uint64_t w
         cdef JType element
         cdef Struct s
+        cdef Target t
+        if self.follow(at, seg_start, seg_end, &t):
+            return FOLLOW_NOT
+        w = t.tag
         if (w & 3) != 1:
             return FOLLOW_NOT
-        target = at + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
+        target = t.at
+        end = t.seg_end
         size = (w >> 32) & 7
         count = <Py_ssize_t>(w >> 35)
-        if target < self.start:
+        if target < t.seg_start:
             return FOLLOW_NOT
         if kind == J_TEXT or kind == J_DATA:
-            if size != SZ_BYTE or target + count > self.end:
+            if size != SZ_BYTE or target + count > end:
                 return FOLLOW_NOT
             if self.spend((count + 7) // 8):
                 return FOLLOW_NOT
@@ -608,7 +693,7 @@ cdef class _Writer:
         self.put_char(b'[')
         if ekind == J_STRUCT:
             words = count  # after the tag: the word count
-            if target + 8 + 8 * words > self.end:
+            if target + 8 + 8 * words > end:
                 return FOLLOW_NOT
             w = load64(self.buf + target)
             if (w & 3) != 0:
@@ -624,6 +709,8 @@ cdef class _Writer:
             step = 8 * (dw + pw)
             s.data_bytes = 8 * dw
             s.ptr_count = pw
+            s.seg_start = t.seg_start
+            s.seg_end = end
             for i in range(count):
                 if i:
                     self.put_char(b',')
@@ -639,7 +726,7 @@ cdef class _Writer:
             words = count
         else:
             words = (count * (1 << (size - 2)) + 7) // 8  # 1, 2, 4, 8 bytes
-        if target + 8 * words > self.end:
+        if target + 8 * words > end:
             return FOLLOW_NOT
         if self.spend(count if count > words else words):
             return FOLLOW_NOT
@@ -653,7 +740,7 @@ cdef class _Writer:
                     else:
                         self.put(b'""', 2)
                     continue
-                rc = self.list_at(target + 8 * i, load64(self.buf + target + 8 * i), element)
+                rc = self.list_at(target + 8 * i, t.seg_start, end, element)
                 if rc:
                     return rc
             return self.put_char(b']')
@@ -677,23 +764,36 @@ cdef class _Writer:
         left as it was)."""
         cdef Py_ssize_t mark = self.len
         cdef uint64_t head
-        cdef Py_ssize_t words
         cdef Struct s
         cdef int rc
+        cdef Py_ssize_t count, i, at, size, total = 0
         if length < 16:
             return FOLLOW_NOT
         head = load64(buf)
-        words = <Py_ssize_t>(head >> 32)
-        if (head & 0xFFFFFFFF) != 0 or words < 1 or 8 + 8 * words > length:
-            return FOLLOW_NOT  # several segments, or a segment past the message
+        count = <Py_ssize_t>(head & 0xFFFFFFFF) + 1
+        if count > MAX_SEGMENTS:
+            return FOLLOW_NOT
+        at = 8 * ((count + 2) // 2)  # the segment table: 4 bytes per segment, plus 4
+        if at > length:
+            return FOLLOW_NOT
+        for i in range(count):
+            size = 8 * load32(buf + 4 + 4 * i)
+            if at + size > length:
+                return FOLLOW_NOT  # a segment past the message
+            self.seg_start[i] = at
+            self.seg_end[i] = at + size
+            at += size
+            total += size
+        if self.seg_end[0] - self.seg_start[0] < 8:
+            return FOLLOW_NOT  # no root pointer
+        self.n_segments = count
         self.buf = buf
-        self.start = 8
-        self.end = 8 + 8 * words
-        self.budget = 8 * words
+        # words read: at most 4 times the message (pycapnp's limit is at least that)
+        self.budget = total // 2
         self.depth = 0
         self.orjson_style = orjson_style
         self.saw_null = False
-        rc = self.struct_at(8, &s)
+        rc = self.struct_at(self.seg_start[0], self.seg_start[0], self.seg_end[0], &s)
         if rc == 0 and expected >= 0 and \
                 <int>self.raw_bits(&s, 2 * root.discriminant_offset, 2) != expected:
             rc = FOLLOW_NOT  # not the service the scanner peeked

@@ -47,6 +47,7 @@ from msgq.logs import LogEvent, LogProblem, LogReader, MessageBatch, segment_pat
 from msgq.logs.index import IndexCache, read_recording
 from msgq.logs.segment import ROOT_WHOLE, VALID
 from msgq.schemas import Schema, schema_in_force
+from msgq.schemas.schema import _MIN_TRAVERSAL_WORDS, _TRAVERSAL_FACTOR
 from msgq.schemas.services import unknown_service_error
 from msgq.viz import require
 from msgq.viz.json_schema import event_converter
@@ -150,6 +151,8 @@ def export_mcap(
     chunk_size: int = CHUNK_SIZE,
     progress: Callable[[int], None] | None = None,
     jobs: int = 1,
+    *,
+    compiled: bool = True,
 ) -> ExportStats:
     """Exports the events of ``source`` (a segment, a recording folder, a glob or a list,
     as :class:`msgq.logs.LogReader` takes them) to the MCAP file ``output``.
@@ -160,6 +163,8 @@ def export_mcap(
     segments (default 1: this process only; :func:`default_jobs` suggests a number;
     more than one starts worker processes, so a script calling this needs the
     ``if __name__ == "__main__":`` guard); the file is the same whatever the number.
+    ``compiled=False``: every event through pycapnp and the EventConverter (the reference
+    path, several times slower; the file is the same byte for byte).
     Raises FileNotFoundError when the source names no file,
     :class:`msgq.viz.MissingExtraError` without the ``mcap`` library, and
     ``msgq.logs.SchemaMismatchError`` (one line naming ``--schema``) when the logs were
@@ -183,7 +188,7 @@ def export_mcap(
     tmp = f"{output}.{os.getpid()}.part"
     try:
         _write(tmp, paths, sources, wanted, start_ns, end_ns, schema, converter, stats,
-               chunk_size, progress, mismatch, jobs)
+               chunk_size, progress, mismatch, jobs, compiled)
     except BaseException:
         # interrupted or refused: no half-written file left behind
         with contextlib.suppress(OSError):
@@ -204,19 +209,22 @@ class _SegmentResult:
 
 def _convert_segment(path: str, wanted: list[str] | None, start_ns: int | None,
                      end_ns: int | None, schema: Schema, converter: Any,
-                     indexes: IndexCache, mismatch: Any, result: _SegmentResult
-                     ) -> Iterator[tuple[str, int, bytes, int]]:
+                     indexes: IndexCache, mismatch: Any, result: _SegmentResult,
+                     compiled: bool = True) -> Iterator[tuple[str, int, bytes, int]]:
     """(service, logMonoTime, JSON bytes, event bytes) of each event of one segment, in
     file order; damage goes to ``result``. The events the reader would decode (each
     batch's wanted whole roots, then one by one what the scanner left to pycapnp) are
     converted by the compiled JSON writer, a batch per call; what it leaves (see
     :mod:`msgq.viz.json_writer`) goes through pycapnp and the EventConverter as before,
     so that the text is the same."""
+    if not compiled:
+        yield from _convert_segment_pycapnp(path, wanted, start_ns, end_ns, schema,
+                                            converter, indexes, mismatch, result)
+        return
     reader = LogReader(path, services=wanted, skip_corrupt=True, start_mono_ns=start_ns,
                        schema=schema, warn=False, indexes=indexes)
     read_any = False
     program = json_program(schema)
-    to_json, dumps = converter.to_json, converter.dumps
     wanted_set = None if wanted is None else frozenset(wanted)
     try:
         # the reader's own choice of segments (its index may say this one has nothing)
@@ -228,14 +236,16 @@ def _convert_segment(path: str, wanted: list[str] | None, start_ns: int | None,
                         continue
                     read_any = True
                     if end_ns is None or item.mono_ns <= end_ns:
-                        yield item.service, item.mono_ns, dumps(item.service,
-                                                                to_json(message)), len(item.data)
+                        text = _text_of(item.service, item.mono_ns, message, path, result,
+                                        converter)
+                        if text is not None:
+                            yield item.service, item.mono_ns, text, len(item.data)
                     continue
                 for event in _batch_events(item, program, wanted_set, start_ns, path, reader,
-                                           schema, to_json, dumps):
+                                           schema, converter, result):
                     read_any = True
-                    if end_ns is None or event[1] <= end_ns:
-                        yield event
+                    if event[2] is not None and (end_ns is None or event[1] <= end_ns):
+                        yield event  # type: ignore[misc]
     except (OSError, ValueError, EOFError) as e:
         if mismatch is not None and isinstance(e, mismatch):
             raise
@@ -248,11 +258,12 @@ def _convert_segment(path: str, wanted: list[str] | None, start_ns: int | None,
 
 def _batch_events(batch: MessageBatch, program: JsonProgram, wanted: frozenset[str] | None,
                   start_ns: int | None, path: str, reader: LogReader, schema: Schema,
-                  to_json: Any,
-                  dumps: Any) -> Iterator[tuple[str, int, bytes, int]]:
+                  converter: Any, result: _SegmentResult
+                  ) -> Iterator[tuple[str, int, bytes | None, int]]:
     """The events of one batch that the reader would decode, in file order: whole roots
     of the wanted services from ``start_ns`` on through the JSON writer, broken roots
-    decoded alone (and so reported) as the reader does."""
+    decoded alone (and so reported) as the reader does. An event whose text is None did
+    not convert (listed in ``result``): it counts as read, and is not written."""
     whole = (batch.flags & ROOT_WHOLE) != 0
     chosen = np.ones(len(batch), bool)
     if wanted is not None:
@@ -266,15 +277,18 @@ def _batch_events(batch: MessageBatch, program: JsonProgram, wanted: frozenset[s
     texts = iter(batch_json(program, batch, converted))
     names = batch.services
     data = batch.data
+    limit = max(_MIN_TRAVERSAL_WORDS, _TRAVERSAL_FACTOR * (int(batch.length[indexes].max()) // 8))
     for i, service_index, mono, size, is_whole in zip(
             indexes.tolist(), batch.service[indexes].tolist(), batch.mono_ns[indexes].tolist(),
             batch.length[indexes].tolist(), whole[indexes].tolist(), strict=True):
         service = names[service_index]
         if is_whole:
             text = next(texts)
-            if text is None:  # left to pycapnp: the old path, same text or same error
+            if text is None:  # left to pycapnp: the old path, the same text
                 at = int(batch.offset[i])
-                text = dumps(service, to_json(schema.decode(data[at:at + size])))
+                message = next(iter(schema.event.read_multiple_bytes(
+                    data[at:at + size], traversal_limit_in_words=limit)))
+                text = _text_of(service, mono, message, path, result, converter)
             yield service, mono, text, size
             continue
         at = int(batch.offset[i])
@@ -282,7 +296,48 @@ def _batch_events(batch: MessageBatch, program: JsonProgram, wanted: frozenset[s
                          path, batch.stream_offset + at)
         message = reader._decode_event(event)  # reported when it does not decode
         if message is not None:
-            yield service, mono, dumps(service, to_json(message)), size
+            yield service, mono, _text_of(service, mono, message, path, result, converter), size
+
+
+def _text_of(service: str, mono: int, message: Any, path: str, result: _SegmentResult,
+             converter: Any) -> bytes | None:
+    """The JSON text of a pycapnp reader; None, and a problem in ``result``, when a
+    damaged pointer under the root makes pycapnp fail (the export goes on)."""
+    try:
+        return converter.dumps(service, converter.to_json(message))
+    except Exception as e:  # noqa: BLE001 - pycapnp raises KjException for damaged bytes
+        result.problems.append(f"{path}: a {service} event (logMonoTime {mono}) does not "
+                               f"convert: {_one_line(e)}")
+        return None
+
+
+def _convert_segment_pycapnp(path: str, wanted: list[str] | None, start_ns: int | None,
+                     end_ns: int | None, schema: Schema, converter: Any,
+                     indexes: IndexCache, mismatch: Any, result: _SegmentResult
+                     ) -> Iterator[tuple[str, int, bytes, int]]:
+    """:func:`_convert_segment` through pycapnp and the EventConverter, every event (the
+    reference path: ``export_mcap(..., compiled=False)``)."""
+    reader = LogReader(path, services=wanted, skip_corrupt=True, start_mono_ns=start_ns,
+                       schema=schema, warn=False, indexes=indexes)
+    read_any = False
+    try:
+        # readers of the scanner's batches (one buffer each); an event that does not
+        # decode is one of the reader's problems, listed below
+        for service, mono, size, message in reader.decoded_events():
+            read_any = True
+            if end_ns is not None and mono > end_ns:
+                continue
+            text = _text_of(service, mono, message, path, result, converter)
+            if text is not None:
+                yield service, mono, text, size
+    except (OSError, ValueError, EOFError) as e:
+        if mismatch is not None and isinstance(e, mismatch):
+            raise
+        # a file that cannot be opened or decompressed at all
+        result.problems.append(f"{path}: {_one_line(e)}")
+        result.unreadable = not read_any
+    for problem in (*reader.truncated, *reader.corrupt):
+        result.problems.append(_problem_text(problem))
 
 
 # -- parallel conversion: each worker converts whole segments into a spool file, which
@@ -303,7 +358,7 @@ def _worker_init(spec: Any) -> None:
 
 
 def _spool_segment(path: str, wanted: list[str] | None, start_ns: int | None,
-                   end_ns: int | None, spool: str) -> _SegmentResult:
+                   end_ns: int | None, spool: str, compiled: bool = True) -> _SegmentResult:
     """Converts one segment into the spool file ``spool`` (in a worker)."""
     result = _SegmentResult()
     mismatch = getattr(msgq.logs, "SchemaMismatchError", None)
@@ -311,7 +366,7 @@ def _spool_segment(path: str, wanted: list[str] | None, start_ns: int | None,
     with open(spool, "wb", buffering=1 << 20) as out:
         for service, mono, data, size in _convert_segment(
                 path, wanted, start_ns, end_ns, _worker["schema"], _worker["converter"],
-                _worker["indexes"], mismatch, result):
+                _worker["indexes"], mismatch, result, compiled):
             name = service.encode()
             out.write(pack(len(name), mono, len(data)) + name + data)
             out.write(_U32.pack(size))
@@ -347,8 +402,8 @@ def default_jobs(paths: list[str]) -> int:
 
 def _segments_in_parallel(paths: list[str], jobs: int, wanted: list[str] | None,
                           start_ns: int | None, end_ns: int | None, schema: Schema,
-                          spool_dir: str, results: list[_SegmentResult]
-                          ) -> Iterator[tuple[str, int, bytes, int]]:
+                          spool_dir: str, results: list[_SegmentResult],
+                          compiled: bool = True) -> Iterator[tuple[str, int, bytes, int]]:
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods
                                           else "spawn")
@@ -361,7 +416,7 @@ def _segments_in_parallel(paths: list[str], jobs: int, wanted: list[str] | None,
         for index, path in pending:
             spool = os.path.join(spool_dir, f"{index}.spool")
             window.append((pool.submit(_spool_segment, path, wanted, start_ns, end_ns,
-                                       spool), spool))
+                                       spool, compiled), spool))
             return
 
     finished = False
@@ -383,7 +438,7 @@ def _segments_in_parallel(paths: list[str], jobs: int, wanted: list[str] | None,
 def _write(tmp: str, paths: list[str], sources: list[str], wanted: list[str] | None,
            start_ns: int | None, end_ns: int | None, schema: Schema, converter: Any,
            stats: ExportStats, chunk_size: int, progress: Callable[[int], None] | None,
-           mismatch: Any, jobs: int) -> None:
+           mismatch: Any, jobs: int, compiled: bool = True) -> None:
     """The export proper, into the file ``tmp`` (see :func:`export_mcap`)."""
     # the mcap library: the viz extra, which export_mcap's require() checked
     from mcap.writer import CompressionType, Writer
@@ -399,13 +454,13 @@ def _write(tmp: str, paths: list[str], sources: list[str], wanted: list[str] | N
         spool_dir = tempfile.mkdtemp(prefix=".msgq-export-",
                                      dir=os.path.dirname(os.path.abspath(tmp)))
         events: Iterator[tuple[str, int, bytes, int]] = _segments_in_parallel(
-            paths, jobs, wanted, start_ns, end_ns, schema, spool_dir, results)
+            paths, jobs, wanted, start_ns, end_ns, schema, spool_dir, results, compiled)
     else:
         def serial() -> Iterator[tuple[str, int, bytes, int]]:
             for path in paths:
                 result = _SegmentResult()
                 yield from _convert_segment(path, wanted, start_ns, end_ns, schema,
-                                            converter, indexes, mismatch, result)
+                                            converter, indexes, mismatch, result, compiled)
                 results.append(result)
 
         events = serial()
