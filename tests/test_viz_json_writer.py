@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from schema_profiles import write_loggerd_log
-from test_viz_export import events_of, sources, write_recording
+from test_viz_export import events_of, read_mcap, sources, write_recording
 
 from msgq.logs import LogReader, MessageBatch
 from msgq.schemas import Schema, msgq_schema
@@ -220,16 +220,23 @@ def test_hand_made_damage_falls_back() -> None:
     assert convert(schema, cases) == [None] * len(cases)
 
 
-def test_the_export_file_is_the_same_byte_for_byte(schema_profile: Schema,
-                                                   tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk_size", [1024 * 1024, 3000])
+def test_the_export_file_is_the_same_byte_for_byte(schema_profile: Schema, tmp_path: Path,
+                                                   chunk_size: int) -> None:
+    """The compiled writer and the batched MCAP messages against pycapnp, the
+    EventConverter and mcap's add_message per event: one chunk, and many (channels
+    registered between messages of a chunk, chunks closed inside a batch)."""
     schema = schema_profile
     folder = tmp_path / "rec"
     write_recording(schema, folder, events_of(schema, per_service=4, seed=9))
     fast, reference = tmp_path / "fast.mcap", tmp_path / "reference.mcap"
-    stats = export_mcap(sources(schema, folder), str(fast))
-    export_mcap(sources(schema, folder), str(reference), compiled=False)
+    stats = export_mcap(sources(schema, folder), str(fast), chunk_size=chunk_size)
+    export_mcap(sources(schema, folder), str(reference), chunk_size=chunk_size,
+                compiled=False)
     assert stats.messages >= 4 * len(schema.union_fields)  # and each segment's logStart
     assert fast.read_bytes() == reference.read_bytes()
+    _, messages, _ = read_mcap(fast)  # every CRC checked
+    assert len(messages) == stats.messages
 
 
 def test_a_damaged_segment_exports_the_same_file_both_ways(tmp_path: Path) -> None:

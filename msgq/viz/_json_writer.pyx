@@ -119,6 +119,223 @@ cdef inline uint64_t load64(const uint8_t *p) noexcept nogil:
     return v
 
 
+# -- shortest round-trip digits of a double (Giulietti's Schubfach algorithm) -----------
+# The digits repr() and orjson write (both the shortest decimal that reads back as the
+# same double, the closest of them on a tie): about 20 times faster than
+# PyOS_double_to_string for 17-digit values, which float32 fields widen to. The table
+# g(k) = floor(10**-k * 2**-r) + 1, r = flog2pow10(-k) - 125, is made once at import.
+
+cdef extern from *:
+    """
+    typedef unsigned __int128 msgq_u128;
+    static inline unsigned long long msgq_mul_high(unsigned long long a,
+                                                   unsigned long long b) {
+        return (unsigned long long)(((msgq_u128)a * b) >> 64);
+    }
+    """
+    uint64_t mul_high "msgq_mul_high"(uint64_t a, uint64_t b) noexcept nogil
+
+cdef enum:
+    K_MIN = -324
+    K_MAX = 292
+    Q_MIN = -1074
+
+cdef uint64_t G1[K_MAX - K_MIN + 1]
+cdef uint64_t G0[K_MAX - K_MIN + 1]
+cdef uint64_t MASK_63 = (<uint64_t>1 << 63) - 1
+cdef uint64_t C_MIN = <uint64_t>1 << 52
+
+
+cdef inline int64_t flog10pow2(int64_t e) noexcept nogil:
+    return (e * <int64_t>661971961083) >> 41
+
+
+cdef inline int64_t flog10three_quarters_pow2(int64_t e) noexcept nogil:
+    return (e * <int64_t>661971961083 - <int64_t>274743187321) >> 41
+
+
+cdef inline int64_t flog2pow10(int64_t e) noexcept nogil:
+    return (e * <int64_t>913124641741) >> 38
+
+
+def _fill_g_table() -> None:
+    cdef object k, r, scaled, g
+    for k in range(int(K_MIN), int(K_MAX) + 1):
+        r = ((-k * 913124641741) >> 38) - 125
+        if k <= 0:
+            scaled = (10 ** -k << -r) if r <= 0 else (10 ** -k >> r)
+        else:
+            scaled = (1 << -r) // 10 ** k
+        g = scaled + 1
+        G1[<int>k - K_MIN] = <uint64_t>(g >> 63)
+        G0[<int>k - K_MIN] = <uint64_t>(g & ((1 << 63) - 1))
+
+
+_fill_g_table()
+
+
+cdef inline uint64_t rop(uint64_t g1, uint64_t g0, uint64_t cp) noexcept nogil:
+    cdef uint64_t x1 = mul_high(g0, cp)
+    cdef uint64_t y0 = g1 * cp
+    cdef uint64_t y1 = mul_high(g1, cp)
+    cdef uint64_t z = (y0 >> 1) + x1
+    cdef uint64_t vbp = y1 + (z >> 63)
+    return vbp | (((z & MASK_63) + MASK_63) >> 63)
+
+
+cdef inline int shortest(uint64_t c, int q, uint64_t *digits, int *exponent) noexcept nogil:
+    """The shortest decimal ``digits`` * 10**``exponent`` of the normal double c * 2**q
+    (c with its hidden bit)."""
+    cdef uint64_t out = c & 1
+    cdef uint64_t cb = c << 2
+    cdef uint64_t cbr = cb + 2
+    cdef uint64_t cbl, vb, vbl, vbr, s, t, sp10, tp10, g1, g0
+    cdef int64_t k, h
+    cdef bint upin, wpin, uin, win
+    cdef int64_t cmp
+    if c != C_MIN or q == Q_MIN:
+        cbl = cb - 2
+        k = flog10pow2(q)
+    else:
+        cbl = cb - 1
+        k = flog10three_quarters_pow2(q)
+    h = q + flog2pow10(-k) + 2
+    g1 = G1[k - K_MIN]
+    g0 = G0[k - K_MIN]
+    vb = rop(g1, g0, cb << h)
+    vbl = rop(g1, g0, cbl << h)
+    vbr = rop(g1, g0, cbr << h)
+    s = vb >> 2
+    if s >= 100:
+        sp10 = 10 * mul_high(s, (<uint64_t>115292150460684698) << 4)
+        tp10 = sp10 + 10
+        upin = vbl + out <= sp10 << 2
+        wpin = (tp10 << 2) + out <= vbr
+        if upin != wpin:
+            digits[0] = sp10 if upin else tp10
+            exponent[0] = <int>k
+            return 0
+    t = s + 1
+    uin = vbl + out <= s << 2
+    win = (t << 2) + out <= vbr
+    if uin != win:
+        digits[0] = s if uin else t
+        exponent[0] = <int>k
+        return 0
+    cmp = <int64_t>vb - <int64_t>((s + t) << 1)
+    digits[0] = s if (cmp < 0 or (cmp == 0 and (s & 1) == 0)) else t
+    exponent[0] = <int>k
+    return 0
+
+
+cdef int format_double(double d, bint orjson_style, char *out) noexcept nogil:
+    """A finite double as repr() (``orjson_style`` false) or orjson writes it, into
+    ``out`` (at least 32 bytes); returns the length, or -1 for a value left to
+    PyOS_double_to_string (subnormals)."""
+    cdef uint64_t bits, c, f
+    cdef int biased, q, e, n = 0, decpt, i, at = 0, x
+    cdef char buf[24]
+    memcpy(&bits, &d, 8)
+    biased = <int>((bits >> 52) & 0x7FF)
+    c = bits & ((<uint64_t>1 << 52) - 1)
+    if bits >> 63:
+        out[at] = b'-'
+        at += 1
+    if biased == 0:
+        if c != 0:
+            return -1  # subnormal: rare, and repr's shortest has its own rules there
+        memcpy(out + at, b"0.0", 3)
+        return at + 3
+    c |= C_MIN
+    q = biased - 1075
+    if -52 <= q < 0 and (c >> (-q)) << (-q) == c:
+        f = c >> (-q)  # an integer below 2**53: its own digits are the shortest
+        e = 0
+    else:
+        shortest(c, q, &f, &e)
+    while f % 10 == 0:
+        f //= 10
+        e += 1
+    while f:
+        buf[n] = <char>(48 + f % 10)
+        f //= 10
+        n += 1
+    # buf holds the n digits backwards; the value is 0.DIGITS * 10**decpt
+    decpt = n + e
+    if (decpt > 16) or (decpt <= (-5 if orjson_style else -4)):
+        out[at] = buf[n - 1]
+        at += 1
+        if n > 1:
+            out[at] = b'.'
+            at += 1
+            for i in range(n - 2, -1, -1):
+                out[at] = buf[i]
+                at += 1
+        out[at] = b'e'
+        at += 1
+        x = decpt - 1
+        if x < 0:
+            out[at] = b'-'
+            at += 1
+            x = -x
+        elif not orjson_style:
+            out[at] = b'+'
+            at += 1
+        if x >= 100:
+            out[at] = <char>(48 + x // 100)
+            at += 1
+            x %= 100
+            out[at] = <char>(48 + x // 10)
+            out[at + 1] = <char>(48 + x % 10)
+            at += 2
+        elif x >= 10 or not orjson_style:
+            out[at] = <char>(48 + x // 10)
+            out[at + 1] = <char>(48 + x % 10)
+            at += 2
+        else:
+            out[at] = <char>(48 + x)
+            at += 1
+        return at
+    if decpt <= 0:
+        out[at] = b'0'
+        out[at + 1] = b'.'
+        at += 2
+        for i in range(-decpt):
+            out[at] = b'0'
+            at += 1
+        for i in range(n - 1, -1, -1):
+            out[at] = buf[i]
+            at += 1
+        return at
+    for i in range(n):
+        if i == decpt:
+            out[at] = b'.'
+            at += 1
+        out[at] = buf[n - 1 - i]
+        at += 1
+    if decpt >= n:
+        for i in range(decpt - n):
+            out[at] = b'0'
+            at += 1
+        out[at] = b'.'
+        out[at + 1] = b'0'
+        at += 2
+    return at
+
+
+def double_text(double value, bint orjson_style=False) -> bytes:
+    """``value`` (finite) as the writer writes it: repr()'s text, or orjson's (tests)."""
+    cdef char out[40]
+    cdef int n = format_double(value, orjson_style, out)
+    if n < 0:
+        text = repr(value).encode()
+        if orjson_style:
+            import orjson
+            text = orjson.dumps(value)
+        return text
+    return out[:n]
+
+
 cdef class JType:
     """A compiled value type: its kind and what it needs (enum names, list element,
     struct)."""
@@ -295,6 +512,12 @@ cdef class _Writer:
             if d > 0:
                 return self.put(b'"Infinity"', 10)
             return self.put(b'"-Infinity"', 11)
+        if self.len + 40 > self.cap:
+            self.reserve(40)
+        n = format_double(d, self.orjson_style, self.out + self.len)
+        if n >= 0:
+            self.len += n
+            return 0
         text = PyOS_double_to_string(d, b'r', 0, Py_DTSF_ADD_DOT_0, NULL)
         try:
             n = strlen(text)

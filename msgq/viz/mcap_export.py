@@ -25,6 +25,7 @@ Metadata records (``Metadata`` in the MCAP file):
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import multiprocessing
 import os
@@ -79,6 +80,7 @@ class ExportStats:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+@functools.cache  # importlib.metadata reads the installed packages: ~50 ms a call
 def _msgq_version() -> str:
     for name in ("msgq-shm", "msgq"):
         try:
@@ -466,26 +468,124 @@ def _write(tmp: str, paths: list[str], sources: list[str], wanted: list[str] | N
         events = serial()
     try:
         _write_messages(tmp, events, schema, converter, stats, chunk_size, progress,
-                        results, sources, paths, Writer, CompressionType)
+                        results, sources, paths, Writer, CompressionType, compiled)
     finally:
         if spool_dir is not None:
             shutil.rmtree(spool_dir, ignore_errors=True)
+
+
+_MESSAGE_HEAD = struct.Struct("<BQHIQQ")  # opcode, record length, channel, sequence, times
+
+
+class _MessageBatcher:
+    """Messages added to an ``mcap`` Writer a batch at a time: the same records, chunks,
+    indexes and statistics as its ``add_message`` called once per message (the file is
+    the same byte for byte), without the per-message Message object, struct packs and
+    BytesIO writes that cost ~15 us each. Works on the Writer's own chunk builder and
+    statistics (mcap 1.x's private attributes, checked when made): :meth:`flush` before
+    anything else is written (a new channel, metadata, finish)."""
+
+    LIMIT = 2048  # messages held before they are written
+
+    def __init__(self, writer: Any, chunk_size: int) -> None:
+        self.writer = writer
+        self.builder = writer._Writer__chunk_builder
+        self.statistics = writer._Writer__statistics
+        self.finalize_chunk = writer._Writer__finalize_chunk
+        self.chunk_size = chunk_size
+        self.channels: list[int] = []
+        self.sequences: list[int] = []
+        self.times: list[int] = []
+        self.texts: list[bytes] = []
+        self.held = 0  # bytes of the texts held
+        from mcap.records import MessageIndex
+
+        self.message_index = MessageIndex
+
+    def add(self, channel_id: int, sequence: int, log_time: int, data: bytes) -> None:
+        """One message (publish time = log time), written at the next :meth:`flush`."""
+        self.channels.append(channel_id)
+        self.sequences.append(sequence)
+        self.times.append(log_time)
+        self.texts.append(data)
+        self.held += len(data)
+        if self.held >= self.chunk_size or len(self.texts) >= self.LIMIT:
+            self.flush()  # memory: at most a chunk's worth held
+
+    def flush(self) -> None:
+        """Writes the messages held, as add_message would have one by one."""
+        channels, sequences, times, texts = self.channels, self.sequences, self.times, \
+            self.texts
+        if not texts:
+            return
+        self.channels, self.sequences, self.times, self.texts = [], [], [], []
+        self.held = 0
+        statistics = self.statistics
+        if statistics.message_count == 0:
+            statistics.message_start_time = min(times)
+        else:
+            statistics.message_start_time = min(statistics.message_start_time, min(times))
+        statistics.message_end_time = max(statistics.message_end_time, max(times))
+        counts = statistics.channel_message_counts
+        for channel in channels:
+            counts[channel] += 1
+        statistics.message_count += len(texts)
+        builder = self.builder
+        pack = _MESSAGE_HEAD.pack
+        n = len(texts)
+        i = 0
+        while i < n:
+            buffer = builder.record_writer._buffer
+            at = buffer.tell()
+            parts = []
+            indices = builder.message_indices
+            j = i
+            full = False
+            while j < n:
+                data = texts[j]
+                channel, log_time = channels[j], times[j]
+                index = indices.get(channel)
+                if not index:
+                    index = indices[channel] = self.message_index(channel_id=channel,
+                                                                  records=[])
+                index.records.append((log_time, at))
+                parts.append(pack(5, 22 + len(data), channel, sequences[j], log_time,
+                                  log_time))
+                parts.append(data)
+                at += 31 + len(data)
+                j += 1
+                if at > self.chunk_size:
+                    full = True
+                    break
+            buffer.write(b"".join(parts))
+            if builder.num_messages == 0:
+                builder.message_start_time = min(times[i:j])
+            else:
+                builder.message_start_time = min(builder.message_start_time, min(times[i:j]))
+            builder.message_end_time = max(builder.message_end_time, max(times[i:j]))
+            builder.num_messages += j - i
+            if full:
+                self.finalize_chunk()
+            i = j
 
 
 def _write_messages(tmp: str, events: Iterator[tuple[str, int, bytes, int]], schema: Schema,
                     converter: Any, stats: ExportStats, chunk_size: int,
                     progress: Callable[[int], None] | None, results: list[_SegmentResult],
                     sources: list[str], paths: list[str], writer_class: Any,
-                    compression: Any) -> None:
+                    compression: Any, compiled: bool = True) -> None:
     with open(tmp, "wb") as stream:
         writer = writer_class(stream, chunk_size=chunk_size, compression=compression.ZSTD)
         writer.start(profile="", library=f"msgq {_msgq_version()} (mcap)")
+        batcher = _MessageBatcher(writer, chunk_size) if compiled else None
         channels: dict[str, int] = {}
         sequences: dict[str, int] = {}
         log_start: dict[str, Any] | None = None
         has_log_start = "logStart" in schema.union_fields
 
         def channel_of(service: str) -> int:
+            if batcher is not None:
+                batcher.flush()  # the channel record goes after the messages before it
             schema_id = writer.register_schema(
                 name=converter.schema_name(service), encoding="jsonschema",
                 data=json.dumps(converter.json_schema(service)).encode())
@@ -508,8 +608,11 @@ def _write_messages(tmp: str, events: Iterator[tuple[str, int, bytes, int]], sch
                 channel_id = channel_of(service)
             sequence = sequences[service]
             sequences[service] = sequence + 1
-            add(channel_id=channel_id, log_time=mono, data=data, publish_time=mono,
-                sequence=sequence & 0xFFFFFFFF)
+            if batcher is not None:
+                batcher.add(channel_id, sequence & 0xFFFFFFFF, mono, data)
+            else:
+                add(channel_id=channel_id, log_time=mono, data=data, publish_time=mono,
+                    sequence=sequence & 0xFFFFFFFF)
             if has_log_start and log_start is None and service == "logStart":
                 log_start = json.loads(data).get("logStart")
             stats.messages += 1
@@ -520,6 +623,8 @@ def _write_messages(tmp: str, events: Iterator[tuple[str, int, bytes, int]], sch
             stats.bytes_in += size
             if progress is not None:
                 progress(size)
+        if batcher is not None:
+            batcher.flush()
         stats.first_mono_ns, stats.last_mono_ns = first, last
         stats.counts = dict(sequences)
         for result in results:
