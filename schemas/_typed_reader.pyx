@@ -640,7 +640,11 @@ cdef class StructView(_PycapnpBacked):
             value = self._read(<Field>field, name)
             if value is not FALLBACK:
                 return value
-        return getattr(self._pycapnp(), name)
+        reader = self._pycapnp()
+        try:
+            return getattr(reader, name)
+        except AttributeError as e:
+            raise _unknown_field(reader, name, self.name, e) from None
 
     cdef object _read(self, Field field, object name):
         cdef int kind = field.kind
@@ -685,6 +689,20 @@ cdef class StructView(_PycapnpBacked):
         view.s = s[0]
         return view
 
+
+
+cdef object _unknown_field(object reader, object name, object label, object error):
+    """``error`` (pycapnp's AttributeError for ``name`` on ``reader``) in one line naming
+    the struct, the closest field and its fields, when ``name`` is not a field there."""
+    if not isinstance(name, str) or name.startswith("__") or \
+            "no such member" not in str(error) and "has no field" not in str(error):
+        return error
+    from msgq.schemas.field_errors import unknown_field_error
+    try:
+        return unknown_field_error(reader.schema, name, label if isinstance(label, str)
+                                   else None)
+    except Exception:  # a reader without a schema to name: pycapnp's error as it is
+        return error
 
 
 @cython.no_gc  # as _PycapnpBacked

@@ -49,7 +49,16 @@ def new_message(service: str | None = None, size: int | None = None,
     if kwargs:
         kwargs.setdefault("logMonoTime", clock.monotonic_ns())
         kwargs.setdefault("valid", False)
-        msg = schema.event.new_message(**kwargs)
+        try:
+            msg = schema.event.new_message(**kwargs)
+        except Exception:
+            unknown = [name for name in kwargs if name not in schema.event.schema.fields]
+            if unknown:  # pycapnp's error names no struct; this one does
+                # imports pycapnp's error type: loaded on this error path only
+                from msgq.schemas.field_errors import unknown_field_error
+
+                raise unknown_field_error(schema.event.schema, unknown[0]) from None
+            raise
     else:  # the common call, without pycapnp's keyword loop (1 us of a 100 Hz tick's 3)
         msg = schema.event.new_message()
         msg.logMonoTime = clock.monotonic_ns()

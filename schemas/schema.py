@@ -87,7 +87,16 @@ def _capnp() -> Any:
     import capnp  # loaded on first use: importing msgq stays cheap (about 30 ms saved)
 
     capnp.remove_import_hook()
+    from msgq.schemas import field_errors  # imports pycapnp: loaded with it
+
+    field_errors.install(_loaded_roots)  # misspelled fields said in one line
     return capnp
+
+
+def _loaded_roots() -> list[Any]:
+    """The root structs of the schemas this process loaded (what a misspelled field of a
+    pycapnp reader or builder is looked up in)."""
+    return [schema.event.schema for schema in list(_loaded.values())]
 
 
 def schema_fingerprint(path: str) -> str:
