@@ -7,8 +7,9 @@ messages of each service were sent (then prints ``sent N`` and exits 0). Message
 a service carries ``i`` where the test can read it back:
 
 - default: a cereal-style Event (``valid=True``) with ``--value FIELD`` (of the service's
-  struct) set to ``float(i)`` and ``--text FIELD=TEXT`` set as given, where the service
-  has that field;
+  struct) set to ``float(i)`` (``(OFFSET + i) * SCALE`` with ``--value-offset`` /
+  ``--value-scale``: a restarted publisher's values told apart from the first one's) and
+  ``--text FIELD=TEXT`` set as given, where the service has that field;
 - ``--sequenced``: :func:`msgq.bench.logs.sequenced_message` (a log test reads ``i`` back
   with ``sequence_number``), through a plain socket; services outside the benchmark's
   set get an empty message.
@@ -28,6 +29,9 @@ def _args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("rates", nargs="+", metavar="SERVICE=HZ")
     parser.add_argument("--count", type=int, default=0, help="stop after N of each (0: never)")
     parser.add_argument("--value", default="", help="field set to the message number")
+    parser.add_argument("--value-offset", type=int, default=0, metavar="OFFSET",
+                        help="message i's value is (OFFSET + i) * SCALE")
+    parser.add_argument("--value-scale", type=float, default=1.0, metavar="SCALE")
     parser.add_argument("--text", action="append", default=[], metavar="FIELD=TEXT")
     parser.add_argument("--sequenced", action="store_true")
     return parser.parse_args(argv)
@@ -59,7 +63,7 @@ def main(argv: list[str]) -> int:
             body: Any = getattr(msg, name)
             fields = set(body.schema.fieldnames) if hasattr(body, "schema") else set()
             if args.value in fields:
-                setattr(body, args.value, float(i))
+                setattr(body, args.value, (args.value_offset + i) * args.value_scale)
             for field, text in texts.items():
                 if field in fields:
                     setattr(body, field, text)

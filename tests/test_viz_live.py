@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import start_publisher as start_rate_publisher
 from schema_profiles import ROBOT_SCHEMA, ROBOT_SERVICES
 from test_viz_export import validate
 
@@ -32,41 +33,17 @@ PYTHON = sys.executable
 
 # --- publishers in other processes ------------------------------------------------------------
 
-PUBLISHER = textwrap.dedent("""
-    import sys, time
-    from msgq.messaging import PubMaster, new_message
-    service, field, rate, seconds, offset = sys.argv[1], sys.argv[2], float(sys.argv[3]), \\
-        float(sys.argv[4]), int(sys.argv[5])
-    pm = PubMaster([service])
-    start = time.monotonic()
-    n = 0
-    while time.monotonic() - start < seconds:
-        msg = new_message(service, valid=True)
-        setattr(getattr(msg, service), field, (offset + n) * 0.5)
-        pm.send(service, msg)
-        n += 1
-        if rate:
-            time.sleep(max(0.0, start + n / rate - time.monotonic()))
-    print(n, n / (time.monotonic() - start), flush=True)
-""")
-
 # msgq's schema: vehicleState.speed; the robot schema: armState.speedLimit (both floats
 # that hold n * 0.5 exactly).
 PROFILE = {"msgq": ("vehicleState", "speed"), "robot": ("armState", "speedLimit")}
 
 
-def start_publisher(service: str, field: str, rate: float, seconds: float,
-                    offset: int = 0) -> subprocess.Popen[str]:
-    return subprocess.Popen([PYTHON, "-c", PUBLISHER, service, field, str(rate),
-                             str(seconds), str(offset)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO)
-
-
-def finish(process: subprocess.Popen[str]) -> tuple[int, float]:
-    out, err = process.communicate(timeout=60)
-    assert process.returncode == 0, err
-    n, rate = out.split()
-    return int(n), float(rate)
+def start_publisher(service: str, field: str, rate: float, offset: int = 0
+                    ) -> subprocess.Popen[str]:
+    """tests/rate_publisher.py sending ``service`` at ``rate`` with ``field`` of message n
+    set to (offset + n) * 0.5, once its socket exists; the caller kills it."""
+    return start_rate_publisher({service: rate}, "--value", field, "--value-scale", "0.5",
+                                "--value-offset", str(offset))
 
 
 def profile_name(schema: Schema) -> str:
@@ -81,7 +58,7 @@ def test_channels_values_rates_and_health(schema_profile: Schema) -> None:
     from msgq.viz.live import HEALTH_TOPIC, LiveServer
 
     service, field = PROFILE[profile_name(schema_profile)]
-    publisher = start_publisher(service, field, 100.0, 4.0)
+    publisher = start_publisher(service, field, 100.0)
     server = LiveServer([service], port=0, max_rate=20.0, health_rate=5.0).start()
     client = FoxgloveClient(server.port)
     try:
@@ -242,7 +219,7 @@ def test_a_stalled_viewer_slows_neither_the_publisher_nor_other_viewers(robot: S
 def test_survives_a_viewer_leaving_and_a_publisher_restarting() -> None:
     from msgq.viz.live import HEALTH_TOPIC, LiveServer
 
-    first = start_publisher("vehicleState", "speed", 100.0, 20.0, offset=0)
+    first = start_publisher("vehicleState", "speed", 100.0)
     server = LiveServer(["vehicleState"], port=0, max_rate=50.0, health_rate=10.0).start()
     second = None
     try:
@@ -253,7 +230,7 @@ def test_survives_a_viewer_leaving_and_a_publisher_restarting() -> None:
         leaving.sock.close()  # gone without a close frame, mid-stream
         first.kill()
         first.wait()
-        second = start_publisher("vehicleState", "speed", 100.0, 20.0, offset=100_000)
+        second = start_publisher("vehicleState", "speed", 100.0, offset=100_000)
         viewer = FoxgloveClient(server.port)
         viewer.subscribe("/vehicleState", HEALTH_TOPIC)
         restarted: list[float] = []
