@@ -345,6 +345,12 @@ class Schema:
                 f"{len(unknown)} services of the registry are not members of {root}'s "
                 f"union in {path} ({shown}): is it the registry of another schema?")
         fields = self.event.schema.fields
+        #: The root's logMonoTime and valid fields and its union members' fields:
+        #: new_message sets them with pycapnp's *_by_field calls, without its lookup by
+        #: name (a search through the schema's own text, cold in a 100 Hz tick).
+        self.mono_field = fields["logMonoTime"]
+        self.valid_field = fields["valid"]
+        self.member_fields: dict[str, Any] = {name: fields[name] for name in self.union_fields}
         # Union members initialised with a length (lists, text, data) rather than as structs.
         self.sized_fields = frozenset(
             name for name in self.union_fields
