@@ -6,6 +6,7 @@ leaves what it does not follow to the old path)."""
 
 from __future__ import annotations
 
+import math
 import random
 import struct
 from pathlib import Path
@@ -138,6 +139,21 @@ def test_floats_are_written_as_the_encoder_in_use_writes_them() -> None:
     for message, text in zip(messages, texts, strict=True):
         assert text == old_text(schema, message)
     assert b"e+" in texts[0] and b"e+" not in texts[1]  # the stdlib's text, then orjson's
+
+
+def test_shortest_digits_of_a_hundred_thousand_doubles() -> None:
+    """The C float text against repr() and orjson themselves: random bit patterns (every
+    exponent, subnormals), float32 values widened, integers near 2**53, powers of ten."""
+    orjson = pytest.importorskip("orjson")
+    rng = random.Random(3)
+    values = [_double(rng) for _ in range(60_000)]
+    values += [struct.unpack("<f", rng.randbytes(4))[0] for _ in range(30_000)]
+    values += [float(2**53 - rng.randrange(10**6)) for _ in range(5_000)]
+    values += [10.0 ** e for e in range(-320, 309)] + [5e-324, 2.2250738585072014e-308]
+    values = [v for v in values if math.isfinite(v)]
+    for value in values:
+        assert native.double_text(value) == repr(value).encode(), value
+        assert native.double_text(value, True) == orjson.dumps(value), value
 
 
 def test_a_message_of_another_service_than_the_scanner_said_falls_back() -> None:

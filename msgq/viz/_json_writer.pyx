@@ -87,6 +87,9 @@ cdef enum:
 
 cdef const char *B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 cdef const char *HEX = b"0123456789abcdef"
+cdef const char *PAIRS = (b"00010203040506070809101112131415161718192021222324252627282930313233"
+                          b"34353637383940414243444546474849505152535455565758596061626364656667"
+                          b"6869707172737475767778798081828384858687888990919293949596979899")
 
 
 cdef inline int element_size(int kind) noexcept:
@@ -233,6 +236,7 @@ cdef int format_double(double d, bint orjson_style, char *out) noexcept nogil:
     ``out`` (at least 32 bytes); returns the length, or -1 for a value left to
     PyOS_double_to_string (subnormals)."""
     cdef uint64_t bits, c, f
+    cdef uint32_t low, pair
     cdef int biased, q, e, n = 0, decpt, i, at = 0, x
     cdef char buf[24]
     memcpy(&bits, &d, 8)
@@ -256,9 +260,29 @@ cdef int format_double(double d, bint orjson_style, char *out) noexcept nogil:
     while f % 10 == 0:
         f //= 10
         e += 1
-    while f:
-        buf[n] = <char>(48 + f % 10)
-        f //= 10
+    # the digits, least significant first, two at a time (in 32-bit pieces of 8)
+    while f >= 100000000:
+        low = <uint32_t>(f % 100000000)
+        f //= 100000000
+        for i in range(4):
+            pair = 2 * (low % 100)
+            low //= 100
+            buf[n] = PAIRS[pair + 1]
+            buf[n + 1] = PAIRS[pair]
+            n += 2
+    low = <uint32_t>f
+    while low >= 100:
+        pair = 2 * (low % 100)
+        low //= 100
+        buf[n] = PAIRS[pair + 1]
+        buf[n + 1] = PAIRS[pair]
+        n += 2
+    if low >= 10:
+        buf[n] = PAIRS[2 * low + 1]
+        buf[n + 1] = PAIRS[2 * low]
+        n += 2
+    elif low:
+        buf[n] = <char>(48 + low)
         n += 1
     # buf holds the n digits backwards; the value is 0.DIGITS * 10**decpt
     decpt = n + e
