@@ -19,7 +19,9 @@ damaged, partial or mismatched archive is not an error: the JVM checks it (CRCs
 included) when it starts and runs without it (its CDS messages are turned off).
 Archives and their folder are used only when they belong to this user and nobody else
 may write them: the archive holds code the JVM runs. ``MSGQ_SPARK_CLASS_CACHE=0`` turns
-the cache off.
+the cache off; ``MSGQ_SPARK_CLASS_CACHE=read`` maps an archive that is there but never
+writes one (the demo of ``./run.sh``: on a fresh machine writing it would add more to
+that run than it saves).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from importlib import metadata
 from msgq.queues import process_alive
 
 __all__ = ["archive_path", "cache_folder", "enabled", "jvm_flags", "record_writer",
-           "spark_home", "wait_for_archive", "writes_archive"]
+           "spark_home", "wait_for_archive", "writes_archive", "writes_missing"]
 
 #: A ``.writing`` marker older than this is left over from a run that died: ignored.
 WRITE_TIMEOUT_S = 120.0
@@ -50,6 +52,12 @@ _VERIFY = "-XX:+VerifySharedSpaces"
 def enabled() -> bool:
     """Whether the archive is used (``MSGQ_SPARK_CLASS_CACHE`` is not 0)."""
     return os.environ.get("MSGQ_SPARK_CLASS_CACHE", "1").strip() not in ("0", "false", "no")
+
+
+def writes_missing() -> bool:
+    """Whether a missing archive is written at the JVM's exit (``MSGQ_SPARK_CLASS_CACHE``
+    is not ``read``)."""
+    return os.environ.get("MSGQ_SPARK_CLASS_CACHE", "1").strip() != "read"
 
 
 def cache_folder() -> str:
@@ -92,9 +100,10 @@ def _fresh(path: str) -> bool:
 
 def jvm_flags(java: str, java_version: str) -> list[str]:
     """The JVM flags of a driver about to start: map the archive when there is one; else
-    write it at exit. No flags while another run writes it, when the cache is off, or
-    when its folder cannot be written. A file there that does not even start like an
-    archive (garbage, or the start of one whose writer was killed) is written again."""
+    write it at exit (unless :func:`writes_missing` says not). No flags while another run
+    writes it, when the cache is off, or when its folder cannot be written. A file there
+    that does not even start like an archive (garbage, or the start of one whose writer
+    was killed) is written again."""
     if not enabled():
         return []
     path = archive_path(java, java_version)
@@ -111,6 +120,8 @@ def jvm_flags(java: str, java_version: str) -> list[str]:
             return [f"-XX:SharedArchiveFile={path}", _VERIFY, _QUIET]
         _remove(path)
     elif _fresh(marker):
+        return []
+    if not writes_missing():
         return []
     try:
         os.makedirs(cache_folder(), mode=0o700, exist_ok=True)

@@ -1,0 +1,47 @@
+"""What ``./run.sh`` does on a fresh machine, in the parts that can be checked quickly: the
+demo's Spark statistics never write the driver's class archive (the first run would wait
+for its JVM to dump it), and scripts/ensure_env.sh installs the run profile's
+dependencies from pyproject.toml, no more (no test extra)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from msgq.demo import pipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+JAVA = "/opt/java/bin/java"
+VERSION = 'openjdk version "17.0.1"\n'
+
+
+def test_the_demos_logstats_maps_the_class_archive_but_never_writes_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MSGQ_SPARK_CLASS_CACHE", raising=False)
+    assert pipeline._logstats_env()["MSGQ_SPARK_CLASS_CACHE"] == "read"
+    monkeypatch.setenv("MSGQ_SPARK_CLASS_CACHE", "0")  # the user's choice stands
+    assert pipeline._logstats_env()["MSGQ_SPARK_CLASS_CACHE"] == "0"
+
+
+def test_read_mode_maps_an_archive_that_is_there_and_writes_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pyspark")
+    from msgq.spark import class_cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("MSGQ_SPARK_CLASS_CACHE", "read")
+    path = class_cache.archive_path(JAVA, VERSION)
+    assert class_cache.enabled() and not class_cache.writes_missing()
+    assert class_cache.jvm_flags(JAVA, VERSION) == []
+    assert not os.path.exists(path + ".writing")  # no marker: nobody is writing it
+    os.makedirs(os.path.dirname(path), mode=0o700)
+    Path(path).write_bytes((0xF00BABA8).to_bytes(4, sys.byteorder) + b"the rest")
+    assert class_cache.jvm_flags(JAVA, VERSION) == [
+        f"-XX:SharedArchiveFile={path}", "-XX:+VerifySharedSpaces", "-Xlog:cds*=off"]
+    monkeypatch.setenv("MSGQ_SPARK_CLASS_CACHE", "1")
+    os.remove(path)
+    assert class_cache.writes_missing()
+    assert class_cache.jvm_flags(JAVA, VERSION)[0] == f"-XX:ArchiveClassesAtExit={path}"
