@@ -517,8 +517,11 @@ def pack_segments(files: list[SegmentPartition], parallelism: int = 0,
                   max_bytes: int = MAX_TASK_BYTES) -> list[PackedPartition]:
     """Whole segment files packed into tasks by size, in reading order: about the total
     over ``parallelism`` (default :data:`DEFAULT_PARALLELISM`) bytes a task, between
-    :data:`MIN_TASK_BYTES` and ``max_bytes``: thousands of small route segments become a
-    few tasks per core, a few huge files one task each. A file that cannot be sized
+    :data:`MIN_TASK_BYTES` and about ``max_bytes``: thousands of small route segments
+    become a few tasks per core, a few huge files one task each. The tasks are of even
+    size: a file goes to the task its middle byte falls in when the files' bytes are cut
+    into equal shares (a greedy fill leaves a small last task, which on a session of N
+    cores made N + 1 tasks: two rounds for the time of one). A file that cannot be sized
     counts as empty."""
     if not files:
         return []
@@ -528,17 +531,23 @@ def pack_segments(files: list[SegmentPartition], parallelism: int = 0,
             sizes.append(os.path.getsize(f.path))
         except OSError:
             sizes.append(0)
+    total = sum(sizes)
     tasks = parallelism if parallelism > 0 else DEFAULT_PARALLELISM
-    target = min(max_bytes, max(MIN_TASK_BYTES, -(-sum(sizes) // tasks)))
+    target = min(max_bytes, max(MIN_TASK_BYTES, -(-total // tasks)))
+    shares = max(1, -(-total // target))
+    share = total / shares if total else 1.0
     packed: list[PackedPartition] = []
     current: list[SegmentPartition] = []
-    current_bytes = 0
+    current_task = 0
+    done = 0
     for f, size in zip(files, sizes, strict=True):
-        if current and current_bytes + size > target:
+        task = min(shares - 1, int((done + size / 2) // share))
+        if current and task != current_task:
             packed.append(PackedPartition(current))
-            current, current_bytes = [], 0
+            current = []
+        current_task = task
         current.append(f)
-        current_bytes += size
+        done += size
     packed.append(PackedPartition(current))
     return packed
 
@@ -651,8 +660,7 @@ class MsgqLogReader(DataSourceReader):
             files = partition.files
         else:  # no files: Spark's empty partition
             return iter(())
-        return (batch for f in files for batch in
-                _SegmentRead(self.options, self.schema, f.path, f.segment).batches())
+        return _task_batches(self.options, self.schema, files)
 
 
 class MsgqLogPushdownReader(MsgqLogReader):
@@ -736,89 +744,244 @@ class _FailOnProblemError(RuntimeError):
     """Damage found while reading with ``problems=fail``."""
 
 
-class _SegmentRead:
-    """Reading one segment into Arrow record batches of the source's schema: from its
-    local ``path``, or from ``content`` (the file's bytes, loaded by Spark's binaryFile
-    source: :mod:`msgq.spark.hadoop`), ``path`` then being its URI, for the ``file`` column.
+class _Column:
+    """One nullable column of a batch being built, in parts: numpy arrays (with a null
+    mask) for the runs of events a scanner batch gives, Python lists for rows added one
+    by one (events the scanner leaves to pycapnp, problem rows)."""
 
-    Rows are gathered column by column; a typed column holds only the values of its
-    own service (with their row numbers), placed at those rows when the batch is made
-    (a list of Nones filled in: measured as fast as spreading them with Arrow's ``take``),
-    so unrelated services cost nothing per event.
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[Any] = []
+
+    def extend(self, values: Any, mask: Any = None) -> None:
+        self.parts.append((values, mask))
+
+    def append_list(self, values: list[Any]) -> None:
+        self.parts.append(values)
+
+    def arrow(self, pa: Any, kind: Any) -> Any:
+        # numpy arrays of the column's own type, converted without a type argument
+        # (Arrow's fast path)
+        arrays = [pa.array(part, type=kind) if type(part) is list else
+                  pa.array(part[0], mask=part[1]) for part in self.parts]
+        return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+
+class _Rows:
+    """The rows of one task (one or more segment files, read one after the other),
+    gathered column by column into Arrow record batches of the source's schema.
+
+    A run of events of a scanner batch adds numpy arrays (no Python object per event
+    unless a typed column or the ``data`` column needs its bytes: then they are
+    gathered by numpy, not sliced per event); ``file``, ``segment`` and ``route`` are
+    runs of one value per file, so the rows of many small files share a batch. A typed
+    column holds only the values of its own service (with their row numbers), placed at
+    those rows when the batch is made (a list of Nones filled in: measured as fast as
+    spreading them with Arrow's ``take``), so unrelated services cost nothing per event.
     """
 
-    def __init__(self, options: ReadOptions, schema: StructType, path: str,
-                 segment: int | None, content: bytes | None = None, *,
-                 stream_offset: int = 0, file_offset: int = 0) -> None:
+    def __init__(self, arrow_schema: Any, with_data: bool) -> None:
         # pyarrow: the optional spark extra, imported when Spark is used
         import pyarrow as pa
 
-        # pyspark: the optional spark extra, imported when Spark is used
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         self._pa = pa
-        self.options = options
-        if options.compact:  # rows are built as events, then packed (batches())
-            schema = output_schema(replace(options, compact=False))
-        self.path = path
-        self.segment = segment
-        self.route = route_name(path)
-        self.content = content
-        # where ``content`` starts in the segment (a stream's byte range): in the
-        # uncompressed stream (the offset column) and in the file
-        self._stream_offset = stream_offset
-        self._file_offset = file_offset
-        where = options.where
-        self._events_only = where is not None and where.events_only
-        self._event_test = where.event_test() if where is not None and where.checks_events \
-            else None
-        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        self.schema = options.schema
-        self.decoders = _decoders_for(options)
-
-        self._typed_types = [self.arrow_schema.field(i).type
-                             for i in range(len(BASE_COLUMNS), len(self.arrow_schema))]
+        self.arrow_schema = arrow_schema
+        self.types = [f.type for f in arrow_schema]
+        self.with_data = with_data
+        self._typed_types = self.types[len(BASE_COLUMNS):]
         self._reset()
 
-    # rows ------------------------------------------------------------------------
-
     def _reset(self) -> None:
-        self._offset: list[int | None] = []
-        self._mono: list[int | None] = []
-        self._service: list[str | None] = []
-        self._valid: list[bool | None] = []
-        self._size: list[int | None] = []
-        self._data: list[bytes | None] = []
-        self._problems: dict[int, str] = {}  # row -> problem
-        self._typed_rows: list[list[int]] = [[] for _ in self._typed_types]
-        self._typed_values: list[list[Any]] = [[] for _ in self._typed_types]
-        self._bytes = 0
+        self.count = 0
+        self.bytes = 0
+        self._runs: list[list[Any]] = []  # [(path, segment, route), rows]
+        self._offset = _Column()
+        self._mono = _Column()
+        self._service = _Column()  # codes into self._names; -1: null
+        self._names: dict[str, int] = {}
+        self._tables: dict[int, tuple[tuple[str, ...], Any]] = {}
+        self._valid = _Column()
+        self._size = _Column()
+        self._data: list[Any] = []  # (buffer, starts, lengths) or a list of bytes/None
+        # scanner runs (batch, offset base, [picked]) and lists of rows added one by one,
+        # made into columns at the flush
+        self._pending: list[Any] = []
+        self._tail: list[list[Any]] | None = None
+        self.problems: dict[int, str] = {}  # row -> problem
+        self.typed_rows: list[list[int]] = [[] for _ in self._typed_types]
+        self.typed_values: list[list[Any]] = [[] for _ in self._typed_types]
 
-    def _full(self) -> bool:
-        return len(self._offset) >= _BATCH_ROWS or self._bytes >= _BATCH_BYTES
+    def full(self) -> bool:
+        """Whether the batch has its rows (or bytes) and should be flushed."""
+        return self.count >= _BATCH_ROWS or self.bytes >= _BATCH_BYTES
 
-    def _flush(self) -> Any:
+    def _run(self, file: tuple[str, int | None, str | None], rows: int) -> None:
+        if self._runs and self._runs[-1][0] is file:
+            self._runs[-1][1] += rows
+        else:
+            self._runs.append([file, rows])
+        self.count += rows
+
+    def _code(self, name: str) -> int:
+        code = self._names.get(name)
+        if code is None:
+            code = self._names[name] = len(self._names)
+        return code
+
+    def add_row(self, file: tuple[str, int | None, str | None], offset: int | None,
+                mono: int | None, service: str | None, valid: bool | None,
+                data: bytes | None) -> int:
+        """Adds one row (an event, or a problem row: ``service`` None); returns its row
+        number in the batch."""
+        row = self.count
+        self._run(file, 1)
+        tail = self._tail_row()
+        tail[0].append(offset)
+        tail[1].append(mono)
+        tail[2].append(-1 if service is None else self._code(service))
+        tail[3].append(valid)
+        tail[4].append(None if data is None else len(data))
+        if self.with_data:
+            tail[5].append(data)
+            if data is not None:
+                self.bytes += len(data)
+        return row
+
+    def add_batch(self, file: tuple[str, int | None, str | None], batch: MessageBatch,
+                  picked: Any, base: int) -> None:
+        """Adds the messages ``picked`` (numpy indices) of a scanner batch, their offsets
+        shifted by ``base``. Their columns are made when the batch is flushed, adjacent
+        runs of one scanner batch as one (a reader commits its rows in small chunks)."""
+        self._run(file, len(picked))
+        self._tail = None
+        last = self._pending[-1] if self._pending else None
+        if last is not None and last[0] is batch and last[1] == base:
+            last[2].append(picked)
+        else:
+            self._pending.append((batch, base, [picked]))
+        if self.with_data:
+            self.bytes += int(batch.length[picked].sum())
+
+    def _tail_row(self) -> list[list[Any]]:
+        """The Python lists rows added one by one go to (a part of their own)."""
+        if self._tail is None:
+            self._tail = [[], [], [], [], [], []]
+            self._pending.append(self._tail)
+        return self._tail
+
+    def _columns(self) -> None:
+        """Makes the columns of the pending parts (scanner runs and lists of rows)."""
+        start = 0
+        for part in self._pending:
+            if type(part) is list:
+                offset, mono, service, valid, size, data = part
+                self._offset.append_list(offset)
+                self._mono.append_list(mono)
+                self._service.extend(np.array(service, np.int32))
+                self._valid.append_list(valid)
+                self._size.append_list(size)
+                if self.with_data:
+                    self._data.append(data)
+                start += len(offset)
+                continue
+            batch, base, pieces = part
+            picked = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+            at = batch.offset[picked]
+            monos = batch.mono_ns[picked]
+            self._offset.extend(at + (batch.stream_offset + base))
+            over = monos > np.uint64(_MAX_LONG)
+            if over.any():
+                self._mono.extend(monos.astype(np.int64), over)
+                for row in np.flatnonzero(over).tolist():
+                    # an undecodable typed value's problem, set before, stays
+                    self.problems.setdefault(
+                        start + row, f"out of range: logMonoTime {int(monos[row])} is over "
+                        "2^63-1")
+            else:
+                self._mono.extend(monos.astype(np.int64))
+            cached = self._tables.get(id(batch.services))
+            if cached is None or cached[0] is not batch.services:
+                cached = (batch.services, np.array([self._code(n) for n in batch.services],
+                                                   np.int32))
+                self._tables[id(batch.services)] = cached
+            self._service.extend(cached[1][batch.service[picked]])
+            self._valid.extend((batch.flags[picked] & VALID) != 0)
+            lengths = batch.length[picked]
+            self._size.extend(lengths.astype(np.int32))
+            if self.with_data:
+                self._data.append((batch.data, at, lengths))
+            start += len(picked)
+
+    def _data_column(self) -> Any:
         pa = self._pa
-        rows = len(self._offset)
-        types = [f.type for f in self.arrow_schema]
-        problems = [None] * rows
-        for row, problem in self._problems.items():
+        if not self.with_data:
+            return pa.nulls(self.count, type=self.types[7])
+        arrays = []
+        for part in self._data:
+            if type(part) is list:
+                arrays.append(pa.array(part, type=self.types[7]))
+                continue
+            buffer, starts, lengths = part
+            lengths = lengths.astype(np.int64)
+            offsets = np.zeros(len(lengths) + 1, np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            total = int(offsets[-1])
+            if total >= 1 << 31:
+                raise ValueError(f"{total} bytes of events in one batch: over Arrow's 2 GiB")
+            a = int(starts[0]) if len(starts) else 0
+            if np.array_equal(starts, offsets[:-1] + a):  # back to back: one slice
+                values = pa.py_buffer(memoryview(buffer)[a:a + total])
+            else:
+                gather = np.repeat(starts - offsets[:-1], lengths) + np.arange(total)
+                values = pa.py_buffer(np.frombuffer(buffer, np.uint8)[gather])
+            arrays.append(pa.Array.from_buffers(
+                self.types[7], len(lengths),
+                [None, pa.py_buffer(offsets.astype(np.int32)), values]))
+        return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+    def _service_column(self) -> Any:
+        pa = self._pa
+        codes = np.concatenate([np.asarray(p, np.int32) if type(p) is list else p[0]
+                                for p in self._service.parts])
+        names = pa.array(list(self._names), type=self.types[4])
+        null = codes < 0
+        return names.take(pa.array(codes, mask=null if null.any() else None))
+
+    def _file_columns(self) -> list[Any]:
+        pa = self._pa
+        files = [run[0] for run in self._runs]
+        if len(files) == 1:
+            path, segment, route = files[0]
+            return [pa.repeat(pa.scalar(value, type=self.types[i]), self.count)
+                    for i, value in ((0, path), (1, segment), (9, route))]
+        index = pa.array(np.repeat(np.arange(len(files), dtype=np.int32),
+                                   [run[1] for run in self._runs]))
+        return [pa.array([f[k] for f in files], type=self.types[i]).take(index)
+                for k, i in ((0, 0), (1, 1), (2, 9))]
+
+    def flush(self) -> Any:
+        """The rows gathered as one record batch; starts the next."""
+        pa = self._pa
+        rows = self.count
+        types = self.types
+        self._columns()
+        problems: list[str | None] = [None] * rows
+        for row, problem in self.problems.items():
             problems[row] = problem
+        path, segment, route = self._file_columns()
         arrays = [
-            # one value for every row: repeated by Arrow, not converted per row (the
-            # file's path was a quarter of a microsecond an event)
-            pa.repeat(pa.scalar(self.path, type=types[0]), rows),
-            pa.repeat(pa.scalar(self.segment, type=types[1]), rows),
-            pa.array(self._offset, type=types[2]),
-            pa.array(self._mono, type=types[3]),
-            pa.array(self._service, type=types[4]),
-            pa.array(self._valid, type=types[5]),
-            pa.array(self._size, type=types[6]),
-            pa.array(self._data, type=types[7]),
+            path, segment,
+            self._offset.arrow(pa, types[2]),
+            self._mono.arrow(pa, types[3]),
+            self._service_column(),
+            self._valid.arrow(pa, types[5]),
+            self._size.arrow(pa, types[6]),
+            self._data_column(),
             pa.array(problems, type=types[8]),
-            pa.repeat(pa.scalar(self.route, type=types[9]), rows),
+            route,
         ]
-        for kind, at, values in zip(self._typed_types, self._typed_rows, self._typed_values,
+        for kind, at, values in zip(self._typed_types, self.typed_rows, self.typed_values,
                                     strict=True):
             if not values:
                 arrays.append(pa.nulls(rows, type=kind))
@@ -830,6 +993,38 @@ class _SegmentRead:
         self._reset()
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
+
+class _SegmentRead:
+    """Reading one segment into Arrow record batches of the source's schema: from its
+    local ``path``, or from ``content`` (the file's bytes, loaded by Spark's binaryFile
+    source: :mod:`msgq.spark.hadoop`), ``path`` then being its URI, for the ``file`` column.
+    The rows go to ``rows`` (a :class:`_Rows` that the files of a task share, flushed by
+    the caller after the last: :func:`_task_batches`), else to rows of its own.
+    """
+
+    def __init__(self, options: ReadOptions, schema: StructType, path: str,
+                 segment: int | None, content: bytes | None = None, *,
+                 stream_offset: int = 0, file_offset: int = 0,
+                 rows: _Rows | None = None) -> None:
+        self.options = options
+        self.path = path
+        self.segment = segment
+        self.route = route_name(path)
+        self._file = (path, segment, self.route)
+        self.content = content
+        # where ``content`` starts in the segment (a stream's byte range): in the
+        # uncompressed stream (the offset column) and in the file
+        self._stream_offset = stream_offset
+        self._file_offset = file_offset
+        where = options.where
+        self._events_only = where is not None and where.events_only
+        self._event_test = where.event_test() if where is not None and where.checks_events \
+            else None
+        self.schema = options.schema
+        self.decoders = _decoders_for(options)
+        self._owns_rows = rows is None
+        self.rows = _rows_for(options, schema) if rows is None else rows
+
     def _problem(self, kind: str, offset: int | None, detail: str) -> None:
         if self.options.problems == "fail":
             where = f" at byte {offset}" if offset is not None else ""
@@ -838,11 +1033,9 @@ class _SegmentRead:
                 "get the readable events and a row per problem)")
         if self._events_only:  # a pushed filter on an event column: no problem rows
             return
-        self._problems[len(self._offset)] = f"{kind}: {detail}"
-        for column in (self._offset, self._mono, self._service, self._valid, self._size,
-                       self._data):
-            column.append(None)
-        self._offset[-1] = None if offset is None else offset + self._stream_offset
+        row = self.rows.add_row(self._file, None if offset is None else
+                                offset + self._stream_offset, None, None, None, None)
+        self.rows.problems[row] = f"{kind}: {detail}"
 
     def _add_log_problem(self, problem: Any) -> None:
         detail = problem.detail
@@ -859,80 +1052,54 @@ class _SegmentRead:
         try:
             value = decoder.value(event.data, self.schema)
         except Exception as e:  # pycapnp raises KjException, ValueError, ...
-            self._problems[row] = f"undecodable: {' '.join(str(e).split())}"
+            self.rows.problems[row] = f"undecodable: {' '.join(str(e).split())}"
             return
-        self._typed_rows[decoder.column].append(row)
-        self._typed_values[decoder.column].append(value)
+        self.rows.typed_rows[decoder.column].append(row)
+        self.rows.typed_values[decoder.column].append(value)
 
     def _add_events(self, events: list[Any]) -> None:
-        first = len(self._offset)
+        rows = self.rows
         base = self._stream_offset
-        self._offset += [e.offset + base for e in events] if base else \
-            [e.offset for e in events]
-        self._mono += [e.mono_ns for e in events]
-        self._service += [e.service for e in events]
-        self._valid += [e.valid for e in events]
-        self._size += [len(e.data) for e in events]
-        if self.options.with_data:
-            self._data += [e.data for e in events]
-            self._bytes += sum(len(e.data) for e in events)
-        else:
-            self._data += [None] * len(events)
-        for row, event in enumerate(events, first):
-            if event.mono_ns > _MAX_LONG:
-                self._mono[row] = None
-                self._problems[row] = \
+        for event in events:
+            over = event.mono_ns > _MAX_LONG
+            row = rows.add_row(self._file, event.offset + base,
+                               None if over else event.mono_ns, event.service, event.valid,
+                               event.data)
+            if over:
+                rows.problems[row] = \
                     f"out of range: logMonoTime {event.mono_ns} is over 2^63-1"
             if self.decoders:
                 self._add_typed(row, event)
 
     def _add_batch(self, batch: MessageBatch, picked: Any) -> None:
         """The rows of the messages ``picked`` (numpy indices) of a scanner batch, made
-        from its arrays: no Python object per event but the row's values."""
-        first = len(self._offset)
-        at = batch.offset[picked]
-        lengths = batch.length[picked]
-        monos = batch.mono_ns[picked]
-        services = batch.service[picked]
-        starts = at.tolist()
-        sizes = lengths.tolist()
-        self._offset += (at + (batch.stream_offset + self._stream_offset)).tolist()
-        self._mono += monos.tolist()
-        self._service += _names(batch.services)[services].tolist()
-        self._valid += ((batch.flags[picked] & VALID) != 0).tolist()
-        self._size += sizes
-        data = batch.data
-        if self.options.with_data:
-            self._data += [data[a:a + n] for a, n in zip(starts, sizes, strict=True)]
-            self._bytes += int(lengths.sum())
-        else:
-            self._data += [None] * len(sizes)
-        over = np.flatnonzero(monos > np.uint64(_MAX_LONG))
-        for i in over.tolist():
-            row = first + i
-            self._problems[row] = f"out of range: logMonoTime {self._mono[row]} is over 2^63-1"
-            self._mono[row] = None
+        from its arrays: no Python object per event."""
+        first = self.rows.count
+        self.rows.add_batch(self._file, batch, picked, self._stream_offset)
         if self.decoders:
-            self._add_batch_typed(batch, picked, first, services, starts, sizes)
+            self._add_batch_typed(batch, picked, first)
 
-    def _add_batch_typed(self, batch: MessageBatch, picked: Any, first: int, services: Any,
-                         starts: list[int], sizes: list[int]) -> None:
+    def _add_batch_typed(self, batch: MessageBatch, picked: Any, first: int) -> None:
+        services = batch.service[picked]
         view = memoryview(batch.data)
         for index in np.unique(services).tolist():  # the services present only
             decoder = self.decoders.get(batch.services[index])
             if decoder is None:
                 continue
-            rows = self._typed_rows[decoder.column]
-            values = self._typed_values[decoder.column]
+            rows = self.rows.typed_rows[decoder.column]
+            values = self.rows.typed_values[decoder.column]
             layout = decoder.layout
-            for i in np.flatnonzero(services == index).tolist():
-                a, n = starts[i], sizes[i]
+            at = np.flatnonzero(services == index)
+            chosen = picked[at]
+            for i, a, n in zip(at.tolist(), batch.offset[chosen].tolist(),
+                               batch.length[chosen].tolist(), strict=True):
                 try:
                     value = FALLBACK if layout is None else read_member(view[a:a + n], layout)
                     if value is FALLBACK:
                         value = decoder.from_pycapnp(batch.data[a:a + n], self.schema)
                 except Exception as e:  # pycapnp raises KjException, ValueError, ...
-                    self._problems[first + i] = f"undecodable: {' '.join(str(e).split())}"
+                    self.rows.problems[first + i] = \
+                        f"undecodable: {' '.join(str(e).split())}"
                     continue
                 rows.append(first + i)
                 values.append(value)
@@ -971,8 +1138,8 @@ class _SegmentRead:
                 # stays, and the rest is reported with the reason.
                 offset = getattr(getattr(e, "problem", None), "offset", None)
                 self._problem("unreadable", offset, f"{type(e).__name__}: {e}")
-        if self._offset:
-            yield self._flush()
+        if self._owns_rows and self.rows.count:
+            yield self.rows.flush()
 
     def _event_batches(self) -> Iterator[Any]:
         with _few_collections():
@@ -1041,15 +1208,15 @@ class _SegmentRead:
                     picked = picked[where.event_mask(batch.mono_ns[picked],
                                                      (batch.flags[picked] & VALID) != 0)]
                 while len(picked):  # batches end at a message boundary past the bounds
-                    room = max(1, _BATCH_ROWS - len(self._offset))
+                    room = max(1, _BATCH_ROWS - self.rows.count)
                     self._add_batch(batch, picked[:room])
                     picked = picked[room:]
-                    if self._full():
-                        yield self._flush()
+                    if self.rows.full():
+                        yield self.rows.flush()
             elif self._event_test is None or self._event_test(piece.mono_ns, piece.valid):
                 self._add_events([piece])
-                if self._full():
-                    yield self._flush()
+                if self.rows.full():
+                    yield self.rows.flush()
         new = reader.corrupt[seen[0]:] + reader.truncated[seen[1]:]
         for problem in sorted(new, key=lambda p: p.offset):
             self._add_log_problem(problem)
@@ -1068,6 +1235,59 @@ def _picked(batch: MessageBatch, wanted: frozenset[str] | None, start: int | Non
         late = batch.mono_ns >= np.uint64(start)
         keep = late if keep is None else keep & late
     return np.arange(len(batch)) if keep is None else np.flatnonzero(keep)
+
+
+def _task_batches(options: ReadOptions, schema: StructType,
+                  files: list[SegmentPartition]) -> Iterator[Any]:
+    """The record batches of a task's files, read one after the other into shared
+    batches (the rows of many small files fill one batch; a file's events stay together
+    and in order); compacted with option ``compact``."""
+
+    def events() -> Iterator[Any]:
+        rows = None
+        for f in files:
+            read = _SegmentRead(options, schema, f.path, f.segment, rows=rows)
+            read._owns_rows = False
+            rows = read.rows
+            yield from read._event_rows()
+        if rows is not None and rows.count:
+            yield rows.flush()
+
+    return compact_batches(events()) if options.compact else events()
+
+
+def _rows_for(options: ReadOptions, schema: StructType) -> _Rows:
+    """An empty :class:`_Rows` of a read with ``options`` and DataFrame ``schema``
+    (compact reads build event rows, then pack them)."""
+    # pyspark: the optional spark extra, imported when Spark is used
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if options.compact:
+        schema = _event_schema(options)
+    return _Rows(_arrow_schema(schema, to_arrow_schema), options.with_data)
+
+
+@functools.lru_cache(maxsize=16)
+def _event_schema(options: ReadOptions) -> StructType:
+    """The event rows' schema of a compact read (one object per read's options, so that
+    its Arrow schema is converted once)."""
+    return output_schema(replace(options, compact=False))
+
+
+_arrow_schemas: dict[int, tuple[StructType, Any]] = {}
+
+
+def _arrow_schema(schema: StructType, convert: Any) -> Any:
+    """The Arrow schema of ``schema``, converted once per worker process for each read's
+    schema object: the conversion walks every field (a few milliseconds for typed
+    columns), which was a fixed cost of every file read, thousands of times for many
+    small route segments."""
+    cached = _arrow_schemas.get(id(schema))
+    if cached is None or cached[0] is not schema:
+        if len(_arrow_schemas) > 64:
+            _arrow_schemas.clear()
+        cached = _arrow_schemas[id(schema)] = (schema, convert(schema, timezone="UTC"))
+    return cached[1]
 
 
 @functools.lru_cache(maxsize=64)
