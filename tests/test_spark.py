@@ -900,12 +900,15 @@ def test_bench_smoke() -> None:
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     rows = result["rows"]
-    assert len(rows) == 7 and all(r["events_per_s"] > 0 for r in rows)
+    assert len(rows) == 8 and all(r["events_per_s"] > 0 for r in rows)
     assert len({r["events"] for r in rows}) == 1  # every reader read the same events
+    assert rows[1]["what"].startswith("pycapnp loop")  # issue 31's bar, same run
     assert result["identical_results"] is True
     assert set(result["targets"]) == {"logstats_local2_vs_loop",
                                       "logstats_speedup_local1_to_local2",
-                                      "typed_events_per_s_per_core"}
+                                      "typed_events_per_s_per_core",
+                                      "raw_local1_vs_pycapnp_per_core",
+                                      "logstats_local2_time_vs_pycapnp"}
 
 
 def test_the_worker_daemon_drops_only_the_zips_of_installed_versions(tmp_path: Path) -> None:

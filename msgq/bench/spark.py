@@ -5,7 +5,9 @@ rates (realistic list sizes, jittered times, outages making gaps; 1300 simulated
 default: about 1 M events in 22 segments of 60 s), then, in one run:
 
 * a plain single-process loop over the LogReader (pycapnp decode of every event) — the
-  baseline;
+  baseline — and the pycapnp loop an openpilot user writes (each segment decompressed,
+  ``read_multiple_bytes``, ``which()`` and ``valid`` counted per service: issue 31's bar,
+  CPU time);
 * ``msgq logstats`` as a user runs it (its own process, JVM start-up included) on
   ``local[1]``, ``local[2]`` and a standalone cluster of two one-core workers started
   here with pyspark's ``spark-class`` (its start-up not counted); their results must be
@@ -26,8 +28,10 @@ targets of issue 17 with what was measured, and the load average before and afte
 at its default size): a rare service (gpsLocation, 1.3 % of the events) and a time
 window of 5 % of the recording, each read with filter pushdown off, on, and by a plain
 loop over the index reading only what the query needs; then the same events as many
-small loggerd route segments (``<route>--<n>/rlog.zst``, 3 a route) against a few big
-segments, per event. ``--seconds 13000 --routes 2000`` is the issue's size (10 M events).
+small loggerd route segments (``<route>--<n>/rlog.zst``, 3 a route, written by a writer
+per route: linear time) against the recording itself when it has at most 100 segments,
+else 60 big ones, per event. ``--seconds 13000 --routes 2000`` is the issue's size
+(10 M events).
 """
 
 from __future__ import annotations
@@ -37,31 +41,27 @@ import heapq
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from msgq.bench.fixtures import SERVICES, best_time, filled_message
+from msgq.bench.logs import _time_read
 from msgq.cli.output import EXIT_FAILURE, CommandError, print_error, require_extra
 from msgq.logs import LogReader, LogWriter, read_index
 from msgq.schemas import SERVICE_LIST, use_schema
 from msgq.tables import format_table
 
-__all__ = ["main", "make_recording"]
+__all__ = ["main", "make_recording", "make_routes"]
 
 
-def make_recording(folder: str, seconds: float, rotate_seconds: float,
-                   jitter: float = 0.05, drop: float = 0.001, seed: int = 17) -> int:
-    """Writes ``seconds`` of simulated time of the benchmark's services at their
-    registry rates to ``folder``; returns the number of events written. Each event is
-    ``jitter`` periods early or late at most (uniform); with probability ``drop`` an
-    outage of 1 to 4 messages starts (two or more lost: a gap); one in 50 is invalid:
-    the analyses see realistic intervals, not one repeated value. Seeded: the same
-    arguments write the same recording."""
-
+def _events(seconds: float, jitter: float, drop: float, seed: int) -> Iterator[tuple[int, bytes]]:
+    """(logMonoTime, bytes) of the benchmark's events, in time order (see
+    :func:`make_recording`)."""
     rng = random.Random(seed)
     builders = {s: filled_message(s) for s in SERVICES}
     periods = {s: int(1e9 / SERVICE_LIST[s].frequency) for s in SERVICES}
@@ -72,27 +72,87 @@ def make_recording(folder: str, seconds: float, rotate_seconds: float,
     lost = dict.fromkeys(SERVICES, 0)
     heapq.heapify(due)
     written = 0
+    while due:
+        t, nominal, service = heapq.heappop(due)
+        if t >= end:
+            continue
+        nominal += periods[service]
+        heapq.heappush(due, (nominal + int(rng.uniform(-jitter, jitter) * periods[service]),
+                             nominal, service))
+        if lost[service]:
+            lost[service] -= 1
+            continue
+        if rng.random() < drop:  # an outage of 1 to 4 messages (2 or more: a gap)
+            lost[service] = rng.randint(0, 3)
+            continue
+        msg = builders[service]
+        msg.logMonoTime = t
+        msg.valid = written % 50 != 0
+        yield t, msg.to_bytes()
+        msg.clear_write_flag()
+        written += 1
+
+
+def make_recording(folder: str, seconds: float, rotate_seconds: float,
+                   jitter: float = 0.05, drop: float = 0.001, seed: int = 17) -> int:
+    """Writes ``seconds`` of simulated time of the benchmark's services at their
+    registry rates to ``folder``; returns the number of events written. Each event is
+    ``jitter`` periods early or late at most (uniform); with probability ``drop`` an
+    outage of 1 to 4 messages starts (two or more lost: a gap); one in 50 is invalid:
+    the analyses see realistic intervals, not one repeated value. Seeded: the same
+    arguments write the same recording."""
+    written = 0
     with LogWriter(folder, rotate_seconds=rotate_seconds) as writer:
-        while due:
-            t, nominal, service = heapq.heappop(due)
-            if t >= end:
-                continue
-            nominal += periods[service]
-            heapq.heappush(due, (nominal + int(rng.uniform(-jitter, jitter) * periods[service]),
-                                 nominal, service))
-            if lost[service]:
-                lost[service] -= 1
-                continue
-            if rng.random() < drop:  # an outage of 1 to 4 messages (2 or more: a gap)
-                lost[service] = rng.randint(0, 3)
-                continue
-            msg = builders[service]
-            msg.logMonoTime = t
-            msg.valid = written % 50 != 0
-            writer.write(msg.to_bytes())
-            msg.clear_write_flag()
+        for _, data in _events(seconds, jitter, drop, seed):
+            writer.write(data)
             written += 1
     return written
+
+
+def make_routes(target: str, seconds: float, routes: int, per_route: int = 3,
+                seed: int = 17) -> int:
+    """The events of :func:`make_recording` (same ``seconds`` and ``seed``) in openpilot's
+    layout under ``target``: ``routes`` routes of ``per_route`` segments, route ``r<i>``'s
+    segment ``n`` as ``r<i>--<n>/rlog.zst``. Each route is written by a writer of its
+    own (one recording index per route: thousands of segments in one recording rewrite
+    its index per segment, quadratic time). Returns the number of events written."""
+    span = int(seconds * 1e9 / routes)
+    rotate = seconds / (routes * per_route)
+    first_ns = 1_000_000_000
+    written = 0
+    route = -1
+    writer: LogWriter | None = None
+    staging = os.path.join(target, ".staging")
+
+    def close(writer: LogWriter, route: int) -> None:
+        writer.close()
+        folder = os.path.join(staging, str(route))
+        files = sorted(n for n in os.listdir(folder) if n.startswith("segment-"))
+        for n, name in enumerate(files):
+            segment = os.path.join(target, f"r{route:05d}--{n}")
+            os.makedirs(segment)
+            os.replace(os.path.join(folder, name), os.path.join(segment, "rlog.zst"))
+
+    for t, data in _events(seconds, 0.05, 0.001, seed):
+        at = min(routes - 1, (t - first_ns) // span)
+        if at != route:
+            if writer is not None:
+                close(writer, route)
+            route = at
+            writer = LogWriter(os.path.join(staging, str(route)), rotate_seconds=rotate)
+        assert writer is not None
+        writer.write(data)
+        written += 1
+    if writer is not None:
+        close(writer, route)
+    shutil.rmtree(staging, ignore_errors=True)
+    return written
+
+
+def _pycapnp_loop(folder: str) -> int:
+    """The loop an openpilot user writes (issue 31's bar): each segment decompressed,
+    ``read_multiple_bytes``, ``which()`` and ``valid`` counted per service."""
+    return _time_read(folder, "pycapnp counted")[0]
 
 
 def _reader_decode(folder: str) -> int:
@@ -150,18 +210,6 @@ def _window_loop(folder: str, low: int, high: int) -> int:
     return count
 
 
-def _routes(folder: str, target: str, per_route: int = 3) -> int:
-    """Moves the segments of the recording ``folder`` into openpilot's layout under
-    ``target``: route ``r<i>``'s segment ``n`` as ``r<i>--<n>/rlog.zst``; returns the
-    number of routes."""
-    files = sorted(n for n in os.listdir(folder) if n.startswith("segment-"))
-    for i, name in enumerate(files):
-        segment = os.path.join(target, f"r{i // per_route:05d}--{i % per_route}")
-        os.makedirs(segment)
-        os.replace(os.path.join(folder, name), os.path.join(segment, "rlog.zst"))
-    return -(-len(files) // per_route)
-
-
 def run_pushdown(seconds: float, rotate_seconds: float, repeat: int, routes: int,
                  cores: int = 2) -> dict[str, Any]:
     """The rows of issue 28, in one ``local[cores]`` session; each query's variants are
@@ -185,13 +233,12 @@ def run_pushdown(seconds: float, rotate_seconds: float, repeat: int, routes: int
         high = first + int((last - first) * 0.525)
         _note(f"{written} events in {len(entries)} segments written")
         # the same events as small route segments and as few big ones
-        small_rotate = seconds / (3 * routes)
-        small = os.path.join(tmp, "small")
-        make_recording(small, seconds, small_rotate)
         layout = os.path.join(tmp, "routes")
-        routes = _routes(small, layout)
-        big = os.path.join(tmp, "big")
-        make_recording(big, seconds, seconds / 60 if routes >= 2000 else seconds / 6)
+        make_routes(layout, seconds, routes)
+        big = folder
+        if len(entries) > 100:  # few big segments: 60 of them
+            big = os.path.join(tmp, "big")
+            make_recording(big, seconds, seconds / 60)
         big_files = len([n for n in os.listdir(big) if n.startswith("segment-")])
         _note(f"{routes} routes x 3 segments, and {big_files} big segments written")
         spark = spark_session(f"local[{cores}]", app_name="msgq spark bench pushdown")
@@ -334,6 +381,8 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
         _note(f"{written} events written")
         loop = best_time(lambda: _reader_decode(folder), repeat)
         _note(f"LogReader loop: {loop[1]:.1f} s")
+        pycapnp = best_time(lambda: _pycapnp_loop(folder), repeat)
+        _note(f"pycapnp loop: {pycapnp[1]:.1f} s")
         class_archive, fixed_events, fixed_seconds = _fixed_part(folder)
         stats: dict[str, tuple[dict[str, Any], float]] = {}
         for cores in (1, 2):
@@ -363,6 +412,7 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
                      "vs_loop": secs / loop_seconds})
 
     add("LogReader loop (pycapnp decode), one process", 1, events, loop_seconds)
+    add("pycapnp loop (read_multiple_bytes, which/valid counted)", 1, *pycapnp)
     for name, (doc, secs) in stats.items():
         label = "standalone, 2 workers x 1 core" if name == "standalone" else name
         add(f"msgq logstats, {label}", 2 if name != "local[1]" else 1,
@@ -373,6 +423,8 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
     l1, l2 = stats["local[1]"][1], stats["local[2]"][1]
     # one core: the per-core rate
     typed = measured[1]["typed"][0] / measured[1]["typed"][1] if measured else None
+    raw = measured[1]["raw"][0] / measured[1]["raw"][1] if measured else None
+    pycapnp_rate = pycapnp[0] / pycapnp[1]
     return {
         "events_written": written, "segments": len(files), "bytes": size,
         "cpu_count": os.cpu_count(), "rows": rows,
@@ -386,6 +438,9 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
             "logstats_local2_vs_loop": l2 / loop_seconds,  # <= 3
             "logstats_speedup_local1_to_local2": l1 / l2,  # >= 1.6
             "typed_events_per_s_per_core": typed,  # >= 50,000
+            # issue 31: >= 1.5 and <= 0.5
+            "raw_local1_vs_pycapnp_per_core": None if raw is None else raw / pycapnp_rate,
+            "logstats_local2_time_vs_pycapnp": l2 / pycapnp[1],
         },
         "load_before": load_before, "load_after": os.getloadavg(),
     }
@@ -429,6 +484,11 @@ def _table(result: dict[str, Any]) -> str:
         f"(<= 3); local[1] -> local[2] speed-up {t['logstats_speedup_local1_to_local2']:.2f}x "
         f"(>= 1.6)" + ("" if typed is None else
                        f"; typed columns {typed:,.0f} events/s on one core (>= 50,000)"),
+        "issue 31: " + ("" if t["raw_local1_vs_pycapnp_per_core"] is None else
+                        f"raw columns local[1] = {t['raw_local1_vs_pycapnp_per_core']:.2f}x "
+                        "the pycapnp loop's events/s (>= 1.5); ")
+        + f"logstats local[2] = {t['logstats_local2_time_vs_pycapnp']:.2f}x the pycapnp "
+          "loop's time (<= 0.5)",
     ])
 
 
