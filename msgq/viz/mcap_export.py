@@ -498,6 +498,7 @@ class _MessageBatcher:
         self.times: list[int] = []
         self.texts: list[bytes] = []
         self.held = 0  # bytes of the texts held
+        # the mcap library: the viz extra, which export_mcap's require() checked
         from mcap.records import MessageIndex
 
         self.message_index = MessageIndex
