@@ -45,3 +45,14 @@ def test_read_mode_maps_an_archive_that_is_there_and_writes_none(
     os.remove(path)
     assert class_cache.writes_missing()
     assert class_cache.jvm_flags(JAVA, VERSION)[0] == f"-XX:ArchiveClassesAtExit={path}"
+
+
+def test_the_demos_report_counts_in_words_that_agree_with_the_numbers() -> None:
+    one = {"messages": 1, "services": {"can": 1}, "segments": 1, "file_bytes": 2_000_000,
+           "drops": 1, "bad": 0}
+    assert pipeline._recording_line(one, "rec") == (
+        "recording    1 message of 1 service, 1 segment, 2.00 MB (zstd), 1 drop, 0 bad -> rec")
+    many = {**one, "messages": 9440, "services": {"can": 1, "gps": 2}, "segments": 4,
+            "drops": 0}
+    assert pipeline._recording_line(many, "rec").startswith(
+        "recording    9440 messages of 2 services, 4 segments, 2.00 MB (zstd), 0 drops")

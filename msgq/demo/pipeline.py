@@ -33,6 +33,7 @@ from msgq.lockstep.diff import diff_outputs
 from msgq.logs import Recorder
 from msgq.messaging import SubMaster
 from msgq.queues import queue_dir
+from msgq.tables import plural
 from msgq.visionipc import VisionIpcClient
 
 __all__ = ["main"]
@@ -125,6 +126,14 @@ def _logstats(recording: str, out: str) -> tuple[int, str]:
     return proc.returncode, text.rstrip()
 
 
+def _recording_line(record: dict[str, Any], recording: str) -> str:
+    """The report's line about the recording (``record``: what :func:`_record` sent)."""
+    return (f"recording    {plural(record['messages'], 'message')} of "
+            f"{plural(len(record['services']), 'service')}, "
+            f"{plural(record['segments'], 'segment')}, {record['file_bytes'] / 1e6:.2f} MB "
+            f"(zstd), {plural(record['drops'], 'drop')}, {record['bad']} bad -> {recording}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the end-to-end demo; returns 0 when every stage did what it should."""
     parser = argparse.ArgumentParser(
@@ -201,10 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{health['checks']} updates after a 3 s warm-up")
         _say(f"camera       {health['frames']} frames received, {health['frame_gaps']} "
              "frame-id gaps")
-        _say(f"recording    {record['messages']} messages of {len(record['services'])} "
-             f"services, {record['segments']} segments, {record['file_bytes'] / 1e6:.2f} MB "
-             f"(zstd), {record['drops']} drops, {record['bad']} bad -> {recording}")
-        _say(f"lockstep     {lock['steps']} steps, {lock['events']} outputs, two runs "
+        _say(_recording_line(record, recording))
+        _say(f"lockstep     {plural(lock['steps'], 'step')}, "
+             f"{plural(lock['events'], 'output')}, two runs "
              f"{'byte-identical' if lock['identical'] else 'DIFFERENT'} "
              f"({lock['seconds']:.1f} s per run)")
         if not args.no_spark:
