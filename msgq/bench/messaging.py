@@ -204,14 +204,16 @@ def _side_env(side: str, path: str, prefix: str) -> dict[str, str]:
     return env
 
 
-def _tick_run(python: str, env: dict[str, str], cwd: str, seconds: float) -> dict[str, Any]:
-    """One measured run: a publisher process and the measured SubMaster process."""
+def _tick_run(python: str, env: dict[str, str], cwd: str, seconds: float,
+              phases: bool = False) -> dict[str, Any]:
+    """One measured run: a publisher process and the measured SubMaster process (with
+    ``phases``: its µs per part of a tick instead of its CPU per tick)."""
     publisher = subprocess.Popen([python, "-P", TICK_PROGRAM, "--role", "pub"], env=env,
                                  cwd=cwd, stdout=subprocess.DEVNULL)
     try:
         done = subprocess.run([python, "-P", TICK_PROGRAM, "--role", "sub", "--seconds",
-                               str(seconds)], env=env, cwd=cwd, capture_output=True, text=True,
-                              timeout=seconds + 60)
+                               str(seconds), *(["--phases"] if phases else [])], env=env,
+                              cwd=cwd, capture_output=True, text=True, timeout=seconds + 60)
     finally:
         publisher.send_signal(signal.SIGTERM)
         try:
@@ -226,9 +228,11 @@ def _tick_run(python: str, env: dict[str, str], cwd: str, seconds: float) -> dic
 
 
 def compare_with_cereal(checkout: str, cereal_python: str, rounds: int,
-                        seconds: float) -> list[tuple[str, ...]]:
+                        seconds: float, phases: bool = False) -> list[tuple[str, ...]]:
     """The rows of the cereal comparison (header first): CPU per tick of each run, ours
-    and cereal's alternating, and the ratio of the medians."""
+    and cereal's alternating, and the ratio of the medians; with ``phases``, then a row
+    per part of a tick (update, reads, new_message, send: thread CPU µs, median of each
+    run, ``rounds`` more alternating runs)."""
     checkout = os.path.abspath(checkout)
     if not os.path.isfile(os.path.join(checkout, "log.capnp")):
         raise SystemExit(f"{checkout} has no log.capnp: --cereal takes a cereal checkout")
@@ -256,16 +260,38 @@ def compare_with_cereal(checkout: str, cereal_python: str, rounds: int,
                 if not record["all_alive"]:
                     raise RuntimeError(f"{side}: not every service was alive: {record}")
                 per_tick[side].append(record["cpu_s"] / record["ticks"] * 1e6)
+        parts: dict[str, dict[str, list[float]]] = {"ours": {}, "cereal": {}}
+        for round_ in range(rounds if phases else 0):
+            for side, (python, path) in sides.items():
+                prefix = f"cbp_{side}_{os.getpid()}_{round_}"
+                try:
+                    record = _tick_run(python, _side_env(side, path, prefix), scratch,
+                                       seconds, phases=True)
+                finally:
+                    shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
+                    shutil.rmtree(os.path.join(queue_dir(), prefix), ignore_errors=True)
+                for part, (median, _) in record["phases_us"].items():
+                    parts[side].setdefault(part, []).append(median)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     ours = statistics.median(per_tick["ours"])
     theirs = statistics.median(per_tick["cereal"])
     label = (f"SubMaster CPU per tick vs cereal over upstream msgq (8 services, "
              f"{min(sizes.values())}-{max(sizes.values())} B)")
-    return [("workload", "ours µs/tick", "cereal µs/tick", "ours / cereal"),
+    rows = [("workload", "ours µs/tick", "cereal µs/tick", "ours / cereal"),
             (label, " ".join(f"{v:.0f}" for v in per_tick["ours"]),
              " ".join(f"{v:.0f}" for v in per_tick["cereal"]),
              f"{ours / theirs:.2f}x (medians {ours:.0f} / {theirs:.0f})")]
+    for part, ours_parts in parts["ours"].items():
+        theirs_parts = parts["cereal"].get(part, [])
+        if not theirs_parts:
+            continue
+        ours_m, theirs_m = statistics.median(ours_parts), statistics.median(theirs_parts)
+        rows.append((f"  {part}: thread CPU µs per tick (median of each run)",
+                     " ".join(f"{v:.0f}" for v in ours_parts),
+                     " ".join(f"{v:.0f}" for v in theirs_parts),
+                     f"{ours_m / theirs_m:.2f}x" if theirs_m > 0 else "-"))
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -285,6 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="alternating runs of each side in the comparison (default 3)")
     parser.add_argument("--seconds", type=float, default=5.0,
                         help="measured seconds of each run in the comparison (default 5)")
+    parser.add_argument("--phases", action="store_true",
+                        help="with --cereal: then as many runs of each side timing the "
+                        "parts of a tick (update, reads, new_message, send)")
     parser.add_argument("--cereal-only", action="store_true",
                         help="run the comparison only, not the per-call table")
     args = parser.parse_args(argv)
@@ -296,7 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cereal_only and args.cereal is None:
         parser.error("--cereal-only needs --cereal and --cereal-python")
     if args.cereal is not None:
-        rows = compare_with_cereal(args.cereal, args.cereal_python, args.rounds, args.seconds)
+        rows = compare_with_cereal(args.cereal, args.cereal_python, args.rounds, args.seconds,
+                                   args.phases)
         print(f"SubMaster at 100 Hz vs cereal's over upstream msgq, {args.rounds} alternating "
               f"runs of {args.seconds:g} s each, CPU per tick of the measured process")
         print(format_table(rows))

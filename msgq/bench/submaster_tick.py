@@ -11,6 +11,7 @@ that environment) — so that both sides run the very same code on the same byte
   ``carState`` (100 Hz); every tick reads one field of each updated service and sends one
   ``carOutput`` message; after a warm-up prints one JSON line: ticks, the process's CPU
   time (``time.process_time``) and wall time over them, the messages read per service.
+  With ``--phases``: the thread CPU µs of each part of a tick instead (median, mean).
 * ``--role sizes``: the size of each service's message, in bytes.
 """
 
@@ -116,8 +117,36 @@ def publish(messaging: Any) -> None:
             time.sleep(delay)
 
 
-def measure(messaging: Any, seconds: float, warmup: float) -> dict[str, Any]:
-    """The measured loop; returns the JSON record."""
+def _phase_loop(messaging: Any, sm: Any, pm: Any, services: list[str], readers: Any,
+                end: float) -> dict[str, list[float]]:
+    """The measured loop with the thread CPU time of each part of every tick: the
+    median and mean µs of update, the field reads, new_message (with the field it sets)
+    and send (``--phases``; the clock reads add about 1 µs per part)."""
+    now = time.thread_time_ns
+    parts: dict[str, list[int]] = {"update": [], "reads": [], "new_message": [], "send": []}
+    while time.monotonic() < end:
+        t0 = now()
+        sm.update(1000)
+        t1 = now()
+        for service in services:
+            if sm.updated[service]:
+                readers[service](sm[service])
+        t2 = now()
+        msg = messaging.new_message(OUTPUT)
+        msg.carOutput.actuatorsOutput.accel = 0.5
+        t3 = now()
+        pm.send(OUTPUT, msg)
+        t4 = now()
+        for part, ns in zip(parts.values(), (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            part.append(ns)
+    return {name: [round(sorted(v)[len(v) // 2] / 1000, 1), round(sum(v) / len(v) / 1000, 1)]
+            for name, v in parts.items() if v}
+
+
+def measure(messaging: Any, seconds: float, warmup: float,
+            phases: bool = False) -> dict[str, Any]:
+    """The measured loop; returns the JSON record (with ``phases``: the µs of each part
+    of a tick, median and mean, instead of the CPU per tick)."""
     services = [s for s, _, _ in SERVICES]
     readers = {s: _reader(path) for s, _, path in SERVICES}
     sm = messaging.SubMaster(services, poll="carState")
@@ -125,6 +154,9 @@ def measure(messaging: Any, seconds: float, warmup: float) -> dict[str, Any]:
     start = time.monotonic()
     while time.monotonic() - start < warmup:  # the publisher starts, queues fill
         sm.update(1000)
+    if phases:
+        return {"phases_us": _phase_loop(messaging, sm, pm, services, readers,
+                                         time.monotonic() + seconds)}
     reads = dict.fromkeys(services, 0)
     sink = 0.0
     ticks = 0
@@ -160,6 +192,9 @@ def main() -> int:
     parser.add_argument("--role", choices=("pub", "sub", "sizes"), required=True)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--phases", action="store_true",
+                        help="sub: print the CPU µs of update, reads, new_message and send "
+                        "per tick (median, mean) instead of the CPU per tick")
     args = parser.parse_args()
     from cereal import messaging  # msgq's shim or cereal's own: whichever is on the path
 
@@ -168,7 +203,8 @@ def main() -> int:
     elif args.role == "sizes":
         print(json.dumps({s: len(d) for s, d in payloads(messaging).items()}))
     else:
-        print(json.dumps(measure(messaging, args.seconds, args.warmup)), flush=True)
+        print(json.dumps(measure(messaging, args.seconds, args.warmup, args.phases)),
+              flush=True)
     return 0
 
 
