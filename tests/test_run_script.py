@@ -1,7 +1,9 @@
-"""What ``./run.sh`` does on a fresh machine, in the parts that can be checked quickly: the
-demo's Spark statistics never write the driver's class archive (the first run would wait
-for its JVM to dump it), and scripts/ensure_env.sh installs the run profile's
-dependencies from pyproject.toml, no more (no test extra)."""
+"""What a newcomer meets first, in the parts that can be checked quickly: ``./run.sh``'s
+demo (its Spark statistics never write the driver's class archive, which the first run
+would wait for; its report's counts read right) and scripts/ensure_env.sh (the run
+profile installs the spark extra's requirements, not the test extra's), and
+docs/cli.md against the commands (a section for each, the messages quoted as
+printed)."""
 
 from __future__ import annotations
 
@@ -56,3 +58,26 @@ def test_the_demos_report_counts_in_words_that_agree_with_the_numbers() -> None:
             "drops": 0}
     assert pipeline._recording_line(many, "rec").startswith(
         "recording    9440 messages of 2 services, 4 segments, 2.00 MB (zstd), 0 drops")
+
+
+def test_the_cli_page_quotes_the_missing_extra_messages_as_commands_print_them() -> None:
+    from msgq.cli.output import CommandError, require_extra
+    from msgq.viz import INSTALL_HINT
+
+    page = " ".join((ROOT / "docs" / "cli.md").read_text().split())
+    with pytest.raises(CommandError) as spark:
+        require_extra("spark", "msgq_no_such_module")
+    message = str(spark.value).replace("msgq_no_such_module", "pyspark")
+    assert f"msgq logstats: error: {message}" in page
+    assert f"mcap is missing (mcap): {INSTALL_HINT}" in page
+
+
+def test_the_cli_page_has_a_section_for_every_command_of_msgq_help() -> None:
+    from msgq.cli import build_parser
+
+    page = (ROOT / "docs" / "cli.md").read_text()
+    commands = list(build_parser().command_parsers)
+    assert len(commands) >= 14
+    for command in commands:
+        assert f"\n## msgq {command}\n" in page, command
+        assert f"](#msgq-{command})" in page, command
