@@ -7,6 +7,7 @@ warnings errors. The extensions compile in parallel, one per core.
 """
 
 import glob
+import multiprocessing
 import os
 import re
 
@@ -23,8 +24,10 @@ C_CORE = [
     "msgq/src/crc32c.c",
 ]
 
-#: Where the project lives; the README's relative links point there on the package index.
-REPOSITORY = "https://github.com/msgq-shm/msgq"
+#: The public repository's address: none yet (the sdist is where the source lives). The
+#: README's relative links (docs/, examples/, LICENSE: files the sdist holds) link there on
+#: the package index page once it is set; until then they become their text and path.
+REPOSITORY = ""
 
 DEBUG = os.environ.get("MSGQ_DEBUG", "") not in ("", "0")
 
@@ -180,26 +183,40 @@ extensions = [
 ]
 
 
-def long_description() -> str:
-    """README.md with its relative links (docs/, examples/, LICENSE) made absolute, so
-    that they work on the package index page as they do in the repository."""
-    with open("README.md", encoding="utf-8") as f:
+def long_description(readme: str = "README.md", repository: str = REPOSITORY) -> str:
+    """README.md for the package index page, where links relative to the source tree
+    (docs/, examples/, LICENSE) lead nowhere: with a ``repository`` they point into it;
+    without one each becomes its text and the file's path in the sdist."""
+    with open(readme, encoding="utf-8") as f:
         text = f.read()
 
-    def absolute(match: re.Match) -> str:
-        target = match.group(2)
+    def rewritten(match: re.Match) -> str:
+        label, target = match.group(1), match.group(2)
         if re.match(r"[a-z]+:|#|/", target):
             return match.group(0)
-        kind = "tree" if target.rstrip("/").split("#")[0].count(".") == 0 else "blob"
-        return f"{match.group(1)}({REPOSITORY}/{kind}/main/{target})"
+        if repository:
+            kind = "tree" if target.rstrip("/").split("#")[0].count(".") == 0 else "blob"
+            return f"[{label}]({repository}/{kind}/main/{target})"
+        path = target.split("#")[0].rstrip("/")
+        if label.strip("`") in (target, path, os.path.basename(path)):
+            return f"`{target}`"  # the label names the file: the path says it all
+        return f"{label} (`{target}`)"
 
-    return re.sub(r"(\])\(([^)\s]+)\)", absolute, text)
+    return re.sub(r"\[([^\]]*)\]\(([^)\s]+)\)", rewritten, text)
+
+
+def cython_processes() -> int:
+    """How many processes translate the .pyx files: one per core where child processes
+    fork (a spawned child would run this script again), else none besides this one."""
+    if multiprocessing.get_start_method() != "fork":
+        return 0
+    return os.cpu_count() or 1
 
 
 setup(
     long_description=long_description(),
     long_description_content_type="text/markdown",
-    ext_modules=cythonize(extensions, language_level=3),
+    ext_modules=cythonize(extensions, language_level=3, nthreads=cython_processes()),
     cmdclass={"build_ext": build_ext_with_c_library},
     package_dir={
         "msgq": "msgq",

@@ -165,8 +165,7 @@ def test_wheel_holds_what_runs_and_nothing_it_was_built_from(built: Built) -> No
             wheel.read(f"{DISTRIBUTION.replace('-', '_')}-{VERSION}.dist-info/METADATA"))
     assert metadata["Name"] == DISTRIBUTION
     assert metadata["License-Expression"] == "MIT"
-    assert {u.split(",")[0] for u in metadata.get_all("Project-URL")} >= \
-        {"Homepage", "Documentation", "Source", "Issues"}
+    assert metadata.get_all("Project-URL") is None  # no public repository yet
     assert "Typing :: Typed" in metadata.get_all("Classifier")
     assert metadata["Keywords"]
     description = metadata.get_payload()
@@ -403,3 +402,46 @@ def test_upstreams_msgq_ipc_over_or_under_this_package_is_found(
     assert problem is not None and "\n" not in problem
     assert "pip uninstall -y msgq-ipc msgq-shm && pip install msgq-shm" in problem
 
+
+
+def _setup_py(name: str) -> object:
+    """One top-level function of setup.py with the constants it reads, without running
+    the build that importing setup.py starts."""
+    import ast
+
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    wanted = [node for node in tree.body
+              if isinstance(node, ast.FunctionDef) and node.name == name
+              or isinstance(node, ast.Assign | ast.AnnAssign)
+              and "REPOSITORY" in ast.unparse(node).split("=")[0]]
+    namespace: dict[str, object] = {"os": os, "re": re}
+    exec(compile(ast.Module(wanted, []), "setup.py", "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+def test_readme_links_on_the_index_page_name_the_sdists_files(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("see [docs/cli.md](docs/cli.md), [compat.md](docs/compat.md#x), "
+                      "[the page](docs/spark.md), [below](#usage) and "
+                      "[upstream](https://github.com/commaai/msgq)\n")
+    long_description = _setup_py("long_description")
+    # No public repository yet: a link into the source tree becomes the file's path.
+    assert long_description(str(readme)) == (  # type: ignore[operator]
+        "see `docs/cli.md`, `docs/compat.md#x`, the page (`docs/spark.md`), "
+        "[below](#usage) and [upstream](https://github.com/commaai/msgq)\n")
+    assert long_description(str(readme), "https://example.org/r") == (  # type: ignore
+        "see [docs/cli.md](https://example.org/r/blob/main/docs/cli.md), "
+        "[compat.md](https://example.org/r/blob/main/docs/compat.md#x), "
+        "[the page](https://example.org/r/blob/main/docs/spark.md), "
+        "[below](#usage) and [upstream](https://github.com/commaai/msgq)\n")
+    # The real README: nothing relative is left, and no address points at a made-up home.
+    text = long_description(str(ROOT / "README.md"))  # type: ignore[operator]
+    assert re.findall(r"\]\((?![a-z]+:|#)([^)]+)\)", text) == []
+    assert "`docs/cli.md`" in text
+
+
+def test_the_metadata_names_no_made_up_project_address() -> None:
+    # The placeholder github.com/msgq-shm/msgq was never a real repository.
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        assert "msgq-shm/msgq" not in (ROOT / name).read_text(), name
+    assert re.search(r"^\[project\.urls\]", PYPROJECT, re.M) is None
