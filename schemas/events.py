@@ -20,13 +20,16 @@ __all__ = [
     "MessageDecodeError",
     "built_by_new_message",
     "decode_event",
+    "forget_built",
     "log_from_bytes",
     "new_message",
 ]
 
 #: The builder the last new_message call made and its schema (a reference to the builder
-#: is kept until the next call: its identity cannot be reused meanwhile).
-_last_built: tuple[Any, Schema | None] = (None, None)
+#: is kept until the next call or until PubMaster sends it: its identity cannot be reused
+#: meanwhile).
+_NOTHING_BUILT: tuple[Any, Schema | None] = (None, None)
+_last_built = _NOTHING_BUILT
 
 
 def built_by_new_message(msg: Any) -> Schema | None:
@@ -36,6 +39,14 @@ def built_by_new_message(msg: Any) -> Schema | None:
     with this schema's layout, without pycapnp's ``which()`` (2 us of a 100 Hz tick)."""
     last = _last_built  # one tuple: read whole, whichever thread stored it
     return last[1] if last[0] is msg else None
+
+
+def forget_built(msg: Any) -> None:
+    """Lets go of ``msg`` when it is the latest new_message builder (PubMaster.send, once
+    it sent it): a large message is not kept alive until the next new_message."""
+    global _last_built
+    if _last_built[0] is msg:
+        _last_built = _NOTHING_BUILT
 
 
 def new_message(service: str | None = None, size: int | None = None,

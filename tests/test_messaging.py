@@ -638,6 +638,7 @@ def test_send_reads_the_service_of_new_message_builders_from_their_bytes() -> No
         assert built_by_new_message(msg) is pm.schema
         assert built_by_new_message(older) is None
         pm.send("vehicleState", msg)
+        assert built_by_new_message(msg) is None  # sent: not kept alive any longer
         sm.update(1000)
         assert sm.updated["vehicleState"] and sm["vehicleState"].speed == 2.5
         pm.send("vehicleState", older)  # not the latest: pycapnp's which() checks it

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgq
 from msgq.schemas import Schema, schema_in_force
-from msgq.schemas.events import built_by_new_message
+from msgq.schemas.events import built_by_new_message, forget_built
 
 __all__ = ["PubMaster"]
 
@@ -58,6 +58,7 @@ class PubMaster:
             peeked = self._identify(data)
             if peeked is not None and peeked[2] == service:
                 sock.send(data)
+                forget_built(dat)
                 return
         which = getattr(dat, "which", None)
         if which is None or not hasattr(dat, "to_bytes"):
