@@ -12,6 +12,12 @@
 set -euo pipefail
 
 profile="${1:-test}"
+print_requirements=0
+if [ "$profile" = --print-requirements ]; then
+  # (bash scripts/ensure_env.sh --print-requirements PROFILE: the packages it installs)
+  print_requirements=1
+  profile="${2:-test}"
+fi
 case "$profile" in
   run|test) ;;
   *) echo "ensure_env.sh: unknown profile '$profile' (run or test)" >&2; exit 2 ;;
@@ -19,6 +25,44 @@ esac
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+
+# The extra this job needs (test's includes spark's).
+extra="spark"
+[ "$profile" = test ] && extra="test"
+
+# Prints msgq's requirements and those of an extra (extras that name msgq's own extras
+# expanded), one a line, from pyproject.toml: they install while msgq builds.
+requirements() {
+  "$1" - "$2" <<'PY'
+import re
+import sys
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the copy pip carries
+    from pip._vendor import tomli as tomllib
+with open("pyproject.toml", "rb") as f:
+    project = tomllib.load(f)["project"]
+extras = project.get("optional-dependencies", {})
+own = re.compile(re.escape(project["name"]) + r"\[([^\]]+)\]\s*$")
+found, todo, seen = list(project["dependencies"]), [sys.argv[1]], set()
+while todo:
+    extra = todo.pop()
+    if extra not in seen:
+        seen.add(extra)
+        for req in extras[extra]:
+            match = own.match(req)
+            if match:
+                todo += [e.strip() for e in match.group(1).split(",")]
+            else:
+                found.append(req)
+print("\n".join(dict.fromkeys(found)))
+PY
+}
+if [ "$print_requirements" -eq 1 ]; then
+  requirements python3 "$extra"
+  exit 0
+fi
 mkdir -p build
 setup_log="$root/build/setup.log"
 
@@ -106,13 +150,12 @@ fi
 if [ ! -x .venv/bin/python ]; then
   echo "creating the virtual environment .venv" >&2
   quietly python3 -m venv .venv
-  quietly .venv/bin/python -m pip install -q --upgrade pip
+  # (the run profile keeps the pip that Python brings: any since 21.3 installs msgq)
+  [ "$profile" = test ] && quietly .venv/bin/python -m pip install -q --upgrade pip
 fi
 
 # Rebuild when any build input changed since the last install, or when the extra this
-# job needs is not installed yet (test's includes spark's).
-extra="spark"
-[ "$profile" = test ] && extra="test"
+# job needs is not installed yet.
 # (every Cython and C source wherever it lives, so that moving one never breaks this line)
 build_inputs() {
   printf '%s\n' pyproject.toml setup.py MANIFEST.in
@@ -129,8 +172,23 @@ if [ "$installed" = "$inputs_hash test" ] ||
   satisfied=1
 fi
 if [ "$satisfied" -eq 0 ]; then
-  echo "building msgq into .venv (pip install -e '.[$extra]'; log: .venv/build.log)" >&2
-  if ! .venv/bin/python -m pip install -e ".[$extra]" > .venv/build.log 2>&1 ||
+  # The packages msgq and the extra need install in the background while msgq builds
+  # (the build is compiling C; they are mostly unpacking). They are byte-compiled as
+  # usual: where PYTHONDONTWRITEBYTECODE is set, nothing would cache them later.
+  echo "installing msgq's requirements and the $extra extra (log: .venv/deps.log)" >&2
+  requirements .venv/bin/python "$extra" > .venv/requirements.txt
+  .venv/bin/python -m pip install -r .venv/requirements.txt \
+    > .venv/deps.log 2>&1 &
+  deps_job=$!
+  echo "building msgq into .venv (pip install -e .; log: .venv/build.log)" >&2
+  built=1
+  .venv/bin/python -m pip install --no-deps -e . > .venv/build.log 2>&1 || built=0
+  if ! wait "$deps_job"; then
+    tail -n 40 .venv/deps.log >&2
+    echo "failed: pip install -r .venv/requirements.txt (full output: .venv/deps.log)" >&2
+    exit 1
+  fi
+  if [ "$built" -eq 0 ] ||
      ! .venv/bin/python -c "import msgq.shm_backend" 2>> .venv/build.log; then
     tail -n 40 .venv/build.log >&2
     echo "build failed: see .venv/build.log" >&2

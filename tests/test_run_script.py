@@ -8,6 +8,8 @@ printed)."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -81,3 +83,19 @@ def test_the_cli_page_has_a_section_for_every_command_of_msgq_help() -> None:
     for command in commands:
         assert f"\n## msgq {command}\n" in page, command
         assert f"](#msgq-{command})" in page, command
+
+
+def _requirements(profile: str) -> list[str]:
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "ensure_env.sh"),
+                          "--print-requirements", profile],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return [re.split(r"[<>=!~ ;\[]", line)[0] for line in out.split()]
+
+
+def test_the_run_profile_installs_the_spark_extra_and_the_test_profile_everything() -> None:
+    run, test = _requirements("run"), _requirements("test")
+    for name in ("numpy", "pycapnp", "pyzmq", "pyspark", "pyarrow", "pandas", "matplotlib"):
+        assert name in run and name in test, name
+    for name in ("pytest", "ruff", "atheris", "scons", "mcap", "Cython"):
+        assert name not in run and name in test, name
+    assert not [r for r in run + test if r.startswith("msgq")]  # own extras expanded
