@@ -291,3 +291,35 @@ def test_a_damaged_segment_exports_the_same_file_both_ways(tmp_path: Path) -> No
     assert isinstance(results[0], list) and any("corrupt" in p for p in results[0])
     assert sum("does not convert" in p for p in results[0]) >= 1
     assert fast.read_bytes() == reference.read_bytes()
+
+
+def test_an_mcap_writer_without_the_batched_path_adds_messages_one_by_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batched messages use the mcap Writer's private chunk builder: where it is not
+    there (another mcap version: AttributeError), the export adds them one by one with
+    add_message, and the file is the same."""
+    import mcap.writer
+
+    from msgq.viz import mcap_export
+
+    schema = msgq_schema()
+    folder = tmp_path / "rec"
+    write_recording(schema, folder, events_of(schema, per_service=2, seed=4))
+    export_mcap(str(folder), str(tmp_path / "batched.mcap"), chunk_size=3000)
+
+    class Unbatchable(mcap_export._MessageBatcher):
+        def __init__(self, writer: Any, chunk_size: int) -> None:
+            raise AttributeError("_Writer__chunk_builder")
+
+    added: list[int] = []
+    original = mcap.writer.Writer.add_message
+
+    def add_message(self: Any, *args: Any, **kwargs: Any) -> None:
+        added.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(mcap_export, "_MessageBatcher", Unbatchable)
+    monkeypatch.setattr(mcap.writer.Writer, "add_message", add_message)
+    stats = export_mcap(str(folder), str(tmp_path / "single.mcap"), chunk_size=3000)
+    assert len(added) == stats.messages > 0
+    assert (tmp_path / "single.mcap").read_bytes() == (tmp_path / "batched.mcap").read_bytes()

@@ -503,8 +503,9 @@ class _MessageBatcher:
     indexes and statistics as its ``add_message`` called once per message (the file is
     the same byte for byte), without the per-message Message object, struct packs and
     BytesIO writes that cost ~15 us each. Works on the Writer's own chunk builder and
-    statistics (mcap 1.x's private attributes, checked when made): :meth:`flush` before
-    anything else is written (a new channel, metadata, finish)."""
+    statistics (mcap 1.x's private attributes: AttributeError when made if they are not
+    there, and the export adds its messages one by one): :meth:`flush` before anything
+    else is written (a new channel, metadata, finish)."""
 
     LIMIT = 2048  # messages held before they are written
 
@@ -513,6 +514,11 @@ class _MessageBatcher:
         self.builder = writer._Writer__chunk_builder
         self.statistics = writer._Writer__statistics
         self.finalize_chunk = writer._Writer__finalize_chunk
+        for name in ("message_indices", "num_messages", "message_start_time",
+                     "message_end_time"):
+            getattr(self.builder, name)  # all there, or AttributeError now, not mid-file
+        self.builder.record_writer._buffer.tell()
+        self.statistics.channel_message_counts  # noqa: B018 - checked as above
         self.chunk_size = chunk_size
         self.channels: list[int] = []
         self.sequences: list[int] = []
@@ -596,7 +602,12 @@ def _write_messages(tmp: str, events: Iterator[tuple[str, int, bytes, int]], sch
     with open(tmp, "wb") as stream:
         writer = writer_class(stream, chunk_size=chunk_size, compression=compression.ZSTD)
         writer.start(profile="", library=f"msgq {_msgq_version()} (mcap)")
-        batcher = _MessageBatcher(writer, chunk_size) if compiled else None
+        batcher = None
+        if compiled:
+            try:
+                batcher = _MessageBatcher(writer, chunk_size)
+            except AttributeError:  # an mcap whose Writer is built otherwise: one by one
+                batcher = None
         channels: dict[str, int] = {}
         sequences: dict[str, int] = {}
         log_start: dict[str, Any] | None = None
