@@ -5,15 +5,17 @@ order, enums as names, Data as base64, 64-bit integers exact, floats as the enco
 use writes them, non-finite floats as strings), read straight from the bytes without a
 pycapnp reader or a Python dict per event, a whole batch of messages per call.
 
-The bytes come from files: untrusted. Every pointer is checked against the message's
-segment, the words read are budgeted (8 times the message, as a traversal limit; lists of
-zero-sized elements are charged per element) and nesting is bounded. Anything this
-writer does not follow — several segments, far pointers, a list encoded with another
-element size than its type's, a pointer of the wrong kind, text that is not strict UTF-8
-with its NUL (or holds a NUL), a generic's parameter, a null pointer whose field has an
-explicit default, a budget or depth exceeded — gives None for that message, and the
-caller converts it the old way (pycapnp and the EventConverter), so the text is the same
-byte for byte and an error is the one it always was.
+The bytes come from files: untrusted. Every pointer, far pointers and their landing pads
+included, is checked against the segment it points into (at most 64 segments), the words
+read are budgeted (4 times the message, within pycapnp's traversal limit; lists of
+zero-sized elements are charged per element) and nesting is bounded (60). Anything this
+writer does not follow — a segment table or pointer out of bounds, a list encoded with
+another element size than its type's, a pointer of the wrong kind, text that is not
+strict UTF-8 with its NUL (or holds a NUL), a generic's parameter, a null pointer whose
+list or struct field has an explicit default, a root of another service than the
+scanner said, a budget or depth exceeded — gives None for that message, and the caller
+converts it the old way (pycapnp and the EventConverter), so the text is the same byte
+for byte and an error is the one it always was.
 
 Float text: orjson's (shortest round trip, ``1e16``, ``1e-7``, ``0.00001``) where the
 EventConverter would use orjson (orjson installed, the service's JSON Schema holds no
