@@ -451,6 +451,21 @@ def test_splits_are_as_recorded() -> None:
     assert not differ, f"{len(differ)} cases differ: {differ[:10]}"
 
 
+def test_a_splitter_never_initialised_raises_instead_of_crashing() -> None:
+    """A subclass that skips Splitter.__init__ leaves the C state as __cinit__ made it:
+    splitting asks its identify (None) and raises; before, C called a null function."""
+    from types import SimpleNamespace
+
+    class Bare(_scan.Splitter):  # type: ignore[misc]
+        def __init__(self) -> None:
+            pass
+
+    message = _messages()[0]
+    chunks = [SimpleNamespace(data=message, file_offset=0, problem=None, breaks_after=False)]
+    with pytest.raises(TypeError, match="not callable"):
+        list(Bare().split(chunks, "p", print, True, MessageBatch, tuple, tuple))
+
+
 if __name__ == "__main__":
     if "--corpus" in sys.argv:
         write_corpus()

@@ -543,3 +543,47 @@ def test_looking_back_into_a_message_never_invents_events(tmp_path: Path) -> Non
         offsets = [start + sum(map(len, events[:i])) for i in range(len(events) + 1)]
         intact = [e for i, e in enumerate(events) if offsets[i] >= zero_to]
         assert got[len(got) - len(intact):] == intact
+
+
+def test_every_log_path_reads_through_the_c_scanner(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # One scanner: every tool that reads a log splits it with the C scanner
+    # (msgq.logs._scan.Splitter); nothing reads a log stream another way.
+    import io
+
+    from msgq.logs import _scan, check_schema, segment
+    from msgq.logs.replayer import Replayer
+    from msgq.viz.mcap_export import export_mcap
+
+    events = _events(60)
+    _write(tmp_path / "rec", events, rotate_seconds=None)
+    (path,) = segment_paths(tmp_path / "rec")
+    loose = tmp_path / "loose.log.zst"  # no index beside it: the schema check samples it
+    loose.write_bytes(Path(path).read_bytes())
+    made: list[bool] = []
+
+    class Counting(_scan.Splitter):  # type: ignore[misc]
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)
+            made.append(True)
+
+    monkeypatch.setattr(segment._scan, "Splitter", Counting)
+    layout = LogReader(path).schema.layout
+    paths = {
+        "raw": lambda: list(LogReader(path).raw()),
+        "decoded": lambda: list(LogReader(path)),
+        "segment_batches": lambda: list(LogReader(path).segment_batches(path)),
+        "decoded_events": lambda: list(LogReader(path).decoded_events()),
+        "segment_events": lambda: list(LogReader(path).segment_events(
+            io.BytesIO(Path(path).read_bytes()))),
+        "check_schema": lambda: check_schema(str(loose)),
+        "replay": lambda: Replayer(path, fast=True).run(handle_signals=False),
+        "export": lambda: export_mcap(path, str(tmp_path / "out.mcap")),
+        "read_messages": lambda: list(segment.read_messages(
+            path, lambda p: None, True, lambda d: layout.identify(d, True))),
+    }
+    for name, read in paths.items():
+        before = len(made)
+        read()
+        assert len(made) > before, name
+    assert len(list(LogReader(path).raw())) == len(events) + 1  # and it reads (logStart)

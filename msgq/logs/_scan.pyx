@@ -299,13 +299,18 @@ cdef class Splitter:
     cdef object arrays
     cdef log_split_result res
 
+    def __cinit__(self, *args, **kwargs):
+        # a usable state before __init__ (a subclass may not call it): no layout, and an
+        # identify that is not callable fails the split with an exception, not a crash
+        log_split_init(&self.c, NULL, _identify, <void *>self, 0)
+        self.buf = b""
+        self.buf_offset = 0
+
     def __init__(self, identify, ScanLayout layout=None, bint raw=False):
         self.identify = identify
         self.scan_layout = layout
         log_split_init(&self.c, &layout.c if layout is not None else NULL, _identify,
                        <void *>self, raw)
-        self.buf = b""
-        self.buf_offset = 0
 
     def split(self, chunks, str path, on_problem, bint skip_corrupt, batch, message,
               problem):
