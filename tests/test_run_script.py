@@ -99,3 +99,9 @@ def test_the_run_profile_installs_the_spark_extra_and_the_test_profile_everythin
     for name in ("pytest", "ruff", "atheris", "scons", "mcap", "Cython"):
         assert name not in run and name in test, name
     assert not [r for r in run + test if r.startswith("msgq")]  # own extras expanded
+
+
+def test_lockstep_page_says_before_its_details_that_a_script_needs_the_main_guard() -> None:
+    page = (ROOT / "docs" / "lockstep.md").read_text()
+    intro = page[: page.index("## How it works")]
+    assert 'if __name__ == "__main__":' in intro
