@@ -130,3 +130,48 @@ def test_a_filter_without_conditions_passes_every_event() -> None:
     assert [where.event_test()(int(m), bool(v)) for m, v in zip(mono.tolist(), valid.tolist(),
                                                                  strict=True)] == [True] * 3
     assert where.event_mask(mono, valid).tolist() == [True] * 3
+
+
+@pytest.mark.parametrize("services", [None, "vehicleState,can"])
+def test_a_tasks_files_share_batches_with_the_same_rows(tmp_path: Path,
+                                                        services: str | None) -> None:
+    """The files of a task fill shared batches (file, segment and route per row; data
+    gathered from the scanner's buffers, back to back or picked): the rows are those of
+    each file read alone, damage included, in file order."""
+    files = _recording(tmp_path)
+    options = ds.ReadOptions.parse({"path": str(tmp_path), "decode": "vehicleState"}
+                                   | ({} if services is None else {"services": services}))
+    schema = ds.output_schema(options)
+    alone = []
+    for n, path in enumerate(files + files[:1]):
+        for batch in ds._SegmentRead(options, schema, path, n).batches():
+            alone += batch.to_pylist()
+    parts = [ds.SegmentPartition(path, n) for n, path in enumerate(files + files[:1])]
+    shared = []
+    batches = list(ds._task_batches(options, schema, parts))
+    for batch in batches:
+        assert batch.num_rows <= 4096 and batch.schema == to_arrow_schema(schema)
+        shared += batch.to_pylist()
+    assert shared == alone and len(shared) > 6000 * (2 if services else 3) // 3 * 0.9
+    assert len(batches) < 4  # not a batch (or more) per file
+    assert {r["segment"] for r in shared} == {0, 1, 2}
+    assert any(r["problem"] and r["service"] is None for r in shared)
+
+
+def test_the_schema_check_runs_again_only_when_a_file_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning checks a read's files against its schema once per planning process while
+    they are unchanged; a file rewritten (size or time) is checked again."""
+    files = _recording(tmp_path)
+    checked: list[int] = []
+    monkeypatch.setattr(ds, "check_paths", lambda paths, schema: checked.append(len(paths)))
+    monkeypatch.setattr(ds, "_checked", {})
+    options = ds.ReadOptions.parse({"path": str(tmp_path)})
+    ds._check_paths(files, options)
+    ds._check_paths(files, options)
+    assert checked == [2]
+    stat = os.stat(files[0])
+    os.utime(files[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    ds._check_paths(files, options)
+    ds._check_paths(files[:1], options)
+    assert checked == [2, 2, 1]
