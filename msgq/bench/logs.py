@@ -13,9 +13,12 @@ run). What is measured:
   user writes with pycapnp (decompress a segment, ``read_multiple_bytes``, ``which()``
   and ``valid`` counted per service; and ``which()`` only), ``LogReader.raw()`` counted
   the same way, ``LogReader`` decoded with ``which()``, and plain ``raw()`` and decoded
-  passes: events/s and MB/s of uncompressed event bytes. Read and replay rows time the
-  CPU time of this process (every loop runs in it, on one core), so that other work on
-  the machine does not count; the loops alternate, best of ``--repeat``.
+  passes: events/s and MB/s of uncompressed event bytes. With ``none`` among the
+  compressions, a copy of the uncompressed recording damaged every 64 KiB (a zeroed range
+  of 8 to 63 bytes) is read with ``skip_corrupt``: the scanner's resynchronisation. Read
+  and replay rows time the CPU time of this process (every loop runs in it, on one
+  core), so that other work on the machine does not count; the loops alternate, best of
+  ``--repeat``.
 * **record** — for each rate, a :class:`~msgq.logs.recorder.Recorder` runs in one process
   and a publisher in another sends small sequence-numbered messages (about 80 bytes)
   round-robin over five services at that total rate for ``--seconds``, scheduled
@@ -331,6 +334,11 @@ READ_MODES: dict[str, str] = {
     "raw": "LogReader.raw()",
     "decoded": "LogReader (decoded)",
 }
+#: The damaged-log row (not one of the modes every recording is read in).
+DAMAGED_MODE = "raw damaged"
+DAMAGED_LABEL = "LogReader.raw(), skip_corrupt, damaged copy"
+#: The damaged copy: a zeroed range of 8 to 63 bytes in every DAMAGE_EVERY bytes.
+DAMAGE_EVERY = 64 * 1024
 
 
 def _decompressed(path: str) -> bytes:
@@ -390,6 +398,38 @@ def _time_read(folder: str, mode: str) -> tuple[int, int, float]:
     return n, size, seconds
 
 
+def write_damaged_copy(source: str, folder: str, seed: int = 1) -> int:
+    """Copies the recording ``source`` to ``folder`` with a zeroed range of 8 to 63 bytes
+    somewhere in every :data:`DAMAGE_EVERY` bytes of each segment (the file sizes stay);
+    returns the number of ranges. Read with ``skip_corrupt``, it times the scanner's
+    resynchronisation (meant for an uncompressed recording: in zstd a hit loses a
+    frame)."""
+    shutil.copytree(source, folder)
+    rng = random.Random(seed)
+    ranges = 0
+    for path in segment_paths(folder):
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        for at in range(4096, len(data) - 4096 - 64, DAMAGE_EVERY):
+            at += rng.randrange(4096)
+            size = rng.randrange(8, 64)
+            data[at:at + size] = bytes(size)
+            ranges += 1
+        with open(path, "wb") as f:
+            f.write(data)
+    return ranges
+
+
+def _time_damaged(folder: str) -> tuple[int, int, float]:
+    """(events, bytes of events, seconds) of one ``skip_corrupt`` pass over ``folder``."""
+    n = size = 0
+    start = time.process_time()
+    for e in LogReader(folder, skip_corrupt=True, warn=False).raw():
+        n += 1
+        size += len(e.data)
+    return n, size, time.process_time() - start
+
+
 def _recordings(workdir: str) -> list[tuple[str, str, str]]:
     """(recording, compression, folder) of the recordings bench_read wrote."""
     found = []
@@ -427,6 +467,14 @@ def bench_read(workdir: str, seconds: float, compressions: Sequence[str], repeat
                 best[mode] = min(best[mode], took)
         results += [ReadResult(compression, mode, count, event_bytes, file_bytes, best[mode],
                                recording) for mode in READ_MODES]
+    if "none" in compressions:  # the resynchronisation path: a damaged copy, skip_corrupt
+        damaged = os.path.join(workdir, "damaged-none")  # not read- (not a read row)
+        ranges = write_damaged_copy(os.path.join(workdir, "read-none"), damaged)
+        runs = [_time_damaged(damaged) for _ in range(repeat)]
+        count, event_bytes, _ = runs[0]
+        results.append(ReadResult("none", DAMAGED_MODE, count, event_bytes,
+                                  _folder_bytes(damaged), min(t for *_, t in runs),
+                                  f"mixed, {ranges} zeroed ranges"))
     return results
 
 
@@ -588,7 +636,8 @@ def table(reads: list[ReadResult], records: list[RecordResult],
     rows: list[list[object]] = [["benchmark", "case", "events/s", "MB/s", "events", "lost",
                                  "drops"]]
     for r in [*reads, *replays]:
-        what = "replay --fast" if r.mode == "replay" else f"read {READ_MODES[r.mode]}"
+        what = "replay --fast" if r.mode == "replay" else \
+            f"read {READ_MODES.get(r.mode, DAMAGED_LABEL)}"
         case = (f"{r.recording}, {r.compression}, {r.event_bytes / MB:.1f} MB in "
                 f"{r.file_bytes / MB:.1f} MB of files")
         rows.append([what, case, _num(r.events_per_s), f"{r.mb_per_s:.1f}",
