@@ -694,9 +694,10 @@ cdef class StructView(_PycapnpBacked):
 cdef object _unknown_field(object reader, object name, object label, object error):
     """``error`` (pycapnp's AttributeError for ``name`` on ``reader``) in one line naming
     the struct, the closest field and its fields, when ``name`` is not a field there."""
-    if not isinstance(name, str) or name.startswith("__") or \
-            "no such member" not in str(error) and "has no field" not in str(error):
+    if not isinstance(name, str) or name.startswith("__"):
         return error
+    if getattr(error, "field_name", None) != name and "no such member" not in str(error):
+        return error  # not a missing field (str() of pycapnp's own AttributeError is cheap)
     from msgq.schemas.field_errors import unknown_field_error
     try:
         return unknown_field_error(reader.schema, name, label if isinstance(label, str)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import difflib
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 __all__ = [
@@ -47,12 +47,25 @@ except ImportError:  # pragma: no cover - pycapnp is a dependency
 
 class UnknownFieldError(AttributeError, _KjException):  # type: ignore[misc,valid-type]
     """A field name the struct does not have. An AttributeError (what pycapnp's readers and
-    builders raise) and pycapnp's KjException (what ``new_message(**fields)`` raised)."""
+    builders raise) and pycapnp's KjException (what ``new_message(**fields)`` raised).
+    ``field_name`` is the name; the message may be worked out when first read (``hasattr``
+    and ``getattr(x, name, default)`` never read it)."""
 
-    def __init__(self, message: str) -> None:
-        AttributeError.__init__(self, message)
-        self.message = message
+    def __init__(self, message: str | Callable[[], str], field_name: str | None = None
+                 ) -> None:
+        AttributeError.__init__(self)
+        self._message = message
+        self.field_name = field_name
         self.wrapper = None
+        self.nature = self.durability = None
+        self._type = "FAILED"
+
+    @property
+    def message(self) -> str:  # type: ignore[override]
+        """The one-line message."""
+        if callable(self._message):
+            self._message = self._message()
+        return self._message
 
     def __str__(self) -> str:
         return self.message
@@ -88,7 +101,8 @@ def unknown_field_error(struct_schema: Any, name: str, label: str | None = None
     owner = struct_name(struct_schema)
     if label and label != owner:
         owner = f"{owner} ({label})"
-    return UnknownFieldError(unknown_field_message(owner, name, list(struct_schema.fieldnames)))
+    return UnknownFieldError(unknown_field_message(owner, name, list(struct_schema.fieldnames)),
+                             name)
 
 
 def resolve_field_path(struct_schema: Any, path: str, label: str | None = None) -> list[Any]:
@@ -159,9 +173,23 @@ def _field_index(root: Any) -> dict[str, list[str]]:
     return index
 
 
+_guesses: dict[tuple[str, tuple[int, ...]], str] = {}
+
+
 def guess_message(name: str, roots: Iterable[Any]) -> str:
     """pycapnp's "struct has no such member" in one line: the field and, since pycapnp
     does not say which struct it was, the structs under ``roots`` with a close field."""
+    roots = list(roots)
+    key = (name, tuple(int(root.node.id) for root in roots))
+    text = _guesses.get(key)
+    if text is None:
+        if len(_guesses) > 1024:
+            _guesses.clear()
+        text = _guesses[key] = _guess(name, roots)
+    return text
+
+
+def _guess(name: str, roots: list[Any]) -> str:
     candidates: dict[str, list[str]] = {}
     for root in roots:
         index = _field_index(root)
@@ -200,13 +228,18 @@ def install(roots: Any) -> None:
                                                                    UnknownFieldError):
             return converted
         match = _MEMBER_RE.search(str(self.message))
-        if match is None:
+        if match is None or match.group(1).startswith("_"):  # dunder probes: as they are
             return converted
-        try:
-            message = guess_message(match.group(1), roots())
-        except Exception:  # never hide pycapnp's error behind one of ours
-            return converted
-        return UnknownFieldError(message).with_traceback(converted.__traceback__)
+        name = match.group(1)
+        original_text = str(converted)
+
+        def message() -> str:  # worked out when read: hasattr() misses cost nothing
+            try:
+                return guess_message(name, roots())
+            except Exception:  # never hide pycapnp's error behind one of ours
+                return original_text
+
+        return UnknownFieldError(message, name).with_traceback(converted.__traceback__)
 
     _KjException._to_python = _to_python  # type: ignore[attr-defined]
     _installed = True

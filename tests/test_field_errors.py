@@ -61,6 +61,7 @@ def test_pycapnp_builders_and_readers_name_the_structs_with_a_close_field() -> N
     msg = new_message("vehicleState")
     with pytest.raises(AttributeError) as caught:
         msg.vehicleState.speeed = 1.0  # a bare pycapnp builder: raised in C++
+    assert caught.value.field_name == "speeed"
     text = _one_line(caught.value)
     assert text.startswith("struct has no field 'speeed'; did you mean 'speed' (a field of ")
     assert "VehicleState" in text
@@ -76,6 +77,9 @@ def test_pycapnp_builders_and_readers_name_the_structs_with_a_close_field() -> N
         reader.vehicleState.cruiseState.enabld  # noqa: B018
     text = _one_line(caught.value)
     assert "did you mean 'enabled' (a field of " in text and "CruiseState" in text
+    assert not hasattr(msg.vehicleState, "speeed")  # the message is made only when read
+    with pytest.raises(AttributeError, match="no such member; name = __array__"):
+        msg.vehicleState.__array__  # noqa: B018 (dunder probes stay pycapnp's, as cheap)
     # other pycapnp errors stay pycapnp's
     with pytest.raises(Exception) as caught:
         msg.vehicleState.speed = "fast"
