@@ -68,9 +68,11 @@ class EventFields:
                  valid_default: bool) -> None: ...
 
 def view_member(message: bytes, member: CompiledMember,
-                decode: Callable[[], Any]) -> StructView | StructListView | object:
+                decode: Callable[[], Any] | Callable[[bytes], Any],
+                decode_takes_message: bool = False) -> StructView | StructListView | object:
     """A view of the root union's struct (or list of structs) ``member`` in ``message``,
-    or FALLBACK."""
+    or FALLBACK; ``decode()`` (``decode(message)`` with ``decode_takes_message``) gives
+    the member's pycapnp reader."""
 
 def identify(message: bytes, fields: EventFields) -> tuple[int, bool, str] | object:
     """``(logMonoTime, valid, service)`` of a one-segment Event, or FALLBACK."""

@@ -589,6 +589,7 @@ cdef class _PycapnpBacked:
     cdef object parent  # a view, or for the root a callable giving its pycapnp reader
     cdef object name  # the attribute (a list's: the index) of the parent's reader this is
     cdef object reader  # the pycapnp reader, once made
+    cdef bint decode_message  # the root: parent(message), not parent(), gives its reader
 
     cdef object _pycapnp(self):
         if self.reader is None:
@@ -596,6 +597,8 @@ cdef class _PycapnpBacked:
                 self.reader = (<StructListView>self.parent)._pycapnp()[self.name]
             elif isinstance(self.parent, _PycapnpBacked):
                 self.reader = getattr((<_PycapnpBacked>self.parent)._pycapnp(), self.name)
+            elif self.decode_message:
+                self.reader = self.parent(self.message)
             else:
                 self.reader = self.parent()
         return self.reader
@@ -756,12 +759,16 @@ cdef StructListView _list_view(object message, _Walk walk, const Struct *s, Fiel
     return view
 
 
-def view_member(bytes message, CompiledMember member not None, object decode):
+def view_member(bytes message, CompiledMember member not None, object decode,
+                bint decode_takes_message=False):
     """A :class:`StructView` of the root union's ``member`` (a struct; compiled by
     :func:`compile_member` from reader_layouts.view_member_layout) in ``message``
     (exactly one framed message, one segment), or FALLBACK when this reader does not
     follow the message as far as that struct (pycapnp decodes it then). ``decode()``
-    gives the member's pycapnp reader, for what the view does not read itself."""
+    gives the member's pycapnp reader, for what the view does not read itself — or,
+    with ``decode_takes_message``, ``decode(message)`` (one callable per member serves
+    every message: no object made per view)."""
+    cdef _PycapnpBacked root_view
     cdef Py_ssize_t n = len(message)
     cdef const uint8_t *buf = <const uint8_t *>(<char *>message)
     cdef uint32_t words
@@ -790,7 +797,9 @@ def view_member(bytes message, CompiledMember member not None, object decode):
         if walk.raw_bits(&root, 2 * member.discriminant_offset, 2) != member.discriminant:
             return FALLBACK
         if is_list:
-            return _list_view(message, walk, &root, field, decode, None)
+            root_view = _list_view(message, walk, &root, field, decode, None)
+            root_view.decode_message = decode_takes_message
+            return root_view
         if where >= root.ptr_count:
             payload.data = payload.ptrs = 0
             payload.data_bytes = payload.ptr_count = 0
@@ -800,6 +809,7 @@ def view_member(bytes message, CompiledMember member not None, object decode):
         return FALLBACK
     view = StructView.__new__(StructView)
     view._place(message, walk, member.field.struct_, decode, None)
+    view.decode_message = decode_takes_message
     view.s = payload
     return view
 

@@ -11,7 +11,7 @@ import textwrap
 import time
 
 import pytest
-from helpers import sync_subscriber
+from helpers import sync_subscriber, wait_until
 
 import msgq
 from msgq import messaging
@@ -653,6 +653,34 @@ def test_send_reads_the_service_of_new_message_builders_from_their_bytes() -> No
             pm.send("gyroscope", robot_msg)  # its bytes read as gyroscope with msgq's layout
         sm.update(0)
         assert not sm.updated["vehicleState"] and not sm.seen["gyroscope"]
+    finally:
+        sm.close()
+        pm.close()
+
+
+def test_views_ask_pycapnp_through_the_services_decoder() -> None:
+    """What a SubMaster view does not read itself it asks of pycapnp's reader of the same
+    message, made from the view's own bytes: a struct view, a nested view, a list of
+    structs and its element all answer as pycapnp (to_dict, which, len)."""
+    pm = PubMaster(["vehicleState", "can"])
+    sm = SubMaster(["vehicleState", "can"])
+    try:
+        msg = new_message("vehicleState")
+        msg.vehicleState.speed = 4.5
+        msg.vehicleState.cruiseState.setSpeed = 7.0
+        pm.send("vehicleState", msg)
+        frames = new_message("can", 2)
+        frames.can[1].address = 0x123
+        pm.send("can", frames)
+        wait_until(lambda: (sm.update(100), sm.seen["vehicleState"] and sm.seen["can"])[1])
+        view = sm["vehicleState"]
+        assert type(view).__name__ == "StructView"
+        assert view.to_dict()["speed"] == 4.5
+        assert view.cruiseState.to_dict()["setSpeed"] == 7.0
+        can = sm["can"]
+        assert type(can).__name__ == "StructListView"
+        assert len(can) == 2 and can[1].address == 0x123
+        assert can[1].to_dict()["address"] == 0x123 and "address = 291" in str(can)
     finally:
         sm.close()
         pm.close()

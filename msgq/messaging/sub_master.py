@@ -187,6 +187,9 @@ class SubMaster:
         self._views = self.schema.views
         self._identify = self._views.identify
         self._members = {s: self._views.member(s) for s in self.services}
+        # the pycapnp reader of a view's payload, made from the view's message: one
+        # callable per service, nothing made per message (view_member's decode_takes_message)
+        self._decoders = {s: partial(_pycapnp_payload, self.schema, s) for s in self.services}
         self.bad_messages: dict[str, int] = {}
         # what decodes holds no reference to the SubMaster: no cycle through its payloads
         self.data: _Payloads = _Payloads(
@@ -252,7 +255,7 @@ class SubMaster:
         if data is not None:
             member = self._members[service]
             view = FALLBACK if member is None else \
-                view_member(data, member, partial(_pycapnp_payload, self.schema, service, data))
+                view_member(data, member, self._decoders[service], True)
             payload = view if view is not FALLBACK else self._decode_payload(service, data)
             if payload is not None:
                 _dict_setitem(self.data, service, payload)
