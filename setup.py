@@ -10,6 +10,7 @@ import glob
 import multiprocessing
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 from Cython.Build import cythonize
 from setuptools import Extension, find_packages, setup
@@ -78,6 +79,13 @@ class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command sty
         if not self.parallel:
             self.parallel = os.cpu_count() or 1
 
+    def _compile_each(self, sources: list[str], **options: object) -> list[str]:
+        """The objects of ``sources``, compiled side by side like the extensions."""
+        with ThreadPoolExecutor(self.parallel or 1) as pool:
+            parts = pool.map(lambda source: self.compiler.compile([source], **options),
+                             sources)
+            return [obj for part in parts for obj in part]
+
     def run(self) -> None:
         super().run()
         in_source = self.inplace or getattr(self, "editable_mode", False)
@@ -86,7 +94,7 @@ class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command sty
         include_dir = os.path.join(package_dir, "include")
         os.makedirs(lib_dir, exist_ok=True)
         os.makedirs(include_dir, exist_ok=True)
-        objects = self.compiler.compile(
+        objects = self._compile_each(
             C_CORE, output_dir=os.path.join(self.build_temp, "libmsgq"),
             extra_preargs=["-fPIC", "-fvisibility=default"],
             extra_postargs=extra_compile_args)
@@ -94,7 +102,7 @@ class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command sty
             objects, "libmsgq.so", output_dir=lib_dir, libraries=["pthread"],
             extra_preargs=["-Wl,-soname,libmsgq.so"], extra_postargs=strip_args)
         self.compiler.create_static_lib(objects, "msgq", output_dir=lib_dir)
-        vipc_objects = self.compiler.compile(
+        vipc_objects = self._compile_each(
             VISIONIPC_C, output_dir=os.path.join(self.build_temp, "libvisionipc"),
             include_dirs=["msgq/src", "visionipc/src"],
             extra_preargs=["-fPIC"], extra_postargs=extra_compile_args)
