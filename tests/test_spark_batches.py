@@ -175,3 +175,7 @@ def test_the_schema_check_runs_again_only_when_a_file_changed(
     ds._check_paths(files, options)
     ds._check_paths(files[:1], options)
     assert checked == [2, 2, 1]
+    index = tmp_path / "index.json"
+    index.write_text(index.read_text() + " ")  # the index changed: checked again
+    ds._check_paths(files[:1], options)
+    assert checked == [2, 2, 1, 1]
