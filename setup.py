@@ -191,6 +191,18 @@ extensions = [
 ]
 
 
+def selected(modules: list[Extension], skip: str) -> list[Extension]:
+    """``modules`` less those named in ``skip`` (comma-separated module names, from
+    MSGQ_SKIP_EXTENSIONS): ./run.sh's set-up leaves out msgq.viz._json_writer, which only
+    the viz extra's MCAP export uses (./test.sh and wheels build every one)."""
+    names = {name.strip() for name in skip.split(",") if name.strip()}
+    unknown = names - {m.name for m in modules}
+    if unknown:
+        raise SystemExit(f"MSGQ_SKIP_EXTENSIONS names no extension: {', '.join(sorted(unknown))}"
+                         f" (these are: {', '.join(m.name for m in modules)})")
+    return [m for m in modules if m.name not in names]
+
+
 def long_description(readme: str = "README.md", repository: str = REPOSITORY) -> str:
     """README.md for the package index page, where links relative to the source tree
     (docs/, examples/, LICENSE) lead nowhere: with a ``repository`` they point into it;
@@ -224,7 +236,8 @@ def cython_processes() -> int:
 setup(
     long_description=long_description(),
     long_description_content_type="text/markdown",
-    ext_modules=cythonize(extensions, language_level=3, nthreads=cython_processes()),
+    ext_modules=cythonize(selected(extensions, os.environ.get("MSGQ_SKIP_EXTENSIONS", "")),
+                          language_level=3, nthreads=cython_processes()),
     cmdclass={"build_ext": build_ext_with_c_library},
     package_dir={
         "msgq": "msgq",

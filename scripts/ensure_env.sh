@@ -181,8 +181,13 @@ if [ "$satisfied" -eq 0 ]; then
     > .venv/deps.log 2>&1 &
   deps_job=$!
   echo "building msgq into .venv (pip install -e .; log: .venv/build.log)" >&2
+  # The run profile leaves out the MCAP export's JSON writer: only the viz extra, which
+  # it does not install, uses it (the test profile builds every extension).
+  skip=""
+  [ "$profile" = run ] && skip="msgq.viz._json_writer"
   built=1
-  .venv/bin/python -m pip install --no-deps -e . > .venv/build.log 2>&1 || built=0
+  MSGQ_SKIP_EXTENSIONS="$skip" .venv/bin/python -m pip install --no-deps -e . \
+    > .venv/build.log 2>&1 || built=0
   if ! wait "$deps_job"; then
     tail -n 40 .venv/deps.log >&2
     echo "failed: pip install -r .venv/requirements.txt (full output: .venv/deps.log)" >&2
