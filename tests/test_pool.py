@@ -74,10 +74,10 @@ def test_chunks_are_the_default_with_the_plain_rings_size_and_limits(
 
 
 def test_a_burst_the_plain_ring_holds_is_held_whole(endpoint: str) -> None:
-    # 1,800 small messages (8.8 MiB) and a few large ones, sent before the reader reads
-    # one: the 10 MiB ring holds them all, chunks or not. (A segment split into an eighth
-    # of ring and a pool, layout 4, held 250 of the small ones.)
-    sizes = [70_000 if i % 100 == 50 else 5_000 for i in range(1_800)]
+    # 1,200 messages (5.7 MiB) and 12 large ones in chunks (3.4 MiB), sent before the
+    # reader reads one: the 10 MiB ring holds them all, chunks or not. (A segment split
+    # into an eighth of ring and a pool, layout 4, held 250 of the small ones.)
+    sizes = [300_000 if i % 100 == 50 else 5_000 for i in range(1_200)]
     sub = msgq.sub_sock(endpoint, segment_size=SEGMENT, timeout=0)
     pub = msgq.pub_sock(endpoint, segment_size=SEGMENT)
     for seq, size in enumerate(sizes, 1):
@@ -103,7 +103,7 @@ def publish(endpoint: str, sizes: list[int], started, window) -> None:
 
 
 def test_large_messages_reach_every_receive_api(endpoint: str) -> None:
-    # 16 KiB and more travel in chunks; the last one is the largest message the queue
+    # 256 KiB and more travel in chunks; the last one is the largest message the queue
     # takes (a third of the segment), which stays inline (a fresh chunk of it would take
     # 32 bytes more than a third).
     sizes = [64 * 1024, MIB, 16 * 1024, 2 * MIB, 200 * 1024, 8] * 3 + [3_495_240]

@@ -226,7 +226,7 @@ class MsgqBackend(Backend):
         "a futex in the shared ring (setTimeout)"
     )
     io_note = (
-        "send(bytearray) copies once into the ring (16 KiB and more into a chunk of the "
+        "send(bytearray) copies once into the ring (256 KiB and more into a chunk of the "
         "ring, reused once every reader read it); receive() copies once into bytes; "
         "view rows: receive_view() reads in the ring, overwrite checked on leaving")
     dist_name = DISTRIBUTION

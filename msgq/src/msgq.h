@@ -73,7 +73,7 @@
  * (MSGQ_OPEN_CHECKSUM) a message whose bytes do not match their CRC32C is dropped and
  * counted (msgq_sub_stats.checksum_errors).
  *
- * Large messages. A message of 16 KiB or more is written into a chunk, a region of the
+ * Large messages. A message of 256 KiB or more is written into a chunk, a region of the
  * ring reused most recently freed first once every reader has read it, and the ring
  * carries a small descriptor of it (docs/ring.md, "Chunks"); send, reserve, recv and
  * view work the same, with the same size limits and checks. On by default; a queue

@@ -126,9 +126,10 @@
 #endif
 /* Chunks a publisher keeps track of for reuse (free and in flight together). */
 #define MSGQ_POOL_MAX_CHUNKS 64u
-/* Messages of at least this many bytes go into chunks (smaller ones stay inline, where a
- * copy is cheaper than a descriptor, a pin and a second cache line). */
-#define MSGQ_POOL_THRESHOLD (16u * 1024u)
+/* Messages of at least this many bytes go into chunks. Smaller ones stay inline: 64 KiB
+ * messages in chunks measured 0.5-0.9x the ring's copy rate and 1.5-1.7x its round trip
+ * between two CPUs (docs/benchmarks.md), and they cost the ring little to walk. */
+#define MSGQ_POOL_THRESHOLD (256u * 1024u)
 /* Bit of a ring prefix's size field marking a chunk descriptor (size exactly
  * MSGQ_POOL_DESCRIPTOR_SIZE: the chunk's ring position and sequence word; its CRC32C, if
  * any, covers the payload in the chunk) or a chunk record (any larger size: a sequence
