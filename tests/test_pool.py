@@ -1,6 +1,7 @@
-"""The chunk pool of the shared-memory backend (docs/ring.md, P1-P6) between processes:
-large messages through every receive API, a publisher SIGKILLed inside ``reserve()``, a
-reader SIGKILLed holding a view, and the file and size limits a service had before."""
+"""Chunks for large messages in the shared-memory backend (docs/ring.md, P1-P6) between
+processes: on by default, the file, ring and limits of the plain ring, a burst the plain
+ring holds held whole, large messages through every receive API, a publisher SIGKILLed
+inside ``reserve()``, a reader SIGKILLed holding a view."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ FLAG_POOL = 2
 def shm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MSGQ_BACKEND", "msgq")
     monkeypatch.delenv("ZMQ", raising=False)
-    monkeypatch.setenv("MSGQ_POOL", "1")  # off by default (docs/ring.md)
+    monkeypatch.delenv("MSGQ_POOL", raising=False)  # on by default
 
 
 def message(seq: int, size: int) -> bytes:
@@ -52,14 +53,13 @@ def header_field(endpoint: str, offset: int) -> int:
         return CAPACITY.unpack(f.read(4))[0]
 
 
-def test_a_queue_has_a_pool_and_the_same_size_and_limits(
+def test_chunks_are_the_default_with_the_plain_rings_size_and_limits(
     endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pub = msgq.pub_sock(endpoint, segment_size=SEGMENT)
     path = os.path.join(queue_dir(), f"msgq_{endpoint}")
     assert header_field(endpoint, 44) & FLAG_POOL
-    ring = header_field(endpoint, 48)
-    assert SEGMENT // 8 <= ring < SEGMENT // 4
+    assert header_field(endpoint, 48) == SEGMENT  # the ring is the whole segment
     pooled = (os.stat(path).st_size, pub.max_message_size)
     assert pub.max_message_size == 3_495_240  # (segment - 8) / 3, to 8 bytes, less 8
     pub.close()
@@ -68,17 +68,32 @@ def test_a_queue_has_a_pool_and_the_same_size_and_limits(
     pub = msgq.pub_sock(endpoint, segment_size=SEGMENT)
     assert not header_field(endpoint, 44) & FLAG_POOL
     assert header_field(endpoint, 48) == SEGMENT
-    # The pool is carved out of the segment: the file and the largest message are the same.
+    # Chunks take ring bytes: the file and the largest message are the same.
     assert (os.stat(path).st_size, pub.max_message_size) == pooled
     pub.close()
+
+
+def test_a_burst_the_plain_ring_holds_is_held_whole(endpoint: str) -> None:
+    # 1,200 messages (5.7 MiB) and 12 large ones in chunks (3.4 MiB), sent before the
+    # reader reads one: the 10 MiB ring holds them all, chunks or not. (A segment split
+    # into an eighth of ring and a pool, layout 4, held 250 of the small ones.)
+    sizes = [300_000 if i % 100 == 50 else 5_000 for i in range(1_200)]
+    sub = msgq.sub_sock(endpoint, segment_size=SEGMENT, timeout=0)
+    pub = msgq.pub_sock(endpoint, segment_size=SEGMENT)
+    for seq, size in enumerate(sizes, 1):
+        pub.send(message(seq, size))
+    got = []
+    while (data := sub.receive(non_blocking=True)) is not None:
+        got.append((seq_of(data), len(data)))
+    assert got == list(enumerate(sizes, 1))
 
 
 def publish(endpoint: str, sizes: list[int], started, window) -> None:
     pub = msgq.pub_sock(endpoint, segment_size=SEGMENT)
     started.wait(10)
     for seq, size in enumerate(sizes, 1):
-        # At most a few messages ahead of the reader: the pool holds two chunks of the
-        # largest message, and this test is about delivery, not about lapping.
+        # At most a few messages ahead of the reader: this test is about delivery, with
+        # chunks reused, not about lapping.
         assert window.acquire(timeout=10)
         if seq % 2:
             pub.send(message(seq, size))
@@ -88,9 +103,9 @@ def publish(endpoint: str, sizes: list[int], started, window) -> None:
 
 
 def test_large_messages_reach_every_receive_api(endpoint: str) -> None:
-    # 1 MiB does not fit this queue's ring (an eighth of 10 MiB, a third of that at most):
-    # it can only travel in a chunk.
-    # The last one is the largest message the queue takes (a third of the segment).
+    # 256 KiB and more travel in chunks; the last one is the largest message the queue
+    # takes (a third of the segment), which stays inline (a fresh chunk of it would take
+    # 32 bytes more than a third).
     sizes = [64 * 1024, MIB, 16 * 1024, 2 * MIB, 200 * 1024, 8] * 3 + [3_495_240]
     sub = msgq.sub_sock(endpoint, segment_size=SEGMENT, timeout=10_000)
     started = FORK.Event()
@@ -161,7 +176,8 @@ def test_reader_killed_holding_a_view_never_stops_the_publisher(endpoint: str) -
     child.join(10)
     assert child.exitcode == -signal.SIGKILL
     # The dead reader pins a chunk and is behind every message: the publisher goes on
-    # (its sweep frees the slot and the pin) and the live reader gets everything whole.
+    # (fresh chunks until its sweep frees the slot and the pin) and the live reader gets
+    # everything whole.
     for seq in range(1, 60):
         if seq > 1:
             pub.send(message(seq, MIB))

@@ -35,7 +35,7 @@ INTO_SIZES: tuple[int, ...] = (64 * KIB, MIB)
 RTT_SIZES: tuple[int, ...] = (8, 64 * KIB)
 #: Every backend the benchmark knows, in table order; pyzmq is the reference of the ratios.
 BACKEND_ORDER: tuple[str, ...] = (
-    "msgq", "msgq-pool", "msgq-zmq", "msgq-zmq-curve", "pyzmq", "kickmsg", "iceoryx2")
+    "msgq", "msgq-ring", "msgq-zmq", "msgq-zmq-curve", "pyzmq", "kickmsg", "iceoryx2")
 REFERENCE = "pyzmq"
 TESTS: tuple[str, ...] = ("throughput", "recv_into", "view", "rtt", "rtt_async")
 #: Payload sizes of the asyncio round-trip rows.
@@ -226,7 +226,8 @@ class MsgqBackend(Backend):
         "a futex in the shared ring (setTimeout)"
     )
     io_note = (
-        "send(bytearray) copies once into the ring; receive() copies once into bytes; "
+        "send(bytearray) copies once into the ring (256 KiB and more into a chunk of the "
+        "ring, reused once every reader read it); receive() copies once into bytes; "
         "view rows: receive_view() reads in the ring, overwrite checked on leaving")
     dist_name = DISTRIBUTION
 
@@ -301,18 +302,18 @@ class MsgqBackend(Backend):
         self.sockets.clear()
 
 
-class MsgqPoolBackend(MsgqBackend):
-    """msgq with the chunk pool (``MSGQ_POOL=1``, off by default): messages of 16 KiB and
-    more in chunks, for a comparison with the ring alone in one run."""
+class MsgqRingBackend(MsgqBackend):
+    """msgq without chunks (``MSGQ_POOL=0``; chunks are the default): every message inline
+    in the ring, for a comparison with the default in one run."""
 
-    name = "msgq-pool"
+    name = "msgq-ring"
     io_note = (
-        "as msgq, with MSGQ_POOL=1: queues are created with the chunk pool, so messages "
-        "of 16 KiB and more go into chunks and the ring carries their descriptors")
+        "as msgq, with MSGQ_POOL=0: queues are created without chunks, so every message "
+        "is copied inline into the ring (the plain ring of before)")
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         # Read by whichever process creates the queue (each benchmark process is fresh).
-        os.environ["MSGQ_POOL"] = "1"
+        os.environ["MSGQ_POOL"] = "0"
         super().__init__(run_dir, prefix)
 
 
@@ -693,7 +694,7 @@ class Iceoryx2Backend(Backend):
 #: Backend name -> adapter class.
 BACKENDS: dict[str, type[Backend]] = {
     cls.name: cls
-    for cls in (MsgqBackend, MsgqPoolBackend, MsgqZmqBackend, MsgqZmqCurveBackend, PyzmqBackend,
+    for cls in (MsgqBackend, MsgqRingBackend, MsgqZmqBackend, MsgqZmqCurveBackend, PyzmqBackend,
                 KickmsgBackend,
                 Iceoryx2Backend)
 }

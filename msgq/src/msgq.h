@@ -73,11 +73,11 @@
  * (MSGQ_OPEN_CHECKSUM) a message whose bytes do not match their CRC32C is dropped and
  * counted (msgq_sub_stats.checksum_errors).
  *
- * Large messages. A queue created while $MSGQ_POOL=1 (1 MiB or more) carries a pool
- * of chunks in the same file: a message of 16 KiB or more (or one too large for the
- * queue's ring) is written into a chunk and the ring carries a small descriptor of it
- * (docs/ring.md, "The chunk pool"); send, reserve, recv and view work the same, with the
- * same size limits and checks. Off by default.
+ * Large messages. A message of 256 KiB or more is written into a chunk, a region of the
+ * ring reused most recently freed first once every reader has read it, and the ring
+ * carries a small descriptor of it (docs/ring.md, "Chunks"); send, reserve, recv and
+ * view work the same, with the same size limits and checks. On by default; a queue
+ * created while $MSGQ_POOL=0 keeps every message inline.
  *
  * Blocking. Timeouts are in nanoseconds; a negative timeout waits forever, 0 does not
  * wait. Waiting calls return early with -EINTR when a signal arrives, so a program can

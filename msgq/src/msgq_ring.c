@@ -15,9 +15,8 @@ _Static_assert(sizeof(msgq_reader_slot) == MSGQ_CACHE_LINE, "reader slot is one 
 _Static_assert(sizeof(msgq_header) == MSGQ_CACHE_LINE * (3 + MSGQ_READER_SLOTS),
                "header layout");
 _Static_assert(MSGQ_READER_SLOTS <= 64, "waiting_readers is a 64-bit mask");
-_Static_assert(MSGQ_POOL_MAX_CHUNKS <= 65536, "chunk indices are 16-bit");
-_Static_assert(MSGQ_POOL_MIN_SEGMENT / 8u >= 3u * (MSGQ_POOL_DESCRIPTOR_SIZE + 16u),
-               "the ring of a pooled segment holds descriptors");
+_Static_assert(MSGQ_POOL_THRESHOLD > 8u + MSGQ_POOL_DESCRIPTOR_SIZE,
+               "a chunk record is larger than a descriptor");
 
 /* Before a subscriber sleeps on the futex it looks for data a little longer, because a
  * futex sleep and wake costs tens of microseconds on a virtual machine:
@@ -73,28 +72,6 @@ uint32_t msgq_ring_max_message_size(uint32_t capacity) {
 
 uint32_t msgq_ring_max_message(const msgq_ring *ring) { return ring->max_message; }
 
-static inline uint64_t align64(uint64_t n) { return (n + 63u) & ~(uint64_t)63u; }
-
-/* The one split of a pooled segment of `segment` bytes (P1): the ring keeps at least an
- * eighth, the rest is a sequence word per granule and the granules. Returns 0 when the
- * segment is too small for a pool. Format and attach both use it, so a header whose pool
- * fields disagree with it is refused. */
-static int pool_geometry(uint64_t segment, uint32_t *ring_capacity, uint32_t *granules,
-                         uint32_t *shift) {
-  if (segment < MSGQ_POOL_MIN_SEGMENT || segment > MSGQ_MAX_SEGMENT_SIZE) return 0;
-  uint64_t rest = segment - segment / 8u;
-  uint32_t sh = MSGQ_POOL_MIN_GRANULE_SHIFT;
-  while ((rest >> sh) > MSGQ_POOL_MAX_GRANULES) sh++;
-  if (sh > MSGQ_POOL_MAX_GRANULE_SHIFT) return 0;
-  uint64_t n = rest >> sh;
-  while (n > 0 && align64(n * 8u) + (n << sh) > rest) n--;
-  if (n < 2) return 0;
-  *ring_capacity = (uint32_t)(segment - align64(n * 8u) - (n << sh));
-  *granules = (uint32_t)n;
-  *shift = sh;
-  return 1;
-}
-
 /* A publisher identity that differs between publishers, also within one process. */
 static uint64_t random_token(void) {
   static _Atomic uint64_t counter = 0;
@@ -120,10 +97,7 @@ int msgq_ring_format(void *mem, size_t size, uint32_t flags) {
   h->num_reader_slots = MSGQ_READER_SLOTS;
   h->created_ns = (uint64_t)os_monotonic_ns();
   h->creator_pid = (int32_t)getpid();
-  h->ring_capacity = (uint32_t)capacity;
-  if ((flags & MSGQ_FLAG_POOL) &&
-      !pool_geometry(capacity, &h->ring_capacity, &h->pool_granules, &h->granule_shift))
-    flags &= ~MSGQ_FLAG_POOL; /* too small for a pool: a plain ring */
+  h->ring_capacity = (uint32_t)capacity; /* chunks live in the ring (P1) */
   h->flags = flags;
   /* release: an opener that sees the magic sees the whole header above. */
   atomic_store_explicit(&h->magic, MSGQ_MAGIC, memory_order_release);
@@ -149,15 +123,8 @@ static int validate_header(const msgq_header *h, size_t size) {
     return MSGQ_EGEOMETRY;
   if (h->capacity < MSGQ_MIN_SEGMENT_SIZE || h->capacity % 8u != 0) return MSGQ_EGEOMETRY;
   if (h->flags & ~MSGQ_KNOWN_FLAGS) return MSGQ_EGEOMETRY;
-  if (h->flags & MSGQ_FLAG_POOL) {
-    uint32_t ring_capacity, granules, shift;
-    if (!pool_geometry(h->capacity, &ring_capacity, &granules, &shift) ||
-        h->ring_capacity != ring_capacity || h->pool_granules != granules ||
-        h->granule_shift != shift)
-      return MSGQ_EGEOMETRY;
-  } else if (h->ring_capacity != h->capacity || h->pool_granules || h->granule_shift) {
+  if (h->ring_capacity != h->capacity || h->pool_granules || h->granule_shift)
     return MSGQ_EGEOMETRY;
-  }
   return 0;
 }
 
@@ -168,20 +135,15 @@ int msgq_ring_attach(msgq_ring *ring, void *mem, size_t size) {
   if (r < 0) return r;
   ring->header = h;
   ring->data = (uint8_t *)mem + h->header_size;
-  ring->capacity = h->ring_capacity;
+  ring->capacity = h->capacity;
   ring->flags = h->flags;
   ring->map_size = size;
   ring->segment_size = h->capacity;
   ring->max_message = msgq_ring_max_message_size(h->capacity);
-  ring->max_inline = msgq_ring_max_message_size(h->ring_capacity);
-  if (h->flags & MSGQ_FLAG_POOL) {
-    /* validate_header checked that ring, table and granules fill the segment exactly. */
-    ring->pool_granules = h->pool_granules;
-    ring->granule_shift = h->granule_shift;
-    ring->pool_seq = (_Atomic uint64_t *)(ring->data + h->ring_capacity);
-    ring->pool_data = ring->data + h->ring_capacity + align64((uint64_t)h->pool_granules * 8u);
-    ring->pool_size = (uint64_t)h->pool_granules << h->granule_shift;
-  }
+  /* A fresh chunk (record and descriptor) stays within the third a message may take. */
+  ring->max_chunked = ring->max_message > MSGQ_POOL_FRESH_OVERHEAD
+                          ? (ring->max_message - MSGQ_POOL_FRESH_OVERHEAD) & ~7u
+                          : 0u;
   return 0;
 }
 
@@ -291,10 +253,9 @@ void msgq_publisher_init(msgq_publisher *pub, const msgq_ring *ring) {
                               ? ring->capacity / 16u
                               : MSGQ_EARLY_WRAP_RETRY_BYTES;
   pub->early_wrap_check = pub->early_wrap_from;
-  /* The pool is cut at the first pooled send (pool_cut), which also moves every
-   * granule's sequence on: descriptors a previous publisher left (and a chunk it died
-   * writing) never pass their check again (P6). */
-  pub->pool.reserved_chunk = -1;
+  /* No chunks yet (P6): this publisher reuses only chunks it writes fresh. The counter
+   * starts anywhere; every write of one chunk gets its own value. */
+  pub->pool.next_counter = (pub->token >> 7) & ((UINT64_C(1) << 31) - 1u);
 }
 
 void msgq_publisher_release(msgq_publisher *pub) {
@@ -401,14 +362,24 @@ static bool readers_all_at(const msgq_header *h, uint64_t wp) {
   return true;
 }
 
+/* How many chunks the publisher keeps track of (P3). */
+static inline uint32_t pool_tracked(const msgq_pool_publisher *pool) {
+  return pool->free_count + pool->fifo_count + (pool->reserving ? 1u : 0u);
+}
+
+static void pool_forget_dead(msgq_publisher *pub, uint64_t reserve);
+
 /* Whether this send should go to offset 0 before the ring's end (I7): far enough in that
  * reusing the start pays, the marker at `offset` stays clear of the `total` bytes about
- * to be written at 0 (so a reader that reads the marker finds it intact), and every
- * reader has caught up. The slots are looked at only every MSGQ_EARLY_WRAP_RETRY_BYTES
- * while a reader is behind, so a stalled reader costs the sends nothing measurable. */
+ * to be written at 0 (so a reader that reads the marker finds it intact), every reader
+ * has caught up, and no chunk the publisher may reuse lies where the next cycle would
+ * write (chunks are warm already; an early wrap would throw them away). The slots are
+ * looked at only every MSGQ_EARLY_WRAP_RETRY_BYTES while a reader is behind, so a
+ * stalled reader costs the sends nothing measurable. */
 static bool wrap_early(msgq_publisher *pub, uint32_t offset, uint32_t total) {
   if (offset < pub->early_wrap_check || offset < total) return false;
-  if (!readers_all_at(pub->ring.header, pub->write_pointer)) {
+  if (pool_tracked(&pub->pool)) pool_forget_dead(pub, pub->reserve_high);
+  if (pool_tracked(&pub->pool) || !readers_all_at(pub->ring.header, pub->write_pointer)) {
     pub->early_wrap_check = (uint64_t)offset + pub->early_wrap_retry;
     return false;
   }
@@ -416,15 +387,18 @@ static bool wrap_early(msgq_publisher *pub, uint32_t offset, uint32_t total) {
   return true;
 }
 
-/* Reserves `size` bytes in the ring (inline message or descriptor) and returns where
- * they go. The caller checked ownership and size. */
-static int ring_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
+/* Reserves `size` bytes in the ring (inline message, descriptor, or chunk record with its
+ * descriptor) and returns where they go. The caller checked ownership and size. An early
+ * wrap (I7) is looked at only when `early` (a descriptor's place must be known before it
+ * is reserved: descriptor_end). */
+static int ring_reserve(msgq_publisher *pub, uint32_t size, void **payload, bool early) {
   msgq_ring *ring = &pub->ring;
   const uint32_t total = 8u + (uint32_t)align8(size);
   uint32_t cycle = position_cycle(pub->write_pointer);
   uint32_t offset = position_offset(pub->write_pointer);
 
-  if ((uint64_t)offset + total + 8u > ring->capacity || wrap_early(pub, offset, total)) {
+  if ((uint64_t)offset + total + 8u > ring->capacity ||
+      (early && wrap_early(pub, offset, total))) {
     /* Not enough room before the end (keeping 8 bytes for the marker), or every reader
      * is here and the ring's start is warm (I7): the rest of this cycle is skipped. The
      * reserve covers the marker and the message after the wrap. */
@@ -444,19 +418,13 @@ static int ring_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
   return 0;
 }
 
-/* Publishes the ring message reserved at write_pointer with this prefix, wakes
- * sleepers, sweeps on schedule. `ring_size` is its size in the ring. */
-static int ring_commit(msgq_publisher *pub, uint64_t prefix, uint32_t ring_size) {
-  msgq_ring *ring = &pub->ring;
-  msgq_header *h = ring->header;
-  const uint32_t cycle = position_cycle(pub->write_pointer);
-  const uint32_t offset = position_offset(pub->write_pointer);
-  store_prefix(ring->data + offset, prefix);
+/* Publishes everything below `next` (the message at `at` the newest), wakes sleepers,
+ * sweeps on schedule. */
+static int publish_message(msgq_publisher *pub, uint64_t at, uint64_t next) {
+  msgq_header *h = pub->ring.header;
   /* relaxed: published by the write_pointer store below (release). */
-  atomic_store_explicit(&h->last_message, pub->write_pointer, memory_order_relaxed);
-
-  int r = publish_write_pointer(pub,
-                                make_position(cycle, offset + 8u + (uint32_t)align8(ring_size)));
+  atomic_store_explicit(&h->last_message, at, memory_order_relaxed);
+  int r = publish_write_pointer(pub, next);
   if (r < 0) return r;
 
   bool woke = false;
@@ -469,99 +437,100 @@ static int ring_commit(msgq_publisher *pub, uint64_t prefix, uint32_t ring_size)
   return 0;
 }
 
-/* --- Chunk pool: the publisher's side (P1-P6 in docs/ring.md) ---------------------- */
+/* Publishes the ring message reserved at write_pointer with this prefix. `ring_size` is
+ * its size in the ring. */
+static int ring_commit(msgq_publisher *pub, uint64_t prefix, uint32_t ring_size) {
+  const uint64_t at = pub->write_pointer;
+  store_prefix(pub->ring.data + position_offset(at), prefix);
+  return publish_message(pub, at, at + 8u + align8(ring_size));
+}
+
+/* --- Chunks: the publisher's side (P1-P6 in docs/ring.md) -------------------------- */
 
 /* A sequence word (P2): a write counter (31 bits) above the message size (32 bits)
  * above the "being written" bit. Each write of any chunk gets the next counter, so a
- * descriptor matches only the one write it was made for, in its own chunk. */
+ * descriptor matches only the one write it was made for. */
 #define POOL_COUNTER_MASK ((UINT64_C(1) << 31) - 1u)
 static inline uint64_t pool_sequence(uint64_t counter, uint32_t size) {
   return (counter << 33) | ((uint64_t)size << 1);
 }
 
-static inline uint32_t chunk_granule(const msgq_pool_publisher *pool, uint32_t chunk) {
-  return chunk * pool->chunk_granules;
+/* The sequence word and the bytes of the chunk whose record is at ring offset `offset`
+ * (8-aligned, so the word is too). */
+static inline _Atomic uint64_t *chunk_word(const msgq_ring *ring, uint32_t offset) {
+  return (_Atomic uint64_t *)(void *)(ring->data + offset + 8u);
+}
+/* A reader's load of a chunk's word. The ring writer may be writing plain bytes over it
+ * (a fresh message where the chunk was: region_intact tells), so under TSan it is a
+ * function of its own that tests/c/tsan.supp names, like load_prefix. */
+PREFIX_LOAD_FUNCTION uint64_t chunk_word_load(const msgq_ring *ring, uint32_t offset) {
+  return atomic_load_explicit(chunk_word(ring, offset), memory_order_relaxed);
+}
+static inline uint8_t *chunk_bytes(const msgq_ring *ring, uint32_t offset) {
+  return ring->data + offset + 16u;
+}
+/* What a reader stores in its slot while it reads the chunk at `offset` (P4). */
+static inline uint32_t chunk_pin(uint32_t offset) { return offset / 8u + 1u; }
+
+/* Whether the ring bytes of the chunk whose record is at `position` are still intact
+ * once the ring writer's reservation reaches `reserve` (I3, seen from the writer). */
+static inline bool chunk_alive(uint64_t position, uint64_t reserve) {
+  return !position_before(
+      make_position(position_cycle(position) + 1u, position_offset(position)), reserve);
 }
 
-/* Granules a message of `size` bytes spans (at least one). */
-static inline uint32_t granules_spanned(const msgq_ring *ring, uint32_t size) {
-  uint64_t n = ((uint64_t)size + ((uint64_t)1 << ring->granule_shift) - 1u) >> ring->granule_shift;
-  return n ? (uint32_t)n : 1u;
+/* Where the reservation of a descriptor will end when it is made now (ring_reserve
+ * without an early wrap): a chunk reused for it must stay alive up to there. */
+static inline uint64_t descriptor_end(const msgq_publisher *pub) {
+  const uint32_t total = 8u + MSGQ_POOL_DESCRIPTOR_SIZE;
+  const uint32_t cycle = position_cycle(pub->write_pointer);
+  const uint32_t offset = position_offset(pub->write_pointer);
+  uint64_t end = (uint64_t)offset + total + 8u > pub->ring.capacity
+                     ? make_position(cycle + 1u, total)
+                     : make_position(cycle, offset + total);
+  return position_before(end, pub->reserve_high) ? pub->reserve_high : end;
 }
 
-/* Cuts the granules into chunks of at least `size` bytes (P3): a quarter more than the
- * chunks so far, so that a stream of growing messages is re-cut a few times only, and
- * no more than MSGQ_POOL_MAX_CHUNKS of them. Nothing in shared memory changes: every
- * write marks each granule it covers (P2), so a descriptor of the old cut fails its
- * check once any byte of it is rewritten, and not before. The chunks that overlap
- * messages still in flight go to the bottom of the free stack, so readers keep them as
- * long as the pool allows. The first cut of a publisher (also after a takeover, P6)
- * starts the write counter past every value in the table. */
-static void pool_cut(msgq_publisher *pub, uint32_t size) {
-  msgq_ring *ring = &pub->ring;
+static void free_remove(msgq_pool_publisher *pool, uint32_t i) {
+  memmove(&pool->free_stack[i], &pool->free_stack[i + 1u],
+          (pool->free_count - 1u - i) * sizeof pool->free_stack[0]);
+  pool->free_count--;
+}
+
+/* Puts a chunk on top of the free stack; a full stack forgets its bottom (coldest). */
+static void free_push(msgq_pool_publisher *pool, msgq_chunk c) {
+  if (pool->free_count == MSGQ_POOL_MAX_CHUNKS) free_remove(pool, 0);
+  pool->free_stack[pool->free_count++] = c;
+}
+
+/* Forgets the free chunks the ring writer has come round to (P5). */
+static void pool_forget_dead(msgq_publisher *pub, uint64_t reserve) {
   msgq_pool_publisher *pool = &pub->pool;
-  const uint64_t granule = (uint64_t)1 << ring->granule_shift;
-  uint64_t want = size;
-  if (pool->chunk_size) want = want > pool->chunk_size + pool->chunk_size / 4u
-                                   ? want
-                                   : pool->chunk_size + pool->chunk_size / 4u;
-  uint64_t floor = ring->pool_size / MSGQ_POOL_MAX_CHUNKS;
-  if (want < floor) want = floor;
-  uint64_t granules = (want + granule - 1u) >> ring->granule_shift;
-  /* At least two chunks (always possible for a message up to msgq_ring_max_message). */
-  if (granules > ring->pool_granules / 2u) granules = ring->pool_granules / 2u;
-
-  uint64_t in_flight[MSGQ_POOL_MAX_GRANULES / 64u] = {0};
-  if (pool->chunk_size) {
-    pool->recuts++;
-    for (uint32_t k = 0; k < pool->fifo_count; k++) {
-      uint32_t first = chunk_granule(pool, pool->fifo_chunk[(pool->fifo_head + k) %
-                                                            MSGQ_POOL_MAX_CHUNKS]);
-      for (uint32_t g = first; g < first + pool->chunk_granules; g++)
-        in_flight[g / 64u] |= UINT64_C(1) << (g % 64u);
-    }
-  } else {
-    uint64_t highest = 0;
-    for (uint32_t g = 0; g < ring->pool_granules; g++) {
-      uint64_t c = atomic_load_explicit(&ring->pool_seq[g], memory_order_relaxed) >> 33;
-      if (c > highest) highest = c;
-    }
-    pool->next_counter = (highest + 1u) & POOL_COUNTER_MASK;
+  for (uint32_t i = pool->free_count; i-- > 0;) {
+    if (chunk_alive(pool->free_stack[i].position, reserve)) continue;
+    free_remove(pool, i);
+    pool->forgotten++;
   }
-  pool->chunk_granules = (uint32_t)granules;
-  pool->chunk_size = (uint32_t)(granules << ring->granule_shift);
-  pool->num_chunks = ring->pool_granules / (uint32_t)granules;
-  if (pool->num_chunks > MSGQ_POOL_MAX_CHUNKS) pool->num_chunks = MSGQ_POOL_MAX_CHUNKS;
-  pool->free_count = 0;
-  for (int pass = 0; pass < 2; pass++) {
-    /* Pass 0 stacks the chunks over in-flight messages (bottom), pass 1 the others, the
-     * first chunk on top. */
-    for (uint32_t c = pool->num_chunks; c-- > 0;) {
-      bool busy = false;
-      for (uint32_t g = c * pool->chunk_granules; g < (c + 1u) * pool->chunk_granules; g++)
-        busy |= (in_flight[g / 64u] >> (g % 64u)) & 1u;
-      if (busy == (pass == 0)) pool->free_stack[pool->free_count++] = (uint16_t)c;
-    }
+  while (pool->fifo_count && !chunk_alive(pool->fifo[pool->fifo_head].position, reserve)) {
+    pool->fifo_head = (pool->fifo_head + 1u) % MSGQ_POOL_MAX_CHUNKS;
+    pool->fifo_count--;
+    pool->forgotten++;
   }
-  pool->fifo_head = 0;
-  pool->fifo_count = 0;
 }
 
-/* Whether a message goes to the pool: the queue has one, and the message is too large
- * for the ring, or at least MSGQ_POOL_THRESHOLD and not tiny beside the chunks cut for
- * earlier messages (a 20 KiB message in a pool cut for 4 MiB ones would take a whole
- * chunk: it stays inline, where it fits). */
-static bool goes_to_pool(const msgq_publisher *pub, uint32_t size) {
-  if (!pub->ring.pool_granules) return false;
-  if (size > pub->ring.max_inline) return true;
-  return size >= MSGQ_POOL_THRESHOLD && size >= pub->pool.chunk_size / 4u;
+/* Whether a message goes into a chunk: the queue wants chunks, the message is at least
+ * MSGQ_POOL_THRESHOLD, and a fresh chunk of it stays within a third of the ring. */
+static inline bool goes_to_pool(const msgq_publisher *pub, uint32_t size) {
+  return (pub->ring.flags & MSGQ_FLAG_POOL) && size >= MSGQ_POOL_THRESHOLD &&
+         size <= pub->ring.max_chunked;
 }
 
 /* Moves the in-flight chunks that every reader has read past to the free stack, oldest
  * first, so that the newest-freed is on top (P3). A reader's progress is its slot's
- * report (a claimed slot of a dead reader counts as behind until the sweep frees it);
- * a report that is ahead of us or more than a cycle behind is damage and counts as
- * behind, which can only make us lap (P5), never free a chunk someone is reading. */
+ * report (a claimed slot of a dead reader counts as behind until the sweep frees it).
+ * A report a cycle or more behind belongs to a reader the ring writer has lapped (its
+ * next peek resets it), and one ahead of us is damage: neither holds chunks back (a
+ * reader still reading one is protected by its pin and the word check, P4). */
 static void pool_retire(msgq_publisher *pub) {
   msgq_pool_publisher *pool = &pub->pool;
   if (pool->fifo_count == 0) return;
@@ -574,55 +543,47 @@ static void pool_retire(msgq_publisher *pub) {
     /* acquire: pairs with the reader's report after its last read of a chunk, so our
      * overwrite of a freed chunk comes after that read. */
     uint64_t rp = atomic_load_explicit(&slot->read_pointer, memory_order_acquire);
-    if (position_before(wp, rp) || wp - rp >= ((uint64_t)1 << 32)) return;
+    if (position_before(wp, rp) || wp - rp >= ((uint64_t)1 << 32)) continue;
     if (position_before(rp, laggard)) laggard = rp;
   }
   while (pool->fifo_count) {
     uint32_t at = pool->fifo_head;
-    if (position_before(laggard, pool->fifo_end[at])) break;
-    pool->free_stack[pool->free_count++] = pool->fifo_chunk[at];
+    if (position_before(laggard, pool->fifo[at].end)) break;
+    free_push(pool, pool->fifo[at]);
     pool->fifo_head = (at + 1u) % MSGQ_POOL_MAX_CHUNKS;
     pool->fifo_count--;
   }
 }
 
-/* Whether a live reader slot pins a message overlapping granules [g, g + n) (P4). */
-static bool chunk_pinned(const msgq_header *h, uint32_t g, uint32_t n) {
+/* Whether a live reader slot pins the chunk at ring offset `offset` (P4). */
+static bool chunk_pinned(const msgq_header *h, uint32_t offset) {
+  const uint32_t pin = chunk_pin(offset);
   for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++) {
     const msgq_reader_slot *slot = &h->readers[i];
     if (atomic_load_explicit(&slot->owner_pid, memory_order_relaxed) == 0) continue;
-    uint32_t pin = atomic_load_explicit(&slot->pinned_chunk, memory_order_relaxed);
-    if (pin == 0) continue;
-    uint32_t first = (pin & 0xFFFFu) - 1u, count = pin >> 16;
-    if (first < g + n && g < first + count) return true;
+    if (atomic_load_explicit(&slot->pinned_chunk, memory_order_relaxed) == pin) return true;
   }
   return false;
 }
 
-/* Starts writing a `size`-byte message into chunk c (P2, P4): every granule of the chunk
- * gets the odd word of this write (the next counter, the size, the "being written" bit);
- * then, behind a seq_cst fence, the pins are looked at. A pinned chunk (only looked for
- * when `may_skip`) gets its old words back and 0 is returned; else the odd word, after a
- * release fence that orders it before every byte written into the chunk. */
-static uint64_t chunk_begin_write(msgq_publisher *pub, uint32_t c, uint32_t size,
-                                  bool may_skip) {
+/* Starts writing a `size`-byte message into chunk c again (P2, P4): the chunk's word
+ * becomes the odd word of this write (the next counter, the size, the "being written"
+ * bit); then, behind a seq_cst fence, the pins are looked at. A pinned chunk gets its
+ * old word back and 0 is returned; else the odd word, after a release fence that orders
+ * it before every byte written into the chunk. */
+static uint64_t chunk_begin_reuse(msgq_publisher *pub, msgq_chunk c, uint32_t size) {
   msgq_pool_publisher *pool = &pub->pool;
-  _Atomic uint64_t *words = &pub->ring.pool_seq[chunk_granule(pool, c)];
-  const uint32_t n = pool->chunk_granules;
-  uint64_t saved[MSGQ_POOL_MAX_GRANULES / 2u];
+  _Atomic uint64_t *word = chunk_word(&pub->ring, position_offset(c.position));
   const uint64_t odd = pool_sequence(pool->next_counter, size) | 1u;
-  for (uint32_t i = 0; i < n; i++) {
-    saved[i] = atomic_load_explicit(&words[i], memory_order_relaxed);
-    atomic_store_explicit(&words[i], odd, memory_order_relaxed);
-  }
-  /* seq_cst fence: our word stores before the pin loads; pairs with the fence between a
-   * reader's pin store and its word loads (peek): one side sees the other. */
+  const uint64_t saved = atomic_load_explicit(word, memory_order_relaxed);
+  atomic_store_explicit(word, odd, memory_order_relaxed);
+  /* seq_cst fence: our word store before the pin loads; pairs with the fence between a
+   * reader's pin store and its word load (peek): one side sees the other. */
   atomic_thread_fence(memory_order_seq_cst);
-  if (may_skip && chunk_pinned(pub->ring.header, chunk_granule(pool, c), n)) {
-    /* Nothing was written: the words go back, and a reader that saw the odd ones
+  if (chunk_pinned(pub->ring.header, position_offset(c.position))) {
+    /* Nothing was written: the word goes back, and a reader that saw the odd one
      * meanwhile took its message for overwritten (a lost message, never a torn one). */
-    for (uint32_t i = 0; i < n; i++)
-      atomic_store_explicit(&words[i], saved[i], memory_order_relaxed);
+    atomic_store_explicit(word, saved, memory_order_relaxed);
     return 0;
   }
   pool->next_counter = (pool->next_counter + 1u) & POOL_COUNTER_MASK;
@@ -630,56 +591,106 @@ static uint64_t chunk_begin_write(msgq_publisher *pub, uint32_t c, uint32_t size
   return odd;
 }
 
-/* Takes a chunk for a new message: the most recently freed one that no reader pins;
- * when none is free (a reader is behind by the whole pool), the oldest in-flight chunk
- * that no reader pins (that reader is lapped, P5); when every one is pinned, the oldest
- * anyway (its view then reads as overwritten, as a lapped view of the ring does). Never
- * waits. Returns the chunk, its odd sequence word in *seq_out. */
-static uint32_t pool_take(msgq_publisher *pub, uint32_t size, uint64_t *seq_out) {
+/* Takes a free chunk for a `size`-byte message: the most recently freed one that is
+ * alive up to `reserve`, holds the message without being more than twice its size, and
+ * that no reader pins. Returns false when there is none (the message gets a fresh one). */
+static bool pool_take_free(msgq_publisher *pub, uint32_t size, uint64_t reserve) {
   msgq_pool_publisher *pool = &pub->pool;
-  pool_retire(pub);
-  /* Free chunks first, from the top; a pinned one (a reader of a message the last
-   * re-cut left there) moves to the bottom. */
-  for (uint32_t tries = pool->free_count; tries > 0; tries--) {
-    uint32_t c = pool->free_stack[--pool->free_count];
-    uint64_t odd = chunk_begin_write(pub, c, size, true);
-    if (odd) {
-      *seq_out = odd;
-      return c;
+  for (uint32_t i = pool->free_count; i-- > 0;) {
+    const msgq_chunk c = pool->free_stack[i];
+    if (!chunk_alive(c.position, reserve)) {
+      free_remove(pool, i);
+      pool->forgotten++;
+      continue;
     }
-    memmove(&pool->free_stack[1], &pool->free_stack[0],
-            pool->free_count * sizeof pool->free_stack[0]);
-    pool->free_stack[0] = (uint16_t)c;
-    pool->free_count++;
+    if (c.capacity < size || c.capacity / 2u > size) continue;
+    const uint64_t odd = chunk_begin_reuse(pub, c, size);
+    if (!odd) continue; /* pinned: left where it is */
+    free_remove(pool, i);
+    pool->reserved = c;
+    pool->reserved_seq = odd;
+    return true;
   }
-  pool->laps++;
-  for (uint32_t k = 0; k < pool->fifo_count; k++) {
-    uint32_t at = (pool->fifo_head + k) % MSGQ_POOL_MAX_CHUNKS;
-    uint32_t c = pool->fifo_chunk[at];
-    const bool last = k + 1u == pool->fifo_count && pool->free_count == 0;
-    uint64_t odd = chunk_begin_write(pub, c, size, !last);
-    if (!odd) continue;
-    /* Out of the FIFO: the entries before it move up by one. */
-    for (uint32_t j = k; j > 0; j--) {
-      uint32_t to = (pool->fifo_head + j) % MSGQ_POOL_MAX_CHUNKS;
-      uint32_t from = (pool->fifo_head + j - 1u) % MSGQ_POOL_MAX_CHUNKS;
-      pool->fifo_chunk[to] = pool->fifo_chunk[from];
-      pool->fifo_end[to] = pool->fifo_end[from];
-    }
-    pool->fifo_head = (pool->fifo_head + 1u) % MSGQ_POOL_MAX_CHUNKS;
-    pool->fifo_count--;
-    *seq_out = odd;
-    return c;
-  }
-  /* Every chunk pinned, and the free ones too: the top free one anyway. */
-  uint32_t c = pool->free_stack[--pool->free_count];
-  *seq_out = chunk_begin_write(pub, c, size, false);
-  return c;
+  return false;
 }
 
-/* A chunk that carries no published message goes back on top of the free stack. */
-static void pool_give_back(msgq_pool_publisher *pool, uint32_t c) {
-  pool->free_stack[pool->free_count++] = (uint16_t)c;
+/* Reserves a chunk for a `size`-byte message: a free one, else a fresh one at the write
+ * position whose record and descriptor are reserved together (P2). */
+static int pool_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
+  msgq_ring *ring = &pub->ring;
+  msgq_pool_publisher *pool = &pub->pool;
+  pool_retire(pub);
+  if (pool_take_free(pub, size, descriptor_end(pub))) {
+    pool->reserved_fresh = false;
+  } else {
+    void *at;
+    const uint32_t capacity = (uint32_t)align8(size);
+    int r = ring_reserve(pub, 8u + capacity + 8u + MSGQ_POOL_DESCRIPTOR_SIZE, &at, true);
+    if (r < 0) return r;
+    pool->reserved.position = pub->write_pointer;
+    pool->reserved.capacity = capacity;
+    pool->reserved_seq = pool_sequence(pool->next_counter, size) | 1u;
+    pool->next_counter = (pool->next_counter + 1u) & POOL_COUNTER_MASK;
+    pool->reserved_fresh = true;
+  }
+  pool->reserving = true;
+  *payload = chunk_bytes(ring, position_offset(pool->reserved.position));
+  return 0;
+}
+
+/* Publishes the reserved chunk: its word becomes even, then its descriptor goes into
+ * the ring as a small message (P1, P2); a fresh chunk's record prefix with it. */
+static int pool_commit(msgq_publisher *pub) {
+  msgq_ring *ring = &pub->ring;
+  msgq_pool_publisher *pool = &pub->pool;
+  msgq_chunk c = pool->reserved;
+  const uint32_t co = position_offset(c.position);
+  const uint32_t size = pub->reserved_size;
+  const bool fresh = pool->reserved_fresh;
+  pool->reserving = false;
+  uint64_t prefix = MSGQ_POOL_DESCRIPTOR_SIZE | MSGQ_POOL_DESCRIPTOR_BIT;
+  if (ring->flags & MSGQ_FLAG_CHECKSUM)
+    prefix |= (uint64_t)msgq_crc32c(chunk_bytes(ring, co), size) << 32;
+  const uint64_t seq = pool->reserved_seq & ~(uint64_t)1u; /* written: even */
+  /* release fence: the chunk's bytes before its even word (and before the descriptor,
+   * which write_pointer's release publishes). */
+  atomic_thread_fence(memory_order_release);
+  atomic_store_explicit(chunk_word(ring, co), seq, memory_order_relaxed);
+  uint64_t at;
+  if (fresh) {
+    /* Record and descriptor were reserved together at the write position. */
+    store_prefix(ring->data + co, (uint64_t)(8u + c.capacity) | MSGQ_POOL_DESCRIPTOR_BIT);
+    at = make_position(position_cycle(c.position), co + 16u + c.capacity);
+  } else {
+    void *payload;
+    int r = check_owner(pub);
+    if (r == 0) r = ring_reserve(pub, MSGQ_POOL_DESCRIPTOR_SIZE, &payload, false);
+    if (r < 0) {
+      free_push(pool, c);
+      return r;
+    }
+    at = pub->write_pointer;
+  }
+  uint8_t *desc = ring->data + position_offset(at);
+  store_prefix(desc + 8u, c.position);
+  store_prefix(desc + 16u, seq);
+  store_prefix(desc, prefix);
+  int r = publish_message(pub, at, at + 8u + MSGQ_POOL_DESCRIPTOR_SIZE);
+  if (r < 0) {
+    if (!fresh) free_push(pool, c);
+    return r;
+  }
+  if (pool->fifo_count == MSGQ_POOL_MAX_CHUNKS) { /* forget the oldest in flight */
+    pool->fifo_head = (pool->fifo_head + 1u) % MSGQ_POOL_MAX_CHUNKS;
+    pool->fifo_count--;
+    pool->forgotten++;
+  }
+  c.end = pub->write_pointer;
+  pool->fifo[(pool->fifo_head + pool->fifo_count) % MSGQ_POOL_MAX_CHUNKS] = c;
+  pool->fifo_count++;
+  pool->sends++;
+  pool->reuses += !fresh;
+  return 0;
 }
 
 int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
@@ -688,64 +699,11 @@ int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
   if (r < 0) return r;
   if (size > ring->max_message) return MSGQ_ETOOLARGE;
   if (pub->reserved) msgq_publisher_abort(pub); /* a reservation left open is dropped */
-  if (goes_to_pool(pub, size)) {
-    msgq_pool_publisher *pool = &pub->pool;
-    if (size > pool->chunk_size) pool_cut(pub, size);
-    uint64_t seq;
-    uint32_t c = pool_take(pub, size, &seq);
-    if (c != UINT32_MAX) {
-      pool->reserved_chunk = (int32_t)c;
-      pool->reserved_seq = seq;
-      pub->reserved = true;
-      pub->reserved_size = size;
-      *payload = ring->pool_data + ((uint64_t)chunk_granule(pool, c) << ring->granule_shift);
-      return 0;
-    }
-  }
-  r = ring_reserve(pub, size, payload);
+  r = goes_to_pool(pub, size) ? pool_reserve(pub, size, payload)
+                              : ring_reserve(pub, size, payload, true);
   if (r < 0) return r;
   pub->reserved = true;
   pub->reserved_size = size;
-  return 0;
-}
-
-/* Publishes the reserved chunk: its sequence becomes even, then its descriptor goes
- * into the ring as a small message (P1, P2). */
-static int pool_commit(msgq_publisher *pub) {
-  msgq_ring *ring = &pub->ring;
-  msgq_pool_publisher *pool = &pub->pool;
-  const uint32_t c = (uint32_t)pool->reserved_chunk;
-  const uint32_t g = chunk_granule(pool, c);
-  const uint32_t size = pub->reserved_size;
-  pool->reserved_chunk = -1;
-  const uint8_t *payload = ring->pool_data + ((uint64_t)g << ring->granule_shift);
-  uint64_t prefix = MSGQ_POOL_DESCRIPTOR_SIZE | MSGQ_POOL_DESCRIPTOR_BIT;
-  if (ring->flags & MSGQ_FLAG_CHECKSUM) prefix |= (uint64_t)msgq_crc32c(payload, size) << 32;
-  const uint64_t seq = pool->reserved_seq & ~(uint64_t)1u; /* written: even */
-  /* release fence: the chunk's bytes before its even words (and before the descriptor,
-   * which write_pointer's release publishes). */
-  atomic_thread_fence(memory_order_release);
-  for (uint32_t i = 0; i < pool->chunk_granules; i++)
-    atomic_store_explicit(&ring->pool_seq[g + i], seq, memory_order_relaxed);
-  void *at;
-  int r = check_owner(pub);
-  if (r == 0) r = ring_reserve(pub, MSGQ_POOL_DESCRIPTOR_SIZE, &at);
-  if (r < 0) {
-    pool_give_back(pool, c);
-    return r;
-  }
-  store_prefix(at, (uint64_t)g | ((uint64_t)size << 32));
-  store_prefix((uint8_t *)at + 8u, seq);
-  r = ring_commit(pub, prefix, MSGQ_POOL_DESCRIPTOR_SIZE);
-  if (r < 0) {
-    pool_give_back(pool, c);
-    return r;
-  }
-  uint32_t tail = (pool->fifo_head + pool->fifo_count) % MSGQ_POOL_MAX_CHUNKS;
-  pool->fifo_chunk[tail] = (uint16_t)c;
-  pool->fifo_end[tail] = pub->write_pointer;
-  pool->fifo_count++;
-  pool->sends++;
   return 0;
 }
 
@@ -753,7 +711,7 @@ int msgq_publisher_commit(msgq_publisher *pub) {
   if (!pub->reserved) return MSGQ_ENORESERVE;
   msgq_ring *ring = &pub->ring;
   pub->reserved = false;
-  if (pub->pool.reserved_chunk >= 0) return pool_commit(pub);
+  if (pub->pool.reserving) return pool_commit(pub);
   const uint32_t size = pub->reserved_size;
   const uint32_t offset = position_offset(pub->write_pointer);
   uint64_t prefix = size;
@@ -763,9 +721,11 @@ int msgq_publisher_commit(msgq_publisher *pub) {
 }
 
 void msgq_publisher_abort(msgq_publisher *pub) {
-  if (pub->reserved && pub->pool.reserved_chunk >= 0)
-    pool_give_back(&pub->pool, (uint32_t)pub->pool.reserved_chunk);
-  pub->pool.reserved_chunk = -1;
+  /* A reused chunk goes back on top (its odd word fails every old descriptor); a fresh
+   * one is forgotten: the next send writes over its ring bytes. */
+  if (pub->reserved && pub->pool.reserving && !pub->pool.reserved_fresh)
+    free_push(&pub->pool, pub->pool.reserved);
+  pub->pool.reserving = false;
   pub->reserved = false;
 }
 
@@ -833,16 +793,15 @@ static inline void refresh_write_pointer(msgq_subscriber *sub) {
                  sub->read_pointer);
 }
 
-/* Whether every granule the peeked message spans still carries the sequence word its
- * descriptor named (P2). */
-static bool granules_hold(const msgq_subscriber *sub) {
+/* Whether the peeked chunk still holds the message its descriptor named (P2): its word
+ * is the descriptor's, and the ring writer has not come round to its bytes (I3). The
+ * caller's acquire fence orders what it read before the word load. */
+static bool chunk_holds(const msgq_subscriber *sub) {
   const msgq_ring *ring = &sub->ring;
-  const uint32_t n = granules_spanned(ring, sub->peeked_size);
-  for (uint32_t i = 0; i < n; i++)
-    if (atomic_load_explicit(&ring->pool_seq[sub->peeked_granule + i], memory_order_relaxed) !=
-        sub->peeked_seq)
-      return false;
-  return true;
+  const uint32_t co = position_offset(sub->peeked_chunk);
+  if (chunk_word_load(ring, co) != sub->peeked_seq)
+    return false;
+  return region_intact(ring->header, position_cycle(sub->peeked_chunk), co);
 }
 
 /* Ends this reader's pin of a chunk (P4). release: our reads of the chunk come before. */
@@ -983,10 +942,13 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
     }
     const uint64_t prefix = load_prefix(ring->data + ro);
     /* A chunk descriptor's two words, read with the prefix so that the one check below
-     * covers them too (I3); trusted only after it, and bounded by the ring. */
+     * covers them too (I3); trusted only after it, and bounded by the ring. A chunk
+     * record (the bit with a larger size) is stepped over. */
     uint64_t descriptor[2] = {0, 0};
-    const bool pooled = (prefix & MSGQ_POOL_DESCRIPTOR_BIT) && prefix != MSGQ_WRAP_MARKER;
-    if (pooled && ring->pool_granules && (uint64_t)ro + 8u + 16u + 8u <= capacity) {
+    const bool marked = (prefix & MSGQ_POOL_DESCRIPTOR_BIT) && prefix != MSGQ_WRAP_MARKER;
+    const bool pooled =
+        marked && ((uint32_t)prefix & ~MSGQ_POOL_DESCRIPTOR_BIT) == MSGQ_POOL_DESCRIPTOR_SIZE;
+    if (pooled && (uint64_t)ro + 8u + 16u + 8u <= capacity) {
       descriptor[0] = load_prefix(ring->data + ro + 8u);
       descriptor[1] = load_prefix(ring->data + ro + 16u);
     }
@@ -1011,23 +973,32 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
      * it must end at or before what the publisher has published in this cycle. */
     if ((uint64_t)msg_size + 16u > (uint64_t)capacity - ro ||
         (!(ring->flags & MSGQ_FLAG_CHECKSUM) && (prefix >> 32) != 0) ||
-        (pooled && (!ring->pool_granules || msg_size != MSGQ_POOL_DESCRIPTOR_SIZE))) {
+        (marked && msg_size < MSGQ_POOL_DESCRIPTOR_SIZE)) {
       reset_for_corruption(sub);
       continue;
     }
-    /* A descriptor names a whole message inside the pool, with an even sequence (P2). */
-    const uint32_t granule = (uint32_t)descriptor[0];
-    const uint32_t pooled_size = (uint32_t)(descriptor[0] >> 32);
-    if (pooled && (granule >= ring->pool_granules || (descriptor[1] & 1u) ||
-                   (uint32_t)(descriptor[1] >> 1) != pooled_size ||
+    /* A descriptor names a whole message in the ring, with an even sequence (P2), in a
+     * chunk before it and less than a cycle back (a live chunk always is: the writer
+     * that wrote the descriptor had not come round to the chunk yet). */
+    const uint64_t chunk = descriptor[0];
+    const uint32_t co = position_offset(chunk);
+    const uint32_t pooled_size = (uint32_t)(descriptor[1] >> 1);
+    if (pooled && ((descriptor[1] & 1u) || co % 8u != 0 ||
                    pooled_size > msgq_ring_max_message(ring) ||
-                   ((uint64_t)granule << ring->granule_shift) + pooled_size > ring->pool_size)) {
+                   (uint64_t)co + 16u + pooled_size > capacity ||
+                   !position_before(chunk, sub->read_pointer) ||
+                   sub->read_pointer - chunk >= ((uint64_t)1 << 32))) {
       reset_for_corruption(sub);
       continue;
     }
     const uint64_t next = make_position(rc, ro + 8u + (uint32_t)align8(msg_size));
     if (position_cycle(wp) == rc && position_offset(next) > position_offset(wp)) {
       reset_for_corruption(sub);
+      continue;
+    }
+    if (marked && !pooled) {
+      /* A chunk record: its bytes are read through the descriptor that follows. */
+      store_read_pointer(sub, next);
       continue;
     }
 
@@ -1046,19 +1017,17 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
     sub->next_read_pointer = next;
     sub->peeked_checksum = (uint32_t)(prefix >> 32);
     if (pooled) {
-      /* Pin, then check that the granules still hold this message (P4). The seq_cst
+      /* Pin, then check that the chunk still holds this message (P4). The seq_cst
        * fence pairs with the one in chunk_begin_write: either the publisher sees our
        * pin, or we see its odd words. */
       msgq_reader_slot *slot = &sub->ring.header->readers[sub->slot];
-      const uint32_t span = granules_spanned(ring, pooled_size);
-      atomic_store_explicit(&slot->pinned_chunk, (span << 16) | (granule + 1u),
-                            memory_order_relaxed);
+      atomic_store_explicit(&slot->pinned_chunk, chunk_pin(co), memory_order_relaxed);
       atomic_thread_fence(memory_order_seq_cst);
       sub->peeked_pool = true;
-      sub->peeked_granule = granule;
+      sub->peeked_chunk = chunk;
       sub->peeked_seq = descriptor[1];
       sub->peeked_size = pooled_size;
-      if (!granules_hold(sub)) {
+      if (!chunk_holds(sub)) {
         /* Reused already: this reader was lapped (P5). Only this message is lost; the
          * next descriptors name newer chunks, which may still hold theirs. */
         unpin(sub);
@@ -1066,7 +1035,7 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
         store_read_pointer(sub, next);
         continue;
       }
-      *payload = ring->pool_data + ((uint64_t)granule << ring->granule_shift);
+      *payload = chunk_bytes(ring, co);
       *size = pooled_size;
       return 1;
     }
@@ -1083,7 +1052,7 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
  * (seqlock reader side; pairs with the release fence in chunk_begin_write). Unpins. */
 static bool chunk_intact(msgq_subscriber *sub) {
   atomic_thread_fence(memory_order_acquire);
-  bool intact = granules_hold(sub);
+  bool intact = chunk_holds(sub);
   unpin(sub);
   return intact;
 }
@@ -1129,9 +1098,8 @@ int msgq_subscriber_release_view(msgq_subscriber *sub) {
   /* peek checked that the message fits the ring (or the pool), so the payload is inside
    * the mapping. */
   const uint8_t *payload =
-      sub->peeked_pool
-          ? sub->ring.pool_data + ((uint64_t)sub->peeked_granule << sub->ring.granule_shift)
-          : sub->ring.data + ro + 8u;
+      sub->peeked_pool ? chunk_bytes(&sub->ring, position_offset(sub->peeked_chunk))
+                       : sub->ring.data + ro + 8u;
   uint32_t crc = checksummed ? msgq_crc32c(payload, sub->peeked_size) : 0;
   /* The caller's reads and the CRC's happen before the reload in the check. */
   const bool was_pooled = sub->peeked_pool;

@@ -59,25 +59,33 @@
  *     messages, as being overtaken does.
  *     docs/ring.md has the argument and the crash windows.
  *
- * The chunk pool (MSGQ_FLAG_POOL; docs/ring.md has the argument and crash windows):
+ * Chunks for large messages (MSGQ_FLAG_POOL; docs/ring.md has the argument and crash
+ * windows). A chunk is a region of the ring itself, reserved at the write position like
+ * any message, so the ring keeps its whole segment and a queue that never carries a large
+ * message is exactly the plain ring:
  *  P1 A descriptor is a ring message of MSGQ_POOL_DESCRIPTOR_SIZE bytes whose prefix has
- *     MSGQ_POOL_DESCRIPTOR_BIT set; its words are trusted only after I3 and range checks.
- *  P2 A write stores its sequence word (counter | size | writing-bit; counters are
- *     pool-wide) odd in every granule of its chunk, then a release fence, before any
- *     byte; after the bytes, a release fence and the even word in every granule, before
- *     the descriptor is published. A reader's copy or view is intact when, after an
- *     acquire fence, every granule it spans still carries the descriptor's word.
+ *     MSGQ_POOL_DESCRIPTOR_BIT set: the chunk's ring position and its sequence word. A
+ *     chunk record is a ring record with that bit and a larger size: a sequence word,
+ *     then the chunk's bytes; readers step over it. Words are trusted only after I3 and
+ *     range checks.
+ *  P2 A chunk is written fresh (record and descriptor in one ring reservation, I2 covers
+ *     both) or reused: the publisher stores an odd sequence word (counter | size | 1),
+ *     then a release fence, then the bytes, then a release fence and the even word,
+ *     then the descriptor. A reader's copy or view is intact when, after an acquire
+ *     fence, the chunk's word is still the descriptor's and the chunk's ring bytes are
+ *     intact by I3 (the ring writer has not come round to them).
  *  P3 Only the publisher hands chunks out and takes them back (process memory: a LIFO
- *     free stack, a FIFO in flight). A chunk is freed once every claimed reader slot
- *     reports a position past its descriptor.
- *  P4 A reader pins its granule range in its slot, then a seq_cst fence, then checks
- *     the words; a publisher stores a candidate chunk's odd words, then a seq_cst
- *     fence, then reads the pins, and restores the words when the chunk is pinned.
- *  P5 The publisher never waits: with no chunk free it takes the oldest in-flight chunk
- *     nobody pins (the oldest anyway when all are); that reader skips the message.
- *  P6 A new publisher starts with every chunk free and a write counter past every
- *     word in the table; nothing an earlier publisher left passes a check once its
- *     granules are rewritten, and a chunk it died writing (odd words) never does.
+ *     free stack, a FIFO in flight). A chunk is reused only once every claimed reader
+ *     slot reports a position past its last descriptor; with none free, the message gets
+ *     a fresh chunk at the write position: a reader behind loses no more than it would
+ *     in the plain ring.
+ *  P4 A reader pins the chunk it is reading in its slot, then a seq_cst fence, then
+ *     checks the word; a publisher reusing a chunk stores its odd word, then a seq_cst
+ *     fence, then reads the pins, and restores the word when the chunk is pinned.
+ *  P5 The publisher never waits: a chunk it is about to overwrite by the ring walk is
+ *     simply forgotten (its readers find it lapped, as any ring message).
+ *  P6 A new publisher starts with no chunks: it reuses only chunks it wrote fresh, whose
+ *     ring reservation already made every older chunk over those bytes fail I3.
  *
  * Every value read from the segment is untrusted: offsets, sizes and the header are
  * bounds-checked, and a bad value resets the reader instead of reading out of bounds. */
@@ -91,7 +99,7 @@
 #include <sys/types.h>
 
 #define MSGQ_MAGIC 0x31474e5251475351ULL /* "QSGQRNG1" little-endian */
-#define MSGQ_LAYOUT_VERSION 4u
+#define MSGQ_LAYOUT_VERSION 5u
 #define MSGQ_READER_SLOTS 64u
 #define MSGQ_CACHE_LINE 64u
 
@@ -105,37 +113,32 @@
 
 /* Header flags, chosen at creation. */
 #define MSGQ_FLAG_CHECKSUM 1u /* every message carries the CRC32C of its payload */
-/* Large messages go to a chunk pool after the ring (P1-P6; docs/ring.md). Asked for at
- * format time; kept only for segments of at least MSGQ_POOL_MIN_SEGMENT bytes. It is
- * a property of the file, not a choice of the opener: openers compare flags without it. */
+/* Large messages go into chunks in the ring (P1-P6; docs/ring.md). Chosen at format time
+ * ($MSGQ_POOL, default on); openers compare flags without it. A chunk takes ring bytes
+ * like the message it carries, so the file, the ring and the largest message are the
+ * same with and without it. */
 #define MSGQ_FLAG_POOL 2u
 #define MSGQ_KNOWN_FLAGS (MSGQ_FLAG_CHECKSUM | MSGQ_FLAG_POOL)
 
-/* Chunk pool geometry. A pooled segment of S bytes is: the ring (at least S/8), a table
- * of one 64-bit sequence word per granule, and the granules (MSGQ_POOL_MIN_GRANULE bytes
- * or a larger power of two, at most MSGQ_POOL_MAX_GRANULES of them). The publisher cuts
- * the granules into equal chunks (whole granules, at most MSGQ_POOL_MAX_CHUNKS) sized by
- * the messages it sends. */
-#define MSGQ_POOL_MIN_SEGMENT (1u << 20)
-/* Whether new queues get a pool unless $MSGQ_POOL says (queue_file.c). Off: the ring
- * of a pooled queue is an eighth of the segment, so a stream of small messages keeps an
- * eighth of the buffering it had (docs/ring.md, "Why the pool is off by default"). */
+/* Whether new queues get chunks unless $MSGQ_POOL says (queue_file.c). */
 #ifndef MSGQ_POOL_DEFAULT
-#define MSGQ_POOL_DEFAULT 0
+#define MSGQ_POOL_DEFAULT 1
 #endif
-#define MSGQ_POOL_MIN_GRANULE_SHIFT 12u
-#define MSGQ_POOL_MAX_GRANULE_SHIFT 24u
-#define MSGQ_POOL_MAX_GRANULES 4096u
-#define MSGQ_POOL_MAX_CHUNKS 256u
-/* Messages of at least this many bytes go to the pool, and any message too large for
- * the queue's ring (smaller ones stay inline, where a copy is cheaper than a descriptor,
- * a pin and a second cache line). */
-#define MSGQ_POOL_THRESHOLD (16u * 1024u)
-/* Bit of a ring prefix's size field marking a chunk descriptor: the ring message is
- * MSGQ_POOL_DESCRIPTOR_SIZE bytes (granule, payload size, sequence), the CRC32C (if any)
- * covers the payload in the chunk. Ring messages are below 2 GiB, so the bit is free. */
+/* Chunks a publisher keeps track of for reuse (free and in flight together). */
+#define MSGQ_POOL_MAX_CHUNKS 64u
+/* Messages of at least this many bytes go into chunks. Smaller ones stay inline: 64 KiB
+ * messages in chunks measured 0.5-0.9x the ring's copy rate and 1.5-1.7x its round trip
+ * between two CPUs (docs/benchmarks.md), and they cost the ring little to walk. */
+#define MSGQ_POOL_THRESHOLD (256u * 1024u)
+/* Bit of a ring prefix's size field marking a chunk descriptor (size exactly
+ * MSGQ_POOL_DESCRIPTOR_SIZE: the chunk's ring position and sequence word; its CRC32C, if
+ * any, covers the payload in the chunk) or a chunk record (any larger size: a sequence
+ * word, then the chunk's bytes). Ring messages are below 2 GiB, so the bit is free. */
 #define MSGQ_POOL_DESCRIPTOR_BIT 0x80000000u
 #define MSGQ_POOL_DESCRIPTOR_SIZE 16u
+/* Ring bytes a fresh chunk costs beyond the message inline: the record's sequence word
+ * and the descriptor with its prefix. */
+#define MSGQ_POOL_FRESH_OVERHEAD 32u
 
 /* Early wrap (I7): looked at once the write offset reaches MSGQ_EARLY_WRAP_BYTES (a
  * quarter of a smaller ring), then at most once per MSGQ_EARLY_WRAP_RETRY_BYTES (a
@@ -154,7 +157,7 @@ typedef struct {
   _Atomic uint64_t read_pointer;
   /* Process id of the subscriber holding the slot; 0 = free. */
   _Atomic int32_t owner_pid;
-  /* 1 + the first granule of the chunk this subscriber is reading (P4), 0: none. Lives
+  /* 1 + the ring offset / 8 of the chunk this subscriber is reading (P4), 0: none. Lives
    * and dies with the slot, so a dead reader's pin goes with its slot (I5). */
   _Atomic uint32_t pinned_chunk;
   uint8_t pad[MSGQ_CACHE_LINE - 16];
@@ -171,9 +174,8 @@ typedef struct {
   uint64_t created_ns;
   int32_t creator_pid;
   uint32_t flags; /* MSGQ_FLAG_* */
-  /* `capacity` is the whole data area (the segment size). Without MSGQ_FLAG_POOL the
-   * ring is all of it; with it: ring_capacity bytes of ring, then pool_granules sequence
-   * words (rounded up to a cache line), then pool_granules << granule_shift bytes. */
+  /* The ring is always the whole data area: ring_capacity == capacity; the other two are
+   * 0 (chunks live in the ring, P1). Checked at attach. */
   uint32_t ring_capacity;
   uint32_t pool_granules;
   uint32_t granule_shift;
@@ -214,20 +216,15 @@ typedef struct {
 typedef struct {
   msgq_header *header;
   uint8_t *data; /* header_size bytes after header */
-  uint32_t capacity; /* of the ring (the whole segment when there is no pool) */
+  uint32_t capacity; /* of the ring: the whole data area */
   uint32_t flags; /* copied at attach: the segment cannot change them later */
   size_t map_size;
-  uint32_t segment_size; /* the data area: ring and pool (what openers asked for) */
-  /* The pool (all 0 without one), copied at attach like the geometry above. */
-  _Atomic uint64_t *pool_seq; /* one sequence word per granule (P2) */
-  uint8_t *pool_data;
-  uint32_t pool_granules;
-  uint32_t granule_shift;
-  uint64_t pool_size; /* bytes of pool_data */
+  uint32_t segment_size; /* the data area (what openers asked for) */
   /* Set at attach so that a send divides nothing: the largest message of the queue
-   * (msgq_ring_max_message) and the largest the ring itself takes. */
+   * (msgq_ring_max_message), and the largest that may go into a fresh chunk (its record
+   * and descriptor stay within a third of the ring; larger ones stay inline). */
   uint32_t max_message;
-  uint32_t max_inline;
+  uint32_t max_chunked;
 } msgq_ring;
 
 /* Formats `size` bytes at mem as an empty queue (size = header + capacity) with the
@@ -247,7 +244,7 @@ int64_t msgq_ring_capacity_for(uint64_t segment_size);
  * requires, less the size prefix). */
 uint32_t msgq_ring_max_message_size(uint32_t capacity);
 /* Largest payload of an attached queue: msgq_ring_max_message_size of its segment size,
- * with or without a pool (the pool holds at least two chunks of that size). */
+ * with or without chunks. */
 uint32_t msgq_ring_max_message(const msgq_ring *ring);
 
 /* --- Inspection (tools) ----------------------------------------------------------- */
@@ -288,27 +285,33 @@ int msgq_ring_inspect(const void *mem, size_t size, msgq_queue_info *out);
 
 /* --- Publisher -------------------------------------------------------------------- */
 
-/* The publisher's own bookkeeping of the chunk pool (process memory: only the publisher
- * hands chunks out and takes them back, P3). A chunk is free (on the LIFO stack),
- * in flight (its descriptor is in the ring, oldest first in the FIFO, with the ring
- * position just past the descriptor) or reserved (being written). */
+/* A chunk the publisher knows of (P3): the ring position of its record and how many
+ * payload bytes it holds; in flight, the ring position just past its last descriptor. */
 typedef struct {
-  uint32_t chunk_size; /* bytes, whole granules; 0: not cut yet (the first pooled send) */
-  uint32_t chunk_granules;
-  uint32_t num_chunks;
+  uint64_t position;
+  uint64_t end;
+  uint32_t capacity;
+} msgq_chunk;
+
+/* The publisher's own bookkeeping of its chunks (process memory: only the publisher
+ * hands chunks out and takes them back, P3). A chunk is free (on the LIFO stack), in
+ * flight (its descriptor is in the ring, oldest first in the FIFO) or reserved (being
+ * written). A chunk the ring writer comes round to is forgotten (P5). */
+typedef struct {
   uint32_t free_count;
-  uint16_t free_stack[MSGQ_POOL_MAX_CHUNKS]; /* top: most recently freed (cache-warm) */
+  msgq_chunk free_stack[MSGQ_POOL_MAX_CHUNKS]; /* top: most recently freed (cache-warm) */
   uint32_t fifo_head;
   uint32_t fifo_count;
-  uint16_t fifo_chunk[MSGQ_POOL_MAX_CHUNKS];
-  uint64_t fifo_end[MSGQ_POOL_MAX_CHUNKS];
-  int32_t reserved_chunk; /* -1: the open reservation (if any) is in the ring */
-  uint64_t reserved_seq;  /* the odd sequence the reserved chunk carries while written */
-  uint64_t next_counter;  /* write counter of the next sequence word (P2) */
+  msgq_chunk fifo[MSGQ_POOL_MAX_CHUNKS];
+  bool reserving;     /* the open reservation is a chunk */
+  bool reserved_fresh; /* ...written fresh at the write position (else reused) */
+  msgq_chunk reserved;
+  uint64_t reserved_seq; /* the odd sequence the reserved chunk carries while written */
+  uint64_t next_counter; /* write counter of the next sequence word (P2) */
   /* Statistics. */
-  uint64_t sends;  /* messages sent through the pool */
-  uint64_t laps;   /* chunks taken back from under a reader that was behind */
-  uint64_t recuts; /* times the chunks were cut again for a larger message */
+  uint64_t sends;  /* messages sent in chunks */
+  uint64_t reuses; /* of those, into a chunk written before (the rest: fresh) */
+  uint64_t forgotten; /* chunks the ring writer came round to while tracked */
 } msgq_pool_publisher;
 
 typedef struct {
@@ -377,10 +380,10 @@ typedef struct {
   uint64_t next_read_pointer;
   uint32_t peeked_size;
   uint32_t peeked_checksum;
-  /* The peeked message is in the pool: its first granule (pinned in our slot, P4) and
-   * the sequence its descriptor named (P2). */
+  /* The peeked message is in a chunk: the chunk's ring position (pinned in our slot,
+   * P4) and the sequence its descriptor named (P2). */
   bool peeked_pool;
-  uint32_t peeked_granule;
+  uint64_t peeked_chunk;
   uint64_t peeked_seq;
   /* Statistics. */
   uint64_t resets;          /* times this reader was overtaken and jumped forward */

@@ -145,10 +145,9 @@ static int ours_shaped(const msgq_header *h, size_t size) {
 
 static atomic_uint tmp_counter;
 
-/* MSGQ_FLAG_POOL when new queues get a chunk pool for large messages (docs/ring.md,
- * P1): $MSGQ_POOL=1 (or any value but 0) asks for one, 0 for none, unset gives
- * MSGQ_POOL_DEFAULT (read at each creation, like the other variables). Segments below
- * MSGQ_POOL_MIN_SEGMENT never get one. */
+/* MSGQ_FLAG_POOL when new queues put large messages into chunks in their ring
+ * (docs/ring.md, P1-P6): $MSGQ_POOL=0 turns it off, any other value on, unset gives
+ * MSGQ_POOL_DEFAULT (on; read at each creation, like the other variables). */
 static uint32_t msgq_pool_flag(void) {
   const char *env = getenv("MSGQ_POOL");
   if (env && env[0]) return strcmp(env, "0") == 0 ? 0u : MSGQ_FLAG_POOL;

@@ -6,7 +6,7 @@
  * WINDOW messages ahead of the subscriber, as in `python -m msgq.bench`.
  *
  * Rows of the real protocol: the ring alone (a queue created with MSGQ_POOL=0) and the
- * ring with its chunk pool (MSGQ_FLAG_POOL: 1 MiB messages go into chunks, docs/ring.md P1).
+ * ring with chunks (MSGQ_FLAG_POOL: 1 MiB messages go into chunks of the ring, docs/ring.md P1).
  *
  * Models (plain memory, no protocol, so they show the bound the memory system sets):
  *   FIFO slots   the ring's access pattern: every message on the bytes written a whole
@@ -272,7 +272,7 @@ int main(void) {
   char name[48];
   snprintf(name, sizeof name, "msgq ring, %u MiB", bench_ring_capacity() >> 20);
   add_row(name, RING, 0, WINDOW, "memcpy", copy_memcpy, "memcpy", copy_memcpy, cpu);
-  snprintf(name, sizeof name, "msgq ring + pool, %u MiB", bench_ring_capacity() >> 20);
+  snprintf(name, sizeof name, "msgq ring + chunks, %u MiB", bench_ring_capacity() >> 20);
   add_row(name, RING, MSGQ_FLAG_POOL, WINDOW, "memcpy", copy_memcpy, "memcpy", copy_memcpy,
           cpu);
   snprintf(name, sizeof name, "model: FIFO slots, %u x 1 MiB", ring_slots);
@@ -331,10 +331,10 @@ int main(void) {
            rate / 1e3, sorted[0] / 1e3, sorted[RUNS - 1] / 1e3, rate / ring_rate,
            rate / memcpy_rate);
   }
-  printf("early wraps in the msgq ring: %llu of %d sends; pool: %llu sends, %llu chunks "
-         "taken from a reader behind\n",
+  printf("early wraps in the msgq ring: %llu of %d sends; chunks: %llu sends, %llu into "
+         "a reused chunk\n",
          (unsigned long long)rows[0].run.pub.early_wraps, (RUNS + 1) * MESSAGES,
          (unsigned long long)rows[1].run.pub.pool.sends,
-         (unsigned long long)rows[1].run.pub.pool.laps);
+         (unsigned long long)rows[1].run.pub.pool.reuses);
   return 0;
 }
