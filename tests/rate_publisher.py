@@ -10,6 +10,8 @@ a service carries ``i`` where the test can read it back:
   struct) set to ``float(i)`` (``(OFFSET + i) * SCALE`` with ``--value-offset`` /
   ``--value-scale``: a restarted publisher's values told apart from the first one's) and
   ``--text FIELD=TEXT`` set as given, where the service has that field;
+- ``--builder MODULE:FUNCTION``: ``FUNCTION(service, i)`` of a module beside this script
+  builds message ``i`` (``None``: the default above);
 - ``--sequenced``: :func:`msgq.bench.logs.sequenced_message` (a log test reads ``i`` back
   with ``sequence_number``), through a plain socket; services outside the benchmark's
   set get an empty message.
@@ -34,6 +36,10 @@ def _args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--value-scale", type=float, default=1.0, metavar="SCALE")
     parser.add_argument("--text", action="append", default=[], metavar="FIELD=TEXT")
     parser.add_argument("--sequenced", action="store_true")
+    parser.add_argument("--builder", default="", metavar="MODULE:FUNCTION",
+                        help="FUNCTION(service, i) builds message i (None: the default)")
+    parser.add_argument("--announce", action="append", default=[], metavar="SERVICE",
+                        help="print SERVICE on stdout for each one sent")
     return parser.parse_args(argv)
 
 
@@ -57,8 +63,18 @@ def main(argv: list[str]) -> int:
             socks[name].send(data)
     else:
         pm = PubMaster(list(rates))
+        builder = None
+        if args.builder:
+            import importlib
+
+            module, function = args.builder.split(":")
+            builder = getattr(importlib.import_module(module), function)
 
         def send(name: str, i: int) -> None:
+            built = builder(name, i) if builder is not None else None
+            if built is not None:
+                pm.send(name, built)
+                return
             msg = new_message(name, valid=True)
             body: Any = getattr(msg, name)
             fields = set(body.schema.fieldnames) if hasattr(body, "schema") else set()
@@ -81,6 +97,8 @@ def main(argv: list[str]) -> int:
             while sent[name] < due:
                 send(name, sent[name])
                 sent[name] += 1
+                if name in args.announce:
+                    print(name, flush=True)
         if args.count and all(n >= args.count for n in sent.values()):
             print(f"sent {sum(sent.values())}", flush=True)
             return 0

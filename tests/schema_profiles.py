@@ -40,6 +40,24 @@ def robot_schema() -> Schema:
     return load_schema(ROBOT_SCHEMA, ROBOT_SERVICES)
 
 
+def robot_armstate(i: int, schema: Schema | None = None) -> Any:
+    """armState number ``i`` of the robot schema's test publisher: speedLimit = i, valid =
+    i is even, logMonoTime = 1000 (the schema's declared default, stored as zero) when
+    ``i % 3 == 0``, else 5000 + i. ``schema``: the robot schema where it is not in force."""
+    from msgq.schemas import new_message
+
+    msg = new_message("armState", schema=schema, valid=i % 2 == 0,
+                      logMonoTime=1000 if i % 3 == 0 else 5000 + i)
+    msg.armState.speedLimit = float(i)
+    return msg
+
+
+def robot_message(service: str, i: int) -> Any:
+    """Message ``i`` of ``service`` for ``rate_publisher.py --builder`` (the robot schema in
+    force): :func:`robot_armstate` for armState, the default message for the rest."""
+    return robot_armstate(i) if service == "armState" else None
+
+
 def write_loggerd_log(path: str, events: Iterable[Any], compression: str = "zstd") -> str:
     """Writes ``events`` (builders or bytes) to ``path`` as loggerd does: their bytes back
     to back, compressed whole (``zstd``: one zstd stream, ``bz2``, or ``none``); returns

@@ -12,60 +12,33 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import MSGQ, free_port_pair, run_cli, run_program
-from schema_profiles import ROBOT_SCHEMA, ROBOT_SERVICES, ROBOT_SERVICES_TOML, robot_schema
+from helpers import MSGQ, free_port_pair, run_cli, run_program, start_publisher
+from schema_profiles import (
+    ROBOT_SCHEMA,
+    ROBOT_SERVICES,
+    ROBOT_SERVICES_TOML,
+    robot_armstate,
+    robot_schema,
+)
 
 pytestmark = pytest.mark.multiprocess
 
 SCHEMA_ENV = ("MSGQ_SCHEMA", "MSGQ_REGISTRY", "MSGQ_SCHEMA_ROOT")
 
-# A robot-schema publisher (the schema from its environment). armState number i carries
-# speedLimit = i, valid = i is even, and logMonoTime = 1000 (the schema's declared default,
-# stored as zero) when i % 3 == 0, else 5000 + i; heartbeat goes out at its registry rate,
-# 0.5 Hz (the first at once); every heartbeat sent is announced on stdout.
-PUBLISHER = textwrap.dedent("""
-    import sys, time
-    from msgq.messaging import PubMaster, new_message
-    rates = {name: float(hz) for name, hz in (a.split("=") for a in sys.argv[1:])}
-    pm = PubMaster(list(rates))
-    start = time.monotonic()
-    sent = dict.fromkeys(rates, 0)
-    print("ready", flush=True)
-    while True:
-        now = time.monotonic()
-        for name, hz in rates.items():
-            if now - start < sent[name] / hz:
-                continue
-            i = sent[name]
-            if name == "armState":
-                msg = new_message("armState", valid=i % 2 == 0,
-                                  logMonoTime=1000 if i % 3 == 0 else 5000 + i)
-                msg.armState.speedLimit = float(i)
-            else:
-                msg = new_message(name, valid=True)
-            pm.send(name, msg)
-            sent[name] += 1
-            if name == "heartbeat":
-                print("heartbeat", flush=True)
-        time.sleep(0.0005)
-""")
+# The robot-schema publisher: tests/rate_publisher.py (helpers.start_publisher), the schema
+# from its environment; armState number i is schema_profiles.robot_armstate(i) (speedLimit =
+# i, valid = i is even, logMonoTime = the declared default 1000 when i % 3 == 0); heartbeat
+# goes out at its registry rate, 0.5 Hz (the first at once), each one announced on stdout.
 
 
 def _armstate(i: int) -> Any:
-    """The armState number ``i`` of PUBLISHER, built here with the robot schema."""
-    from msgq.schemas import new_message
-
-    msg = new_message("armState", schema=robot_schema(), valid=i % 2 == 0,
-                      logMonoTime=1000 if i % 3 == 0 else 5000 + i)
-    msg.armState.speedLimit = float(i)
-    return msg
+    """The armState number ``i`` of the publisher, built here with the robot schema."""
+    return robot_armstate(i, schema=robot_schema())
 
 
 def _env(schema_env: bool, prefix: str | None = None, **extra: str) -> dict[str, str]:
@@ -113,16 +86,13 @@ def way(request: pytest.FixtureRequest) -> Way:
 
 @pytest.fixture
 def publisher() -> Iterator[Any]:
-    """Starts PUBLISHER processes (robot schema) sending ``name=Hz``; killed afterwards."""
+    """Starts robot-schema publishers sending ``name=Hz``; killed afterwards."""
     procs: list[subprocess.Popen[str]] = []
 
     def start(prefix: str | None = None, **rates: float) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", PUBLISHER, *(f"{k}={v}" for k, v in rates.items())],
-            stdout=subprocess.PIPE, text=True, env=_env(True, prefix))
-        procs.append(proc)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        return proc
+        procs.append(start_publisher(rates, "--builder", "schema_profiles:robot_message",
+                                     "--announce", "heartbeat", env=_env(True, prefix)))
+        return procs[-1]
 
     yield start
     for proc in procs:
