@@ -85,6 +85,9 @@ def test_recv_helpers(backend: str) -> None:
         msg.gyroscope.status = i
         pub.send(msg.to_bytes())
     assert messaging.recv_one(sub).gyroscope.status == 0
+    poller = msgq.Poller()  # ZMQ: message 1 may still be on its way; wait until it is here
+    poller.registerSocket(sub)
+    assert poller.poll(10_000) == [sub]
     assert messaging.recv_one_or_none(sub).gyroscope.status == 1
     assert messaging.recv_one_retry(sub).gyroscope.status == 2
     for i in range(4):
