@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Runs every test: the C unit tests (plain, ASan+UBSan and TSan builds), a bounded
 # libFuzzer run of the ring (MSGQ_FUZZ_SECONDS, default 45) and of VisionIPC's parsers
-# (MSGQ_VIPC_FUZZ_SECONDS, default 10), and the pytest suite.
+# (MSGQ_VIPC_FUZZ_SECONDS, default 10) and of the log scanner (MSGQ_LOG_FUZZ_SECONDS,
+# default 10), and the pytest suite.
 # Installs what it needs first. Extra arguments go to pytest (e.g. ./test.sh -k zmq).
 #
 # ./test.sh --quick: the tier to run after each change (a few minutes): the plain C unit
 # tests, ruff, and the pytest tests not marked slow plus one per layer that only slow
 # tests reach (-m "quick or not slow"; tests/conftest.py says how tests get marked).
+#
+# pytest runs in MSGQ_TEST_WORKERS processes (pytest-xdist, default 2: most tests wait on
+# other processes, so two workers keep two cores busy), a test file's tests in one worker
+# (--dist loadfile: module fixtures and the Spark session are made once per file and
+# worker). MSGQ_TEST_WORKERS=1 runs them in this process, one after another.
 set -euo pipefail
 cd "$(dirname "$0")"
 quick=0
@@ -15,20 +21,31 @@ if [ "${1:-}" = --quick ]; then
   shift
 fi
 source scripts/ensure_env.sh test  # (the profile: else the sourced script would see our pytest arguments)
+workers="${MSGQ_TEST_WORKERS:-2}"
+parallel=()
+if [ "$workers" != 1 ]; then
+  parallel=(-n "$workers" --dist loadfile)
+fi
+
+elapsed() { echo "   (${SECONDS} s so far)"; }
 if [ "$quick" -eq 1 ]; then
   echo "== C unit tests (plain)"
   .venv/bin/scons -Q test
   echo "== ruff"
   .venv/bin/ruff check msgq visionipc schemas tests
+  elapsed
   echo "== pytest (quick tier: -m \"quick or not slow\")"
-  exec .venv/bin/python -m pytest -m "quick or not slow" "$@"
+  exec .venv/bin/python -m pytest "${parallel[@]}" -m "quick or not slow" "$@"
 fi
 echo "== C unit tests (plain; the C benchmarks are built too, not run)"
 .venv/bin/scons -Q test bench
+elapsed
 echo "== C unit tests (ASan + UBSan)"
 .venv/bin/scons -Q test --sanitize=address
+elapsed
 echo "== C unit tests (ThreadSanitizer; suppressions: the payload byte copies only)"
 .venv/bin/scons -Q test --sanitize=thread
+elapsed
 echo "== libFuzzer on the ring (${MSGQ_FUZZ_SECONDS:-45} s)"
 if command -v clang >/dev/null 2>&1; then
   .venv/bin/scons -Q fuzz
@@ -39,11 +56,18 @@ if command -v clang >/dev/null 2>&1; then
   mkdir -p build/fuzz/corpus_visionipc
   build/fuzz/fuzz_visionipc -max_total_time="${MSGQ_VIPC_FUZZ_SECONDS:-10}" \
     -print_final_stats=1 build/fuzz/corpus_visionipc 2>&1 | tail -n 6
+  echo "== libFuzzer on the log scanner (${MSGQ_LOG_FUZZ_SECONDS:-10} s)"
+  mkdir -p build/fuzz/corpus_log_scan
+  build/fuzz/fuzz_log_scan -max_total_time="${MSGQ_LOG_FUZZ_SECONDS:-10}" \
+    -print_final_stats=1 build/fuzz/corpus_log_scan 2>&1 | tail -n 6
 else
   echo "clang is missing (scripts/ensure_env.sh installs it as root): fuzzing skipped" >&2
   exit 1
 fi
+elapsed
 echo "== ruff"
 .venv/bin/ruff check msgq visionipc schemas tests
-echo "== pytest"
-.venv/bin/python -m pytest "$@"
+elapsed
+echo "== pytest (${workers} worker(s); the 15 slowest tests are listed at the end)"
+.venv/bin/python -m pytest "${parallel[@]}" --durations=15 "$@"
+elapsed

@@ -8,6 +8,7 @@
 #
 # The hog is one `yes >/dev/null` per core (FLAKE_HOGS), each under `timeout`
 # (FLAKE_HOG_SECONDS, default 3 h) and stopped on exit, however the script ends.
+# pytest runs as ./test.sh runs it: in MSGQ_TEST_WORKERS processes (default 2; 1: in one).
 # Prints one line per run (passed, failed, errors, duration) and exits 1 if any run failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,11 @@ python=.venv/bin/python
 if [ ! -x "$python" ]; then
   echo "flake-check: no .venv here: run ./test.sh once first (it builds the environment)" >&2
   exit 2
+fi
+
+parallel=()
+if [ "${MSGQ_TEST_WORKERS:-2}" != 1 ]; then
+  parallel=(-n "${MSGQ_TEST_WORKERS:-2}" --dist loadfile)
 fi
 
 hog_pids=()
@@ -45,7 +51,7 @@ for _ in $(seq "$hogs"); do
   timeout "$hog_seconds" yes >/dev/null &
   hog_pids+=("$!")
 done
-echo "flake-check: $runs run(s) of pytest $* with $hogs CPU hog(s) on $(nproc) core(s)"
+echo "flake-check: $runs run(s) of pytest ${parallel[*]} $* with $hogs CPU hog(s) on $(nproc) core(s)"
 
 logs="$(mktemp -d "${TMPDIR:-/tmp}/flake-check.XXXXXX")"
 failed_runs=0
@@ -53,7 +59,7 @@ for run in $(seq "$runs"); do
   log="$logs/run$run.log"
   start=$(date +%s)
   code=0
-  "$python" -m pytest -q -p no:cacheprovider "$@" >"$log" 2>&1 </dev/null &
+  "$python" -m pytest -q -p no:cacheprovider "${parallel[@]}" "$@" >"$log" 2>&1 </dev/null &
   test_pid=$!
   wait "$test_pid" || code=$?
   test_pid=""
