@@ -59,6 +59,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 import msgq
+from msgq.bench.fixtures import pycapnp_loop
 from msgq.logs import LogReader, LogWriter
 from msgq.logs.recorder import Recorder
 from msgq.logs.replayer import Replayer
@@ -341,39 +342,13 @@ DAMAGED_LABEL = "LogReader.raw(), skip_corrupt, damaged copy"
 DAMAGE_EVERY = 64 * 1024
 
 
-def _decompressed(path: str) -> bytes:
-    """A segment's bytes, decompressed the way a user's loop does it."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if data.startswith(b"\x28\xb5\x2f\xfd"):
-        import zstandard  # the logs extra's dependency, only for zstd segments
-
-        # the fastest whole-segment call zstandard has (every frame, one output buffer)
-        return zstandard.ZstdDecompressor().decompressobj(read_across_frames=True) \
-            .decompress(data)
-    if data.startswith(b"BZh"):
-        import bz2  # only for bz2 segments (loggerd's older format)
-
-        return bz2.decompress(data)
-    return data
-
-
 def _time_read(folder: str, mode: str) -> tuple[int, int, float]:
     """(events, bytes of events, seconds) of one pass over the recording."""
     n = size = valid = 0
     counts: dict[str, int] = {}
     start = time.process_time()
     if mode.startswith("pycapnp"):
-        event = default_schema().event
-        counted = mode == "pycapnp counted"
-        for path in segment_paths(folder):
-            for msg in event.read_multiple_bytes(_decompressed(path)):
-                service = msg.which()
-                n += 1
-                if counted:
-                    counts[service] = counts.get(service, 0) + 1
-                    if msg.valid:
-                        valid += 1
+        n = pycapnp_loop(folder, counted=mode == "pycapnp counted")
     elif mode == "raw counted":
         for e in LogReader(folder).raw():
             service = e.service

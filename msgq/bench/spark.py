@@ -49,8 +49,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from msgq.bench.fixtures import SERVICES, best_time, filled_message
-from msgq.bench.logs import _time_read
+from msgq.bench.fixtures import SERVICES, best_time, filled_message, pycapnp_loop
 from msgq.cli.output import EXIT_FAILURE, CommandError, print_error, require_extra
 from msgq.logs import LogReader, LogWriter, read_index
 from msgq.schemas import SERVICE_LIST, use_schema
@@ -152,7 +151,7 @@ def make_routes(target: str, seconds: float, routes: int, per_route: int = 3,
 def _pycapnp_loop(folder: str) -> int:
     """The loop an openpilot user writes (issue 31's bar): each segment decompressed,
     ``read_multiple_bytes``, ``which()`` and ``valid`` counted per service."""
-    return _time_read(folder, "pycapnp counted")[0]
+    return pycapnp_loop(folder)
 
 
 def _reader_decode(folder: str) -> int:
