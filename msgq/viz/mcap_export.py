@@ -252,9 +252,19 @@ def _convert_segment(path: str, wanted: list[str] | None, start_ns: int | None,
     except (OSError, ValueError, EOFError) as e:
         if mismatch is not None and isinstance(e, mismatch):
             raise
-        # a file that cannot be opened or decompressed at all
-        result.problems.append(f"{path}: {_one_line(e)}")
-        result.unreadable = not read_any
+        _file_failed(e, path, result, read_any)
+    _report_damage(reader, result)
+
+
+def _file_failed(error: Exception, path: str, result: _SegmentResult, read_any: bool) -> None:
+    """Records a file that could not be opened or decompressed at all (what was read of it
+    before stays exported)."""
+    result.problems.append(f"{path}: {_one_line(error)}")
+    result.unreadable = not read_any
+
+
+def _report_damage(reader: Any, result: _SegmentResult) -> None:
+    """Records the truncated and corrupt stretches the reader skipped in a file."""
     for problem in (*reader.truncated, *reader.corrupt):
         result.problems.append(_problem_text(problem))
 
@@ -336,11 +346,8 @@ def _convert_segment_pycapnp(path: str, wanted: list[str] | None, start_ns: int 
     except (OSError, ValueError, EOFError) as e:
         if mismatch is not None and isinstance(e, mismatch):
             raise
-        # a file that cannot be opened or decompressed at all
-        result.problems.append(f"{path}: {_one_line(e)}")
-        result.unreadable = not read_any
-    for problem in (*reader.truncated, *reader.corrupt):
-        result.problems.append(_problem_text(problem))
+        _file_failed(e, path, result, read_any)
+    _report_damage(reader, result)
 
 
 # -- parallel conversion: each worker converts whole segments into a spool file, which
