@@ -102,6 +102,31 @@ cdef class ScanLayout:
         self.services = tuple(layout.services)
 
 
+cdef tuple _run_arrays(size_t capacity):
+    """The arrays a run of ``capacity`` messages fills: offset, length, service, flags,
+    mono_ns."""
+    return (np.empty(capacity, np.int64), np.empty(capacity, np.uint32),
+            np.empty(capacity, np.uint16), np.empty(capacity, np.uint8),
+            np.empty(capacity, np.uint64))
+
+
+cdef int _aim(log_scan_out *out, tuple arrays, size_t capacity) except -1:
+    """Points ``out`` at ``arrays`` (of :func:`_run_arrays`, ``capacity`` long at least;
+    the caller keeps them alive while C writes)."""
+    cdef int64_t[::1] o = arrays[0]
+    cdef uint32_t[::1] l = arrays[1]
+    cdef uint16_t[::1] s = arrays[2]
+    cdef uint8_t[::1] f = arrays[3]
+    cdef uint64_t[::1] m = arrays[4]
+    out.offset = &o[0]
+    out.length = &l[0]
+    out.service = &s[0]
+    out.flags = &f[0]
+    out.mono_ns = &m[0]
+    out.capacity = capacity
+    return 0
+
+
 def scan(const uint8_t[::1] buf, Py_ssize_t pos, ScanLayout layout, Py_ssize_t end=-1):
     """Scans ``buf[pos:end]`` message after message while each is whole and peeked.
 
@@ -113,23 +138,10 @@ def scan(const uint8_t[::1] buf, Py_ssize_t pos, ScanLayout layout, Py_ssize_t e
         raise ValueError(f"scan position {pos} is outside the buffer of {n_bytes} bytes")
     # the smallest message is 16 bytes (an 8-byte header and one word)
     cdef size_t capacity = (n_bytes - pos) // 16 + 1
-    offset = np.empty(capacity, np.int64)
-    length = np.empty(capacity, np.uint32)
-    service = np.empty(capacity, np.uint16)
-    flags = np.empty(capacity, np.uint8)
-    mono = np.empty(capacity, np.uint64)
-    cdef int64_t[::1] o = offset
-    cdef uint32_t[::1] l = length
-    cdef uint16_t[::1] s = service
-    cdef uint8_t[::1] f = flags
-    cdef uint64_t[::1] m = mono
+    arrays = _run_arrays(capacity)
+    offset, length, service, flags, mono = arrays
     cdef log_scan_out out
-    out.offset = &o[0]
-    out.length = &l[0]
-    out.service = &s[0]
-    out.flags = &f[0]
-    out.mono_ns = &m[0]
-    out.capacity = capacity
+    _aim(&out, arrays, capacity)
     cdef size_t stop = pos
     cdef int why = END
     cdef size_t n = 0
@@ -399,25 +411,12 @@ cdef class Splitter:
         cdef size_t n = len(buf)
         cdef size_t capacity = log_split_run_capacity(&self.c, n)
         cdef log_scan_out out
-        cdef int64_t[::1] o
-        cdef uint32_t[::1] l
-        cdef uint16_t[::1] s
-        cdef uint8_t[::1] f
-        cdef uint64_t[::1] m
         out.capacity = 0
         if capacity:
             # arrays a run did not take are used again (capacity only shrinks in a pass)
             if self.arrays is None or len(self.arrays[0]) < capacity:
-                self.arrays = (np.empty(capacity, np.int64), np.empty(capacity, np.uint32),
-                               np.empty(capacity, np.uint16), np.empty(capacity, np.uint8),
-                               np.empty(capacity, np.uint64))
-            o, l, s, f, m = self.arrays
-            out.offset = &o[0]
-            out.length = &l[0]
-            out.service = &s[0]
-            out.flags = &f[0]
-            out.mono_ns = &m[0]
-            out.capacity = capacity
+                self.arrays = _run_arrays(capacity)
+            _aim(&out, self.arrays, capacity)
         self.identity = None
         cdef int action = log_split_next(&self.c, <const uint8_t *>PyBytes_AS_STRING(buf), n,
                                          &out, &self.res)
