@@ -60,6 +60,15 @@ def test_dump_errors() -> None:
     assert "no message on gpsLocation" in silent.stderr
 
 
+@pytest.mark.slow
+def test_dump_waiting_names_its_namespace(prefix: str) -> None:
+    # after 2 s without a message, one line says where it listens and what to check
+    waited = _msgq("dump", "gpsLocation", "--timeout", "2.5", expect=1)
+    assert waited.stderr.splitlines()[0] == (
+        f"msgq dump: waiting for gpsLocation in namespace {prefix!r} (MSGQ_PREFIX): no "
+        "publisher yet? (a publisher needs the same MSGQ_PREFIX)")
+
+
 def test_dump_values_of_no_such_field_lists_the_fields() -> None:
     # pycapnp's own error for an unknown field is C++ text with stack addresses: the
     # command checks the path against the schema before subscribing, one line, exit 2.

@@ -211,8 +211,8 @@ def run(args: argparse.Namespace) -> int:
                                 f"{_namespace()}?)")
             return EXIT_FAILURE
         if not noticed and shown == 0 and now - last >= WAITING_NOTICE_S:
-            print(f"msgq dump: waiting for {', '.join(services)} in {_namespace()} (no "
-                  "publisher yet? a publisher needs the same MSGQ_PREFIX)", file=sys.stderr)
+            print(f"msgq dump: waiting for {', '.join(services)} in {_namespace()}: no "
+                  "publisher yet? (a publisher needs the same MSGQ_PREFIX)", file=sys.stderr)
             noticed = True
 
 
