@@ -17,7 +17,8 @@ scanner said, a budget or depth exceeded — gives None for that message, and th
 converts it the old way (pycapnp and the EventConverter), so the text is the same byte
 for byte and an error is the one it always was.
 
-Float text: orjson's (shortest round trip, ``1e16``, ``1e-7``, ``0.00001``) where the
+Float text: orjson's (shortest round trip, ``1e16`` — ``1e+16`` from orjson 3.13 on —,
+``1e-7``, ``0.00001``) where the
 EventConverter would use orjson (orjson installed, the service's JSON Schema holds no
 null, the text has no ``null`` in it and no non-finite float), else the standard
 library's (``float.__repr__``: ``1e+16``, ``1e-07``, ``1e-05``).
@@ -233,6 +234,16 @@ cdef inline int shortest(uint64_t c, int q, uint64_t *digits, int *exponent) noe
     return 0
 
 
+# Whether the installed orjson writes a plus sign in positive exponents (``1e+16``: from
+# orjson 3.13 on; ``1e16`` before): the orjson style follows the encoder the old path uses.
+cdef bint ORJSON_EXPONENT_PLUS = False
+try:
+    import orjson as _orjson
+    ORJSON_EXPONENT_PLUS = _orjson.dumps(1e16) == b"1e+16"
+except ImportError:  # no orjson: the old path writes repr's text, and so does this one
+    pass
+
+
 cdef int format_double(double d, bint orjson_style, char *out) noexcept nogil:
     """A finite double as repr() (``orjson_style`` false) or orjson writes it, into
     ``out`` (at least 32 bytes); returns the length, or -1 for a value left to
@@ -304,7 +315,7 @@ cdef int format_double(double d, bint orjson_style, char *out) noexcept nogil:
             out[at] = b'-'
             at += 1
             x = -x
-        elif not orjson_style:
+        elif not orjson_style or ORJSON_EXPONENT_PLUS:
             out[at] = b'+'
             at += 1
         if x >= 100:
@@ -551,7 +562,8 @@ cdef class _Writer:
             if not self.orjson_style or e == NULL:
                 self.put(text, n)
                 return 0
-            # repr's d[.ddd]e±XX → orjson's d[.ddd]eX, except 1e-5 <= |d| < 1e-4, which
+            # repr's d[.ddd]e±XX → orjson's d[.ddd]eX (e+X from orjson 3.13), except
+            # 1e-5 <= |d| < 1e-4, which
             # orjson writes as 0.0000ddd
             mantissa = e - text
             sign = 1 if e[1] == b'+' else -1
@@ -574,6 +586,8 @@ cdef class _Writer:
             self.put(text, mantissa + 1)
             if sign < 0:
                 self.put_char(b'-')
+            elif ORJSON_EXPONENT_PLUS:
+                self.put_char(b'+')
             self.put_uint(<uint64_t>exponent)
             return 0
         finally:
