@@ -42,18 +42,24 @@ static inline uint64_t align8(uint64_t n) { return (n + 7u) & ~(uint64_t)7u; }
  * machine), read and written with memcpy (offsets are 8-aligned anyway): the payload
  * size in the low 32 bits, its CRC32C (checksummed queues) in the high 32 bits. */
 #if defined(__SANITIZE_THREAD__)
-/* A function of its own under TSan, so that tests/c/tsan.supp can name exactly this
- * load (it races with the publisher by design and is checked by region_intact). */
+/* Functions of their own under TSan, so that tests/c/tsan.supp can name exactly these
+ * accesses: the load races with the publisher by design and is checked by region_intact;
+ * the store writes ring bytes (prefixes, chunk descriptors) that a lapped reader may be
+ * copying, which that reader's region_intact check then discards. When TSan cannot
+ * restore the reader's stack (a long stress run overflows its history), only the
+ * writer's side can say which race it is. */
 #define PREFIX_LOAD_FUNCTION __attribute__((noinline)) static
+#define PREFIX_STORE_FUNCTION __attribute__((noinline)) static
 #else
 #define PREFIX_LOAD_FUNCTION static inline
+#define PREFIX_STORE_FUNCTION static inline
 #endif
 PREFIX_LOAD_FUNCTION uint64_t load_prefix(const uint8_t *at) {
   uint64_t v;
   memcpy(&v, at, sizeof v);
   return v;
 }
-static inline void store_prefix(uint8_t *at, uint64_t v) { memcpy(at, &v, sizeof v); }
+PREFIX_STORE_FUNCTION void store_prefix(uint8_t *at, uint64_t v) { memcpy(at, &v, sizeof v); }
 
 /* --- Segment ---------------------------------------------------------------------- */
 
