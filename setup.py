@@ -162,6 +162,7 @@ extensions = [
         sources=["schemas/_typed_reader.pyx"],
         extra_compile_args=extra_compile_args,
         extra_link_args=strip_args,
+        depends=["schemas/_capnp_wire.pxd"],  # the wire walk both readers cimport
     ),
     # The log scanner: messages of a decompressed log split and peeked in C, in batches.
     Extension(
@@ -178,6 +179,7 @@ extensions = [
         sources=["msgq/viz/_json_writer.pyx"],
         extra_compile_args=extra_compile_args,
         extra_link_args=strip_args,
+        depends=["schemas/_capnp_wire.pxd"],  # the wire walk both readers cimport
     ),
     # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
     Extension(

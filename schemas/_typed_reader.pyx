@@ -14,7 +14,9 @@ size than its type's, an unknown union member, text that is not UTF-8 with its N
 root union holding another member, a budget or depth exceeded — makes ``read_member``
 return FALLBACK,
 and the caller converts that message with pycapnp as before (same values, same errors).
-So the result is pycapnp's for every message, only faster for the common ones.
+So the result is pycapnp's for every message, only faster for the common ones. The wire
+format (kind and element size codes, pointer decoding, bounds checks) is
+schemas/_capnp_wire.pxd's, which the MCAP export's JSON writer reads too.
 
 Layouts are tuples (reader_layouts.py places fields; capnp_types.py builds Spark's):
 field ``(kind, where, default, extra)``, struct ``(fields, union)`` — or, for views,
@@ -33,74 +35,34 @@ from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
-# Field and element kinds (capnp_types.py builds layouts with the K_ names).
-cdef enum:
-    C_BOOL = 0
-    C_INT8 = 1
-    C_INT16 = 2
-    C_INT32 = 3
-    C_INT64 = 4
-    C_UINT8 = 5
-    C_UINT16 = 6
-    C_UINT32 = 7
-    C_UINT64 = 8
-    C_FLOAT32 = 9
-    C_FLOAT64 = 10
-    C_TEXT = 11
-    C_DATA = 12
-    C_ENUM = 13
-    C_LIST = 14
-    C_STRUCT = 15
-    C_GROUP = 16
+# The wire format, shared with the MCAP export's JSON writer: Cython finds it from the
+# source tree's root (the runtime package msgq.schemas is setup.py's mapping of schemas/).
+from schemas._capnp_wire cimport *
 
-K_BOOL = C_BOOL
-K_INT8 = C_INT8
-K_INT16 = C_INT16
-K_INT32 = C_INT32
-K_INT64 = C_INT64
-K_UINT8 = C_UINT8
-K_UINT16 = C_UINT16
-K_UINT32 = C_UINT32
-K_UINT64 = C_UINT64
-K_FLOAT32 = C_FLOAT32
-K_FLOAT64 = C_FLOAT64
-K_TEXT = C_TEXT
-K_DATA = C_DATA
-K_ENUM = C_ENUM
-K_LIST = C_LIST
-K_STRUCT = C_STRUCT
-K_GROUP = C_GROUP
+# Field and element kinds: schemas/_capnp_wire.pxd's (capnp_types.py builds layouts with
+# the K_ names).
+K_BOOL = KIND_BOOL
+K_INT8 = KIND_INT8
+K_INT16 = KIND_INT16
+K_INT32 = KIND_INT32
+K_INT64 = KIND_INT64
+K_UINT8 = KIND_UINT8
+K_UINT16 = KIND_UINT16
+K_UINT32 = KIND_UINT32
+K_UINT64 = KIND_UINT64
+K_FLOAT32 = KIND_FLOAT32
+K_FLOAT64 = KIND_FLOAT64
+K_TEXT = KIND_TEXT
+K_DATA = KIND_DATA
+K_ENUM = KIND_ENUM
+K_LIST = KIND_LIST
+K_STRUCT = KIND_STRUCT
+K_GROUP = KIND_GROUP
 
 #: What read_member returns for a message it leaves to pycapnp.
 FALLBACK = object()
 
 cdef int MAX_DEPTH = 64
-# capnp list element size codes
-cdef enum:
-    SZ_BIT = 1
-    SZ_BYTE = 2
-    SZ_TWO = 3
-    SZ_FOUR = 4
-    SZ_EIGHT = 5
-    SZ_POINTER = 6
-    SZ_COMPOSITE = 7
-
-
-cdef inline int element_size(int kind) noexcept:
-    """The list element size code of a list of ``kind`` elements."""
-    if kind == C_BOOL:
-        return SZ_BIT
-    if kind == C_INT8 or kind == C_UINT8:
-        return SZ_BYTE
-    if kind == C_INT16 or kind == C_UINT16 or kind == C_ENUM:
-        return SZ_TWO
-    if kind == C_INT32 or kind == C_UINT32 or kind == C_FLOAT32:
-        return SZ_FOUR
-    if kind == C_INT64 or kind == C_UINT64 or kind == C_FLOAT64:
-        return SZ_EIGHT
-    if kind == C_STRUCT:
-        return SZ_COMPOSITE
-    return SZ_POINTER  # text, data, lists
 
 
 class _Unfollowed(Exception):
@@ -186,12 +148,12 @@ cdef Field _compile_field(tuple layout):
     f.where = layout[1]
     f.default = layout[2]
     extra = layout[3]
-    if f.kind == C_ENUM:
+    if f.kind == KIND_ENUM:
         f.names = extra
         f.enum_values = {number: EnumValue._of(number, name) for number, name in extra.items()}
-    elif f.kind == C_LIST:
+    elif f.kind == KIND_LIST:
         f.element = _compile_field(extra)
-    elif f.kind == C_STRUCT or f.kind == C_GROUP:
+    elif f.kind == KIND_STRUCT or f.kind == KIND_GROUP:
         f.struct_ = _compile_struct(extra)
     return f
 
@@ -235,27 +197,6 @@ def compile_member(tuple member):
     return c
 
 
-cdef struct Struct:
-    Py_ssize_t data       # byte offset of the data section
-    Py_ssize_t data_bytes
-    Py_ssize_t ptrs       # byte offset of the pointer section
-    Py_ssize_t ptr_count
-
-
-cdef struct Composite:
-    Py_ssize_t first      # byte offset of the first element
-    Py_ssize_t count
-    Py_ssize_t step       # bytes per element
-    Py_ssize_t data_bytes
-    Py_ssize_t ptr_count
-
-
-cdef inline uint64_t load64(const uint8_t *p) noexcept nogil:
-    cdef uint64_t v
-    memcpy(&v, p, 8)
-    return v
-
-
 cdef class _Walk:
     """One message: its segment's bounds, the word budget, the depth."""
     cdef const uint8_t *buf
@@ -275,23 +216,14 @@ cdef class _Walk:
         """The struct the pointer at byte ``at`` points to (a null pointer: an empty
         struct, so every field reads as its default)."""
         cdef uint64_t w = load64(self.buf + at)
-        cdef Py_ssize_t target, dw, pw
-        s.data = s.ptrs = at
-        s.data_bytes = s.ptr_count = 0
+        cdef Py_ssize_t words
+        empty_struct(s, at, self.start, self.end)
         if w == 0:
             return 0
-        if (w & 3) != 0:
-            raise _Unfollowed()  # a far pointer, or not a struct pointer
-        target = at + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
-        dw = (w >> 32) & 0xFFFF
-        pw = (w >> 48) & 0xFFFF
-        if target < self.start or target + 8 * (dw + pw) > self.end:
-            raise _Unfollowed()
-        self.spend(dw + pw if dw + pw > 0 else 1)
-        s.data = target
-        s.data_bytes = 8 * dw
-        s.ptrs = target + 8 * dw
-        s.ptr_count = pw
+        words = struct_in(w, pointer_target(at, w), self.start, self.end, s)
+        if words < 0:
+            raise _Unfollowed()  # a far pointer, not a struct pointer, or out of bounds
+        self.spend(words)
         return 0
 
     cdef object read_struct(self, const Struct *s, StructLayout layout):
@@ -308,7 +240,7 @@ cdef class _Walk:
         if not layout.has_union:
             return out
         member = layout.members.get(
-            <uint16_t>self.raw_bits(s, 2 * layout.discriminant_offset, 2))
+            <uint16_t>data_bits(self.buf, s, 2 * layout.discriminant_offset, 2))
         if member is None:
             raise _Unfollowed()  # a member of a newer schema: pycapnp says what it does
         Py_INCREF(member.name)
@@ -322,26 +254,15 @@ cdef class _Walk:
             PyTuple_SET_ITEM(out, n + 1 + i, value)
         return out
 
-    cdef inline uint64_t raw_bits(self, const Struct *s, Py_ssize_t byte, int width) noexcept:
-        """``width`` bytes at ``byte`` of the data section, zero beyond it."""
-        cdef uint64_t v = 0
-        if byte + width <= s.data_bytes:
-            memcpy(&v, self.buf + s.data + byte, width)
-        return v
-
     cdef object read_field(self, const Struct *s, Field field):
         cdef int kind = field.kind
         cdef Py_ssize_t where = field.where
-        cdef uint64_t raw
-        if kind == C_BOOL:
-            raw = 0
-            if where // 8 < s.data_bytes:
-                raw = (self.buf[s.data + where // 8] >> (where % 8)) & 1
-            return bool(raw ^ field.default)
-        if kind <= C_FLOAT64 or kind == C_ENUM:
+        if kind == KIND_BOOL:
+            return bool(data_bit(self.buf, s, where) ^ field.default)
+        if kind <= KIND_FLOAT64 or kind == KIND_ENUM:
             return self.primitive(s, kind, where, field.default,
                                   field.enum_values if self.views else field.names)
-        if kind == C_GROUP:
+        if kind == KIND_GROUP:
             return self.read_struct(s, field.struct_)
         # pointer fields: where is the pointer index
         if where >= s.ptr_count:
@@ -350,52 +271,29 @@ cdef class _Walk:
 
     cdef object primitive(self, const Struct *s, int kind, Py_ssize_t where,
                           uint64_t default, object names):
-        cdef uint64_t raw
-        cdef float f
-        cdef double d
-        cdef uint32_t raw32
-        if kind == C_INT8 or kind == C_UINT8:
-            raw = self.raw_bits(s, where, 1) ^ default
-            if kind == C_INT8:
-                return <int8_t>raw
-            return <uint8_t>raw
-        if kind == C_INT16 or kind == C_UINT16 or kind == C_ENUM:
-            raw = self.raw_bits(s, 2 * where, 2) ^ default
-            if kind == C_ENUM:
-                name = names.get(<uint16_t>raw)
-                if self.views:
-                    return name if name is not None else EnumValue._of(<uint16_t>raw, None)
-                return name if name is not None else str(<uint16_t>raw)
-            if kind == C_INT16:
-                return <int16_t>raw
-            return <uint16_t>raw
-        if kind == C_INT32 or kind == C_UINT32 or kind == C_FLOAT32:
-            raw32 = <uint32_t>(self.raw_bits(s, 4 * where, 4) ^ default)
-            if kind == C_FLOAT32:
-                memcpy(&f, &raw32, 4)
-                return <double>f
-            if kind == C_INT32:
-                return <int32_t>raw32
-            return raw32
-        raw = self.raw_bits(s, 8 * where, 8) ^ default
-        if kind == C_FLOAT64:
-            memcpy(&d, &raw, 8)
-            return d
-        if kind == C_INT64:
-            return <int64_t>raw
-        return raw
+        cdef Number n
+        read_number(self.buf, s, kind, where, default, &n)
+        if kind == KIND_ENUM:
+            name = names.get(<uint16_t>n.as_uint)
+            if self.views:
+                return name if name is not None else EnumValue._of(<uint16_t>n.as_uint, None)
+            return name if name is not None else str(<uint16_t>n.as_uint)
+        if n.form == NUMBER_SIGNED:
+            return n.as_int
+        if n.form == NUMBER_UNSIGNED:
+            return n.as_uint
+        return n.as_float
 
     cdef object null_value(self, Field field):
         cdef int kind = field.kind
         cdef Struct empty
-        if kind == C_TEXT:
+        if kind == KIND_TEXT:
             return ""
-        if kind == C_DATA:
+        if kind == KIND_DATA:
             return b""
-        if kind == C_LIST:
+        if kind == KIND_LIST:
             return []
-        empty.data = empty.ptrs = 0
-        empty.data_bytes = empty.ptr_count = 0
+        empty_struct(&empty, 0, self.start, self.end)
         return self.nested(&empty, field.struct_)  # a struct of defaults
 
     cdef object nested(self, const Struct *s, StructLayout layout):
@@ -411,7 +309,7 @@ cdef class _Walk:
         cdef Struct s
         if w == 0:
             return self.null_value(field)
-        if field.kind == C_STRUCT:
+        if field.kind == KIND_STRUCT:
             self.struct_at(at, &s)
             return self.nested(&s, field.struct_)
         return self.list_at(at, w, field)
@@ -419,35 +317,19 @@ cdef class _Walk:
     cdef int composite(self, Py_ssize_t at, uint64_t w, Composite *c) except -1:
         """The list of structs the (non-null) list pointer ``w`` at byte ``at`` points
         to, checked: a composite list whose elements lie inside the segment."""
-        cdef Py_ssize_t target, words, count, dw, pw
-        if (w & 3) != 1 or ((w >> 32) & 7) != SZ_COMPOSITE:
+        cdef Py_ssize_t words
+        if (w & 3) != 1 or list_size(w) != SZ_COMPOSITE:
             raise _Unfollowed()
-        target = at + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
-        words = <Py_ssize_t>(w >> 35)  # the word count, after the tag
-        if target < self.start or target + 8 + 8 * words > self.end:
+        words = composite_in(self.buf, pointer_target(at, w), list_count(w), self.start,
+                             self.end, c)
+        if words < 0:
             raise _Unfollowed()
-        w = load64(self.buf + target)
-        if (w & 3) != 0:
-            raise _Unfollowed()
-        count = <Py_ssize_t>((w >> 2) & 0x3FFFFFFF)
-        dw = (w >> 32) & 0xFFFF
-        pw = (w >> 48) & 0xFFFF
-        if count * (dw + pw) > words:
-            raise _Unfollowed()
-        # A list of zero-sized structs claims any count in no bytes: its elements are
-        # charged one word each (as capnp's amplified reads are), so that a few bytes
-        # cannot make millions of tuples.
-        self.spend((count if count > words else words) + 1)
-        c.first = target + 8
-        c.count = count
-        c.step = 8 * (dw + pw)
-        c.data_bytes = 8 * dw
-        c.ptr_count = pw
+        self.spend(words)
         return 0
 
     cdef object list_at(self, Py_ssize_t at, uint64_t w, Field field):
         """The value of a list pointer: text, data, or a list of the field's elements."""
-        cdef Py_ssize_t target, count, i, words, dw, pw, step
+        cdef Py_ssize_t target, count, i, words, n
         cdef int size, ekind, kind = field.kind
         cdef Field element
         cdef Struct s
@@ -460,34 +342,35 @@ cdef class _Walk:
         cdef int64_t i64
         if (w & 3) != 1:
             raise _Unfollowed()
-        target = at + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
-        size = (w >> 32) & 7
-        count = <Py_ssize_t>(w >> 35)
+        target = pointer_target(at, w)
+        size = list_size(w)
+        count = list_count(w)
         if target < self.start:
             raise _Unfollowed()
-        if kind == C_TEXT or kind == C_DATA:
-            if size != SZ_BYTE or target + count > self.end:
-                raise _Unfollowed()
+        if kind == KIND_TEXT or kind == KIND_DATA:
+            n = blob_in(self.buf, w, target, self.end, kind == KIND_TEXT)
+            if n < 0:
+                raise _Unfollowed()  # not bytes, past the segment, or text without its NUL
             self.spend((count + 7) // 8)
-            if kind == C_DATA:
-                return PyBytes_FromStringAndSize(<const char *>self.buf + target, count)
-            if count == 0 or self.buf[target + count - 1] != 0:
-                raise _Unfollowed()  # text needs its NUL
+            if kind == KIND_DATA:
+                return PyBytes_FromStringAndSize(<const char *>self.buf + target, n)
             try:
-                return PyUnicode_DecodeUTF8(<const char *>self.buf + target, count - 1, NULL)
+                return PyUnicode_DecodeUTF8(<const char *>self.buf + target, n, NULL)
             except UnicodeDecodeError:
                 raise _Unfollowed()
         element = field.element
         ekind = element.kind
-        if ekind == C_GROUP or size != element_size(ekind):
+        if ekind == KIND_GROUP or size != element_size(ekind):
             raise _Unfollowed()  # another encoding than the type's: pycapnp converts
-        if ekind == C_STRUCT:
+        if ekind == KIND_STRUCT:
             if self.views:
                 raise _Unfollowed()  # views: a StructListView, made by the view itself
             self.composite(at, w, &c)
             out = PyList_New(c.count)
             s.data_bytes = c.data_bytes
             s.ptr_count = c.ptr_count
+            s.seg_start = self.start
+            s.seg_end = self.end
             for i in range(c.count):
                 s.data = c.first + i * c.step
                 s.ptrs = s.data + c.data_bytes
@@ -495,12 +378,7 @@ cdef class _Walk:
                 Py_INCREF(value)
                 PyList_SET_ITEM(out, i, value)
             return out
-        if size == SZ_BIT:
-            words = (count + 63) // 64
-        elif size == SZ_POINTER:
-            words = count
-        else:
-            words = (count * (1 << (size - 2)) + 7) // 8
+        words = list_words(size, count)
         if target + 8 * words > self.end:
             raise _Unfollowed()
         self.spend(words if words else 1)
@@ -519,25 +397,23 @@ cdef class _Walk:
                 PyList_SET_ITEM(out, i, value)
             self.depth -= 1
             return out
-        s.data = target
-        s.data_bytes = 8 * words
-        s.ptrs = target
-        s.ptr_count = 0
+        empty_struct(&s, target, self.start, self.end)
+        s.data_bytes = 8 * words  # the elements as a data section: primitive() reads them
         for i in range(count):  # the common lists without a call per element
-            if ekind == C_FLOAT32:
+            if ekind == KIND_FLOAT32:
                 memcpy(&f, p + 4 * i, 4)
                 value = <double>f
-            elif ekind == C_FLOAT64:
+            elif ekind == KIND_FLOAT64:
                 memcpy(&d, p + 8 * i, 8)
                 value = d
-            elif ekind == C_INT32:
+            elif ekind == KIND_INT32:
                 memcpy(&i32, p + 4 * i, 4)
                 value = i32
-            elif ekind == C_INT64:
+            elif ekind == KIND_INT64:
                 memcpy(&i64, p + 8 * i, 8)
                 value = i64
-            elif ekind == C_BOOL:
-                value = bool((p[i // 8] >> (i % 8)) & 1)
+            elif ekind == KIND_BOOL:
+                value = bool(data_bit(self.buf, &s, i))
             else:
                 value = self.primitive(&s, ekind, i, 0,
                                        element.enum_values if self.views else element.names)
@@ -568,7 +444,7 @@ def read_member(const uint8_t[::1] message, CompiledMember member not None):
     walk.depth = 0
     try:
         walk.struct_at(8, &root)
-        if walk.raw_bits(&root, 2 * member.discriminant_offset, 2) != member.discriminant:
+        if data_bits(walk.buf, &root, 2 * member.discriminant_offset, 2) != member.discriminant:
             return FALLBACK
         return walk.read_field(&root, member.field)
     except _Unfollowed:
@@ -655,27 +531,22 @@ cdef class StructView(_PycapnpBacked):
         cdef _Walk walk = self.walk
         cdef const Struct *s = &self.s
         cdef Struct child
-        cdef uint8_t raw
-        if kind == C_BOOL:
-            raw = 0
-            if where // 8 < s.data_bytes:
-                raw = (walk.buf[s.data + where // 8] >> (where % 8)) & 1
-            return bool(raw ^ <uint8_t>field.default)
-        if kind <= C_FLOAT64 or kind == C_ENUM:
+        if kind == KIND_BOOL:
+            return bool(<uint8_t>data_bit(walk.buf, s, where) ^ <uint8_t>field.default)
+        if kind <= KIND_FLOAT64 or kind == KIND_ENUM:
             return walk.primitive(s, kind, where, field.default, field.enum_values)
-        if kind == C_GROUP:
+        if kind == KIND_GROUP:
             return self._child(s, field.struct_, name)
         walk.budget = walk.limit
         walk.depth = 0
         try:
-            if kind == C_STRUCT:
+            if kind == KIND_STRUCT:
                 if where >= s.ptr_count:
-                    child.data = child.ptrs = 0
-                    child.data_bytes = child.ptr_count = 0
+                    empty_struct(&child, 0, walk.start, walk.end)
                 else:
                     walk.struct_at(s.ptrs + 8 * where, &child)
                 return self._child(&child, field.struct_, name)
-            if kind == C_LIST and field.element.kind == C_STRUCT:
+            if kind == KIND_LIST and field.element.kind == KIND_STRUCT:
                 return self._struct_list(s, field, name)
             if where >= s.ptr_count:
                 return walk.null_value(field)
@@ -736,6 +607,8 @@ cdef class StructListView(_PycapnpBacked):
         view.s.data_bytes = self.c.data_bytes
         view.s.ptrs = view.s.data + self.c.data_bytes
         view.s.ptr_count = self.c.ptr_count
+        view.s.seg_start = self.walk.start
+        view.s.seg_end = self.walk.end
         return view
 
     def __getattr__(self, name):
@@ -777,8 +650,8 @@ def view_member(bytes message, CompiledMember member not None, object decode,
     cdef Py_ssize_t where = member.field.where
     cdef StructView view
     cdef Field field = member.field
-    cdef bint is_list = field.kind == C_LIST and field.element.kind == C_STRUCT
-    if field.kind != C_STRUCT and not is_list:
+    cdef bint is_list = field.kind == KIND_LIST and field.element.kind == KIND_STRUCT
+    if field.kind != KIND_STRUCT and not is_list:
         return FALLBACK
     if n < 16 or load64(buf) & 0xFFFFFFFF != 0:
         return FALLBACK  # not exactly one segment
@@ -794,15 +667,14 @@ def view_member(bytes message, CompiledMember member not None, object decode,
     walk.views = True
     try:
         walk.struct_at(8, &root)
-        if walk.raw_bits(&root, 2 * member.discriminant_offset, 2) != member.discriminant:
+        if data_bits(walk.buf, &root, 2 * member.discriminant_offset, 2) != member.discriminant:
             return FALLBACK
         if is_list:
             root_view = _list_view(message, walk, &root, field, decode, None)
             root_view.decode_message = decode_takes_message
             return root_view
         if where >= root.ptr_count:
-            payload.data = payload.ptrs = 0
-            payload.data_bytes = payload.ptr_count = 0
+            empty_struct(&payload, 0, walk.start, walk.end)
         else:
             walk.struct_at(root.ptrs + 8 * where, &payload)
     except _Unfollowed:
@@ -844,7 +716,7 @@ def identify(bytes message, EventFields fields not None):
     cdef Py_ssize_t n = len(message)
     cdef const uint8_t *buf = <const uint8_t *>(<char *>message)
     cdef uint64_t w, mono
-    cdef Py_ssize_t data, size, offset
+    cdef Py_ssize_t data, size
     cdef bint valid
     cdef uint16_t which = 0
     if n < 16:
@@ -855,8 +727,7 @@ def identify(bytes message, EventFields fields not None):
     w = load64(buf + 8)
     if (w & 3) != 0:
         return FALLBACK
-    offset = <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
-    data = 16 + 8 * offset
+    data = pointer_target(8, w)  # only the data section must lie in the message
     size = 8 * <Py_ssize_t>((w >> 32) & 0xFFFF)
     if data < 16 or data + size > n:
         return FALLBACK

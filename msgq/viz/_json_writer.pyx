@@ -15,7 +15,9 @@ strict UTF-8 with its NUL (or holds a NUL), a generic's parameter, a null pointe
 list or struct field has an explicit default, a root of another service than the
 scanner said, a budget or depth exceeded — gives None for that message, and the caller
 converts it the old way (pycapnp and the EventConverter), so the text is the same byte
-for byte and an error is the one it always was.
+for byte and an error is the one it always was. The wire format (kind and element size
+codes, pointer decoding, bounds checks) is schemas/_capnp_wire.pxd's, which the typed
+reader reads too; far pointers and several segments are this writer's own.
 
 Float text: orjson's (shortest round trip, ``1e16`` — ``1e+16`` from orjson 3.13 on —,
 ``1e-7``, ``0.00001``) where the
@@ -33,6 +35,10 @@ from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.mem cimport PyMem_Free
 from cpython.ref cimport Py_INCREF
 
+# The wire format, shared with the typed reader: Cython finds it from the source tree's
+# root (the runtime package msgq.schemas is setup.py's mapping of schemas/).
+from schemas._capnp_wire cimport *
+
 cdef extern from "Python.h":
     char *PyOS_double_to_string(double val, char format_code, int precision, int flags,
                                 int *ptype) except NULL
@@ -42,45 +48,13 @@ cdef extern from "string.h":
     void *memmem(const void *haystack, size_t haystacklen, const void *needle,
                  size_t needlelen) nogil
 
-# Kinds of fields, list elements and values.
-cdef enum:
-    J_BOOL = 0
-    J_INT8 = 1
-    J_INT16 = 2
-    J_INT32 = 3
-    J_INT64 = 4
-    J_UINT8 = 5
-    J_UINT16 = 6
-    J_UINT32 = 7
-    J_UINT64 = 8
-    J_FLOAT32 = 9
-    J_FLOAT64 = 10
-    J_TEXT = 11
-    J_DATA = 12
-    J_ENUM = 13
-    J_LIST = 14
-    J_STRUCT = 15
-    J_GROUP = 16
-    J_VOID = 17  # null
-    J_NULL = 18  # AnyPointer, interface: null, nothing read
-    J_OTHER = 19  # not followed here (a generic's parameter): the message falls back
-
-KINDS = {"bool": J_BOOL, "int8": J_INT8, "int16": J_INT16, "int32": J_INT32,
-         "int64": J_INT64, "uint8": J_UINT8, "uint16": J_UINT16, "uint32": J_UINT32,
-         "uint64": J_UINT64, "float32": J_FLOAT32, "float64": J_FLOAT64, "text": J_TEXT,
-         "data": J_DATA, "enum": J_ENUM, "list": J_LIST, "struct": J_STRUCT,
-         "group": J_GROUP, "void": J_VOID, "null": J_NULL, "other": J_OTHER}
-
-# capnp list element size codes
-cdef enum:
-    SZ_VOID = 0
-    SZ_BIT = 1
-    SZ_BYTE = 2
-    SZ_TWO = 3
-    SZ_FOUR = 4
-    SZ_EIGHT = 5
-    SZ_POINTER = 6
-    SZ_COMPOSITE = 7
+# Kinds of fields, list elements and values: schemas/_capnp_wire.pxd's, by name.
+KINDS = {"bool": KIND_BOOL, "int8": KIND_INT8, "int16": KIND_INT16,
+         "int32": KIND_INT32, "int64": KIND_INT64, "uint8": KIND_UINT8,
+         "uint16": KIND_UINT16, "uint32": KIND_UINT32, "uint64": KIND_UINT64,
+         "float32": KIND_FLOAT32, "float64": KIND_FLOAT64, "text": KIND_TEXT,
+         "data": KIND_DATA, "enum": KIND_ENUM, "list": KIND_LIST, "struct": KIND_STRUCT,
+         "group": KIND_GROUP, "void": KIND_VOID, "null": KIND_NULL, "other": KIND_OTHER}
 
 cdef int MAX_DEPTH = 60  # below capnp's nesting limit of 64: deeper falls back
 
@@ -93,36 +67,6 @@ cdef const char *HEX = b"0123456789abcdef"
 cdef const char *PAIRS = (b"00010203040506070809101112131415161718192021222324252627282930313233"
                           b"34353637383940414243444546474849505152535455565758596061626364656667"
                           b"6869707172737475767778798081828384858687888990919293949596979899")
-
-
-cdef inline int element_size(int kind) noexcept:
-    if kind == J_BOOL:
-        return SZ_BIT
-    if kind == J_INT8 or kind == J_UINT8:
-        return SZ_BYTE
-    if kind == J_INT16 or kind == J_UINT16 or kind == J_ENUM:
-        return SZ_TWO
-    if kind == J_INT32 or kind == J_UINT32 or kind == J_FLOAT32:
-        return SZ_FOUR
-    if kind == J_INT64 or kind == J_UINT64 or kind == J_FLOAT64:
-        return SZ_EIGHT
-    if kind == J_STRUCT:
-        return SZ_COMPOSITE
-    if kind == J_TEXT or kind == J_DATA or kind == J_LIST:
-        return SZ_POINTER
-    return -1  # void, null, other, group: not followed in lists
-
-
-cdef inline Py_ssize_t load32(const uint8_t *p) noexcept nogil:
-    cdef uint32_t v
-    memcpy(&v, p, 4)
-    return v
-
-
-cdef inline uint64_t load64(const uint8_t *p) noexcept nogil:
-    cdef uint64_t v
-    memcpy(&v, p, 8)
-    return v
 
 
 # -- shortest round-trip digits of a double (Giulietti's Schubfach algorithm) -----------
@@ -448,15 +392,6 @@ def make_struct() -> JStruct:
     return s
 
 
-cdef struct Struct:
-    Py_ssize_t data  # byte offset of the data section
-    Py_ssize_t data_bytes
-    Py_ssize_t ptrs  # byte offset of the pointer section
-    Py_ssize_t ptr_count
-    Py_ssize_t seg_start  # the segment it lies in (its pointers are relative to it)
-    Py_ssize_t seg_end
-
-
 cdef struct Target:
     uint64_t tag  # the struct or list pointer (or a far pointer's landing pad's tag)
     Py_ssize_t at  # byte offset of what it points to
@@ -723,7 +658,7 @@ cdef class _Writer:
         cdef Py_ssize_t segment, pad
         if (w & 3) != 2:
             t.tag = w
-            t.at = at + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
+            t.at = pointer_target(at, w)
             t.seg_start = seg_start
             t.seg_end = seg_end
             return 0
@@ -740,7 +675,7 @@ cdef class _Writer:
             if (w & 3) == 2 or (w & 3) == 3:
                 return FOLLOW_NOT
             t.tag = w
-            t.at = pad + 8 + 8 * <Py_ssize_t>(<int32_t>(<uint32_t>w) >> 2)
+            t.at = pointer_target(pad, w)
             t.seg_start = self.seg_start[segment]
             t.seg_end = self.seg_end[segment]
             return 0
@@ -765,36 +700,17 @@ cdef class _Writer:
         """The struct the pointer at byte ``at`` points to (a null pointer: an empty
         struct, so that every field reads as its default)."""
         cdef uint64_t w = load64(self.buf + at)
-        cdef Py_ssize_t dw, pw
+        cdef Py_ssize_t words
         cdef Target t
-        s.data = s.ptrs = at
-        s.data_bytes = s.ptr_count = 0
-        s.seg_start = seg_start
-        s.seg_end = seg_end
+        empty_struct(s, at, seg_start, seg_end)
         if w == 0:
             return 0
         if self.follow(at, seg_start, seg_end, &t):
             return FOLLOW_NOT
-        w = t.tag
-        if (w & 3) != 0:
-            return FOLLOW_NOT  # not a struct pointer
-        dw = (w >> 32) & 0xFFFF
-        pw = (w >> 48) & 0xFFFF
-        if t.at < t.seg_start or t.at + 8 * (dw + pw) > t.seg_end:
-            return FOLLOW_NOT
-        s.data = t.at
-        s.data_bytes = 8 * dw
-        s.ptrs = t.at + 8 * dw
-        s.ptr_count = pw
-        s.seg_start = t.seg_start
-        s.seg_end = t.seg_end
-        return self.spend(dw + pw if dw + pw > 0 else 1)
-
-    cdef inline uint64_t raw_bits(self, const Struct *s, Py_ssize_t byte, int width) noexcept:
-        cdef uint64_t v = 0
-        if byte + width <= s.data_bytes:
-            memcpy(&v, self.buf + s.data + byte, width)
-        return v
+        words = struct_in(t.tag, t.at, t.seg_start, t.seg_end, s)
+        if words < 0:
+            return FOLLOW_NOT  # not a struct pointer, or not inside its segment
+        return self.spend(words)
 
     cdef int write_struct(self, const Struct *s, JStruct layout) except -1:
         cdef Py_ssize_t i, n
@@ -817,7 +733,7 @@ cdef class _Writer:
             if n:
                 self.put_char(b',')
             field = layout.members.get(
-                <uint16_t>self.raw_bits(s, 2 * layout.discriminant_offset, 2))
+                <uint16_t>data_bits(self.buf, s, 2 * layout.discriminant_offset, 2))
             if field is None:  # a member this schema does not know (a newer writer's)
                 self.put(b'"_which":', 9)
                 self.put_null()
@@ -833,22 +749,18 @@ cdef class _Writer:
     cdef int write_field(self, const Struct *s, JField field) except -1:
         cdef int kind = field.kind
         cdef Py_ssize_t where = field.where
-        cdef uint64_t raw
         cdef Struct empty
-        if kind == J_BOOL:
-            raw = 0
-            if where // 8 < s.data_bytes:
-                raw = (self.buf[s.data + where // 8] >> (where % 8)) & 1
-            if raw ^ (field.default & 1):
+        if kind == KIND_BOOL:
+            if data_bit(self.buf, s, where) ^ (field.default & 1):
                 return self.put(b"true", 4)
             return self.put(b"false", 5)
-        if kind <= J_FLOAT64 or kind == J_ENUM:
+        if kind <= KIND_FLOAT64 or kind == KIND_ENUM:
             return self.primitive(s, kind, where, field.default, field.type)
-        if kind == J_GROUP:
+        if kind == KIND_GROUP:
             return self.write_struct(s, field.type.struct_)
-        if kind == J_VOID or kind == J_NULL:
+        if kind == KIND_VOID or kind == KIND_NULL:
             return self.put_null()
-        if kind == J_OTHER:
+        if kind == KIND_OTHER:
             return FOLLOW_NOT
         # pointer fields: where is the pointer index
         if where >= s.ptr_count or load64(self.buf + s.ptrs + 8 * where) == 0:
@@ -856,48 +768,25 @@ cdef class _Writer:
                 if field.default_text is None:
                     return FOLLOW_NOT  # a list's or struct's default: the old path reads it
                 return self.put_bytes(field.default_text)
-            if kind == J_TEXT or kind == J_DATA:
+            if kind == KIND_TEXT or kind == KIND_DATA:
                 return self.put(b'""', 2)
-            if kind == J_LIST:
+            if kind == KIND_LIST:
                 return self.put(b"[]", 2)
-            empty.data = empty.ptrs = 0
-            empty.data_bytes = empty.ptr_count = 0
+            empty_struct(&empty, 0, s.seg_start, s.seg_end)
             return self.write_struct(&empty, field.type.struct_)
         return self.pointer_value(s.ptrs + 8 * where, s.seg_start, s.seg_end, field.type)
 
     cdef int primitive(self, const Struct *s, int kind, Py_ssize_t where, uint64_t default,
                        JType type) except -1:
-        cdef uint64_t raw
-        cdef uint32_t raw32
-        cdef float f
-        cdef double d
-        if kind == J_INT8 or kind == J_UINT8:
-            raw = self.raw_bits(s, where, 1) ^ default
-            if kind == J_INT8:
-                return self.put_int(<int8_t>raw)
-            return self.put_uint(<uint8_t>raw)
-        if kind == J_INT16 or kind == J_UINT16 or kind == J_ENUM:
-            raw = self.raw_bits(s, 2 * where, 2) ^ default
-            if kind == J_ENUM:
-                return self.put_enum(<uint16_t>raw, type)
-            if kind == J_INT16:
-                return self.put_int(<int16_t>raw)
-            return self.put_uint(<uint16_t>raw)
-        if kind == J_INT32 or kind == J_UINT32 or kind == J_FLOAT32:
-            raw32 = <uint32_t>(self.raw_bits(s, 4 * where, 4) ^ default)
-            if kind == J_FLOAT32:
-                memcpy(&f, &raw32, 4)
-                return self.put_double(<double>f)
-            if kind == J_INT32:
-                return self.put_int(<int32_t>raw32)
-            return self.put_uint(raw32)
-        raw = self.raw_bits(s, 8 * where, 8) ^ default
-        if kind == J_FLOAT64:
-            memcpy(&d, &raw, 8)
-            return self.put_double(d)
-        if kind == J_INT64:
-            return self.put_int(<int64_t>raw)
-        return self.put_uint(raw)
+        cdef Number n
+        read_number(self.buf, s, kind, where, default, &n)
+        if kind == KIND_ENUM:
+            return self.put_enum(<uint16_t>n.as_uint, type)
+        if n.form == NUMBER_SIGNED:
+            return self.put_int(n.as_int)
+        if n.form == NUMBER_UNSIGNED:
+            return self.put_uint(n.as_uint)
+        return self.put_double(n.as_float)
 
     cdef inline int put_enum(self, uint16_t value, JType type) except -1:
         cdef object name
@@ -913,7 +802,7 @@ cdef class _Writer:
         seg_end))."""
         cdef Struct s
         cdef int rc
-        if type.kind == J_STRUCT:
+        if type.kind == KIND_STRUCT:
             rc = self.struct_at(at, seg_start, seg_end, &s)
             if rc:
                 return rc
@@ -922,11 +811,12 @@ cdef class _Writer:
 
     cdef int list_at(self, Py_ssize_t at, Py_ssize_t seg_start, Py_ssize_t seg_end,
                      JType type) except -1:
-        cdef Py_ssize_t target, count, i, words, dw, pw, step, first, end
+        cdef Py_ssize_t target, count, i, words, n, end
         cdef int size, ekind, rc, kind = type.kind
         cdef uint64_t w
         cdef JType element
         cdef Struct s
+        cdef Composite c
         cdef Target t
         if self.follow(at, seg_start, seg_end, &t):
             return FOLLOW_NOT
@@ -935,60 +825,42 @@ cdef class _Writer:
             return FOLLOW_NOT
         target = t.at
         end = t.seg_end
-        size = (w >> 32) & 7
-        count = <Py_ssize_t>(w >> 35)
+        size = list_size(w)
+        count = list_count(w)
         if target < t.seg_start:
             return FOLLOW_NOT
-        if kind == J_TEXT or kind == J_DATA:
-            if size != SZ_BYTE or target + count > end:
-                return FOLLOW_NOT
+        if kind == KIND_TEXT or kind == KIND_DATA:
+            n = blob_in(self.buf, w, target, end, kind == KIND_TEXT)
+            if n < 0:
+                return FOLLOW_NOT  # not bytes, past the segment, or text without its NUL
             if self.spend((count + 7) // 8):
                 return FOLLOW_NOT
-            if kind == J_DATA:
-                return self.put_base64(self.buf + target, count)
-            if count == 0 or self.buf[target + count - 1] != 0:
-                return FOLLOW_NOT  # text needs its NUL
-            return self.put_text(self.buf + target, count - 1)
+            if kind == KIND_DATA:
+                return self.put_base64(self.buf + target, n)
+            return self.put_text(self.buf + target, n)
         element = type.element
         ekind = element.kind
         if size != element_size(ekind):
             return FOLLOW_NOT  # another encoding than the type's: the old path converts
         self.put_char(b'[')
-        if ekind == J_STRUCT:
-            words = count  # after the tag: the word count
-            if target + 8 + 8 * words > end:
+        if ekind == KIND_STRUCT:
+            words = composite_in(self.buf, target, count, t.seg_start, end, &c)
+            if words < 0 or self.spend(words):
                 return FOLLOW_NOT
-            w = load64(self.buf + target)
-            if (w & 3) != 0:
-                return FOLLOW_NOT
-            count = <Py_ssize_t>((w >> 2) & 0x3FFFFFFF)
-            dw = (w >> 32) & 0xFFFF
-            pw = (w >> 48) & 0xFFFF
-            if count * (dw + pw) > words:
-                return FOLLOW_NOT
-            if self.spend((count if count > words else words) + 1):
-                return FOLLOW_NOT
-            first = target + 8
-            step = 8 * (dw + pw)
-            s.data_bytes = 8 * dw
-            s.ptr_count = pw
+            s.data_bytes = c.data_bytes
+            s.ptr_count = c.ptr_count
             s.seg_start = t.seg_start
             s.seg_end = end
-            for i in range(count):
+            for i in range(c.count):
                 if i:
                     self.put_char(b',')
-                s.data = first + i * step
+                s.data = c.first + i * c.step
                 s.ptrs = s.data + s.data_bytes
                 rc = self.write_struct(&s, element.struct_)
                 if rc:
                     return rc
             return self.put_char(b']')
-        if size == SZ_BIT:
-            words = (count + 63) // 64
-        elif size == SZ_POINTER:
-            words = count
-        else:
-            words = (count * (1 << (size - 2)) + 7) // 8  # 1, 2, 4, 8 bytes
+        words = list_words(size, count)
         if target + 8 * words > end:
             return FOLLOW_NOT
         if self.spend(count if count > words else words):
@@ -998,7 +870,7 @@ cdef class _Writer:
                 if i:
                     self.put_char(b',')
                 if load64(self.buf + target + 8 * i) == 0:
-                    if ekind == J_LIST:
+                    if ekind == KIND_LIST:
                         self.put(b"[]", 2)
                     else:
                         self.put(b'""', 2)
@@ -1007,17 +879,17 @@ cdef class _Writer:
                 if rc:
                     return rc
             return self.put_char(b']')
+        empty_struct(&s, target, t.seg_start, end)
+        s.data_bytes = 8 * words  # the elements as a data section: primitive() reads them
         for i in range(count):
             if i:
                 self.put_char(b',')
-            if ekind == J_BOOL:
-                if (self.buf[target + i // 8] >> (i % 8)) & 1:
+            if ekind == KIND_BOOL:
+                if data_bit(self.buf, &s, i):
                     self.put(b"true", 4)
                 else:
                     self.put(b"false", 5)
                 continue
-            s.data = target
-            s.data_bytes = 8 * words
             self.primitive(&s, ekind, i, 0, element)
         return self.put_char(b']')
 
@@ -1058,7 +930,7 @@ cdef class _Writer:
         self.saw_null = False
         rc = self.struct_at(self.seg_start[0], self.seg_start[0], self.seg_end[0], &s)
         if rc == 0 and expected >= 0 and \
-                <int>self.raw_bits(&s, 2 * root.discriminant_offset, 2) != expected:
+                <int>data_bits(self.buf, &s, 2 * root.discriminant_offset, 2) != expected:
             rc = FOLLOW_NOT  # not the service the scanner peeked
         if rc == 0:
             rc = self.write_struct(&s, root)
