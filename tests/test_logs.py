@@ -18,6 +18,7 @@ import pytest
 from msgq.logs import (
     CorruptLogWarning,
     LogCorruptionError,
+    LogEvent,
     LogReader,
     LogWriter,
     TruncatedLogWarning,
@@ -151,6 +152,48 @@ def test_sort_merges_segments_by_time(tmp_path: Path) -> None:
     assert times == sorted(times) and len(merged) == 602
     unsorted = [e.mono_ns for e in LogReader([tmp_path / "a", tmp_path / "b"]).raw()]
     assert unsorted != sorted(unsorted)
+
+
+def test_paths_to_read_leaves_out_what_the_index_rules_out(tmp_path: Path) -> None:
+    # 2 s of events in 0.5 s segments: the index says which ones hold what a reader wants
+    _write(tmp_path / "rec", _events(2000), rotate_seconds=0.5)
+    paths = segment_paths(tmp_path / "rec")
+    assert len(paths) == 4
+    assert LogReader(tmp_path / "rec").paths_to_read() == paths
+    later = LogReader(tmp_path / "rec", start_mono_ns=10**9 + 1500 * 10**6)
+    assert later.paths_to_read() == paths[3:]
+    assert LogReader(tmp_path / "rec", services=["can"]).paths_to_read() == paths
+    assert LogReader(tmp_path / "rec", services=["clocks"]).paths_to_read() == []
+    # a segment without a sealed index entry is read: nothing says it can be skipped
+    os.remove(tmp_path / "rec" / "index.json")
+    assert LogReader(tmp_path / "rec", services=["clocks"]).paths_to_read() == paths
+
+
+def test_decode_gives_the_reader_or_reports_the_event(tmp_path: Path) -> None:
+    _write(tmp_path / "rec", _events(10), rotate_seconds=None)
+    (path,) = segment_paths(tmp_path / "rec")
+    reader = LogReader(path, skip_corrupt=True, warn=False)
+    good = next(e for e in reader.raw() if e.service == "vehicleState")
+    assert reader.decode(good).vehicleState.speed == 0.5
+    # one segment of 1000 words framed, one word there: not a message
+    broken = LogEvent(bytes([0, 0, 0, 0, 0xE8, 3, 0, 0]) + bytes(8), good.mono_ns, True,
+                      "vehicleState", path, 4096)
+    assert reader.decode(broken) is None
+    assert reader.decode(good) is not None  # the reader goes on
+    (problem,) = reader.corrupt
+    assert (problem.path, problem.kind, problem.offset, problem.detail) == \
+        (path, "corrupt", 4096, "an event that does not decode")
+    with pytest.warns(CorruptLogWarning, match="byte 4096"):
+        assert LogReader(path, skip_corrupt=True).decode(broken) is None
+    with pytest.raises(LogCorruptionError, match="byte 4096: an event that does not decode"):
+        LogReader(path, warn=False).decode(broken)
+
+
+def test_traversal_limit_is_the_one_schema_decode_gives() -> None:
+    assert LogReader.traversal_limit(0) == 8 * 1024 * 1024  # capnp's default at least
+    assert LogReader.traversal_limit(16 << 20) == 8 * 1024 * 1024
+    assert LogReader.traversal_limit((16 << 20) + 8) == 8 * 1024 * 1024 + 4
+    assert LogReader.traversal_limit(64 << 20) == 4 * (64 << 20) // 8  # 4 per word
 
 
 # --- damage --------------------------------------------------------------------------

@@ -187,7 +187,11 @@ class LogReader:
             else:
                 yield [item]
 
-    def _paths_to_read(self) -> list[str]:
+    def paths_to_read(self) -> list[str]:
+        """The segment files this reader reads, in order: :attr:`paths` less those whose
+        sealed index entry says they hold nothing it wants (every event before
+        ``start_mono_ns``, none of ``services``). For tools that read segment by segment
+        (:meth:`segment_batches`, :meth:`segment_events`) and want the reader's choice."""
         if self.start_mono_ns is None and self.services is None:
             return self.paths
         keep = []
@@ -202,6 +206,9 @@ class LogReader:
             keep.append(path)
         return keep
 
+    # tests/test_own_schema_logs.py calls the private name this method had before
+    _paths_to_read = paths_to_read
+
     def raw(self) -> Iterator[LogEvent]:
         """The events as :class:`LogEvent` (bytes plus time, validity, service)."""
         return chain.from_iterable(self._raw_runs())
@@ -211,7 +218,7 @@ class LogReader:
         with ``sort``, unless their index entries say that no segment holds an event
         earlier than one of the segment before it (then the merge is reading them one
         after another: heapq.merge takes the earlier segment first on a tie)."""
-        paths = self._paths_to_read()
+        paths = self.paths_to_read()
         if self.check_schema:
             check_paths(paths, self.schema)
         return paths, self.sort and len(paths) > 1 and not self._in_order(paths)
@@ -251,17 +258,31 @@ class LogReader:
     def _merged_decoded(self, paths: list[str], detailed: bool) -> Iterator[Any]:
         for event in heapq.merge(*(self.segment_events(p) for p in paths),
                                  key=lambda e: e.mono_ns):
-            msg = self._decode_event(event)
+            msg = self.decode(event)
             if msg is not None:
                 yield (event.service, event.mono_ns, len(event.data), msg) if detailed \
                     else msg
 
-    def _decode_event(self, event: LogEvent) -> Any:
+    def decode(self, event: LogEvent) -> Any:
+        """The Event reader of ``event`` (one of this reader's: :meth:`raw`,
+        :meth:`segment_events`, a :class:`LogEvent` of :meth:`segment_batches`), or None
+        when its bytes do not decode; that is reported as this reader reports damage:
+        listed in :attr:`corrupt` (file and offset, "an event that does not decode"),
+        with a :class:`CorruptLogWarning` unless ``warn=False``, and raised as
+        :class:`LogCorruptionError` without ``skip_corrupt``."""
         msg = self._decode(event.data)
         if msg is None:
             self._on_problem(LogProblem(event.path, "corrupt", event.offset, event.offset,
                                         "an event that does not decode"))
         return msg
+
+    @staticmethod
+    def traversal_limit(largest_message_size: int) -> int:
+        """The traversal limit (words) that :meth:`msgq.schemas.Schema.decode` gives a
+        message of ``largest_message_size`` bytes (4 words per word of it, at least
+        capnp's default of 8 Mi words): what this reader passes to pycapnp's
+        ``read_multiple_bytes`` for a run of messages, the largest one's for all."""
+        return max(_MIN_TRAVERSAL_WORDS, _TRAVERSAL_FACTOR * (largest_message_size // 8))
 
     def _decoded_runs(self, detailed: bool) -> Iterator[Iterable[Any]]:
         """The Event readers of every segment, an iterable per run of messages: each
@@ -279,7 +300,7 @@ class LogReader:
         for path in paths:
             for name, item in self._segment_items(path):
                 if type(item) is not MessageBatch:
-                    msg = self._decode_event(item)
+                    msg = self.decode(item)
                     if msg is not None:
                         yield ((item.service, item.mono_ns, len(item.data), msg),) \
                             if detailed else (msg,)
@@ -311,7 +332,7 @@ class LogReader:
         end = int(batch.offset[b - 1]) + int(batch.length[b - 1])
         lengths = batch.length[a:b]
         readers = self.schema.event.read_multiple_bytes(
-            view[begin:end], traversal_limit_in_words=_traversal_limit(int(lengths.max())))
+            view[begin:end], traversal_limit_in_words=self.traversal_limit(int(lengths.max())))
         if not detailed:
             return readers
         names = batch.services
@@ -333,13 +354,8 @@ class LogReader:
             event = LogEvent(batch.data[at:at + length], int(batch.mono_ns[i]),
                              bool(batch.flags[i] & 1), batch.services[batch.service[i]], name,
                              batch.stream_offset + at)
-            msg = self._decode_event(event)
+            msg = self.decode(event)
             if msg is not None:
                 found.append((event.service, event.mono_ns, length, msg) if detailed else msg)
         return found
 
-
-def _traversal_limit(largest: int) -> int:
-    """The traversal limit (words) that :meth:`msgq.schemas.Schema.decode` gives a
-    message of ``largest`` bytes: every message of a batch gets its largest one's."""
-    return max(_MIN_TRAVERSAL_WORDS, _TRAVERSAL_FACTOR * (largest // 8))

@@ -49,7 +49,6 @@ from msgq.logs import LogEvent, LogProblem, LogReader, MessageBatch, segment_pat
 from msgq.logs.index import IndexCache, read_recording
 from msgq.logs.segment import ROOT_WHOLE, VALID
 from msgq.schemas import Schema, schema_in_force
-from msgq.schemas.schema import _MIN_TRAVERSAL_WORDS, _TRAVERSAL_FACTOR
 from msgq.schemas.services import unknown_service_error
 from msgq.viz import require
 from msgq.viz.json_schema import event_converter
@@ -231,10 +230,10 @@ def _convert_segment(path: str, wanted: list[str] | None, start_ns: int | None,
     wanted_set = None if wanted is None else frozenset(wanted)
     try:
         # the reader's own choice of segments (its index may say this one has nothing)
-        for _ in reader._paths_to_read():
+        for _ in reader.paths_to_read():
             for item in reader.segment_batches(path):
                 if type(item) is not MessageBatch:
-                    message = reader._decode_event(item)  # reported when it does not decode
+                    message = reader.decode(item)  # reported when it does not decode
                     if message is None:
                         continue
                     read_any = True
@@ -290,7 +289,7 @@ def _batch_events(batch: MessageBatch, program: JsonProgram, wanted: frozenset[s
     texts = iter(batch_json(program, batch, converted))
     names = batch.services
     data = batch.data
-    limit = max(_MIN_TRAVERSAL_WORDS, _TRAVERSAL_FACTOR * (int(batch.length[indexes].max()) // 8))
+    limit = LogReader.traversal_limit(int(batch.length[indexes].max()))
     for i, service_index, mono, size, is_whole in zip(
             indexes.tolist(), batch.service[indexes].tolist(), batch.mono_ns[indexes].tolist(),
             batch.length[indexes].tolist(), whole[indexes].tolist(), strict=True):
@@ -307,7 +306,7 @@ def _batch_events(batch: MessageBatch, program: JsonProgram, wanted: frozenset[s
         at = int(batch.offset[i])
         event = LogEvent(data[at:at + size], mono, bool(batch.flags[i] & VALID), service,
                          path, batch.stream_offset + at)
-        message = reader._decode_event(event)  # reported when it does not decode
+        message = reader.decode(event)  # reported when it does not decode
         if message is not None:
             yield service, mono, _text_of(service, mono, message, path, result, converter), size
 
