@@ -130,7 +130,10 @@ extensions = [
         # calling the ring directly.
         extra_compile_args=[*extra_compile_args, "-fvisibility=hidden", "-flto"],
         extra_link_args=["-flto", "-O2", *strip_args],
-        depends=[p.replace(".c", ".h") for p in C_CORE] + ["msgq/ring.pxd"],
+        # msgq/shm/*.pyx: the files of the module's source that shm_backend.pyx includes,
+        # one per concept; msgq/includes/*.pxd: the C declarations it cimports.
+        depends=[p.replace(".c", ".h") for p in C_CORE] + sorted(glob.glob("msgq/shm/*.pyx"))
+        + sorted(glob.glob("msgq/includes/*.pxd")),
     ),
     # VisionIPC's wire formats (packet, handshake, buffer layout): the C implementation
     # that packet.py and handshake.py use, shared with C servers (visionipc.h).

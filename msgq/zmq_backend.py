@@ -88,6 +88,7 @@ from msgq.queues import (
     validate_endpoint,
 )
 from msgq.schemas import selection, services
+from msgq.shm_backend import Reservation
 
 __all__ = [
     "DEFAULT_BASE_PORT",
@@ -892,44 +893,23 @@ def _port_holder(host: str, port: int) -> str:
     return "other"
 
 
-class Reservation:
-    """Room for one message, written by the caller and sent when committed: the same use
-    as the shared-memory backend's (``with pub.reserve(n) as buf: buf[:] = ...``; leaving
-    the block sends, an exception abandons). Here the room is a buffer of this process, and
-    ZMQ sends it without another copy (``copy=False``)."""
+class BufferReservation(Reservation):
+    """A :class:`~msgq.shm_backend.Reservation` (the commit/abort protocol of every
+    backend) whose room is a buffer of this process, sent when committed: ZMQ sends it
+    without another copy (``copy=False``)."""
+
+    __slots__ = ("_pub", "_buffer")
 
     def __init__(self, pub: PubSocket, size: int) -> None:
         self._pub = pub
         self._buffer = bytearray(size)
-        self._view = memoryview(self._buffer)
-        self._done = False
+        super().__init__(memoryview(self._buffer))
 
-    def __enter__(self) -> memoryview:
-        return self._view
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
-        return False
-
-    def commit(self) -> None:
-        """Sends the message written into the reserved buffer."""
-        if self._done:
-            raise RuntimeError("reservation already committed or aborted (was the socket "
-                               "closed or reconnected?)")
-        self._finish()
+    def _publish(self) -> None:
+        self._pub._reservation = None
         self._pub._send(self._buffer, copy=False)
 
-    def abort(self) -> None:
-        """Drops the reservation; subscribers never see it."""
-        if not self._done:
-            self._finish()
-
-    def _finish(self) -> None:
-        self._done = True
-        self._view.release()
+    def _drop(self) -> None:
         self._pub._reservation = None
 
 
@@ -970,7 +950,7 @@ class PubSocket:
         self._readers = 0
         self._last_accept = float("-inf")
         self._next_peer_check = 0.0
-        self._reservation: Reservation | None = None
+        self._reservation: BufferReservation | None = None
 
     def connect(self, context: Any, endpoint: str, segment_size: int = 0) -> None:
         """Binds the endpoint's port and becomes its publisher.
@@ -1123,7 +1103,7 @@ class PubSocket:
             raise TypeError(f"size must be an int, not {type(size).__name__}")
         if size < 0:
             raise ValueError("size must be >= 0")
-        self._reservation = Reservation(self, size)
+        self._reservation = BufferReservation(self, size)
         return self._reservation
 
     def _send(self, data: Any, copy: bool = True) -> None:

@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("msgq.aio", "msgq.errors", "msgq.tables", "msgq.version")),
     ("clock", ("msgq.clock",)),
     ("events", ("msgq.schemas",)),
-    ("extension", ("msgq.shm_backend",)),
+    # msgq/shm/*.pyx are the files msgq/shm_backend.pyx includes: one module.
+    ("extension", ("msgq.shm_backend", "msgq.shm")),
     ("queue namespace", ("msgq.queues",)),
     ("backends", ("msgq.zmq_backend", "msgq.fake_events")),
     ("socket factory", ("msgq.sockets",)),
