@@ -173,7 +173,7 @@ def test_log_writer_records_without_log_start(robot: Schema, tmp_path: Path) -> 
     # seeking skips whole segments through the sealed index
     start = segments[2].first_mono_ns
     reader = LogReader(tmp_path / "rec", start_mono_ns=start)
-    assert reader._paths_to_read()[0].endswith(segments[2].file)
+    assert reader.paths_to_read()[0].endswith(segments[2].file)
     assert [e.data for e in reader.raw()] == [d for d in events if decoded(d, robot)[0] >= start]
 
 

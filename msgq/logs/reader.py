@@ -206,9 +206,6 @@ class LogReader:
             keep.append(path)
         return keep
 
-    # tests/test_own_schema_logs.py calls the private name this method had before
-    _paths_to_read = paths_to_read
-
     def raw(self) -> Iterator[LogEvent]:
         """The events as :class:`LogEvent` (bytes plus time, validity, service)."""
         return chain.from_iterable(self._raw_runs())
