@@ -5,6 +5,7 @@ two commands end to end, and a tiny run of the logs benchmark."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from helpers import MSGQ, interrupt, run_cli, run_program, start_publisher
 import msgq
 from msgq.bench.logs import sequence_number, sequenced_message
 from msgq.logs import LogReader, LogWriter, read_index
+from msgq.logs import recorder as recorder_module
 from msgq.logs import replayer as replayer_module
 from msgq.logs.recorder import Recorder, default_services
 from msgq.logs.replayer import Replayer
@@ -445,6 +447,74 @@ def test_recorder_on_zmq_records_and_cannot_see_drops(
     stats = result["stats"]
     assert stats.backend == "zmq" and stats.drops is None and stats.messages == 200
     assert _sequences(_read_log(tmp_path / "rec")["gyroscope"], "gyroscope") == list(range(200))
+
+
+def _publish_burst_then_report(count: int, sent: Any) -> None:
+    """A ZMQ publisher process: sends ``count`` 256 KiB modelOutput events (frameId = i)
+    once a subscriber is there, tells the parent, then waits to be killed."""
+    pub = msgq.pub_sock("modelOutput")
+    assert pub.wait_until_read(20)
+    raw = bytes(256 * 1024)
+    messages = []
+    for i in range(count):
+        msg = new_message("modelOutput", valid=True)
+        msg.modelOutput.frameId = i
+        msg.modelOutput.rawOutput = raw
+        messages.append(msg.to_bytes())
+    for data in messages:
+        pub.send(data)
+    sent.set()
+    time.sleep(60)
+
+
+def test_recorder_on_zmq_stopped_right_after_the_last_send_keeps_every_message(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On ZMQ a message is still travelling (libzmq's I/O threads, TCP) when ``send``
+    returns. A sender that stops the recorder right after its last send (docs/logs.md's
+    recorder example) must still find every message in the log: the stop reads on until
+    the sockets have been quiet for TRANSIT_QUIET_S. Before, the stop read only what had
+    arrived, and the flake check caught the documented example with 5 of 50 messages.
+    Here the sender is frozen (SIGSTOP) as soon as its sends return, so that part of its
+    burst is still on its way when the recorder is stopped (about 100 of 400 messages
+    had arrived in the runs here), and let go again well within the quiet time. Without
+    the transit wait this failed 3 of 7 runs (the rest of a burst can already sit in the
+    recorder's own socket when the sender is frozen); with it, 0 of 7."""
+    monkeypatch.setenv("MSGQ_BACKEND", "zmq")
+    # a stop is noticed within one poll: a short one, so that what follows the stop is
+    # the drain's doing, not a long poll's
+    monkeypatch.setattr(recorder_module, "POLL_MS", 1)
+    count = 400  # under libzmq's default high-water mark: nothing is dropped on the way
+    recorder = Recorder(tmp_path / "rec", ["modelOutput"])
+    ready = threading.Event()
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(stats=recorder.run(
+        on_ready=ready.set)))
+    thread.start()
+    fork = multiprocessing.get_context("fork")
+    sent = fork.Event()
+    child = fork.Process(target=_publish_burst_then_report, args=(count, sent))
+    try:
+        assert ready.wait(10)
+        child.start()
+        assert sent.wait(30), "the publisher never finished its sends"
+        os.kill(child.pid, signal.SIGSTOP)
+        arrived = recorder.stats().services["modelOutput"].messages
+        recorder.stop()
+        time.sleep(recorder_module.TRANSIT_QUIET_S / 4)
+        os.kill(child.pid, signal.SIGCONT)
+        thread.join(20)
+    finally:
+        recorder.stop()
+        thread.join(20)
+        child.kill()
+        child.join()
+    stats = result["stats"]
+    if arrived == count:
+        pytest.skip("the whole burst was recorded before the stop: nothing left in transit")
+    assert stats.messages == count, (arrived, stats.messages)
+    frames = [event.modelOutput.frameId for event in LogReader(str(tmp_path / "rec"))
+              if event.which() == "modelOutput"]
+    assert frames == list(range(count))
 
 
 # --- replay of damaged logs ----------------------------------------------------------------

@@ -23,7 +23,11 @@ The recorder counts, per service, what it wrote, what it refused and what it los
 ``run()`` records until ``stop()`` is called (from a thread or a signal handler), a
 duration has passed, or — in the main thread — SIGINT, SIGTERM or SIGHUP arrives; then it
 reads what is already queued, closes the log (finished frame, fsync, index) and returns
-the counts.
+the counts. On the shared-memory backend a message is queued when ``send`` returns. On
+the ZMQ backend a message sent just before the stop may still be on its way (libzmq's
+I/O threads, TCP), so the recorder goes on reading until its sockets have been quiet for
+:data:`TRANSIT_QUIET_S` (at most :data:`TRANSIT_MAX_S`): a sender that stops the recorder
+after its last ``send`` finds every message in the log, as on shared memory.
 """
 
 from __future__ import annotations
@@ -51,6 +55,13 @@ POLL_MS = 50
 #: While the services are quiet, buffered messages are written out after this long (the
 #: writer itself flushes only when it is given a message).
 IDLE_FLUSH_S = 1.0
+#: After a stop on a backend whose messages travel after ``send`` returns (ZMQ): read on
+#: until no message arrived for this long ...
+TRANSIT_QUIET_S = 0.25
+#: ... or this long has passed since the stop.
+TRANSIT_MAX_S = 2.0
+#: Backends on which a sent message is in the subscriber's queue when ``send`` returns.
+_QUEUED_ON_SEND = frozenset({"msgq"})
 
 
 def default_services(registry: Any = None, schema: Schema | None = None) -> list[str]:
@@ -318,7 +329,23 @@ class Recorder:
             self._read(self._by_socket[id(sock)], BATCH)
 
     def _drain(self) -> None:
-        """Reads everything already queued (at stop: nothing sent before it is lost)."""
+        """Reads everything already queued (at stop: nothing sent before it is lost), and
+        on a backend where messages travel after ``send`` returns, what is still on its
+        way (see the module docstring)."""
+        self._read_queued()
+        if self.backend in _QUEUED_ON_SEND:
+            return
+        give_up = time.monotonic() + TRANSIT_MAX_S
+        while True:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                return
+            ready = self._poller.poll(max(1, int(min(TRANSIT_QUIET_S, left) * 1000)))
+            if not ready:
+                return  # quiet for TRANSIT_QUIET_S: nothing more is coming
+            self._read_queued()
+
+    def _read_queued(self) -> None:
         busy = True
         while busy:
             busy = False
