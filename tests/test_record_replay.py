@@ -419,15 +419,23 @@ def test_bench_tiny_run(tmp_path: Path) -> None:
     assert document["zero_drop_rate"] == 1000
 
 
-def test_recorder_on_zmq_records_and_cannot_see_drops(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MSGQ_BACKEND", "zmq")
-    recorder = Recorder(tmp_path / "rec", ["gyroscope"])
+def _recorder_in_thread(folder: Path, services: list[str]
+                        ) -> tuple[Recorder, threading.Event, dict[str, Any], threading.Thread]:
+    """A Recorder running in a thread: (recorder, set once it is subscribed, where its
+    RecordStats lands under "stats", the thread)."""
+    recorder = Recorder(folder, services)
     ready = threading.Event()
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(stats=recorder.run(
         on_ready=ready.set)))
     thread.start()
+    return recorder, ready, result, thread
+
+
+def test_recorder_on_zmq_records_and_cannot_see_drops(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSGQ_BACKEND", "zmq")
+    recorder, ready, result, thread = _recorder_in_thread(tmp_path / "rec", ["gyroscope"])
     try:
         assert ready.wait(10)
         pub = msgq.pub_sock("gyroscope")
@@ -484,12 +492,7 @@ def test_recorder_on_zmq_stopped_right_after_the_last_send_keeps_every_message(
     # the drain's doing, not a long poll's
     monkeypatch.setattr(recorder_module, "POLL_MS", 1)
     count = 400  # under libzmq's default high-water mark: nothing is dropped on the way
-    recorder = Recorder(tmp_path / "rec", ["modelOutput"])
-    ready = threading.Event()
-    result: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: result.update(stats=recorder.run(
-        on_ready=ready.set)))
-    thread.start()
+    recorder, ready, result, thread = _recorder_in_thread(tmp_path / "rec", ["modelOutput"])
     fork = multiprocessing.get_context("fork")
     sent = fork.Event()
     child = fork.Process(target=_publish_burst_then_report, args=(count, sent))
