@@ -5,6 +5,9 @@
 #                                       (editable) with the spark extra
 #   source scripts/ensure_env.sh test   test.sh: the same, plus clang (libFuzzer) and the
 #                                       test extra (pytest, ruff, scons, atheris, ...)
+# With MSGQ_SETUP_DEFER_SPARK=1 (run.sh's demo; run profile only) the spark extra may go
+# on installing after this returns: MSGQ_PENDING_SETUP then names a file that its exit
+# status is written to when it ends, and the demo waits for that before its Spark step.
 # One line per step it takes, on stderr; the package managers' output goes to
 # build/setup.log and is shown (its end) only when a step fails. Safe to re-run: it does
 # nothing when everything is there, and rebuilds only when a build input changed
@@ -30,8 +33,8 @@ cd "$root"
 extra="spark"
 [ "$profile" = test ] && extra="test"
 
-# Prints msgq's requirements and those of an extra (extras that name msgq's own extras
-# expanded), one a line, from pyproject.toml: they install while msgq builds.
+# PYTHON EXTRA: prints msgq's requirements and those of EXTRA (extras that name msgq's
+# own extras expanded; none when EXTRA is ""), one a line, from pyproject.toml.
 requirements() {
   "$1" - "$2" <<'PY'
 import re
@@ -45,7 +48,7 @@ with open("pyproject.toml", "rb") as f:
     project = tomllib.load(f)["project"]
 extras = project.get("optional-dependencies", {})
 own = re.compile(re.escape(project["name"]) + r"\[([^\]]+)\]\s*$")
-found, todo, seen = list(project["dependencies"]), [sys.argv[1]], set()
+found, todo, seen = list(project["dependencies"]), [e for e in sys.argv[1:] if e], set()
 while todo:
     extra = todo.pop()
     if extra not in seen:
@@ -65,6 +68,46 @@ if [ "$print_requirements" -eq 1 ]; then
 fi
 mkdir -p build
 setup_log="$root/build/setup.log"
+
+# STATUS_FILE CMD...: runs CMD, then writes its exit status to STATUS_FILE (for a job in
+# the background that another job waits for).
+with_status() {
+  local status_file="$1" code=0
+  shift
+  "$@" || code=$?
+  echo "$code" > "$status_file"
+  return "$code"
+}
+
+# The extra's own requirements (those msgq itself does not need), installed once msgq's
+# are in (they share numpy and others: two pip runs must not install the same package).
+# pyspark, a 456 MB sdist of jars, is downloaded and built into a wheel first, while
+# msgq's requirements install and msgq builds: built without deflating the jars again
+# (--compression=stored: 17 s instead of 37 s here). It runs at the lowest priority: on
+# a machine with few cores, msgq's build and then the demo's robot come first. Ends by
+# writing its exit status to .venv/extra-setup.status, and the stamp when msgq's build
+# is done too.
+extra_setup() {
+  local code=0 wheels=()
+  {
+    if [ -n "$spark_req" ]; then
+      nice -n 19 .venv/bin/python -m pip wheel --no-deps \
+        --config-settings=--build-option=--compression=stored -w .venv/spark-wheel \
+        "$spark_req" && wheels=(.venv/spark-wheel/*.whl)
+    fi &&
+      while [ ! -f .venv/deps.status ]; do sleep 0.2; done &&
+      [ "$(cat .venv/deps.status)" = 0 ] &&
+      if [ -s .venv/requirements-extra.txt ] || [ ${#wheels[@]} -gt 0 ]; then
+        nice -n 19 .venv/bin/python -m pip install -r .venv/requirements-extra.txt "${wheels[@]}"
+      fi
+  } || code=$?
+  rm -rf .venv/spark-wheel  # (pip's cache keeps the built wheel)
+  if [ "$code" -eq 0 ] && [ -f "$stamp.pending" ]; then
+    mv -f "$stamp.pending" "$stamp"
+  fi
+  echo "$code" > .venv/extra-setup.status
+  return "$code"
+}
 
 # Runs a set-up command with its output in the log; on failure shows the log's end.
 quietly() {
@@ -164,6 +207,12 @@ build_inputs() {
 }
 inputs_hash="$(build_inputs | xargs cat | sha256sum | cut -d' ' -f1) debug=${MSGQ_DEBUG:-0}"
 stamp=.venv/.msgq-build-inputs
+# An earlier ./run.sh may have left the spark extra installing behind its demo (below).
+extra_pid_file=.venv/extra-setup.pid
+if [ -f "$extra_pid_file" ] && kill -0 "$(cat "$extra_pid_file")" 2>/dev/null; then
+  echo "waiting for the install an earlier run started (log: .venv/extra-setup.log)" >&2
+  while kill -0 "$(cat "$extra_pid_file")" 2>/dev/null; do sleep 0.5; done
+fi
 installed=""
 [ -f "$stamp" ] && installed="$(cat "$stamp")"
 satisfied=0
@@ -172,14 +221,33 @@ if [ "$installed" = "$inputs_hash test" ] ||
   satisfied=1
 fi
 if [ "$satisfied" -eq 0 ]; then
-  # The packages msgq and the extra need install in the background while msgq builds
-  # (the build is compiling C; they are mostly unpacking). They are byte-compiled as
-  # usual: where PYTHONDONTWRITEBYTECODE is set, nothing would cache them later.
-  echo "installing msgq's requirements and the $extra extra (log: .venv/deps.log)" >&2
-  requirements .venv/bin/python "$extra" > .venv/requirements.txt
-  .venv/bin/python -m pip install -r .venv/requirements.txt \
+  # msgq's requirements install in the background while msgq builds (the build is
+  # compiling C; they are mostly unpacking), and the extra's after them, in a job of its
+  # own that the run profile's demo need not wait for until its Spark step. They are
+  # byte-compiled as usual: where PYTHONDONTWRITEBYTECODE is set, nothing would cache
+  # them later.
+  echo "installing msgq's requirements (log: .venv/deps.log)" >&2
+  requirements .venv/bin/python "" > .venv/requirements.txt
+  requirements .venv/bin/python "$extra" | grep -v -x -F -f .venv/requirements.txt \
+    > .venv/requirements-extra.txt || true
+  spark_pattern='^pyspark([^A-Za-z0-9_.-]|$)'
+  spark_req=""
+  if ! .venv/bin/python -c "import importlib.metadata as m; m.version('pyspark')" \
+      >/dev/null 2>&1; then
+    spark_req="$(grep -E "$spark_pattern" .venv/requirements-extra.txt || true)"
+  fi
+  if [ -n "$spark_req" ]; then
+    grep -v -E "$spark_pattern" .venv/requirements-extra.txt > .venv/requirements-rest.txt || true
+    mv .venv/requirements-rest.txt .venv/requirements-extra.txt
+  fi
+  rm -f .venv/deps.status .venv/extra-setup.status "$stamp.pending"
+  with_status .venv/deps.status .venv/bin/python -m pip install -r .venv/requirements.txt \
     > .venv/deps.log 2>&1 &
   deps_job=$!
+  echo "installing the $extra extra after them (log: .venv/extra-setup.log)" >&2
+  extra_setup > .venv/extra-setup.log 2>&1 &
+  extra_job=$!
+  echo "$extra_job" > "$extra_pid_file"
   echo "building msgq into .venv (pip install -e .; log: .venv/build.log)" >&2
   # The run profile leaves out the MCAP export's JSON writer: only the viz extra, which
   # it does not install, uses it (the test profile builds every extension).
@@ -230,7 +298,20 @@ stale = os.path.join(root, "msgq.egg-info")  # the old name's build metadata
 if new is not None and os.path.isdir(stale):
     shutil.rmtree(stale)
 PY
-  echo "$inputs_hash $extra" > "$stamp"
+  # The stamp waits for the extra: whichever of the two jobs ends last writes it.
+  echo "$inputs_hash $extra" > "$stamp.pending"
+  if [ "$profile" = run ] && [ "${MSGQ_SETUP_DEFER_SPARK:-0}" = 1 ] &&
+     [ ! -f .venv/extra-setup.status ]; then
+    echo "the $extra extra goes on installing while the demo starts" >&2
+    export MSGQ_PENDING_SETUP="$root/.venv/extra-setup.status"
+  else
+    if ! wait "$extra_job"; then
+      tail -n 40 .venv/extra-setup.log >&2
+      echo "failed: installing the $extra extra (full output: .venv/extra-setup.log)" >&2
+      exit 1
+    fi
+    if [ -f "$stamp.pending" ]; then mv -f "$stamp.pending" "$stamp"; fi
+  fi
 fi
 
 if [ -n "$java_job" ]; then

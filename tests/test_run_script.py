@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,42 @@ def test_read_mode_maps_an_archive_that_is_there_and_writes_none(
     os.remove(path)
     assert class_cache.writes_missing()
     assert class_cache.jvm_flags(JAVA, VERSION)[0] == f"-XX:ArchiveClassesAtExit={path}"
+
+
+def _pending_setup(tmp_path: Path, script: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """A set-up job the way scripts/ensure_env.sh leaves one running for the demo: a
+    process (its pid in extra-setup.pid) that writes its exit status to extra-setup.status
+    when it ends (``script``: a shell command run in ``tmp_path``)."""
+    status = tmp_path / "extra-setup.status"
+    job = subprocess.Popen(["sh", "-c", script], cwd=tmp_path)
+    (tmp_path / "extra-setup.pid").write_text(f"{job.pid}\n")
+    return str(status), job
+
+
+def test_the_demo_waits_for_the_spark_extra_that_run_sh_left_installing(
+        tmp_path: Path) -> None:
+    assert pipeline._wait_for_setup(None) is None  # nothing pending: no wait
+    status, job = _pending_setup(tmp_path, "sleep 0.5; echo 0 > extra-setup.status")
+    assert pipeline._wait_for_setup(status, timeout=30) is None
+    assert os.path.exists(status)  # it returned only once the job had ended
+    job.wait(10)
+
+
+def test_the_demo_says_why_its_spark_step_cannot_run_when_the_install_fails(
+        tmp_path: Path) -> None:
+    status, job = _pending_setup(tmp_path, "sleep 0.2; echo 1 > extra-setup.status")
+    problem = pipeline._wait_for_setup(status, timeout=30)
+    assert problem is not None and "failed (exit 1" in problem
+    assert str(tmp_path / "extra-setup.log") in problem
+    job.wait(10)
+    # a job killed before it could write its status is noticed, not waited for to the end
+    status, job = _pending_setup(tmp_path, "exec sleep 30")
+    os.remove(status)
+    job.kill()
+    started = time.monotonic()
+    problem = pipeline._wait_for_setup(status, timeout=60)
+    assert problem is not None and "stopped without finishing" in problem
+    assert time.monotonic() - started < 10
 
 
 def test_the_demos_report_counts_in_words_that_agree_with_the_numbers() -> None:

@@ -117,6 +117,58 @@ def _logstats_env() -> dict[str, str]:
     return env
 
 
+def _wait_for_setup(status_file: str | None, timeout: float = 900.0) -> str | None:
+    """Waits for a set-up step that ``./run.sh`` left running (the spark extra installing
+    while the robot runs; ``MSGQ_PENDING_SETUP`` names the file its exit status goes to,
+    beside its ``.pid`` and ``.log``). Returns None once it succeeded, else why the Spark
+    step can't run."""
+    if not status_file:
+        return None
+    base = status_file.removesuffix(".status")
+    log = base + ".log"
+    deadline = time.monotonic() + timeout
+    said = False
+    while not os.path.exists(status_file):
+        if not said:
+            _say(f"   (waiting for the spark extra to finish installing; log: {log})")
+            said = True
+        if not _alive(base + ".pid"):
+            if os.path.exists(status_file):  # it ended between the two checks
+                break
+            return f"the spark extra's install stopped without finishing (log: {log})"
+        if time.monotonic() > deadline:
+            return f"the spark extra's install did not finish in {timeout:.0f} s (log: {log})"
+        time.sleep(0.2)
+    with open(status_file) as f:
+        code = f.read().strip()
+    return None if code == "0" else f"the spark extra's install failed (exit {code}; log: {log})"
+
+
+def _alive(pid_file: str) -> bool:
+    """Whether the process whose pid ``pid_file`` holds is running (a file that can't be
+    read counts as alive: the status file alone then decides). run.sh's shell became this
+    process, so the job is usually our child: one that ended is reaped here, not left a
+    zombie that would look alive."""
+    try:
+        with open(pid_file) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return True
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+        return True
+    except ChildProcessError:
+        pass  # not our child: ask the kernel whether it exists
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _logstats(recording: str, out: str) -> tuple[int, str]:
     png = os.path.join(out, "rates.png")
     proc = subprocess.run(
@@ -198,7 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark_text = "skipped (--no-spark)"
         if not args.no_spark:
             _say("-- 4. logstats on local Spark")
-            code, spark_text = _logstats(recording, out)
+            problem = _wait_for_setup(os.environ.get("MSGQ_PENDING_SETUP"))
+            if problem is None:
+                code, spark_text = _logstats(recording, out)
+            else:
+                code, spark_text = 1, problem
             if code != 0:
                 failures.append("logstats failed")
             _say(spark_text)
