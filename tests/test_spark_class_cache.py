@@ -131,9 +131,13 @@ def test_a_marker_left_by_a_run_that_died_long_ago_is_ignored(cache: Path) -> No
     assert class_cache.writes_archive(class_cache.jvm_flags(JAVA, VERSION))
 
 
-def _logstats(folder: str, cache_home: Path) -> dict:
+def _logstats(folder: str, cache_home: Path, mode: str | None = None) -> dict:
+    """``msgq logstats --json`` with the cache in ``cache_home`` (``mode``: the
+    MSGQ_SPARK_CLASS_CACHE setting, default none)."""
     env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
     env.pop("MSGQ_SPARK_CLASS_CACHE", None)
+    if mode is not None:
+        env["MSGQ_SPARK_CLASS_CACHE"] = mode
     done = subprocess.run(
         [sys.executable, "-m", "msgq", "logstats", "--master", "local[1]", "--json", folder],
         capture_output=True, text=True, env=env, timeout=300)
@@ -162,10 +166,11 @@ def test_logstats_writes_maps_and_survives_a_damaged_archive(tmp_path: Path) -> 
             f.write(os.urandom(1 << 16))
         assert _logstats(folder, home) == first
         os.remove(path)
-        Path(path).write_bytes(b"garbage")  # not an archive: written again
-        assert _logstats(folder, home) == first
-        assert class_cache.wait_for_archive(java, version)
-        with open(path, "rb") as f:
-            assert int.from_bytes(f.read(4), sys.byteorder) == 0xF00BABA8
+        # Not an archive: never mapped, and removed (read mode, so that this run does not
+        # write a second archive, which takes a minute here; that such a file is written
+        # again is test_the_first_run_writes_the_archive_and_later_runs_map_it's part).
+        Path(path).write_bytes(b"garbage")
+        assert _logstats(folder, home, mode="read") == first
+        assert not os.path.exists(path)
     finally:
         del os.environ["XDG_CACHE_HOME"]

@@ -343,16 +343,19 @@ def _fixed_part(folder: str) -> tuple[bool, int, float]:
     every command after a user's first does: with the driver JVM's class archive
     (:mod:`msgq.spark.class_cache`) written, and no JVM writing it in the background;
     then the same command timed: the part of every command that does not grow with the
-    recording. Returns (archive in use, that segment's events, seconds)."""
+    recording. Returns (archive in use, that segment's events, seconds). With the
+    archive off (MSGQ_SPARK_CLASS_CACHE=0) there is nothing to warm: one command."""
     # imports pyspark: only the Spark rows need it
     from msgq.spark import class_cache
     from msgq.spark.session import _java_runtime
 
     first = os.path.join(folder, sorted(n for n in os.listdir(folder)
                                         if n.startswith("segment-"))[0])
-    _logstats(first, "local[1]")
-    java, version, _ = _java_runtime()
-    in_use = class_cache.enabled() and class_cache.wait_for_archive(java, version)
+    in_use = False
+    if class_cache.enabled():
+        _logstats(first, "local[1]")
+        java, version, _ = _java_runtime()
+        in_use = class_cache.wait_for_archive(java, version)
     doc, seconds = _logstats(first, "local[1]")
     return in_use, sum(r["count"] for r in doc["services"]), seconds
 
