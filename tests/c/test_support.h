@@ -20,9 +20,14 @@
 /* Leaves a function's own memory accesses out of ThreadSanitizer's instrumentation: for
  * the tests' payload writers and in-place checkers only, whose races with each other
  * are the intended one (a suppression would still pay for every report it drops). */
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) /* gcc */
 #define MSGQ_TEST_NO_TSAN __attribute__((no_sanitize("thread")))
-#else
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) /* clang */
+#define MSGQ_TEST_NO_TSAN __attribute__((no_sanitize("thread")))
+#endif
+#endif
+#ifndef MSGQ_TEST_NO_TSAN
 #define MSGQ_TEST_NO_TSAN
 #endif
 
