@@ -12,7 +12,9 @@
 # pytest runs in MSGQ_TEST_WORKERS processes (pytest-xdist, default 2: most tests wait on
 # other processes, so two workers keep two cores busy), a test file's tests in one worker
 # (--dist loadfile: module fixtures and the Spark session are made once per file and
-# worker). MSGQ_TEST_WORKERS=1 runs them in this process, one after another.
+# worker), in the order tests/conftest.py collects them: heavy files first
+# (--no-loadscope-reorder: else xdist orders files by their number of tests).
+# MSGQ_TEST_WORKERS=1 runs them in this process, one after another.
 set -euo pipefail
 cd "$(dirname "$0")"
 quick=0
@@ -24,7 +26,7 @@ source scripts/ensure_env.sh test  # (the profile: else the sourced script would
 workers="${MSGQ_TEST_WORKERS:-2}"
 parallel=()
 if [ "$workers" != 1 ]; then
-  parallel=(-n "$workers" --dist loadfile)
+  parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 fi
 
 elapsed() { echo "   (${SECONDS} s so far)"; }

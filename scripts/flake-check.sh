@@ -24,7 +24,7 @@ fi
 
 parallel=()
 if [ "${MSGQ_TEST_WORKERS:-2}" != 1 ]; then
-  parallel=(-n "${MSGQ_TEST_WORKERS:-2}" --dist loadfile)
+  parallel=(-n "${MSGQ_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
 fi
 
 hog_pids=()

@@ -78,9 +78,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker("quick")
                 found.add(nodeid)
     # Heavy files first (their order and each file's own order kept): pytest-xdist hands
-    # out files in this order (--dist loadfile), so the minutes-long Spark, packaging and
-    # chaos files start while the small ones wait to fill the gaps, instead of running
-    # last, one per worker, while the other worker idles.
+    # out files in this order (test.sh: --dist loadfile --no-loadscope-reorder), so the
+    # minutes-long Spark, packaging and chaos files start while the small ones wait to
+    # fill the gaps, instead of running last, one per worker, while the other idles.
     heavy_files = {str(item.path) for item in items
                    if any(item.get_closest_marker(m) for m in HEAVY_MARKERS)}
     items.sort(key=lambda item: str(item.path) not in heavy_files)
