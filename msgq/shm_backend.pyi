@@ -13,6 +13,7 @@ MAX_SEGMENT_SIZE: int
 READER_SLOTS: int
 QUEUE_FILE_PREFIX: str
 LAYOUT_VERSION: int
+QUEUED_ON_SEND: bool
 
 def validate_endpoint(endpoint: str | bytes) -> None: ...
 def queue_path(endpoint: str | bytes) -> str: ...

@@ -48,6 +48,9 @@ READER_SLOTS = MSGQ_READER_SLOTS
 LAYOUT_VERSION = MSGQ_LAYOUT_VERSION
 #: Queue files are named QUEUE_FILE_PREFIX + endpoint in the queue folder.
 QUEUE_FILE_PREFIX = MSGQ_QUEUE_FILE_PREFIX.decode("ascii")
+#: A message is in every subscriber's queue when ``send`` returns (the backend protocol's
+#: flag; see msgq/sockets.py).
+QUEUED_ON_SEND = True
 
 # Longest time a blocking call stays in C without checking for Python signals, so that
 # Ctrl-C is answered promptly however long the timeout.

@@ -7,7 +7,9 @@ environment between sockets; nothing above this module knows which backend was c
 The backend classes are registered here as virtual subclasses of the protocol's abstract
 classes when a backend is first selected (nothing registers itself by being imported), so
 ``isinstance(sock, msgq.SubSocket)`` holds for every backend while calls go straight to
-the backend's own (Cython or Python) methods with no wrapper.
+the backend's own (Cython or Python) methods with no wrapper. A backend module also sets
+``QUEUED_ON_SEND``: whether a message is in its subscribers' queues when ``send``
+returns (shared memory), or may still be on its way (ZMQ); :func:`queued_on_send` reads it.
 
 Environment (first match wins):
 
@@ -57,6 +59,7 @@ __all__ = [
     "backend_name",
     "fake_events_enabled",
     "loaded_backends",
+    "queued_on_send",
     "select_backend",
 ]
 
@@ -90,6 +93,12 @@ def backend_name() -> str:
             f"unknown msgq backend {name!r} (from the environment); choose one of: {choices}"
         )
     return name
+
+
+def queued_on_send(name: str | None = None) -> bool:
+    """Whether backend ``name`` (default: the one the environment asks for) has a message
+    in its subscribers' queues when ``send`` returns (its module's ``QUEUED_ON_SEND``)."""
+    return bool(select_backend(name).QUEUED_ON_SEND)
 
 
 def select_backend(name: str | None = None) -> ModuleType:

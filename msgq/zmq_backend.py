@@ -92,6 +92,7 @@ from msgq.shm_backend import Reservation
 
 __all__ = [
     "DEFAULT_BASE_PORT",
+    "QUEUED_ON_SEND",
     "DEFAULT_PORT_SPAN",
     "CLIENT_ENV",
     "KEYS_ENV",
@@ -110,6 +111,9 @@ __all__ = [
 
 log = logging.getLogger("msgq.zmq")
 
+#: A message still travels (libzmq's I/O threads, TCP) when ``send`` returns: it is not
+#: yet in the subscribers' queues (the backend protocol's flag; see msgq/sockets.py).
+QUEUED_ON_SEND = False
 #: First port of the endpoint port range (the port upstream msgq's mapping starts at).
 DEFAULT_BASE_PORT = 8023
 #: Number of ports in the range: 8023..32767, which stays below Linux's ephemeral ports.

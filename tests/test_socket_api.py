@@ -121,3 +121,18 @@ def test_socket_helpers_are_typed_with_the_protocol() -> None:
     hints = typing.get_type_hints(msgq.pub_sock)
     assert hints["return"] is msgq.PubSocket
     assert typing.get_type_hints(msgq.sub_sock)["return"] is msgq.SubSocket
+
+
+def test_a_backend_that_says_messages_are_queued_on_send_has_them_at_once(
+        backend: str, endpoint: str) -> None:
+    """``QUEUED_ON_SEND`` (the recorder's stop relies on it): where a backend says a sent
+    message is queued when ``send`` returns, a non-blocking receive right after finds it."""
+    from msgq import sockets
+
+    queued = sockets.queued_on_send(backend)
+    assert queued is (backend == "msgq")  # ZMQ's messages travel after send returns
+    if queued:
+        pub, sub = connect_pair(endpoint, timeout=5000)
+        for i in range(100):
+            pub.send(bytes([i]))  # type: ignore[attr-defined]
+            assert sub.receive(non_blocking=True) == bytes([i])  # type: ignore[attr-defined]

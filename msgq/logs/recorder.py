@@ -45,6 +45,7 @@ import msgq
 from msgq.logs.writer import LogWriter, writes_log_start
 from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.services import unknown_service_error
+from msgq.sockets import queued_on_send
 
 __all__ = ["RecordStats", "Recorder", "ServiceCount", "default_services"]
 
@@ -60,8 +61,6 @@ IDLE_FLUSH_S = 1.0
 TRANSIT_QUIET_S = 0.25
 #: ... or this long has passed since the stop.
 TRANSIT_MAX_S = 2.0
-#: Backends on which a sent message is in the subscriber's queue when ``send`` returns.
-_QUEUED_ON_SEND = frozenset({"msgq"})
 
 
 def default_services(registry: Any = None, schema: Schema | None = None) -> list[str]:
@@ -333,7 +332,7 @@ class Recorder:
         on a backend where messages travel after ``send`` returns, what is still on its
         way (see the module docstring)."""
         self._read_queued()
-        if self.backend in _QUEUED_ON_SEND:
+        if queued_on_send(self.backend):
             return
         give_up = time.monotonic() + TRANSIT_MAX_S
         while True:
