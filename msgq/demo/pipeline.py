@@ -32,7 +32,7 @@ from msgq.lockstep import example_controller, run_lockstep
 from msgq.lockstep.diff import diff_outputs
 from msgq.logs import Recorder
 from msgq.messaging import SubMaster
-from msgq.queues import queue_dir
+from msgq.queues import process_alive, queue_dir
 from msgq.tables import plural
 from msgq.visionipc import VisionIpcClient
 
@@ -155,18 +155,9 @@ def _alive(pid_file: str) -> bool:
     except (OSError, ValueError):
         return True
     try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-        return True
+        return os.waitpid(pid, os.WNOHANG)[0] != pid
     except ChildProcessError:
-        pass  # not our child: ask the kernel whether it exists
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return process_alive(pid)  # not our child
 
 
 def _logstats(recording: str, out: str) -> tuple[int, str]:
