@@ -84,28 +84,27 @@ with_status() {
 # pyspark, a 456 MB sdist of jars, is downloaded and built into a wheel first, while
 # msgq's requirements install and msgq builds: built without deflating the jars again
 # (--compression=stored: 17 s instead of 37 s here). It runs at the lowest priority: on
-# a machine with few cores, msgq's build and then the demo's robot come first. Ends by
-# writing its exit status to .venv/extra-setup.status, and the stamp when msgq's build
-# is done too.
-extra_setup() {
-  local code=0 wheels=()
-  {
-    if [ -n "$spark_req" ]; then
-      nice -n 19 .venv/bin/python -m pip wheel --no-deps \
-        --config-settings=--build-option=--compression=stored -w .venv/spark-wheel \
-        "$spark_req" && wheels=(.venv/spark-wheel/*.whl)
-    fi &&
-      while [ ! -f .venv/deps.status ]; do sleep 0.2; done &&
-      [ "$(cat .venv/deps.status)" = 0 ] &&
-      if [ -s .venv/requirements-extra.txt ] || [ ${#wheels[@]} -gt 0 ]; then
-        nice -n 19 .venv/bin/python -m pip install -r .venv/requirements-extra.txt "${wheels[@]}"
-      fi
-  } || code=$?
+# a machine with few cores, msgq's build and then the demo's robot come first. Writes
+# the stamp when msgq's build is done too (run through with_status, which then writes
+# .venv/extra-setup.status).
+install_extra() {
+  local wheels=() code=0
+  if [ -n "$spark_req" ]; then
+    nice -n 19 .venv/bin/python -m pip wheel --no-deps \
+      --config-settings=--build-option=--compression=stored -w .venv/spark-wheel \
+      "$spark_req" || code=$?
+    wheels=(.venv/spark-wheel/*.whl)
+  fi
+  while [ ! -f .venv/deps.status ]; do sleep 0.2; done  # msgq's requirements first
+  [ "$code" -ne 0 ] || [ "$(cat .venv/deps.status)" = 0 ] || code=1
+  if [ "$code" -eq 0 ] && { [ -s .venv/requirements-extra.txt ] || [ -n "$spark_req" ]; }; then
+    nice -n 19 .venv/bin/python -m pip install -r .venv/requirements-extra.txt \
+      "${wheels[@]}" || code=$?
+  fi
   rm -rf .venv/spark-wheel  # (pip's cache keeps the built wheel)
   if [ "$code" -eq 0 ] && [ -f "$stamp.pending" ]; then
     mv -f "$stamp.pending" "$stamp"
   fi
-  echo "$code" > .venv/extra-setup.status
   return "$code"
 }
 
@@ -245,7 +244,7 @@ if [ "$satisfied" -eq 0 ]; then
     > .venv/deps.log 2>&1 &
   deps_job=$!
   echo "installing the $extra extra after them (log: .venv/extra-setup.log)" >&2
-  extra_setup > .venv/extra-setup.log 2>&1 &
+  with_status .venv/extra-setup.status install_extra > .venv/extra-setup.log 2>&1 &
   extra_job=$!
   echo "$extra_job" > "$extra_pid_file"
   echo "building msgq into .venv (pip install -e .; log: .venv/build.log)" >&2
