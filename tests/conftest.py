@@ -62,15 +62,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests_dir = Path(__file__).resolve().parent
     files: set[str] = set()
     found: set[str] = set()
+    heavy_files: set[str] = set()
     for item in items:
         path = Path(str(item.path))
         relative = path.relative_to(tests_dir) if path.is_relative_to(tests_dir) else path
         for pattern, marker in HEAVY_FILES:
             if relative.match(pattern):
                 item.add_marker(marker)
-        if any(item.get_closest_marker(m) for m in HEAVY_MARKERS) \
-                and not item.get_closest_marker("slow"):
-            item.add_marker("slow")
+        if any(item.get_closest_marker(m) for m in HEAVY_MARKERS):
+            heavy_files.add(str(item.path))
+            if not item.get_closest_marker("slow"):
+                item.add_marker("slow")
         base = item.nodeid.split("[", 1)[0]
         files.add(base.split("::", 1)[0])
         for nodeid in (item.nodeid, base):
@@ -81,8 +83,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # out files in this order (test.sh: --dist loadfile --no-loadscope-reorder), so the
     # minutes-long Spark, packaging and chaos files start while the small ones wait to
     # fill the gaps, instead of running last, one per worker, while the other idles.
-    heavy_files = {str(item.path) for item in items
-                   if any(item.get_closest_marker(m) for m in HEAVY_MARKERS)}
     items.sort(key=lambda item: str(item.path) not in heavy_files)
     missing = [n for n in LAYER_REPRESENTATIVES
                if n.split("::", 1)[0] in files and n not in found]
