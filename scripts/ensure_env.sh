@@ -79,6 +79,23 @@ with_status() {
   return "$code"
 }
 
+# Byte-compiles the virtual environment's packages, less their own test suites: pip
+# installs them with --no-compile, since compiling pandas' tests alone (1,100 files that
+# nothing here imports) takes 15 s of CPU on a new machine. A file that does not compile
+# is left to be compiled where imported, as pip would. Arguments: a command to run it
+# under (nice -n 19).
+compile_packages() {
+  local site
+  site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  (cd "$site" && "$@" "$root/.venv/bin/python" -m compileall -q -x '/tests?/' . || true)
+}
+
+# msgq's own requirements (run in the background while msgq builds).
+install_requirements() {
+  .venv/bin/python -m pip install --no-compile -r .venv/requirements.txt || return
+  compile_packages
+}
+
 # The extra's own requirements (those msgq itself does not need), installed once msgq's
 # are in (they share numpy and others: two pip runs must not install the same package).
 # pyspark, a 456 MB sdist of jars, is downloaded and built into a wheel first, while
@@ -98,8 +115,9 @@ install_extra() {
   while [ ! -f .venv/deps.status ]; do sleep 0.2; done  # msgq's requirements first
   [ "$code" -ne 0 ] || [ "$(cat .venv/deps.status)" = 0 ] || code=1
   if [ "$code" -eq 0 ] && { [ -s .venv/requirements-extra.txt ] || [ -n "$spark_req" ]; }; then
-    nice -n 19 .venv/bin/python -m pip install -r .venv/requirements-extra.txt \
+    nice -n 19 .venv/bin/python -m pip install --no-compile -r .venv/requirements-extra.txt \
       "${wheels[@]}" || code=$?
+    [ "$code" -ne 0 ] || compile_packages nice -n 19
   fi
   rm -rf .venv/spark-wheel  # (pip's cache keeps the built wheel)
   if [ "$code" -eq 0 ] && [ -f "$stamp.pending" ]; then
@@ -223,8 +241,8 @@ if [ "$satisfied" -eq 0 ]; then
   # msgq's requirements install in the background while msgq builds (the build is
   # compiling C; they are mostly unpacking), and the extra's after them, in a job of its
   # own that the run profile's demo need not wait for until its Spark step. They are
-  # byte-compiled as usual: where PYTHONDONTWRITEBYTECODE is set, nothing would cache
-  # them later.
+  # byte-compiled when installed (compile_packages): where PYTHONDONTWRITEBYTECODE is
+  # set, nothing would cache them later.
   echo "installing msgq's requirements (log: .venv/deps.log)" >&2
   requirements .venv/bin/python "" > .venv/requirements.txt
   requirements .venv/bin/python "$extra" | grep -v -x -F -f .venv/requirements.txt \
@@ -240,8 +258,7 @@ if [ "$satisfied" -eq 0 ]; then
     mv .venv/requirements-rest.txt .venv/requirements-extra.txt
   fi
   rm -f .venv/deps.status .venv/extra-setup.status "$stamp.pending"
-  with_status .venv/deps.status .venv/bin/python -m pip install -r .venv/requirements.txt \
-    > .venv/deps.log 2>&1 &
+  with_status .venv/deps.status install_requirements > .venv/deps.log 2>&1 &
   deps_job=$!
   echo "installing the $extra extra after them (log: .venv/extra-setup.log)" >&2
   with_status .venv/extra-setup.status install_extra > .venv/extra-setup.log 2>&1 &

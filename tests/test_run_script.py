@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from msgq.demo import pipeline
+from msgq.demo import pipeline, setup_wait
 
 ROOT = Path(__file__).resolve().parent.parent
 JAVA = "/opt/java/bin/java"
@@ -64,9 +64,9 @@ def _pending_setup(tmp_path: Path, script: str) -> tuple[str, subprocess.Popen[b
 
 def test_the_demo_waits_for_the_spark_extra_that_run_sh_left_installing(
         tmp_path: Path) -> None:
-    assert pipeline._wait_for_setup(None) is None  # nothing pending: no wait
+    assert setup_wait.wait_for_setup(None) is None  # nothing pending: no wait
     status, job = _pending_setup(tmp_path, "sleep 0.5; echo 0 > extra-setup.status")
-    assert pipeline._wait_for_setup(status, timeout=30) is None
+    assert setup_wait.wait_for_setup(status, timeout=30) is None
     assert os.path.exists(status)  # it returned only once the job had ended
     job.wait(10)
 
@@ -74,7 +74,7 @@ def test_the_demo_waits_for_the_spark_extra_that_run_sh_left_installing(
 def test_the_demo_says_why_its_spark_step_cannot_run_when_the_install_fails(
         tmp_path: Path) -> None:
     status, job = _pending_setup(tmp_path, "sleep 0.2; echo 1 > extra-setup.status")
-    problem = pipeline._wait_for_setup(status, timeout=30)
+    problem = setup_wait.wait_for_setup(status, timeout=30)
     assert problem is not None and "failed (exit 1" in problem
     assert str(tmp_path / "extra-setup.log") in problem
     job.wait(10)
@@ -83,7 +83,7 @@ def test_the_demo_says_why_its_spark_step_cannot_run_when_the_install_fails(
     os.remove(status)
     job.kill()
     started = time.monotonic()
-    problem = pipeline._wait_for_setup(status, timeout=60)
+    problem = setup_wait.wait_for_setup(status, timeout=60)
     assert problem is not None and "stopped without finishing" in problem
     assert time.monotonic() - started < 10
 

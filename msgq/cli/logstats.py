@@ -191,6 +191,17 @@ def _auto_bin(services: list[dict[str, Any]]) -> float:
     return float(math.ceil(span / 600))
 
 
+def start_session(master: str | None = None, conf: dict[str, str] | None = None) -> Any:
+    """The Spark session of ``msgq logstats`` (``master``: its --master, ``conf``: its
+    --conf settings), started the way the command starts it. A later command in the same
+    process runs on that session (what ./run.sh's demo does to start the JVM early)."""
+    # imports pyspark: loaded when the command runs, not at CLI start-up
+    from msgq.spark.session import spark_session
+
+    return spark_session(master, app_name="msgq logstats", config=conf,
+                         java_options=_JAVA_OPTIONS, class_cache=True)
+
+
 def run(args: argparse.Namespace) -> int:
     """Computes the statistics and prints them (and writes the plot)."""
     if args.gap_factor is not None and not args.gap_factor > 0:
@@ -214,12 +225,7 @@ def run(args: argparse.Namespace) -> int:
         from msgq.spark.analyses import GAP_FACTOR, expected_rates, log_stats
 
         # imports pyspark: loaded when the command runs, not at CLI start-up
-        from msgq.spark.session import (
-            ExecutorPythonError,
-            JavaMissingError,
-            probed_executors,
-            spark_session,
-        )
+        from msgq.spark.session import ExecutorPythonError, JavaMissingError, probed_executors
     except ImportError as e:
         raise CommandError(f"{e}; install the spark extra: "
                            f"pip install '{DISTRIBUTION}[spark]'") from None
@@ -229,8 +235,7 @@ def run(args: argparse.Namespace) -> int:
         print(paint(f"reading {' and '.join(what)} with Spark "
                     f"({args.master or 'local[*]'}) ...", "dim", sys.stderr), file=sys.stderr)
     try:
-        spark = spark_session(args.master, app_name="msgq logstats", config=conf,
-                              java_options=_JAVA_OPTIONS, class_cache=True)
+        spark = start_session(args.master, conf)
     except (JavaMissingError, ExecutorPythonError) as e:
         raise CommandError(str(e)) from None
     except Exception as e:  # a bad master URL or setting: the JVM's reason, one line

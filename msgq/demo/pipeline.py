@@ -8,7 +8,9 @@
 4. **Lockstep replay**: the recording drives the example controller
    (:mod:`msgq.lockstep.example_controller`) twice; the outputs must be byte-identical.
 5. **Statistics on Spark**: ``msgq logstats`` on a local Spark session over the recording
-   (rates, jitter, gaps, validity) and a PNG of the rates over time.
+   (rates, jitter, gaps, validity) and a PNG of the rates over time. Its process
+   (:mod:`msgq.demo.spark_step`) starts with the demo, at a lower priority: Spark starts
+   while the robot runs, and the statistics run beside the lockstep replay.
 
 It ends with a short report. Everything runs in a namespace of its own, and the outputs
 go to ``--out`` (default ``demo-output/``).
@@ -22,17 +24,19 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from msgq.demo.robot import CAMERA_NAME, CAMERA_SIZE, PROCESSES, start_robot
 from msgq.demo.robot import SERVICES as ROBOT_SERVICES
+from msgq.demo.setup_wait import wait_for_setup
 from msgq.lockstep import example_controller, run_lockstep
 from msgq.lockstep.diff import diff_outputs
 from msgq.logs import Recorder
 from msgq.messaging import SubMaster
-from msgq.queues import process_alive, queue_dir
+from msgq.queues import queue_dir
 from msgq.tables import plural
 from msgq.visionipc import VisionIpcClient
 
@@ -117,56 +121,49 @@ def _logstats_env() -> dict[str, str]:
     return env
 
 
-def _wait_for_setup(status_file: str | None, timeout: float = 900.0) -> str | None:
-    """Waits for a set-up step that ``./run.sh`` left running (the spark extra installing
-    while the robot runs; ``MSGQ_PENDING_SETUP`` names the file its exit status goes to,
-    beside its ``.pid`` and ``.log``). Returns None once it succeeded, else why the Spark
-    step can't run."""
-    if not status_file:
-        return None
-    base = status_file.removesuffix(".status")
-    log = base + ".log"
-    deadline = time.monotonic() + timeout
-    said = False
-    while not os.path.exists(status_file):
-        if not said:
-            _say(f"   (waiting for the spark extra to finish installing; log: {log})")
-            said = True
-        if not _alive(base + ".pid"):
-            if os.path.exists(status_file):  # it ended between the two checks
-                break
-            return f"the spark extra's install stopped without finishing (log: {log})"
-        if time.monotonic() > deadline:
-            return f"the spark extra's install did not finish in {timeout:.0f} s (log: {log})"
-        time.sleep(0.2)
-    with open(status_file) as f:
-        code = f.read().strip()
-    return None if code == "0" else f"the spark extra's install failed (exit {code}; log: {log})"
+class _Statistics:
+    """Step 5 in a process of its own (:mod:`msgq.demo.spark_step`), started with the demo:
+    Spark starts while the robot runs, and the statistics run beside the lockstep replay
+    once the recording is closed."""
 
+    def __init__(self, recording: str, out: str) -> None:
+        self._output = tempfile.TemporaryFile("w+")
+        self._errors = tempfile.TemporaryFile("w+")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "msgq.demo.spark_step", recording,
+             os.path.join(out, "rates.png")],
+            stdin=subprocess.PIPE, stdout=self._output, stderr=self._errors, text=True,
+            env=_logstats_env())
 
-def _alive(pid_file: str) -> bool:
-    """Whether the process whose pid ``pid_file`` holds is running (a file that can't be
-    read counts as alive: the status file alone then decides). run.sh's shell became this
-    process, so the job is usually our child: one that ended is reaped here, not left a
-    zombie that would look alive."""
-    try:
-        with open(pid_file) as f:
-            pid = int(f.read().strip())
-    except (OSError, ValueError):
-        return True
-    try:
-        return os.waitpid(pid, os.WNOHANG)[0] != pid
-    except ChildProcessError:
-        return process_alive(pid)  # not our child
+    def start(self) -> None:
+        """The recording is closed: the statistics may run."""
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write("go\n")
+            self._proc.stdin.close()
+        except OSError:  # it ended already (its exit status tells)
+            pass
 
+    def result(self, timeout: float = 600.0) -> tuple[int, str]:
+        """``msgq logstats``' exit status and what it printed (its errors too, when it
+        failed)."""
+        try:
+            code = self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            return 1, f"msgq logstats did not finish in {timeout:.0f} s"
+        text = ""
+        for stream in (self._output, self._errors) if code else (self._output,):
+            stream.seek(0)
+            text += stream.read()
+        return code, text.rstrip()
 
-def _logstats(recording: str, out: str) -> tuple[int, str]:
-    png = os.path.join(out, "rates.png")
-    proc = subprocess.run(
-        [sys.executable, "-m", "msgq", "logstats", recording, "--plot", png],
-        capture_output=True, text=True, timeout=600, env=_logstats_env())
-    text = proc.stdout if proc.returncode == 0 else proc.stdout + proc.stderr
-    return proc.returncode, text.rstrip()
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._output.close()
+        self._errors.close()
 
 
 def _recording_line(record: dict[str, Any], recording: str) -> str:
@@ -207,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures: list[str] = []
     ctx = mp.get_context("spawn")
     started = time.monotonic()
+    statistics = None if args.no_spark else _Statistics(recording, out)
     try:
         _say(f"== msgq end-to-end demo (namespace {prefix}, outputs in {out})")
         _say("-- 1. recorder")
@@ -232,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             failures.append(f"camera: {health['frames']} frames, {health['frame_gaps']} gaps")
         if record["drops"] or record["bad"]:
             failures.append(f"recording: {record['drops']} drops, {record['bad']} bad")
+        if statistics is not None:
+            statistics.start()
 
         _say("-- 3. lockstep replay of the recording through the example controller (x2)")
         lock = _lockstep(recording)
@@ -239,11 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             failures.append("lockstep replays differ")
 
         spark_text = "skipped (--no-spark)"
-        if not args.no_spark:
+        if statistics is not None:
             _say("-- 4. logstats on local Spark")
-            problem = _wait_for_setup(os.environ.get("MSGQ_PENDING_SETUP"))
+            problem = wait_for_setup(os.environ.get("MSGQ_PENDING_SETUP"), say=_say)
             if problem is None:
-                code, spark_text = _logstats(recording, out)
+                code, spark_text = statistics.result()
             else:
                 code, spark_text = 1, problem
             if code != 0:
@@ -270,6 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _say(f"FAILED: {failure}")
         return 1 if failures else 0
     finally:
+        if statistics is not None:
+            statistics.stop()
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

@@ -1,0 +1,56 @@
+"""Waiting for the set-up step that ``./run.sh`` leaves running behind the demo: the spark
+extra installing while the robot runs. ``MSGQ_PENDING_SETUP`` names the file its exit
+status goes to when it ends, beside its ``.pid`` and ``.log`` (scripts/ensure_env.sh)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from msgq.queues import process_alive
+
+__all__ = ["wait_for_setup"]
+
+
+def wait_for_setup(status_file: str | None, timeout: float = 900.0,
+                   say: Callable[[str], None] | None = None) -> str | None:
+    """Waits for the pending set-up step whose status ``status_file`` will hold (None:
+    nothing pending). Returns None once it succeeded, else why the Spark step can't run.
+    ``say`` is told, once, that it waits."""
+    if not status_file:
+        return None
+    base = status_file.removesuffix(".status")
+    log = base + ".log"
+    deadline = time.monotonic() + timeout
+    said = False
+    while not os.path.exists(status_file):
+        if say is not None and not said:
+            say(f"   (waiting for the spark extra to finish installing; log: {log})")
+            said = True
+        if not _alive(base + ".pid"):
+            if os.path.exists(status_file):  # it ended between the two checks
+                break
+            return f"the spark extra's install stopped without finishing (log: {log})"
+        if time.monotonic() > deadline:
+            return f"the spark extra's install did not finish in {timeout:.0f} s (log: {log})"
+        time.sleep(0.2)
+    with open(status_file) as f:
+        code = f.read().strip()
+    return None if code == "0" else f"the spark extra's install failed (exit {code}; log: {log})"
+
+
+def _alive(pid_file: str) -> bool:
+    """Whether the process whose pid ``pid_file`` holds is running (a file that can't be
+    read counts as alive: the status file alone then decides). run.sh's shell became the
+    demo's process, so the job is usually the demo's child: one that ended is reaped
+    here, not left a zombie that would look alive."""
+    try:
+        with open(pid_file) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return True
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != pid
+    except ChildProcessError:
+        return process_alive(pid)  # not our child
