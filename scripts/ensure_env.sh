@@ -101,12 +101,11 @@ install_requirements() {
 # The extra's own requirements (those msgq itself does not need), installed once msgq's
 # are in (they share numpy and others: two pip runs must not install the same package).
 # pyspark, a 456 MB sdist of jars, is downloaded and built into a wheel meanwhile, in a
-# job of its own (start_spark_wheel), while msgq's requirements install and msgq
-# builds: built without deflating the jars again (--compression=stored: 17 s instead of
-# 37 s here), and installed last. The installs run at the lowest priority: on a machine
-# with few cores, msgq's build and then the demo's robot come first. Writes the stamp
-# when msgq's build is done too (run through with_status, which then writes
-# .venv/extra-setup.status).
+# job of its own, while msgq's requirements install and msgq builds: built without
+# deflating the jars again (--compression=stored: 17 s instead of 37 s here), and
+# installed last. Everything runs at the lowest priority: on a machine with few cores,
+# msgq's build and then the demo's robot come first. Writes the stamp when msgq's build
+# is done too (run through with_status, which then writes .venv/extra-setup.status).
 install_extra() {
   local code=0
   while [ ! -f .venv/deps.status ]; do sleep 0.2; done  # msgq's requirements first
@@ -124,6 +123,7 @@ install_extra() {
         || code=$?
     fi
   fi
+  [ "$code" -ne 0 ] || compile_packages 0 nice -n 19
   # (pip's cache keeps the built wheel)
   rm -rf build/spark-wheel build/spark-wheel.status build/spark-wheel.log
   if [ "$code" -eq 0 ] && [ -f "$stamp.pending" ]; then
@@ -133,10 +133,7 @@ install_extra() {
 }
 
 # PYTHON REQUIREMENT: builds pyspark's wheel into build/spark-wheel in the background
-# (status in build/spark-wheel.status; see install_extra), with PYTHON's pip. At the
-# lowest priority, as the installs: given the usual one, it slows msgq's build, which
-# the demo waits for first, more than it gains (measured: the build 18 s later, the
-# spark extra 2 s sooner).
+# (status in build/spark-wheel.status; see install_extra), with PYTHON's pip.
 spark_pattern='^pyspark([^A-Za-z0-9_.-]|$)'
 spark_wheel_started=0
 start_spark_wheel() {
@@ -288,10 +285,7 @@ if [ "$satisfied" -eq 0 ]; then
   with_status .venv/deps.status install_requirements > .venv/deps.log 2>&1 &
   deps_job=$!
   echo "installing the $extra extra after them (log: .venv/extra-setup.log)" >&2
-  # (its packages are byte-compiled after its status is written: what the demo imports
-  # meanwhile is compiled as it is imported)
-  { with_status .venv/extra-setup.status install_extra && compile_packages 0 nice -n 19
-  } > .venv/extra-setup.log 2>&1 &
+  with_status .venv/extra-setup.status install_extra > .venv/extra-setup.log 2>&1 &
   extra_job=$!
   echo "$extra_job" > "$extra_pid_file"
   echo "building msgq into .venv (pip install -e .; log: .venv/build.log)" >&2
