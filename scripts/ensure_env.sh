@@ -82,66 +82,48 @@ with_status() {
 # Byte-compiles the virtual environment's packages, less their own test suites: pip
 # installs them with --no-compile, since compiling pandas' tests alone (1,100 files that
 # nothing here imports) takes 15 s of CPU on a new machine. A file that does not compile
-# is left to be compiled where imported, as pip would. Arguments: how many processes
-# compile (0: one per core), then a command to run them under (nice -n 19).
+# is left to be compiled where imported, as pip would. Arguments: a command to run it
+# under (nice -n 19).
 compile_packages() {
-  local site workers="$1"
-  shift
+  local site
   site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  (cd "$site" && "$@" "$root/.venv/bin/python" -m compileall -q -j "$workers" \
-    -x '/tests?/' . || true)
+  (cd "$site" && "$@" "$root/.venv/bin/python" -m compileall -q -x '/tests?/' . || true)
 }
 
 # msgq's own requirements (run in the background while msgq builds).
 install_requirements() {
   .venv/bin/python -m pip install --no-compile -r .venv/requirements.txt || return
-  compile_packages 1
+  compile_packages
 }
 
 # The extra's own requirements (those msgq itself does not need), installed once msgq's
 # are in (they share numpy and others: two pip runs must not install the same package).
-# pyspark, a 456 MB sdist of jars, is downloaded and built into a wheel meanwhile, in a
-# job of its own, while msgq's requirements install and msgq builds: built without
-# deflating the jars again (--compression=stored: 17 s instead of 37 s here), and
-# installed last. Everything runs at the lowest priority: on a machine with few cores,
-# msgq's build and then the demo's robot come first. Writes the stamp when msgq's build
-# is done too (run through with_status, which then writes .venv/extra-setup.status).
+# pyspark, a 456 MB sdist of jars, is downloaded and built into a wheel first, while
+# msgq's requirements install and msgq builds: built without deflating the jars again
+# (--compression=stored: 17 s instead of 37 s here). It runs at the lowest priority: on
+# a machine with few cores, msgq's build and then the demo's robot come first. Writes
+# the stamp when msgq's build is done too (run through with_status, which then writes
+# .venv/extra-setup.status).
 install_extra() {
-  local code=0
-  while [ ! -f .venv/deps.status ]; do sleep 0.2; done  # msgq's requirements first
-  [ "$(cat .venv/deps.status)" = 0 ] || code=1
-  if [ "$code" -eq 0 ] && [ -s .venv/requirements-extra.txt ]; then
-    nice -n 19 .venv/bin/python -m pip install --no-compile -r .venv/requirements-extra.txt \
-      || code=$?
-  fi
+  local wheels=() code=0
   if [ -n "$spark_req" ]; then
-    while [ ! -f build/spark-wheel.status ]; do sleep 0.2; done
-    cat build/spark-wheel.log
-    [ "$(cat build/spark-wheel.status)" = 0 ] || code=1
-    if [ "$code" -eq 0 ]; then  # (with its own requirements: py4j)
-      nice -n 19 .venv/bin/python -m pip install --no-compile build/spark-wheel/*.whl \
-        || code=$?
-    fi
+    nice -n 19 .venv/bin/python -m pip wheel --no-deps \
+      --config-settings=--build-option=--compression=stored -w .venv/spark-wheel \
+      "$spark_req" || code=$?
+    wheels=(.venv/spark-wheel/*.whl)
   fi
-  [ "$code" -ne 0 ] || compile_packages 0 nice -n 19
-  # (pip's cache keeps the built wheel)
-  rm -rf build/spark-wheel build/spark-wheel.status build/spark-wheel.log
+  while [ ! -f .venv/deps.status ]; do sleep 0.2; done  # msgq's requirements first
+  [ "$code" -ne 0 ] || [ "$(cat .venv/deps.status)" = 0 ] || code=1
+  if [ "$code" -eq 0 ] && { [ -s .venv/requirements-extra.txt ] || [ -n "$spark_req" ]; }; then
+    nice -n 19 .venv/bin/python -m pip install --no-compile -r .venv/requirements-extra.txt \
+      "${wheels[@]}" || code=$?
+    [ "$code" -ne 0 ] || compile_packages nice -n 19
+  fi
+  rm -rf .venv/spark-wheel  # (pip's cache keeps the built wheel)
   if [ "$code" -eq 0 ] && [ -f "$stamp.pending" ]; then
     mv -f "$stamp.pending" "$stamp"
   fi
   return "$code"
-}
-
-# PYTHON REQUIREMENT: builds pyspark's wheel into build/spark-wheel in the background
-# (status in build/spark-wheel.status; see install_extra), with PYTHON's pip.
-spark_pattern='^pyspark([^A-Za-z0-9_.-]|$)'
-spark_wheel_started=0
-start_spark_wheel() {
-  rm -rf build/spark-wheel build/spark-wheel.status
-  with_status build/spark-wheel.status nice -n 19 "$1" -m pip wheel --no-deps \
-    --config-settings=--build-option=--compression=stored -w build/spark-wheel "$2" \
-    > build/spark-wheel.log 2>&1 &
-  spark_wheel_started=1
 }
 
 # Runs a set-up command with its output in the log; on failure shows the log's end.
@@ -226,12 +208,6 @@ if [ ${#need_apt[@]} -gt 0 ] || [ "$need_java" -eq 1 ] || [ "$need_clang" -eq 1 
 fi
 
 if [ ! -x .venv/bin/python ]; then
-  # A new environment installs pyspark: where this Python has pip, its download and
-  # wheel start now, beside the environment's creation (the longest chain of the set-up).
-  if python3 -m pip --version >/dev/null 2>&1; then
-    early_spark_req="$(requirements python3 "$extra" | grep -E "$spark_pattern" || true)"
-    [ -z "$early_spark_req" ] || start_spark_wheel python3 "$early_spark_req"
-  fi
   echo "creating the virtual environment .venv" >&2
   quietly python3 -m venv .venv
   # (the run profile keeps the pip that Python brings: any since 21.3 installs msgq)
@@ -271,6 +247,7 @@ if [ "$satisfied" -eq 0 ]; then
   requirements .venv/bin/python "" > .venv/requirements.txt
   requirements .venv/bin/python "$extra" | grep -v -x -F -f .venv/requirements.txt \
     > .venv/requirements-extra.txt || true
+  spark_pattern='^pyspark([^A-Za-z0-9_.-]|$)'
   spark_req=""
   if ! .venv/bin/python -c "import importlib.metadata as m; m.version('pyspark')" \
       >/dev/null 2>&1; then
@@ -279,7 +256,6 @@ if [ "$satisfied" -eq 0 ]; then
   if [ -n "$spark_req" ]; then
     grep -v -E "$spark_pattern" .venv/requirements-extra.txt > .venv/requirements-rest.txt || true
     mv .venv/requirements-rest.txt .venv/requirements-extra.txt
-    [ "$spark_wheel_started" -eq 1 ] || start_spark_wheel .venv/bin/python "$spark_req"
   fi
   rm -f .venv/deps.status .venv/extra-setup.status "$stamp.pending"
   with_status .venv/deps.status install_requirements > .venv/deps.log 2>&1 &
