@@ -88,6 +88,55 @@ def test_the_demo_says_why_its_spark_step_cannot_run_when_the_install_fails(
     assert time.monotonic() - started < 10
 
 
+def _spark_step(tmp_path: Path, **env: str) -> subprocess.Popen[str]:
+    """The demo's Spark process (msgq.demo.spark_step) on a recording that does not
+    matter, with a Java 11 runtime: Spark refuses it at once, so no JVM starts."""
+    java = tmp_path / "java11" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text("#!/bin/sh\necho 'openjdk version \"11.0.2\" 2019-01-15' >&2\n")
+    java.chmod(0o755)
+    return subprocess.Popen(
+        [sys.executable, "-m", "msgq.demo.spark_step", str(tmp_path / "rec"),
+         str(tmp_path / "rates.png")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "JAVA_HOME": str(java.parent.parent), **env})
+
+
+def test_the_demos_spark_step_yields_to_the_robot_and_runs_only_when_told(
+        tmp_path: Path) -> None:
+    from msgq.demo import spark_step
+
+    step = _spark_step(tmp_path)
+    try:
+        # it waits for the demo's line at a lower priority (inherited by its JVM)
+        deadline = time.monotonic() + 60
+        while os.getpriority(os.PRIO_PROCESS, step.pid) == os.getpriority(os.PRIO_PROCESS, 0):
+            assert step.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert os.getpriority(os.PRIO_PROCESS, step.pid) == min(
+            19, os.getpriority(os.PRIO_PROCESS, 0) + spark_step.NICENESS)
+        out, err = step.communicate("", timeout=60)  # the demo ended without its line
+    finally:
+        step.kill()
+    assert (step.returncode, out) == (0, "")
+    assert not (tmp_path / "rates.png").exists()
+    # told, it runs msgq logstats, whose error (Java 11) is the step's
+    step = _spark_step(tmp_path / "told")
+    out, err = step.communicate("go\n", timeout=120)
+    assert step.returncode == 1 and "msgq logstats: error:" in err, err
+
+
+def test_the_demos_spark_step_ends_at_once_when_the_spark_extra_failed(
+        tmp_path: Path) -> None:
+    from msgq.demo import spark_step
+
+    status, job = _pending_setup(tmp_path, "echo 1 > extra-setup.status")
+    job.wait(10)
+    step = _spark_step(tmp_path, MSGQ_PENDING_SETUP=status)
+    step.communicate(timeout=60)
+    assert step.returncode == spark_step.EXIT_SETUP_FAILED
+
+
 def test_the_demos_report_counts_in_words_that_agree_with_the_numbers() -> None:
     one = {"messages": 1, "services": {"can": 1}, "segments": 1, "file_bytes": 2_000_000,
            "drops": 1, "bad": 0}
