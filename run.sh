@@ -4,7 +4,7 @@
 # one line per step, package manager output in build/setup.log). The demo starts before
 # the spark extra is in, and waits for it at its Spark step.
 #   ./run.sh                      the end-to-end demo: a simulated robot, health view,
-#                                 recording, lockstep replay, Spark statistics (~45 s)
+#                                 recording, lockstep replay, Spark statistics (~30 s)
 #   ./run.sh [demo] [ARGS]        the same, with demo options (see --help)
 #   ./run.sh throughput [ARGS]    a publisher and subscribers at full speed
 #   ./run.sh bench [ARGS]         the benchmark tables (msgq bench: core, visionipc, ...)
