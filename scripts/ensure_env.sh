@@ -92,7 +92,7 @@ compile_packages() {
 
 # msgq's own requirements (run in the background while msgq builds).
 install_requirements() {
-  .venv/bin/python -m pip install --no-compile -r .venv/requirements.txt || return
+  "${pip[@]}" install --no-compile -r .venv/requirements.txt || return
   compile_packages
 }
 
@@ -107,7 +107,7 @@ install_requirements() {
 install_extra() {
   local wheels=() code=0
   if [ -n "$spark_req" ]; then
-    nice -n 19 .venv/bin/python -m pip wheel --no-deps \
+    nice -n 19 "${pip[@]}" wheel --no-deps \
       --config-settings=--build-option=--compression=stored -w .venv/spark-wheel \
       "$spark_req" || code=$?
     wheels=(.venv/spark-wheel/*.whl)
@@ -115,10 +115,9 @@ install_extra() {
   while [ ! -f .venv/deps.status ]; do sleep 0.2; done  # msgq's requirements first
   [ "$code" -ne 0 ] || [ "$(cat .venv/deps.status)" = 0 ] || code=1
   if [ "$code" -eq 0 ] && { [ -s .venv/requirements-extra.txt ] || [ -n "$spark_req" ]; }; then
-    nice -n 19 .venv/bin/python -m pip install --no-compile -r .venv/requirements-extra.txt \
+    nice -n 19 "${pip[@]}" install --no-compile -r .venv/requirements-extra.txt \
       "${wheels[@]}" || code=$?
-    [ "$code" -ne 0 ] || compile_packages nice -n 19
-  fi
+    fi
   rm -rf .venv/spark-wheel  # (pip's cache keeps the built wheel)
   if [ "$code" -eq 0 ] && [ -f "$stamp.pending" ]; then
     mv -f "$stamp.pending" "$stamp"
@@ -207,12 +206,33 @@ if [ ${#need_apt[@]} -gt 0 ] || [ "$need_java" -eq 1 ] || [ "$need_clang" -eq 1 
   fi
 fi
 
+# A new environment is made without pip where this Python's pip can install into it
+# (pip 22.3+, --python): ensurepip takes 4 s before the build could start. Until the
+# environment has its own (add_own_pip, at the end of the extra's job), that pip is
+# aimed at it.
+new_venv=0
 if [ ! -x .venv/bin/python ]; then
   echo "creating the virtual environment .venv" >&2
-  quietly python3 -m venv .venv
-  # (the run profile keeps the pip that Python brings: any since 21.3 installs msgq)
-  [ "$profile" = test ] && quietly .venv/bin/python -m pip install -q --upgrade pip
+  new_venv=1
+  if python3 -m pip --python python3 --version >/dev/null 2>&1; then
+    quietly python3 -m venv --without-pip .venv
+  else
+    quietly python3 -m venv .venv
+  fi
 fi
+pip=(.venv/bin/python -m pip)
+[ -x .venv/bin/pip ] || pip=(python3 -m pip --python .venv/bin/python)
+# (the run profile keeps the pip that Python brings: any since 21.3 installs msgq)
+if [ "$profile" = test ] && [ "$new_venv" -eq 1 ]; then
+  quietly "${pip[@]}" install -q --upgrade pip
+  pip=(.venv/bin/python -m pip)
+fi
+
+# The environment's own pip, when it was made without one (in the background, once its
+# packages are in: nothing of the set-up waits for it).
+add_own_pip() {
+  [ -x .venv/bin/pip ] || nice -n 19 .venv/bin/python -m ensurepip --default-pip || true
+}
 
 # Rebuild when any build input changed since the last install, or when the extra this
 # job needs is not installed yet.
@@ -244,8 +264,8 @@ if [ "$satisfied" -eq 0 ]; then
   # byte-compiled when installed (compile_packages): where PYTHONDONTWRITEBYTECODE is
   # set, nothing would cache them later.
   echo "installing msgq's requirements (log: .venv/deps.log)" >&2
-  requirements .venv/bin/python "" > .venv/requirements.txt
-  requirements .venv/bin/python "$extra" | grep -v -x -F -f .venv/requirements.txt \
+  requirements python3 "" > .venv/requirements.txt
+  requirements python3 "$extra" | grep -v -x -F -f .venv/requirements.txt \
     > .venv/requirements-extra.txt || true
   spark_pattern='^pyspark([^A-Za-z0-9_.-]|$)'
   spark_req=""
@@ -261,7 +281,12 @@ if [ "$satisfied" -eq 0 ]; then
   with_status .venv/deps.status install_requirements > .venv/deps.log 2>&1 &
   deps_job=$!
   echo "installing the $extra extra after them (log: .venv/extra-setup.log)" >&2
-  with_status .venv/extra-setup.status install_extra > .venv/extra-setup.log 2>&1 &
+  # (its packages are byte-compiled after its status is written: what the demo imports
+  # meanwhile is compiled as it is imported; then the environment gets its own pip if
+  # it was made without one)
+  { with_status .venv/extra-setup.status install_extra && compile_packages nice -n 19
+    add_own_pip
+  } > .venv/extra-setup.log 2>&1 &
   extra_job=$!
   echo "$extra_job" > "$extra_pid_file"
   echo "building msgq into .venv (pip install -e .; log: .venv/build.log)" >&2
@@ -270,7 +295,7 @@ if [ "$satisfied" -eq 0 ]; then
   skip=""
   [ "$profile" = run ] && skip="msgq.viz._json_writer"
   built=1
-  MSGQ_SKIP_EXTENSIONS="$skip" .venv/bin/python -m pip install --no-deps -e . \
+  MSGQ_SKIP_EXTENSIONS="$skip" "${pip[@]}" install --no-deps -e . \
     > .venv/build.log 2>&1 || built=0
   if ! wait "$deps_job"; then
     tail -n 40 .venv/deps.log >&2
