@@ -16,8 +16,8 @@ packages of one layer do not import each other; the order is written once, in
 5. the socket factory — :mod:`msgq.sockets`, then this package
 6. services — :mod:`msgq.messaging`, :mod:`msgq.logs`, :mod:`msgq.visionipc`
 7. tools — :mod:`msgq.lockstep`, :mod:`msgq.bridge`, :mod:`msgq.spark`
-8. programs — :mod:`msgq.bench`, :mod:`msgq.demo` (over ``msgq.cli.output``), then
-   :mod:`msgq.cli`
+8. programs — :mod:`msgq.bench` (over ``msgq.cli.output``), then :mod:`msgq.cli`, then
+   :mod:`msgq.demo` (the end-to-end demo runs msgq's commands)
 
 Layer: the package — over the socket factory (:mod:`msgq.sockets`), the fake-event
 backend and the Event layer's registry; the services, tools and programs build on it.

@@ -39,8 +39,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("services", ("msgq.messaging", "msgq.logs", "msgq.visionipc")),
     ("tools", ("msgq.lockstep", "msgq.bridge", "msgq.spark", "msgq.compat", "msgq.viz")),
     ("program output", ("msgq.cli.output",)),
-    ("programs", ("msgq.bench", "msgq.demo", "msgq.cflags")),
+    ("programs", ("msgq.bench", "msgq.cflags")),
     ("command line", ("msgq.cli",)),
+    # the end-to-end demo runs msgq's commands (msgq logstats) among its steps
+    ("demo", ("msgq.demo",)),
     ("entry point", ("msgq.__main__",)),
 ]
 

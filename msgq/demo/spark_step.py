@@ -23,7 +23,11 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
+from msgq.cli import main as msgq_command
+from msgq.cli.logstats import start_session
 from msgq.demo.setup_wait import wait_for_setup
+from msgq.logs import LogWriter
+from msgq.schemas import new_message
 
 __all__ = ["EXIT_SETUP_FAILED", "NICENESS", "main"]
 
@@ -46,11 +50,6 @@ def _warm_up() -> None:
     then (a new machine, where the spark extra installed late: the real query goes
     first). Its output is dropped; a failure is left to the real command, which reports
     it in its own words."""
-    from msgq.cli import main as msgq_command
-    from msgq.cli.logstats import start_session
-    from msgq.logs import LogWriter
-    from msgq.schemas import new_message
-
     with tempfile.TemporaryDirectory(prefix="msgq-demo-warm-up-") as folder:
         try:
             start_session()
@@ -81,8 +80,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     _warm_up()
     if not sys.stdin.readline():
         return 0  # the demo ended first
-    from msgq.cli import main as msgq_command
-
     return msgq_command(["logstats", recording, "--plot", png])
 
 
