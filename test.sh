@@ -30,9 +30,11 @@ if [ "$workers" != 1 ]; then
 fi
 
 elapsed() { echo "   (${SECONDS} s so far)"; }
+# scons builds (and runs the test programs) on every core
+jobs="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)"
 if [ "$quick" -eq 1 ]; then
   echo "== C unit tests (plain)"
-  .venv/bin/scons -Q test
+  .venv/bin/scons -Q -j "$jobs" test
   echo "== ruff"
   .venv/bin/ruff check msgq visionipc schemas tests
   elapsed
@@ -40,28 +42,40 @@ if [ "$quick" -eq 1 ]; then
   exec .venv/bin/python -m pytest "${parallel[@]}" -m "quick or not slow" "$@"
 fi
 echo "== C unit tests (plain; the C benchmarks are built too, not run)"
-.venv/bin/scons -Q test bench
+.venv/bin/scons -Q -j "$jobs" test bench
 elapsed
 echo "== C unit tests (ASan + UBSan)"
-.venv/bin/scons -Q test --sanitize=address
+.venv/bin/scons -Q -j "$jobs" test --sanitize=address
 elapsed
 echo "== C unit tests (ThreadSanitizer; suppressions: the payload byte copies only)"
-.venv/bin/scons -Q test --sanitize=thread
+.venv/bin/scons -Q -j "$jobs" test --sanitize=thread
 elapsed
-echo "== libFuzzer on the ring (${MSGQ_FUZZ_SECONDS:-45} s)"
 if command -v clang >/dev/null 2>&1; then
-  .venv/bin/scons -Q fuzz
-  mkdir -p build/fuzz/corpus
+  .venv/bin/scons -Q -j "$jobs" fuzz
+  mkdir -p build/fuzz/corpus build/fuzz/corpus_visionipc build/fuzz/corpus_log_scan
+  # The ring's fuzzer runs beside the two others (one core each); their reports follow
+  # in order, each with its exit status kept.
   build/fuzz/fuzz_ring -max_total_time="${MSGQ_FUZZ_SECONDS:-45}" -print_final_stats=1 \
-    -close_fd_mask=1 build/fuzz/corpus 2>&1 | tail -n 12
-  echo "== libFuzzer on VisionIPC's packet and handshake parsers (${MSGQ_VIPC_FUZZ_SECONDS:-10} s)"
-  mkdir -p build/fuzz/corpus_visionipc
+    -close_fd_mask=1 build/fuzz/corpus > build/fuzz/ring.out 2>&1 &
+  ring_job=$!
+  fuzz_status=0
   build/fuzz/fuzz_visionipc -max_total_time="${MSGQ_VIPC_FUZZ_SECONDS:-10}" \
-    -print_final_stats=1 build/fuzz/corpus_visionipc 2>&1 | tail -n 6
-  echo "== libFuzzer on the log scanner (${MSGQ_LOG_FUZZ_SECONDS:-10} s)"
-  mkdir -p build/fuzz/corpus_log_scan
+    -print_final_stats=1 build/fuzz/corpus_visionipc > build/fuzz/visionipc.out 2>&1 \
+    || fuzz_status=$?
   build/fuzz/fuzz_log_scan -max_total_time="${MSGQ_LOG_FUZZ_SECONDS:-10}" \
-    -print_final_stats=1 build/fuzz/corpus_log_scan 2>&1 | tail -n 6
+    -print_final_stats=1 build/fuzz/corpus_log_scan > build/fuzz/log_scan.out 2>&1 \
+    || fuzz_status=$?
+  wait "$ring_job" || fuzz_status=$?
+  echo "== libFuzzer on the ring (${MSGQ_FUZZ_SECONDS:-45} s)"
+  tail -n 12 build/fuzz/ring.out
+  echo "== libFuzzer on VisionIPC's packet and handshake parsers (${MSGQ_VIPC_FUZZ_SECONDS:-10} s)"
+  tail -n 6 build/fuzz/visionipc.out
+  echo "== libFuzzer on the log scanner (${MSGQ_LOG_FUZZ_SECONDS:-10} s)"
+  tail -n 6 build/fuzz/log_scan.out
+  if [ "$fuzz_status" -ne 0 ]; then
+    echo "a fuzzer found a failure (exit $fuzz_status; full output: build/fuzz/*.out)" >&2
+    exit "$fuzz_status"
+  fi
 else
   echo "clang is missing (scripts/ensure_env.sh installs it as root): fuzzing skipped" >&2
   exit 1
