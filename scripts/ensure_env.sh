@@ -117,7 +117,7 @@ install_extra() {
   if [ "$code" -eq 0 ] && { [ -s .venv/requirements-extra.txt ] || [ -n "$spark_req" ]; }; then
     nice -n 19 "${pip[@]}" install --no-compile -r .venv/requirements-extra.txt \
       "${wheels[@]}" || code=$?
-    fi
+  fi
   rm -rf .venv/spark-wheel  # (pip's cache keeps the built wheel)
   if [ "$code" -eq 0 ] && [ -f "$stamp.pending" ]; then
     mv -f "$stamp.pending" "$stamp"
@@ -222,7 +222,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 pip=(.venv/bin/python -m pip)
 [ -x .venv/bin/pip ] || pip=(python3 -m pip --python .venv/bin/python)
-# (the run profile keeps the pip that Python brings: any since 21.3 installs msgq)
+# (the run profile keeps the pip that Python brings: any since 21.3 installs msgq; the
+# test profile's environment gets the newest)
 if [ "$profile" = test ] && [ "$new_venv" -eq 1 ]; then
   quietly "${pip[@]}" install -q --upgrade pip
   pip=(.venv/bin/python -m pip)
