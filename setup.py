@@ -135,27 +135,21 @@ extensions = [
         depends=[p.replace(".c", ".h") for p in C_CORE] + sorted(glob.glob("msgq/shm/*.pyx"))
         + sorted(glob.glob("msgq/includes/*.pxd")),
     ),
-    # VisionIPC's wire formats (packet, handshake, buffer layout): the C implementation
-    # that packet.py and handshake.py use, shared with C servers (visionipc.h).
-    Extension(
-        "msgq.visionipc._wire",
-        sources=["visionipc/_wire.pyx", *VISIONIPC_C[:5]],
-        include_dirs=["visionipc"],
-        extra_compile_args=extra_compile_args,
-        extra_link_args=strip_args,
-        depends=[p.replace(".c", ".h") for p in VISIONIPC_C[:5]] + ["visionipc/_vipc_types.pxi"],
-    ),
-    # VisionIPC's server and client (visionipc.h): the C library that C programs link,
-    # which VisionIpcServer and VisionIpcClient wrap. Its packet queues are the caller's
-    # (a Python socket on the selected backend), but the C core is linked in for the
-    # library's own msgq calls; hidden visibility keeps it private to this module.
+    # VisionIPC's C code in one module (each extension costs its own start-up and utility
+    # code, about 4 s of compiling): the wire formats (packet, handshake, buffer layout)
+    # that packet.py, handshake.py and buffer.py use, the frame copy (streaming stores for
+    # large frames; numpy is the fallback), and the server and client (visionipc.h) that
+    # VisionIpcServer and VisionIpcClient wrap: the C library that C programs link. Its
+    # packet queues are the caller's (a Python socket on the selected backend), but the
+    # C core is linked in for the library's own msgq calls; hidden visibility keeps it
+    # private to this module.
     Extension(
         "msgq.visionipc._native",
         sources=["visionipc/_native.pyx", *VISIONIPC_C, *C_CORE],
         include_dirs=["visionipc", "msgq/src", "visionipc/src"],
         extra_compile_args=[*extra_compile_args, "-fvisibility=hidden"],
         extra_link_args=strip_args,
-        depends=sorted(glob.glob("visionipc/src/*.h")) + ["visionipc/_vipc_types.pxi"]
+        depends=sorted(glob.glob("visionipc/src/*.h")) + sorted(glob.glob("visionipc/*.pxi"))
         + [p.replace(".c", ".h") for p in C_CORE],
     ),
     # The typed reader: fields read straight from Cap'n Proto bytes, every pointer checked
@@ -183,15 +177,6 @@ extensions = [
         extra_compile_args=extra_compile_args,
         extra_link_args=strip_args,
         depends=["schemas/_capnp_wire.pxd"],  # the wire walk both readers cimport
-    ),
-    # VisionIPC's frame copy (streaming stores for large frames; numpy is the fallback).
-    Extension(
-        "msgq.visionipc._frame_copy",
-        sources=["visionipc/_frame_copy.pyx", "visionipc/src/frame_copy.c"],
-        include_dirs=["visionipc"],
-        extra_compile_args=extra_compile_args,
-        extra_link_args=strip_args,
-        depends=["visionipc/src/frame_copy.h"],
     ),
 ]
 

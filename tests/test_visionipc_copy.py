@@ -12,7 +12,7 @@ from msgq.visionipc import frame_copy
 @pytest.mark.parametrize("streaming", [False, True])
 def test_copy_frame_exact_for_odd_lengths_and_offsets(streaming: bool) -> None:
     # The extension is part of the product: when it did not build, this fails (no skip).
-    from msgq.visionipc._frame_copy import copy_frame as copy
+    from msgq.visionipc._native import copy_frame as copy
     rng = np.random.default_rng(5)
     source = rng.integers(0, 256, 70_000, dtype=np.uint8)
     for n in (1, 15, 16, 63, 64, 255, 256, 257, 4097, 65_537):

@@ -1,6 +1,8 @@
-"""Typing stub of the extension ``msgq.visionipc._native`` (visionipc/_native.pyx): the
-binding of visionipc.h, the C server and client that ``server.py`` and ``client.py``
-wrap."""
+"""Typing stub of the extension ``msgq.visionipc._native`` (visionipc/_native.pyx and the
+files it includes): VisionIPC's C code. The wire formats (frame packet, handshake,
+buffer layout) that ``packet.py``, ``handshake.py`` and ``buffer.py`` use, the frame copy
+of ``frame_copy.py``, and the binding of visionipc.h, the C server and client that
+``server.py`` and ``client.py`` wrap."""
 
 from collections.abc import Iterable
 
@@ -16,6 +18,9 @@ UNAVAILABLE: tuple[int, int, int]
 NOT_TRUSTED: int
 SOCKET_DENIED: int
 MAX_STREAMS_LISTED: int
+PACKET_SIZE: int
+#: Whether this CPU and build can copy with non-temporal (streaming) stores.
+CAN_STREAM: bool
 
 def error_text(code: int) -> str: ...
 
@@ -71,3 +76,41 @@ class Client:
 def available_streams(name: str, timeout_s: float) -> tuple[int, tuple[int, ...]]:
     """(code, stream ids) of server name's streams: code 0 with the ids, else the C error
     code and ()."""
+
+# --- the wire formats (_wire.pxi) ---
+
+def pack_packet(server_id: int, sequence: int, buffer_index: int, frame_id: int,
+                timestamp_sof: int, timestamp_eof: int, valid: bool) -> bytes:
+    """The 48 bytes of a frame packet."""
+
+def parse_packet(data: Buffer) -> tuple[int, int, int, int, int, int, bool] | None:
+    """(server_id, sequence, buffer_index, frame_id, sof, eof, valid) of a well-formed
+    packet, else None."""
+
+def encode_request(kind: int, stream: int) -> bytes: ...
+def decode_request(data: Buffer) -> tuple[int, int] | tuple[None, str]:
+    """(kind, stream), or (None, why) for a malformed request."""
+
+def encode_status_reply(server_id: int, status: int) -> bytes: ...
+def encode_list_reply(server_id: int, streams: Iterable[int]) -> bytes:
+    """The ok reply to a list request (ids sorted; at most VIPC_MAX_STREAMS)."""
+
+def encode_buffers_reply(server_id: int, stream: int, num_buffers: int, width: int,
+                         height: int, stride: int, uv_offset: int, size: int,
+                         map_size: int) -> bytes: ...
+def decode_reply(data: Buffer, num_fds: int, kind: int, stream: int, page_size: int
+                 ) -> tuple[int, str | None, int, tuple[int, ...] | None]:
+    """(code, why, server_id, fields): code 0 with the buffers reply's fields or the list
+    reply's stream ids; else the error code, why, and server_id."""
+
+def geometry_layout(width: int, height: int, stride: int, uv_offset: int, size: int,
+                    page_size: int) -> tuple[str | None, int, int, bool]:
+    """(why the geometry describes no buffer, or None; trailer offset; map size; whether
+    an NV12 UV plane fits)."""
+
+# --- the frame copy (_frame_copy.pxi) ---
+
+def copy_frame(dst: memoryview | bytearray, src: bytes | bytearray | memoryview,
+               streaming: bool) -> None:
+    """Copies ``src`` into ``dst`` (C-contiguous bytes of equal length), with streaming
+    stores when ``streaming`` and CAN_STREAM."""

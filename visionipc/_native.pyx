@@ -1,5 +1,11 @@
 # cython: language_level=3
-"""Binding of visionipc.h: the server (buffers, round robin, trailer protocol, sequences,
+"""VisionIPC's C code, bound in one extension module (one module's start-up code and
+Cython's utility code compiled once, not three times):
+
+* the wire formats (``_wire.pxi``): the frame packet, the handshake and the buffer
+  layout, which ``packet.py``, ``handshake.py`` and ``buffer.py`` use;
+* the frame copy (``_frame_copy.pxi``) of the copying send (``frame_copy.py``);
+* this file, the binding of visionipc.h: the server (buffers, round robin, trailer protocol, sequences,
 the listener thread) and the client (handshake, checks of the reply and the fds, packet
 validation, restarts, recycled frames) are the C library's; ``server.py`` and
 ``client.py`` add the Python API on top: argument checks, the packet transport on the
@@ -106,6 +112,9 @@ UNKNOWN_STREAM = VIPC_EUNKNOWNSTREAM
 UNAVAILABLE = (-ECONNREFUSED, VIPC_EUNKNOWNSTREAM, -ETIMEDOUT)
 NOT_TRUSTED = -EPERM
 SOCKET_DENIED = -EACCES
+
+include "_wire.pxi"
+include "_frame_copy.pxi"
 cdef enum:
     MAX_STREAMS_LISTED_C = 1024
 

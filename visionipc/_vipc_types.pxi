@@ -1,6 +1,7 @@
-# The C types and codes both VisionIPC bindings use (_wire.pyx, _native.pyx): included,
-# not cimported, because the sources live in visionipc/ while the modules are in
-# msgq.visionipc. The headers are the definitions; this only declares them to Cython.
+# The C types and codes VisionIPC's binding uses throughout (_native.pyx and the files it
+# includes): included, not cimported, because the sources live in visionipc/ while the
+# module is in msgq.visionipc. The headers are the definitions; this only declares them
+# to Cython.
 from libc.stdint cimport uint32_t, uint64_t
 
 

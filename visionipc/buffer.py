@@ -33,7 +33,7 @@ from functools import cached_property
 import numpy as np
 import numpy.typing as npt
 
-from . import _wire
+from . import _native
 
 __all__ = [
     "FRAME_ID_WRITING",
@@ -102,7 +102,7 @@ class BufferGeometry:
 
     @cached_property
     def _layout(self) -> tuple[str | None, int, int, bool]:
-        return _wire.geometry_layout(  # type: ignore[no-any-return]
+        return _native.geometry_layout(  # type: ignore[no-any-return]
             self.width, self.height, self.stride, self.uv_offset, self.size, PAGE_SIZE
         )
 

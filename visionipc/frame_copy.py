@@ -2,7 +2,7 @@
 
 Small and medium frames go through ``memcpy`` (numpy, or the C helper). Frames from
 :data:`STREAMING_FROM` bytes are written with non-temporal stores by the C helper
-(``visionipc/src/frame_copy.c``, built as ``msgq.visionipc._frame_copy``): once frame and
+(``visionipc/src/frame_copy.c``, bound in ``msgq.visionipc._native``): once frame and
 buffers exceed the last-level cache, ``memcpy`` spends half its bandwidth reading
 destination lines it is about to overwrite and evicting the source; streaming stores go
 straight to memory (measured on a 2-vCPU EPYC: 3840x2160 NV12 at 2.0x memcpy's frame
@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 try:
-    from ._frame_copy import CAN_STREAM as _CAN_STREAM
-    from ._frame_copy import copy_frame as _copy_frame
+    from ._native import CAN_STREAM as _CAN_STREAM
+    from ._native import copy_frame as _copy_frame
 except ImportError:  # extension not built
     _copy_frame = None
     _CAN_STREAM = False

@@ -36,7 +36,7 @@ and one file descriptor per buffer (SCM_RIGHTS, in buffer order) in the same
 message. Error replies have no body.
 
 Every message is encoded and validated by the C code in ``src/vipc_handshake.c`` (through
-``_wire``), the one implementation that C servers (``visionipc.h``) and this module share;
+``_native``), the one implementation that C servers (``visionipc.h``) and this module share;
 this module turns its results into Python values and exceptions. The exchange itself
 (connect, check the server's uid with ``SO_PEERCRED``, request, reply with the fds, and
 the checks of every fd) is the C client's (``src/vipc_client.c``); :func:`handshake_error`
@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from msgq.errors import IpcError
 
-from . import _native, _wire
+from . import _native
 from .buffer import BufferGeometry
 
 __all__ = [
@@ -148,12 +148,12 @@ class ListReply:
 
 def encode_request(kind: int, stream: int = 0) -> bytes:
     """The 16-byte request message."""
-    return _wire.encode_request(kind, stream)  # type: ignore[no-any-return]
+    return _native.encode_request(kind, stream)  # type: ignore[no-any-return]
 
 
 def decode_request(data: bytes) -> Request:
     """The request in ``data``; HandshakeError naming what is wrong with it."""
-    kind, stream_or_why = _wire.decode_request(data)
+    kind, stream_or_why = _native.decode_request(data)
     if kind is None:
         raise HandshakeError(f"{stream_or_why} ({len(data)} bytes)")
     return Request(kind, stream_or_why)
@@ -161,12 +161,12 @@ def decode_request(data: bytes) -> Request:
 
 def encode_status_reply(server_id: int, status: int) -> bytes:
     """A reply without body (errors)."""
-    return _wire.encode_status_reply(server_id, status)  # type: ignore[no-any-return]
+    return _native.encode_status_reply(server_id, status)  # type: ignore[no-any-return]
 
 
 def encode_list_reply(server_id: int, streams: list[int]) -> bytes:
     """The ok reply to a list request."""
-    return _wire.encode_list_reply(  # type: ignore[no-any-return]
+    return _native.encode_list_reply(  # type: ignore[no-any-return]
         server_id, sorted(streams)[:MAX_STREAMS]
     )
 
@@ -176,7 +176,7 @@ def encode_buffers_reply(
 ) -> bytes:
     """The ok reply to a buffers request (the fds travel with it)."""
     g = geometry
-    return _wire.encode_buffers_reply(  # type: ignore[no-any-return]
+    return _native.encode_buffers_reply(  # type: ignore[no-any-return]
         server_id, stream, num_buffers, g.width, g.height, g.stride, g.uv_offset, g.size,
         g.map_size
     )
@@ -185,15 +185,15 @@ def encode_buffers_reply(
 def decode_reply(data: bytes, fds: list[int], kind: int, stream: int) -> BuffersReply | ListReply:
     """The reply to a request of ``kind`` (for ``stream``); HandshakeError (or a subclass)
     when it is an error reply or malformed. Never closes ``fds``."""
-    code, why, server_id, fields = _wire.decode_reply(
+    code, why, server_id, fields = _native.decode_reply(
         data, len(fds), kind, stream, mmap.PAGESIZE
     )
-    if code == _wire.NOT_ALLOWED:
+    if code == _native.NOT_ALLOWED:
         raise NotAllowedError(
             "the server does not serve this process's uid; start it with allowed_uids=... "
             "or MSGQ_VISIONIPC_ALLOW_UIDS listing this uid"
         )
-    if code == _wire.UNKNOWN_STREAM:
+    if code == _native.UNKNOWN_STREAM:
         raise ServerUnavailableError(f"the server has no stream {stream} (yet)")
     if code != 0:
         raise HandshakeError(f"{why} (reply of {len(data)} bytes, {len(fds)} descriptors)")

@@ -17,7 +17,7 @@ Anything else on the endpoint (other sizes, magic, versions or flags) is not a p
 :func:`parse_frame_packet` returns None for it and the client skips and counts it.
 
 The bytes are written and checked by the C code in ``src/vipc_packet.c`` (through
-``_wire``), the one implementation that C servers and clients share.
+``_native``), the one implementation that C servers and clients share.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from . import _wire
+from . import _native
 
 __all__ = [
     "FLAG_VALID",
@@ -71,12 +71,12 @@ def pack_frame_packet(
     valid: bool,
 ) -> bytes:
     """The 48 bytes announcing one frame."""
-    return _wire.pack_packet(  # type: ignore[no-any-return]
+    return _native.pack_packet(  # type: ignore[no-any-return]
         server_id, sequence, buffer_index, frame_id, timestamp_sof, timestamp_eof, valid
     )
 
 
 def parse_frame_packet(data: bytes) -> FramePacket | None:
     """The packet in ``data``, or None when ``data`` is not a well-formed packet."""
-    fields = _wire.parse_packet(data)
+    fields = _native.parse_packet(data)
     return None if fields is None else FramePacket(*fields)

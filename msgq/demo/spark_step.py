@@ -68,6 +68,7 @@ def _warm_up() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point (see the module docs); returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2:
         print("usage: python -m msgq.demo.spark_step RECORDING PNG", file=sys.stderr)

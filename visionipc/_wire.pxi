@@ -1,14 +1,12 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
-"""Binding of VisionIPC's wire formats in C (visionipc/src/vipc_packet.c,
-vipc_handshake.c, vipc_layout.c): the one implementation of encoding and validating the
-per-frame packet and the handshake messages. ``packet.py`` and ``handshake.py`` build their
-Python values and exceptions from what these functions return."""
+# Included by _native.pyx (the extension msgq.visionipc._native): the binding of
+# VisionIPC's wire formats in C (visionipc/src/vipc_packet.c, vipc_handshake.c,
+# vipc_layout.c), the one implementation of encoding and validating the per-frame packet
+# and the handshake messages. ``packet.py``, ``handshake.py`` and ``buffer.py`` build
+# their Python values and exceptions from what these functions return.
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
-
-include "_vipc_types.pxi"
 
 cdef extern from "src/vipc_packet.h":
     ctypedef struct vipc_frame_packet:
@@ -50,9 +48,6 @@ cdef extern from "src/vipc_handshake.h":
                          uint32_t stream, uint64_t page_size, vipc_reply *out,
                          uint32_t *streams, const char **why)
 
-PROTOCOL_ERROR = VIPC_EPROTOCOL
-NOT_ALLOWED = VIPC_ENOTALLOWED
-UNKNOWN_STREAM = VIPC_EUNKNOWNSTREAM
 PACKET_SIZE = VIPC_PACKET_SIZE
 
 

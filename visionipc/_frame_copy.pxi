@@ -1,5 +1,5 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
-"""Binding of visionipc/src/frame_copy.c: the copy of VisionIPC's copying send."""
+# Included by _native.pyx (the extension msgq.visionipc._native): the binding of
+# visionipc/src/frame_copy.c, the copy of VisionIPC's copying send (frame_copy.py).
 
 cdef extern from "src/frame_copy.h":
     void vipc_copy_frame(void *dst, const void *src, size_t n, int streaming) nogil
