@@ -10,11 +10,8 @@
 # tests reach (-m "quick or not slow"; tests/conftest.py says how tests get marked).
 #
 # pytest runs in MSGQ_TEST_WORKERS processes (pytest-xdist, default 2: most tests wait on
-# other processes, so two workers keep two cores busy), a test file's tests in one worker
-# (--dist loadfile: module fixtures and the Spark session are made once per file and
-# worker), in the order tests/conftest.py collects them: heavy files first
-# (--no-loadscope-reorder: else xdist orders files by their number of tests).
-# MSGQ_TEST_WORKERS=1 runs them in this process, one after another.
+# other processes, so two workers keep two cores busy; scripts/lib/pytest_workers.sh
+# says how files are handed out). MSGQ_TEST_WORKERS=1 runs them in this process.
 set -euo pipefail
 cd "$(dirname "$0")"
 quick=0
@@ -23,11 +20,8 @@ if [ "${1:-}" = --quick ]; then
   shift
 fi
 source scripts/ensure_env.sh test  # (the profile: else the sourced script would see our pytest arguments)
-workers="${MSGQ_TEST_WORKERS:-2}"
-parallel=()
-if [ "$workers" != 1 ]; then
-  parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
-fi
+source scripts/lib/pytest_workers.sh
+pytest_parallel_args
 
 elapsed() { echo "   (${SECONDS} s so far)"; }
 # scons builds (and runs the test programs) on every core
@@ -84,6 +78,6 @@ elapsed
 echo "== ruff"
 .venv/bin/ruff check msgq visionipc schemas tests
 elapsed
-echo "== pytest (${workers} worker(s); the 15 slowest tests are listed at the end)"
+echo "== pytest (${MSGQ_TEST_WORKERS:-2} worker(s); the 15 slowest tests are listed at the end)"
 .venv/bin/python -m pytest "${parallel[@]}" --durations=15 "$@"
 elapsed

@@ -22,10 +22,8 @@ if [ ! -x "$python" ]; then
   exit 2
 fi
 
-parallel=()
-if [ "${MSGQ_TEST_WORKERS:-2}" != 1 ]; then
-  parallel=(-n "${MSGQ_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
-fi
+source scripts/lib/pytest_workers.sh
+pytest_parallel_args
 
 hog_pids=()
 test_pid=""
