@@ -265,8 +265,10 @@ if [ "$satisfied" -eq 0 ]; then
   # byte-compiled when installed (compile_packages): where PYTHONDONTWRITEBYTECODE is
   # set, nothing would cache them later.
   echo "installing msgq's requirements (log: .venv/deps.log)" >&2
-  requirements python3 "" > .venv/requirements.txt
-  requirements python3 "$extra" | grep -v -x -F -f .venv/requirements.txt \
+  # (with the Python whose pip installs them: on 3.10 it reads pyproject.toml with the
+  # TOML parser pip carries)
+  requirements "${pip[0]}" "" > .venv/requirements.txt
+  requirements "${pip[0]}" "$extra" | grep -v -x -F -f .venv/requirements.txt \
     > .venv/requirements-extra.txt || true
   spark_pattern='^pyspark([^A-Za-z0-9_.-]|$)'
   spark_req=""
