@@ -214,7 +214,8 @@ new_venv=0
 if [ ! -x .venv/bin/python ]; then
   echo "creating the virtual environment .venv" >&2
   new_venv=1
-  if python3 -m pip --python python3 --version >/dev/null 2>&1; then
+  # (--python takes a path: a bare "python3" is not looked up on PATH)
+  if python3 -m pip --python "$(command -v python3)" --version >/dev/null 2>&1; then
     quietly python3 -m venv --without-pip .venv
   else
     quietly python3 -m venv .venv
