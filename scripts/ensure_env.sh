@@ -7,7 +7,8 @@
 #                                       test extra (pytest, ruff, scons, atheris, ...)
 # With MSGQ_SETUP_DEFER_SPARK=1 (run.sh's demo; run profile only) the spark extra may go
 # on installing after this returns: MSGQ_PENDING_SETUP then names a file that its exit
-# status is written to when it ends, and the demo waits for that before its Spark step.
+# status is written to when it ends, and the demo waits for that before its Spark step
+# (beside it, a .pyspark file appears once pyspark itself is in: the JVM can start).
 # One line per step it takes, on stderr; the package managers' output goes to
 # build/setup.log and is shown (its end) only when a step fails. Safe to re-run: it does
 # nothing when everything is there, and rebuilds only when a build input changed
@@ -105,18 +106,23 @@ install_requirements() {
 # the stamp when msgq's build is done too (run through with_status, which then writes
 # .venv/extra-setup.status).
 install_extra() {
-  local wheels=() code=0
+  local code=0
   if [ -n "$spark_req" ]; then
     nice -n 19 "${pip[@]}" wheel --no-deps \
       --config-settings=--build-option=--compression=stored -w .venv/spark-wheel \
       "$spark_req" || code=$?
-    wheels=(.venv/spark-wheel/*.whl)
+    # pyspark goes in at once, with py4j (all it requires, which msgq's requirements
+    # do not hold): the demo's Spark step starts the JVM when .venv/extra-setup.pyspark
+    # appears, while the rest of the extra installs
+    if [ "$code" -eq 0 ]; then
+      nice -n 19 "${pip[@]}" install --no-compile .venv/spark-wheel/*.whl || code=$?
+    fi
+    [ "$code" -ne 0 ] || : > .venv/extra-setup.pyspark
   fi
   while [ ! -f .venv/deps.status ]; do sleep 0.2; done  # msgq's requirements first
   [ "$code" -ne 0 ] || [ "$(cat .venv/deps.status)" = 0 ] || code=1
-  if [ "$code" -eq 0 ] && { [ -s .venv/requirements-extra.txt ] || [ -n "$spark_req" ]; }; then
-    nice -n 19 "${pip[@]}" install --no-compile -r .venv/requirements-extra.txt \
-      "${wheels[@]}" || code=$?
+  if [ "$code" -eq 0 ] && [ -s .venv/requirements-extra.txt ]; then
+    nice -n 19 "${pip[@]}" install --no-compile -r .venv/requirements-extra.txt || code=$?
   fi
   rm -rf .venv/spark-wheel  # (pip's cache keeps the built wheel)
   if [ "$code" -eq 0 ] && [ -f "$stamp.pending" ]; then
@@ -281,7 +287,7 @@ if [ "$satisfied" -eq 0 ]; then
     grep -v -E "$spark_pattern" .venv/requirements-extra.txt > .venv/requirements-rest.txt || true
     mv .venv/requirements-rest.txt .venv/requirements-extra.txt
   fi
-  rm -f .venv/deps.status .venv/extra-setup.status "$stamp.pending"
+  rm -f .venv/deps.status .venv/extra-setup.status .venv/extra-setup.pyspark "$stamp.pending"
   with_status .venv/deps.status install_requirements > .venv/deps.log 2>&1 &
   deps_job=$!
   echo "installing the $extra extra after them (log: .venv/extra-setup.log)" >&2

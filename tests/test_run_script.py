@@ -71,6 +71,28 @@ def test_the_demo_waits_for_the_spark_extra_that_run_sh_left_installing(
     job.wait(10)
 
 
+def test_the_spark_step_may_start_its_session_once_pyspark_alone_is_installed(
+        tmp_path: Path) -> None:
+    status, job = _pending_setup(
+        tmp_path, "sleep 0.3; : > extra-setup.pyspark; exec sleep 30")
+    try:
+        assert setup_wait.wait_for_setup(status, timeout=30, pyspark_only=True) is None
+        assert job.poll() is None and not os.path.exists(status)  # the rest goes on
+        started = time.monotonic()  # the whole extra is still waited for
+        assert setup_wait.wait_for_setup(status, timeout=0.5) is not None
+        assert time.monotonic() - started >= 0.5
+    finally:
+        job.kill()
+        job.wait(10)
+    # an install that fails before pyspark is in is a failure either way
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    status, job = _pending_setup(failed, "echo 1 > extra-setup.status")
+    job.wait(10)
+    problem = setup_wait.wait_for_setup(status, timeout=30, pyspark_only=True)
+    assert problem is not None and "failed (exit 1" in problem
+
+
 def test_the_demo_says_why_its_spark_step_cannot_run_when_the_install_fails(
         tmp_path: Path) -> None:
     status, job = _pending_setup(tmp_path, "sleep 0.2; echo 1 > extra-setup.status")

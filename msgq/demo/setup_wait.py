@@ -1,6 +1,8 @@
 """Waiting for the set-up step that ``./run.sh`` leaves running behind the demo: the spark
 extra installing while the robot runs. ``MSGQ_PENDING_SETUP`` names the file its exit
-status goes to when it ends, beside its ``.pid`` and ``.log`` (scripts/ensure_env.sh)."""
+status goes to when it ends, beside its ``.pid`` and ``.log``, and its ``.pyspark``
+marker, written once pyspark itself is installed (before the extra's other packages:
+Spark's JVM can start then) (scripts/ensure_env.sh)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ __all__ = ["wait_for_setup"]
 
 
 def wait_for_setup(status_file: str | None, timeout: float = 900.0,
-                   say: Callable[[str], None] | None = None) -> str | None:
+                   say: Callable[[str], None] | None = None, *,
+                   pyspark_only: bool = False) -> str | None:
     """Waits for the pending set-up step whose status ``status_file`` will hold (None:
     nothing pending). Returns None once it succeeded, else why the Spark step can't run.
-    ``say`` is told, once, that it waits."""
+    ``say`` is told, once, that it waits. With ``pyspark_only``, it returns as soon as
+    pyspark is installed (enough to start a session; reading logs needs the rest)."""
     if not status_file:
         return None
     base = status_file.removesuffix(".status")
@@ -25,6 +29,8 @@ def wait_for_setup(status_file: str | None, timeout: float = 900.0,
     deadline = time.monotonic() + timeout
     said = False
     while not os.path.exists(status_file):
+        if pyspark_only and os.path.exists(base + ".pyspark"):
+            return None
         if say is not None and not said:
             say(f"   (waiting for the spark extra to finish installing; log: {log})")
             said = True

@@ -1,10 +1,11 @@
 """The demo's Spark statistics in a process of their own, started with the demo so that
 Spark's start-up overlaps the robot: ``python -m msgq.demo.spark_step RECORDING PNG``.
 
-It waits for the spark extra when ./run.sh left it installing (``MSGQ_PENDING_SETUP``),
-lowers its priority (the robot and the recorder come first; once they are done, nothing
-else wants the CPU), starts ``msgq logstats``'s Spark session and runs the command once
-on a small recording of its own (the first query on a new session pays for what later
+It lowers its priority (the robot and the recorder come first; once they are done,
+nothing else wants the CPU), starts ``msgq logstats``'s Spark session as soon as pyspark
+is installed (./run.sh may have left the spark extra installing: ``MSGQ_PENDING_SETUP``),
+waits for the rest of the extra and runs the command once on a small recording of its
+own (the first query on a new session pays for what later
 ones reuse: seconds here). Then it waits for one line on its standard input, which the
 demo writes when the recording is closed, and runs ``msgq logstats RECORDING --plot PNG``
 on that session, printing what the command prints. End of input without that line (the
@@ -43,16 +44,24 @@ def _go_given() -> bool:
     return bool(select.select([sys.stdin], [], [], 0)[0])
 
 
+def _start_session() -> bool:
+    """Starts logstats' session; whether it started (a failure is left to the real
+    command, which reports it in its own words)."""
+    try:
+        start_session()
+    except Exception:  # noqa: BLE001 (the real command reports it)
+        return False
+    return True
+
+
 def _warm_up() -> None:
-    """Starts logstats' session and runs the command once on a small recording of its
-    own: the first query's costs (Python workers, the data source's planning, the JIT,
-    matplotlib's fonts) are paid before the real one, unless the recording is ready by
-    then (a new machine, where the spark extra installed late: the real query goes
-    first). Its output is dropped; a failure is left to the real command, which reports
-    it in its own words."""
+    """Runs the command once on a small recording of its own: the first query's costs
+    (Python workers, the data source's planning, the JIT, matplotlib's fonts) are paid
+    before the real one, unless the recording is ready by then (a new machine, where the
+    spark extra installed late: the real query goes first). Its output is dropped; a
+    failure is left to the real command."""
     with tempfile.TemporaryDirectory(prefix="msgq-demo-warm-up-") as folder:
         try:
-            start_session()
             if _go_given():
                 return
             recording = os.path.join(folder, "recording")
@@ -76,9 +85,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     recording, png = args
     if hasattr(os, "nice"):
         os.nice(NICENESS)
-    if wait_for_setup(os.environ.get("MSGQ_PENDING_SETUP")) is not None:
+    pending = os.environ.get("MSGQ_PENDING_SETUP")
+    if wait_for_setup(pending, pyspark_only=True) is not None:
         return EXIT_SETUP_FAILED
-    _warm_up()
+    started = _start_session()
+    if wait_for_setup(pending) is not None:
+        return EXIT_SETUP_FAILED
+    if started:
+        _warm_up()
     if not sys.stdin.readline():
         return 0  # the demo ended first
     return msgq_command(["logstats", recording, "--plot", png])
