@@ -99,31 +99,36 @@ install_requirements() {
 
 # The extra's own requirements (those msgq itself does not need), installed once msgq's
 # are in (they share numpy and others: two pip runs must not install the same package).
-# pyspark, a 456 MB sdist of jars, is downloaded and built into a wheel first, while
-# msgq's requirements install and msgq builds: built without deflating the jars again
-# (--compression=stored: 17 s instead of 37 s here). It runs at the lowest priority: on
-# a machine with few cores, msgq's build and then the demo's robot come first. Writes
-# the stamp when msgq's build is done too (run through with_status, which then writes
-# .venv/extra-setup.status).
+install_extra_rest() {
+  while [ ! -f .venv/deps.status ]; do sleep 0.2; done
+  [ "$(cat .venv/deps.status)" = 0 ] || return 1
+  [ ! -s .venv/requirements-extra.txt ] ||
+    nice -n 19 "${pip[@]}" install --no-compile -r .venv/requirements-extra.txt
+}
+
+# The spark extra: its other packages (above) and pyspark side by side. pyspark, a 456 MB
+# sdist of jars, is downloaded and built into a wheel while msgq's requirements install
+# and msgq builds: built without deflating the jars again (--compression=stored: 17 s
+# instead of 37 s here). It then goes in alone, with py4j (all it requires, which no
+# other package here holds), and .venv/extra-setup.pyspark says so: the demo's Spark step
+# starts its JVM then, while the rest may still be installing. Everything runs at the
+# lowest priority: on a machine with few cores, msgq's build and then the demo's robot
+# come first. Writes the stamp when msgq's build is done too (run through with_status,
+# which then writes .venv/extra-setup.status).
 install_extra() {
-  local code=0
+  local code=0 rest_job
+  install_extra_rest &
+  rest_job=$!
   if [ -n "$spark_req" ]; then
     nice -n 19 "${pip[@]}" wheel --no-deps \
       --config-settings=--build-option=--compression=stored -w .venv/spark-wheel \
       "$spark_req" || code=$?
-    # pyspark goes in at once, with py4j (all it requires, which msgq's requirements
-    # do not hold): the demo's Spark step starts the JVM when .venv/extra-setup.pyspark
-    # appears, while the rest of the extra installs
     if [ "$code" -eq 0 ]; then
       nice -n 19 "${pip[@]}" install --no-compile .venv/spark-wheel/*.whl || code=$?
     fi
     [ "$code" -ne 0 ] || : > .venv/extra-setup.pyspark
   fi
-  while [ ! -f .venv/deps.status ]; do sleep 0.2; done  # msgq's requirements first
-  [ "$code" -ne 0 ] || [ "$(cat .venv/deps.status)" = 0 ] || code=1
-  if [ "$code" -eq 0 ] && [ -s .venv/requirements-extra.txt ]; then
-    nice -n 19 "${pip[@]}" install --no-compile -r .venv/requirements-extra.txt || code=$?
-  fi
+  wait "$rest_job" || { [ "$code" -ne 0 ] || code=1; }
   rm -rf .venv/spark-wheel  # (pip's cache keeps the built wheel)
   if [ "$code" -eq 0 ] && [ -f "$stamp.pending" ]; then
     mv -f "$stamp.pending" "$stamp"
