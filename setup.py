@@ -153,13 +153,15 @@ extensions = [
         + [p.replace(".c", ".h") for p in C_CORE],
     ),
     # The typed reader: fields read straight from Cap'n Proto bytes, every pointer checked
-    # (pycapnp is the fallback), for SubMaster's payload views and Spark's typed columns.
+    # (pycapnp is the fallback), for SubMaster's payload views and Spark's typed columns;
+    # and its writing twin, the Event builder that new_message returns.
     Extension(
         "msgq.schemas._typed_reader",
         sources=["schemas/_typed_reader.pyx"],
         extra_compile_args=extra_compile_args,
         extra_link_args=strip_args,
-        depends=["schemas/_capnp_wire.pxd"],  # the wire walk both readers cimport
+        # the wire walk both readers cimport; the Event builder it includes
+        depends=["schemas/_capnp_wire.pxd", "schemas/_event_builder.pxi"],
     ),
     # The log scanner: messages of a decompressed log split and peeked in C, in batches.
     Extension(

@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The typed reader: fields read straight from a Cap'n Proto message's bytes by following
 the encoding with a layout built from the schema, instead of through pycapnp one attribute
-at a time. Two users: Spark's typed columns (:func:`read_member`: the values a union member
+at a time — and, at its end (_event_builder.pxi), its writing twin: the Event builder that
+new_message returns. Two users of the reader: Spark's typed columns (:func:`read_member`: the values a union member
 of the root struct converts to, capnp_types.py's rules) and SubMaster's payload views
 (:func:`view_member`: a :class:`StructView` that reads each field when asked, and hands
 anything it does not follow to a pycapnp reader of the same struct).
@@ -58,6 +59,7 @@ K_ENUM = KIND_ENUM
 K_LIST = KIND_LIST
 K_STRUCT = KIND_STRUCT
 K_GROUP = KIND_GROUP
+K_VOID = KIND_VOID
 
 #: What read_member returns for a message it leaves to pycapnp.
 FALLBACK = object()
@@ -742,3 +744,7 @@ def identify(bytes message, EventFields fields not None):
     if which >= len(fields.services):
         return FALLBACK
     return mono, bool(valid), fields.services[which]
+
+
+# -- the Event builder (new_message): the writing side of the same encoding ----------------
+include "_event_builder.pxi"

@@ -11,6 +11,8 @@ from typing import Any
 
 from msgq import clock
 from msgq.errors import MessageDecodeError
+from msgq.schemas._typed_reader import EventFactory
+from msgq.schemas.builder_layouts import build_layout
 from msgq.schemas.schema import NO_TRAVERSAL_LIMIT, Schema, read_struct
 from msgq.schemas.selection import schema_in_force
 from msgq.schemas.services import unknown_service_error
@@ -55,7 +57,15 @@ def new_message(service: str | None = None, size: int | None = None,
     (ns; CLOCK_MONOTONIC, or the replayed time under the lockstep harness, see
     :mod:`msgq.clock`), ``valid`` False (as cereal's), ``kwargs`` set as fields; with
     ``service``, that union member is initialised (``size`` elements when it is a list).
-    Unknown service → KeyError with close matches."""
+    Unknown service → KeyError with close matches.
+
+    Without ``kwargs``, for a struct member or none, it is msgq's builder
+    (:class:`msgq.schemas._typed_reader.StructBuilder`): pycapnp's builder API, with
+    numbers, bools, enums set by name, nested structs, groups, union members, which()
+    and to_bytes() written straight into the message's bytes; the first call of any other
+    kind turns the message into a pycapnp builder of those bytes, which answers it and
+    everything after it. Otherwise it is pycapnp's builder."""
+    global _last_built
     schema = schema_in_force(schema)
     if kwargs:
         kwargs.setdefault("logMonoTime", clock.monotonic_ns())
@@ -70,7 +80,14 @@ def new_message(service: str | None = None, size: int | None = None,
 
                 raise unknown_field_error(schema.event.schema, unknown[0]) from None
             raise
-    else:  # the common call, without pycapnp's keyword loop and lookups by name
+    else:
+        factory = _FACTORIES.get(id(schema)) or _factory(schema)
+        if size is None and (service is None or service in factory.members):
+            # the common call: msgq's builder (see _event_builder.pxi), no pycapnp in it
+            msg = factory.new(service, clock.monotonic_ns())
+            _last_built = (msg, schema)
+            return msg
+        # (a list member, or an error to report below) without pycapnp's keyword loop
         msg = schema.event.new_message()
         msg._set_by_field(schema.mono_field, clock.monotonic_ns())
         msg._set_by_field(schema.valid_field, False)
@@ -84,9 +101,26 @@ def new_message(service: str | None = None, size: int | None = None,
             raise ValueError(f"{service!r} is a struct: it takes no size")
         else:
             msg._init_by_field(field)
-    global _last_built
     _last_built = (msg, schema)
     return msg
+
+
+#: new_message's builder of each schema's Event (see _event_builder.pxi), by the
+#: schema's id; _SCHEMAS holds the schemas, so that an id is not reused.
+_FACTORIES: dict[int, EventFactory] = {}
+_SCHEMAS: list[Schema] = []
+
+
+def _factory(schema: Schema) -> EventFactory:
+    event = schema.event
+
+    def handover(data: bytes) -> Any:
+        return read_struct(event, data, NO_TRAVERSAL_LIMIT).as_builder()
+
+    factory = EventFactory(build_layout(event.schema), handover)
+    _SCHEMAS.append(schema)
+    _FACTORIES[id(schema)] = factory
+    return factory
 
 
 def log_from_bytes(dat: bytes, struct: Any = None) -> Any:
