@@ -621,37 +621,42 @@ def test_health_equals_its_definition_at_every_update() -> None:
     assert checked > 3000  # alive often, and dead often (the stalls)
 
 
-def test_send_reads_the_service_of_new_message_builders_from_their_bytes() -> None:
-    """PubMaster.send reads the service the latest new_message builder carries from its
-    bytes (no pycapnp which()); the check is the same: the right service goes out with
-    its fields, a wrong one is refused, an older builder or one of another schema made by
-    new_message is checked by pycapnp."""
+def test_send_takes_the_latest_new_message_builder_without_pycapnps_which() -> None:
+    """PubMaster.send takes the bytes of the builder new_message made last (msgq's builder
+    answers which() itself; a pycapnp builder's service is read from its bytes); the check
+    is the same: the right service goes out with its fields, a wrong one is refused, an
+    older builder or one of another schema made by new_message is checked by pycapnp."""
     from schema_profiles import robot_schema
 
-    from msgq.schemas.events import built_by_new_message
+    from msgq.schemas.events import take_built
 
-    pm = PubMaster(["vehicleState", "gyroscope"])
-    sm = SubMaster(["vehicleState", "gyroscope"])
+    pm = PubMaster(["vehicleState", "gyroscope", "can"])
+    sm = SubMaster(["vehicleState", "gyroscope", "can"])
     try:
         pm.wait_for_readers_to_update("vehicleState", 5.0)
         older = new_message("vehicleState")
         older.vehicleState.speed = 1.5
         msg = new_message("vehicleState")
         msg.vehicleState.speed = 2.5
-        assert built_by_new_message(msg) is pm.schema
-        assert built_by_new_message(older) is None
+        assert take_built(older, pm.schema, "vehicleState") is None  # not the latest
+        assert take_built(msg, pm.schema, "gyroscope") is None  # not its service
         pm.send("vehicleState", msg)
-        assert built_by_new_message(msg) is None  # sent: not kept alive any longer
+        assert take_built(msg, pm.schema, "vehicleState") is None  # sent: let go of
         sm.update(1000)
         assert sm.updated["vehicleState"] and sm["vehicleState"].speed == 2.5
-        pm.send("vehicleState", older)  # not the latest: pycapnp's which() checks it
+        pm.send("vehicleState", older)  # not the latest: which() checks it
         sm.update(1000)
         assert sm.updated["vehicleState"] and sm["vehicleState"].speed == 1.5
+        frames = new_message("can", 2)  # a list member: pycapnp's builder
+        frames.can[1].address = 7
+        pm.send("can", frames)
+        sm.update(1000)
+        assert sm.updated["can"] and sm["can"][1].address == 7
         wrong = new_message("gpsLocation")
         with pytest.raises(ValueError, match="carries 'gpsLocation'"):
             pm.send("vehicleState", wrong)
         robot_msg = new_message("armState", schema=robot_schema())
-        assert built_by_new_message(robot_msg) is not pm.schema
+        assert take_built(robot_msg, pm.schema, "gyroscope") is None
         with pytest.raises(ValueError, match="carries 'armState'"):
             pm.send("gyroscope", robot_msg)  # its bytes read as gyroscope with msgq's layout
         sm.update(0)

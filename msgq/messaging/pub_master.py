@@ -7,7 +7,7 @@ from typing import Any
 
 import msgq
 from msgq.schemas import Schema, schema_in_force
-from msgq.schemas.events import built_by_new_message, forget_built
+from msgq.schemas.events import take_built
 
 __all__ = ["PubMaster"]
 
@@ -50,16 +50,12 @@ class PubMaster:
         if isinstance(dat, (bytes, bytearray, memoryview)):
             sock.send(dat)
             return
-        data = None
-        if self._identify is not None and built_by_new_message(dat) is self.schema:
-            # a root Event builder of this schema: the service its bytes carry, read with
-            # this schema's layout, is its which() (one C call instead of pycapnp's)
-            data = dat.to_bytes()
-            peeked = self._identify(data)
-            if peeked is not None and peeked[2] == service:
-                sock.send(data)
-                forget_built(dat)
-                return
+        # the builder new_message made last, with this schema and for this service: its
+        # bytes without pycapnp's which()
+        data = take_built(dat, self.schema, service, self._identify)
+        if data is not None:
+            sock.send(data)
+            return
         which = getattr(dat, "which", None)
         if which is None or not hasattr(dat, "to_bytes"):
             raise TypeError(f"send({service!r}, ...) takes an Event builder or bytes, not "
@@ -71,7 +67,7 @@ class PubMaster:
         if carried != service:
             raise ValueError(f"the message carries {carried!r} but was sent to {service!r}; "
                              f"use new_message({service!r})")
-        sock.send(dat.to_bytes() if data is None else data)
+        sock.send(dat.to_bytes())
 
     def all_readers_updated(self, service: str) -> bool:
         """Whether every subscriber of ``service`` has read everything sent on it."""
