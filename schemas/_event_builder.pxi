@@ -21,6 +21,7 @@ from libc.string cimport memset
 BUILD_NO_DISCRIMINANT = -1
 
 
+@cython.auto_pickle(False)  # (no pickling code: less to compile)
 cdef class BuildLayout:
     """Where a struct's fields lie, for the builder (builder_layouts.py makes them):
     its section sizes, its union's discriminant offset (in 16-bit units; -1: no union),
@@ -41,6 +42,7 @@ cdef class BuildLayout:
         self.members = {}
 
 
+@cython.auto_pickle(False)  # (no pickling code: less to compile)
 cdef class BuildField:
     """One field: its kind (the reader's K_ codes), its offset (in units of its size, or
     its pointer index), the bits of its default, its discriminant (-1: none), and for a
@@ -73,6 +75,7 @@ def set_layout_maker(maker):
     _make_layout = maker
 
 
+@cython.auto_pickle(False)  # (no pickling code: less to compile)
 cdef class _Message:
     cdef bytearray buf
     cdef Py_ssize_t used  # bytes in use: the root pointer and every struct allocated
@@ -129,6 +132,7 @@ _HIGHEST = (0, (1 << 7) - 1, (1 << 15) - 1, (1 << 31) - 1, (1 << 63) - 1, (1 << 
             (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1)
 
 
+@cython.auto_pickle(False)  # (no pickling code: less to compile)
 cdef class StructBuilder:
     """A struct of a message being built (the root Event, or one of its nested structs
     and groups): pycapnp's builder API, see the top of _event_builder.pxi."""
@@ -360,6 +364,7 @@ cdef class StructBuilder:
         return str(self.target())
 
 
+@cython.auto_pickle(False)  # (no pickling code: less to compile)
 cdef class EventFactory:
     """new_message's builder for one schema's Event: ``layout`` (the Event's), ``handover``
     (bytes -> the pycapnp builder a message becomes when it hands over) and the union
