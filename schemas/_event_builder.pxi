@@ -124,6 +124,13 @@ cdef inline uint64_t _load(const char* at, int size):
     return bits
 
 
+cdef inline uint64_t _struct_pointer(Py_ssize_t ptr, Py_ssize_t at, BuildLayout layout):
+    """The pointer word at byte ``ptr`` to a struct of ``layout`` at byte ``at`` (later in
+    the segment)."""
+    return ((<uint64_t>(<uint32_t>(((at - ptr - 8) // 8) << 2)))
+            | (<uint64_t>layout.data_words << 32) | (<uint64_t>layout.ptr_count << 48))
+
+
 cdef int _SIZE[11]
 _SIZE[:] = [0, 1, 2, 4, 8, 1, 2, 4, 8, 4, 8]
 # The range of each integer kind (KIND_INT8 .. KIND_UINT64), as Python ints.
@@ -178,10 +185,7 @@ cdef class StructBuilder:
         cdef BuildLayout sub = self.sub_layout(f)
         cdef Py_ssize_t at = self.msg.alloc(sub.data_words + sub.ptr_count)
         cdef Py_ssize_t ptr = self.ptrs + 8 * f.where
-        cdef uint64_t word = ((<uint64_t>(<uint32_t>(((at - ptr - 8) // 8) << 2)))
-                              | (<uint64_t>sub.data_words << 32)
-                              | (<uint64_t>sub.ptr_count << 48))
-        _store(PyByteArray_AS_STRING(self.msg.buf) + ptr, word, 8)
+        _store(PyByteArray_AS_STRING(self.msg.buf) + ptr, _struct_pointer(ptr, at, sub), 8)
         return self.child(sub, at, name)
 
     cdef object get_struct(self, BuildField f, str name):
@@ -413,10 +417,7 @@ cpdef StructBuilder new_root(BuildLayout layout, object handover):
     msg.handover = handover
     cdef Py_ssize_t ptr = msg.alloc(1)
     cdef Py_ssize_t at = msg.alloc(layout.data_words + layout.ptr_count)
-    cdef uint64_t word = ((<uint64_t>(<uint32_t>(((at - ptr - 8) // 8) << 2)))
-                          | (<uint64_t>layout.data_words << 32)
-                          | (<uint64_t>layout.ptr_count << 48))
-    _store(PyByteArray_AS_STRING(msg.buf) + ptr, word, 8)
+    _store(PyByteArray_AS_STRING(msg.buf) + ptr, _struct_pointer(ptr, at, layout), 8)
     cdef StructBuilder root = StructBuilder.__new__(StructBuilder)
     root.msg = msg
     root.layout = layout
