@@ -139,6 +139,9 @@ _HIGHEST = (0, (1 << 7) - 1, (1 << 15) - 1, (1 << 31) - 1, (1 << 63) - 1, (1 << 
             (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1)
 
 
+cdef object _pycapnp_builder_class = None
+
+
 @cython.auto_pickle(False)  # (no pickling code: less to compile)
 cdef class StructBuilder:
     """A struct of a message being built (the root Event, or one of its nested structs
@@ -352,6 +355,17 @@ cdef class StructBuilder:
         if self.msg.fallback is None and not self.path:
             return self.msg.encoded()
         return self.target().to_bytes()
+
+    @property
+    def __class__(self):
+        """pycapnp's builder class (``isinstance(msg, capnp._DynamicStructBuilder)``
+        holds, as for pycapnp's builder; ``type(msg)`` is this class)."""
+        global _pycapnp_builder_class
+        if _pycapnp_builder_class is None:
+            # pycapnp: loaded already (the schema this message is of)
+            from capnp.lib.capnp import _DynamicStructBuilder
+            _pycapnp_builder_class = _DynamicStructBuilder
+        return _pycapnp_builder_class
 
     @property
     def handed_over(self):
