@@ -142,6 +142,17 @@ _HIGHEST = (0, (1 << 7) - 1, (1 << 15) - 1, (1 << 31) - 1, (1 << 63) - 1, (1 << 
 cdef object _pycapnp_builder_class = None
 
 
+cdef StructBuilder _struct_builder(_Message msg, BuildLayout layout, Py_ssize_t data,
+                                   Py_ssize_t ptrs, tuple path):
+    cdef StructBuilder out = StructBuilder.__new__(StructBuilder)
+    out.msg = msg
+    out.layout = layout
+    out.data = data
+    out.ptrs = ptrs
+    out.path = path
+    return out
+
+
 @cython.auto_pickle(False)  # (no pickling code: less to compile)
 cdef class StructBuilder:
     """A struct of a message being built (the root Event, or one of its nested structs
@@ -160,14 +171,13 @@ cdef class StructBuilder:
             obj = getattr(obj, name)
         return obj
 
-    cdef StructBuilder child(self, BuildLayout layout, Py_ssize_t data, str name):
-        cdef StructBuilder out = StructBuilder.__new__(StructBuilder)
-        out.msg = self.msg
-        out.layout = layout
-        out.data = data
-        out.ptrs = data + 8 * layout.data_words
-        out.path = self.path + (name,)
-        return out
+    cdef StructBuilder child(self, BuildLayout layout, Py_ssize_t data, Py_ssize_t ptrs,
+                             str name):
+        return _struct_builder(self.msg, layout, data, ptrs, self.path + (name,))
+
+    cdef StructBuilder struct_at(self, BuildLayout layout, Py_ssize_t at, str name):
+        """The struct of ``layout`` at byte ``at``, field ``name`` of this one."""
+        return self.child(layout, at, at + 8 * layout.data_words, name)
 
     cdef int discriminant(self):
         return <int>_load(PyByteArray_AS_STRING(self.msg.buf) + self.data
@@ -189,7 +199,13 @@ cdef class StructBuilder:
         cdef Py_ssize_t at = self.msg.alloc(sub.data_words + sub.ptr_count)
         cdef Py_ssize_t ptr = self.ptrs + 8 * f.where
         _store(PyByteArray_AS_STRING(self.msg.buf) + ptr, _struct_pointer(ptr, at, sub), 8)
-        return self.child(sub, at, name)
+        return self.struct_at(sub, at, name)
+
+    cdef StructBuilder init_struct(self, BuildField f, str name):
+        """init(name) of the struct field ``f``: a new struct, and the union member set."""
+        if f.disc >= 0:
+            self.set_discriminant(f.disc)
+        return self.new_struct(f, name)
 
     cdef object get_struct(self, BuildField f, str name):
         """The struct the pointer field ``f`` points to, made when null (as pycapnp's
@@ -204,7 +220,7 @@ cdef class StructBuilder:
         if (offset & 3) != 0 or <int>((word >> 32) & 0xFFFF) != sub.data_words \
                 or <int>(word >> 48) != sub.ptr_count:
             return None
-        return self.child(sub, ptr + 8 + 8 * <Py_ssize_t>(offset >> 2), name)
+        return self.struct_at(sub, ptr + 8 + 8 * <Py_ssize_t>(offset >> 2), name)
 
     cdef object read(self, BuildField f):
         cdef const char* base = PyByteArray_AS_STRING(self.msg.buf) + self.data
@@ -301,19 +317,19 @@ cdef class StructBuilder:
                     got = self.get_struct(f, name)
                     if got is not None:
                         return got
-                elif f.kind == KIND_GROUP:
-                    return self.child(self.sub_layout(f), self.data, name)._as_group(self)
+                elif f.kind == KIND_GROUP:  # its parent's sections, its own fields
+                    return self.child(self.sub_layout(f), self.data, self.ptrs, name)
                 elif f.kind == KIND_VOID:
                     return None
                 elif f.kind != KIND_ENUM:  # pycapnp reads enums as its own objects
                     return self.read(f)
         return getattr(self.target(), name)
 
-    cdef StructBuilder _as_group(self, StructBuilder parent):
-        self.ptrs = parent.ptrs  # a group is its parent's sections
-        return self
-
     def __setattr__(self, str name, value):
+        self.set_field(name, value)
+
+    cdef int set_field(self, str name, object value) except -1:
+        """Sets field ``name`` to ``value`` (pycapnp's setattr)."""
         cdef BuildField f
         if self.msg.fallback is None:
             f = self.layout.fields.get(name)
@@ -322,12 +338,13 @@ cdef class StructBuilder:
                 if self.write(f, value):
                     if f.disc >= 0:
                         self.set_discriminant(f.disc)
-                    return
+                    return 0
             elif f is not None and f.kind == KIND_VOID and value is None:
                 if f.disc >= 0:
                     self.set_discriminant(f.disc)
-                return
+                return 0
         setattr(self.target(), name, value)
+        return 0
 
     def init(self, str name, *args):
         """pycapnp's init: a struct member (here, when it is a struct of this schema and
@@ -336,9 +353,7 @@ cdef class StructBuilder:
         if self.msg.fallback is None and not args:
             f = self.layout.fields.get(name)
             if f is not None and f.kind == KIND_STRUCT:
-                if f.disc >= 0:
-                    self.set_discriminant(f.disc)
-                return self.new_struct(f, name)
+                return self.init_struct(f, name)
         return self.target().init(name, *args)
 
     def which(self):
@@ -390,36 +405,27 @@ cdef class EventFactory:
 
     cdef BuildLayout layout
     cdef object handover
-    cdef BuildField mono
-    cdef BuildField valid
     cdef public frozenset members
 
     def __init__(self, BuildLayout layout, object handover):
         self.layout = layout
         self.handover = handover
-        self.mono = layout.fields.get("logMonoTime")
-        self.valid = layout.fields.get("valid")
-        self.members = frozenset(
-            name for name in layout.members.values()
-            if (<BuildField>layout.fields.get(name, _NOT_A_STRUCT)).kind == KIND_STRUCT)
+        members = []
+        for name in layout.members.values():
+            f = layout.fields.get(name)
+            if f is not None and (<BuildField>f).kind == KIND_STRUCT:
+                members.append(name)
+        self.members = frozenset(members)
 
     def new(self, object service, object mono_ns):
         """A new Event: logMonoTime ``mono_ns``, valid False, the union member
         ``service`` (one of ``members``, or None) initialised."""
         cdef StructBuilder root = new_root(self.layout, self.handover)
-        cdef BuildField f
-        if self.mono is None or not root.write(self.mono, mono_ns):
-            setattr(root, "logMonoTime", mono_ns)
-        if self.valid is None or not root.write(self.valid, False):
-            setattr(root, "valid", False)
+        root.set_field("logMonoTime", mono_ns)
+        root.set_field("valid", False)
         if service is not None:
-            f = self.layout.fields[service]
-            root.set_discriminant(f.disc)
-            root.new_struct(f, service)
+            root.init_struct(self.layout.fields[service], service)
         return root
-
-
-cdef BuildField _NOT_A_STRUCT = BuildField(KIND_VOID, 0, 0, -1)
 
 
 cpdef StructBuilder new_root(BuildLayout layout, object handover):
@@ -432,10 +438,4 @@ cpdef StructBuilder new_root(BuildLayout layout, object handover):
     cdef Py_ssize_t ptr = msg.alloc(1)
     cdef Py_ssize_t at = msg.alloc(layout.data_words + layout.ptr_count)
     _store(PyByteArray_AS_STRING(msg.buf) + ptr, _struct_pointer(ptr, at, layout), 8)
-    cdef StructBuilder root = StructBuilder.__new__(StructBuilder)
-    root.msg = msg
-    root.layout = layout
-    root.data = at
-    root.ptrs = at + 8 * layout.data_words
-    root.path = ()
-    return root
+    return _struct_builder(msg, layout, at, at + 8 * layout.data_words, ())

@@ -2,8 +2,9 @@
 """The typed reader: fields read straight from a Cap'n Proto message's bytes by following
 the encoding with a layout built from the schema, instead of through pycapnp one attribute
 at a time — and, at its end (_event_builder.pxi), its writing twin: the Event builder that
-new_message returns. Two users of the reader: Spark's typed columns (:func:`read_member`: the values a union member
-of the root struct converts to, capnp_types.py's rules) and SubMaster's payload views
+new_message returns. Two users of the reader: Spark's typed columns (:func:`read_member`:
+the values a union member of the root struct converts to, capnp_types.py's rules) and
+SubMaster's payload views
 (:func:`view_member`: a :class:`StructView` that reads each field when asked, and hands
 anything it does not follow to a pycapnp reader of the same struct).
 

@@ -12,8 +12,7 @@ from typing import Any
 
 from msgq import clock
 from msgq.errors import MessageDecodeError
-from msgq.schemas._typed_reader import EventFactory, StructBuilder
-from msgq.schemas.builder_layouts import build_layout
+from msgq.schemas._typed_reader import StructBuilder
 from msgq.schemas.schema import NO_TRAVERSAL_LIMIT, Schema, read_struct
 from msgq.schemas.selection import schema_in_force
 from msgq.schemas.services import unknown_service_error
@@ -91,7 +90,7 @@ def new_message(service: str | None = None, size: int | None = None,
                 raise unknown_field_error(schema.event.schema, unknown[0]) from None
             raise
     else:
-        factory = _FACTORIES.get(id(schema)) or _factory(schema)
+        factory = schema.builder
         if size is None and (service is None or service in factory.members):
             # the common call: msgq's builder (see _event_builder.pxi), no pycapnp in it
             msg = factory.new(service, clock.monotonic_ns())
@@ -113,24 +112,6 @@ def new_message(service: str | None = None, size: int | None = None,
             msg._init_by_field(field)
     _last_built = (msg, schema)
     return msg
-
-
-#: new_message's builder of each schema's Event (see _event_builder.pxi), by the
-#: schema's id; _SCHEMAS holds the schemas, so that an id is not reused.
-_FACTORIES: dict[int, EventFactory] = {}
-_SCHEMAS: list[Schema] = []
-
-
-def _factory(schema: Schema) -> EventFactory:
-    event = schema.event
-
-    def handover(data: bytes) -> Any:
-        return read_struct(event, data, NO_TRAVERSAL_LIMIT).as_builder()
-
-    factory = EventFactory(build_layout(event.schema), handover)
-    _SCHEMAS.append(schema)
-    _FACTORIES[id(schema)] = factory
-    return factory
 
 
 def log_from_bytes(dat: bytes, struct: Any = None) -> Any:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from msgq.errors import MessageDecodeError
+from msgq.schemas._typed_reader import EventFactory
+from msgq.schemas.builder_layouts import build_layout
 from msgq.schemas.framing import EventLayout
 from msgq.schemas.payload_views import PayloadViews
 from msgq.schemas.services import (
@@ -372,6 +374,18 @@ class Schema:
         read them from a message's bytes (:class:`msgq.schemas.framing.EventLayout`; its
         ``identify`` is the check that bytes are an Event). Worked out once per schema."""
         return EventLayout.of(self)
+
+    @functools.cached_property
+    def builder(self) -> EventFactory:
+        """new_message's builder of this schema's Event (msgq's own: fields written
+        straight into the bytes, pycapnp's builder made from them for anything else;
+        :mod:`msgq.schemas.builder_layouts`). Made once per schema."""
+        event = self.event
+
+        def handover(data: bytes) -> Any:
+            return read_struct(event, data, NO_TRAVERSAL_LIMIT).as_builder()
+
+        return EventFactory(build_layout(event.schema), handover)
 
     @functools.cached_property
     def views(self) -> PayloadViews:

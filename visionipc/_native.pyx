@@ -5,11 +5,12 @@ Cython's utility code compiled once, not three times):
 * the wire formats (``_wire.pxi``): the frame packet, the handshake and the buffer
   layout, which ``packet.py``, ``handshake.py`` and ``buffer.py`` use;
 * the frame copy (``_frame_copy.pxi``) of the copying send (``frame_copy.py``);
-* this file, the binding of visionipc.h: the server (buffers, round robin, trailer protocol, sequences,
-the listener thread) and the client (handshake, checks of the reply and the fds, packet
-validation, restarts, recycled frames) are the C library's; ``server.py`` and
-``client.py`` add the Python API on top: argument checks, the packet transport on the
-selected msgq backend, and numpy views over their own mappings of the buffers.
+* this file, the binding of visionipc.h: the server (buffers, round robin, trailer
+  protocol, sequences, the listener thread) and the client (handshake, checks of the
+  reply and the fds, packet validation, restarts, recycled frames) are the C library's;
+  ``server.py`` and ``client.py`` add the Python API on top: argument checks, the packet
+  transport on the selected msgq backend, and numpy views over their own mappings of the
+  buffers.
 
 Both classes run in "caller" mode (VIPC_SERVER_CALLER_PUBLISHES,
 VIPC_CLIENT_CALLER_RECEIVES): the packets travel on a Python msgq socket, so VisionIPC
