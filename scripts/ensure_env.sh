@@ -76,7 +76,8 @@ with_status() {
   local status_file="$1" code=0
   shift
   "$@" || code=$?
-  echo "$code" > "$status_file"
+  # written whole, then renamed: whoever waits never reads a created, still empty file
+  echo "$code" > "$status_file.tmp" && mv -f "$status_file.tmp" "$status_file"
   return "$code"
 }
 

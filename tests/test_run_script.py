@@ -100,6 +100,14 @@ def test_the_demo_says_why_its_spark_step_cannot_run_when_the_install_fails(
     assert problem is not None and "failed (exit 1" in problem
     assert str(tmp_path / "extra-setup.log") in problem
     job.wait(10)
+    # a status file created and not yet written (a shell opens it before it writes) is
+    # waited through, not read as an empty exit status
+    os.remove(status)
+    status, job = _pending_setup(
+        tmp_path, "sleep 0.2; : > extra-setup.status; sleep 0.6; echo 1 > extra-setup.status")
+    problem = setup_wait.wait_for_setup(status, timeout=30)
+    assert problem is not None and "failed (exit 1;" in problem
+    job.wait(10)
     # a job killed before it could write its status is noticed, not waited for to the end
     status, job = _pending_setup(tmp_path, "exec sleep 30")
     os.remove(status)

@@ -28,22 +28,30 @@ def wait_for_setup(status_file: str | None, timeout: float = 900.0,
     log = base + ".log"
     deadline = time.monotonic() + timeout
     said = False
-    while not os.path.exists(status_file):
+    while (code := _read_status(status_file)) is None:
         if pyspark_only and os.path.exists(base + ".pyspark"):
             return None
         if say is not None and not said:
             say(f"   (waiting for the spark extra to finish installing; log: {log})")
             said = True
         if not _alive(base + ".pid"):
-            if os.path.exists(status_file):  # it ended between the two checks
+            if (code := _read_status(status_file)) is not None:  # it ended between checks
                 break
             return f"the spark extra's install stopped without finishing (log: {log})"
         if time.monotonic() > deadline:
             return f"the spark extra's install did not finish in {timeout:.0f} s (log: {log})"
         time.sleep(0.2)
-    with open(status_file) as f:
-        code = f.read().strip()
     return None if code == "0" else f"the spark extra's install failed (exit {code}; log: {log})"
+
+
+def _read_status(status_file: str) -> str | None:
+    """The exit status the job wrote, or None while there is none yet: no file, or one
+    created and not yet written (a shell's ``echo 1 > file`` opens before it writes)."""
+    try:
+        with open(status_file) as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def _alive(pid_file: str) -> bool:
