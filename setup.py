@@ -79,6 +79,16 @@ class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command sty
         if not self.parallel:
             self.parallel = os.cpu_count() or 1
 
+    def _cythonize(self) -> None:
+        """Translates the .pyx sources to C (one process per core where children fork),
+        when something is built rather than whenever setup.py is loaded: an sdist holds
+        no generated C, so building one never runs Cython. Each extension keeps its
+        object (setuptools has noted it), with the C file as its source."""
+        translated = {ext.name: ext for ext in cythonize(
+            self.extensions, language_level=3, nthreads=cython_processes())}
+        for ext in self.extensions:
+            ext.sources = translated[ext.name].sources
+
     def _compile_each(self, sources: list[str], **options: object) -> list[str]:
         """The objects of ``sources``, compiled side by side like the extensions."""
         with ThreadPoolExecutor(self.parallel or 1) as pool:
@@ -87,6 +97,7 @@ class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command sty
             return [obj for part in parts for obj in part]
 
     def run(self) -> None:
+        self._cythonize()
         super().run()
         in_source = self.inplace or getattr(self, "editable_mode", False)
         package_dir = "msgq" if in_source else os.path.join(self.build_lib, "msgq")
@@ -228,8 +239,7 @@ def cython_processes() -> int:
 setup(
     long_description=long_description(),
     long_description_content_type="text/markdown",
-    ext_modules=cythonize(selected(extensions, os.environ.get("MSGQ_SKIP_EXTENSIONS", "")),
-                          language_level=3, nthreads=cython_processes()),
+    ext_modules=selected(extensions, os.environ.get("MSGQ_SKIP_EXTENSIONS", "")),
     cmdclass={"build_ext": build_ext_with_c_library},
     package_dir={
         "msgq": "msgq",

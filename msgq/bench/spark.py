@@ -20,7 +20,9 @@ default: about 1 M events in 22 segments of 60 s), then, in one run:
 
 Prints one table (wall time, events/s, events/s per core, ratio to the loop), the
 targets of issue 17 with what was measured, and the load average before and after.
-``--tiny`` is the smoke run the tests use; ``--no-cluster`` leaves the cluster out;
+``--tiny`` is the smoke run the tests use (no cluster, and no command on one segment
+first: the class archive and the fixed part are not measured); ``--no-cluster`` leaves
+the cluster out;
 ``--seconds`` sets the size (1300: about 1 M events; the table says how many);
 ``--no-reads`` leaves the DataFrame reads out (the loop and logstats only).
 
@@ -372,8 +374,11 @@ def _same_results(docs: list[dict[str, Any]]) -> bool:
 
 
 def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True,
-        folder: str | None = None, reads: bool = True) -> dict[str, Any]:
-    """Runs every measurement; returns the rows as dicts, the targets and the load."""
+        folder: str | None = None, reads: bool = True,
+        fixed_part: bool = True) -> dict[str, Any]:
+    """Runs every measurement; returns the rows as dicts, the targets and the load
+    (``fixed_part``: False leaves out the commands on one segment, and the class
+    archive is then not written by an untimed command first)."""
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="msgq-spark-bench-") as tmp:
         folder = folder or os.path.join(tmp, "recording")
@@ -385,7 +390,10 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
         _note(f"LogReader loop: {loop[1]:.1f} s")
         pycapnp = best_time(lambda: _pycapnp_loop(folder), repeat)
         _note(f"pycapnp loop: {pycapnp[1]:.1f} s")
-        class_archive, fixed_events, fixed_seconds = _fixed_part(folder)
+        class_archive, fixed = False, None
+        if fixed_part:
+            class_archive, fixed_events, fixed_seconds = _fixed_part(folder)
+            fixed = {"events": fixed_events, "seconds": fixed_seconds}
         stats: dict[str, tuple[dict[str, Any], float]] = {}
         for cores in (1, 2):
             stats[f"local[{cores}]"] = _logstats(folder, f"local[{cores}]")
@@ -434,7 +442,7 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
         "jvm_start_s": measured[1]["session"][1] if measured else None,
         "cluster_start_s": cluster_start,
         "class_archive": class_archive,
-        "fixed_part": {"events": fixed_events, "seconds": fixed_seconds},
+        "fixed_part": fixed,
         "identical_results": _same_results([doc for doc, _ in stats.values()]),
         "targets": {
             "logstats_local2_vs_loop": l2 / loop_seconds,  # <= 3
@@ -465,13 +473,14 @@ def _table(result: dict[str, Any]) -> str:
         [f"JVM start-up (a session): {result['jvm_start_s']:.1f} s"]
     if start is not None:
         starts.append(f"cluster start-up (not counted): {start:.1f} s")
-    starts.append("driver JVM class archive: " + (
-        "in use (written by an untimed first command)" if result["class_archive"]
-        else "not in use"))
     fixed = result["fixed_part"]
-    starts.append(f"msgq logstats of one segment ({fixed['events']} events), local[1]: "
-                  f"{fixed['seconds']:.1f} s (the part of a command that does not grow "
-                  f"with the recording)")
+    if fixed is not None:
+        starts.append("driver JVM class archive: " + (
+            "in use (written by an untimed first command)" if result["class_archive"]
+            else "not in use"))
+        starts.append(f"msgq logstats of one segment ({fixed['events']} events), local[1]: "
+                      f"{fixed['seconds']:.1f} s (the part of a command that does not "
+                      f"grow with the recording)")
     typed = t["typed_events_per_s_per_core"]
     return "\n".join([
         f"{result['events_written']} events written in {result['segments']} segments "
@@ -511,7 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="leave out the DataFrame reads (raw and typed columns): "
                              "the loop and msgq logstats only, e.g. on a larger --seconds")
     parser.add_argument("--tiny", action="store_true",
-                        help="a smoke run: 4 simulated seconds in 2 segments, no cluster")
+                        help="a smoke run: 4 simulated seconds in 2 segments, no cluster, "
+                             "no command on one segment first")
     parser.add_argument("--pushdown", action="store_true",
                         help="the filter pushdown and route layout suite instead (issue 28; "
                              "default --seconds 300, --rotate 10)")
@@ -546,7 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(_pushdown_table(pushed))
         return 0
     result = run(seconds, rotate, repeat, cluster=not (args.tiny or args.no_cluster),
-                 reads=not args.no_reads)
+                 reads=not args.no_reads, fixed_part=not args.tiny)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()
