@@ -9,9 +9,10 @@
 # tests, ruff, and the pytest tests not marked slow plus one per layer that only slow
 # tests reach (-m "quick or not slow"; tests/conftest.py says how tests get marked).
 #
-# pytest runs in MSGQ_TEST_WORKERS processes (pytest-xdist, default 2: most tests wait on
-# other processes, so two workers keep two cores busy; scripts/lib/pytest_workers.sh
-# says how files are handed out). MSGQ_TEST_WORKERS=1 runs them in this process.
+# pytest runs in MSGQ_TEST_WORKERS processes (pytest-xdist, default 3: most tests wait on
+# other processes — on two cores, three workers ran the suite in 649 s where two took
+# 798-872 s; scripts/lib/pytest_workers.sh says how files are handed out).
+# MSGQ_TEST_WORKERS=1 runs them in this process.
 set -euo pipefail
 cd "$(dirname "$0")"
 quick=0
@@ -78,6 +79,6 @@ elapsed
 echo "== ruff"
 .venv/bin/ruff check msgq visionipc schemas tests
 elapsed
-echo "== pytest (${MSGQ_TEST_WORKERS:-2} worker(s); the 15 slowest tests are listed at the end)"
+echo "== pytest (${MSGQ_TEST_WORKERS:-3} worker(s); the 15 slowest tests are listed at the end)"
 .venv/bin/python -m pytest "${parallel[@]}" --durations=15 "$@"
 elapsed

@@ -8,7 +8,7 @@
 #
 # The hog is one `yes >/dev/null` per core (FLAKE_HOGS), each under `timeout`
 # (FLAKE_HOG_SECONDS, default 3 h) and stopped on exit, however the script ends.
-# pytest runs as ./test.sh runs it: in MSGQ_TEST_WORKERS processes (default 2; 1: in one).
+# pytest runs as ./test.sh runs it: in MSGQ_TEST_WORKERS processes (default 3; 1: in one).
 # Prints one line per run (passed, failed, errors, duration) and exits 1 if any run failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -37,6 +37,7 @@ def test_demo_reports_every_message_and_keeps_the_callers_queues(endpoint: str) 
 
 @pytest.mark.slow
 @pytest.mark.spark
+@pytest.mark.timeout(600)  # 50 s alone, 150 s beside the other workers' JVMs
 def test_end_to_end_demo(tmp_path: object) -> None:
     """The README's main job: every stage runs and the report says so."""
     out = os.path.join(str(tmp_path), "out")

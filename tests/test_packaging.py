@@ -32,6 +32,10 @@ import pytest
 
 from msgq.__main__ import foreign_installations, installation_problem
 
+# The test that first asks for the build pays for it: 85 s alone, 175 s beside the other
+# workers' JVMs (each step has its own subprocess timeout).
+pytestmark = pytest.mark.timeout(900)
+
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = (ROOT / "pyproject.toml").read_text()
 DISTRIBUTION = re.search(r'^name = "([^"]+)"', PYPROJECT, re.M).group(1)  # type: ignore

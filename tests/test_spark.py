@@ -892,6 +892,7 @@ def test_logstats_through_the_hadoop_path(stats: Stats, recording: Recording) ->
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 80 s alone, 150 s beside the other workers' JVMs
 def test_bench_smoke() -> None:
     """``python -m msgq.bench.spark --tiny`` runs end to end (its own Spark sessions and
     msgq logstats processes) and every reader sees every event. Without the driver's
