@@ -340,13 +340,14 @@ def _logstats(folder: str, master: str) -> tuple[dict[str, Any], float]:
     return json.loads(done.stdout), seconds
 
 
-def _fixed_part(folder: str) -> tuple[bool, int, float]:
+def _fixed_part(folder: str) -> dict[str, Any]:
     """An untimed ``msgq logstats`` of one segment, so that the timed commands start as
     every command after a user's first does: with the driver JVM's class archive
     (:mod:`msgq.spark.class_cache`) written, and no JVM writing it in the background;
     then the same command timed: the part of every command that does not grow with the
-    recording. Returns (archive in use, that segment's events, seconds). With the
-    archive off (MSGQ_SPARK_CLASS_CACHE=0) there is nothing to warm: one command."""
+    recording. Returns {"class_archive": in use, "events": that segment's events,
+    "seconds": that command's}. With the archive off (MSGQ_SPARK_CLASS_CACHE=0) there is
+    nothing to warm: one command."""
     # imports pyspark: only the Spark rows need it
     from msgq.spark import class_cache
     from msgq.spark.session import _java_runtime
@@ -359,7 +360,8 @@ def _fixed_part(folder: str) -> tuple[bool, int, float]:
         java, version, _ = _java_runtime()
         in_use = class_cache.wait_for_archive(java, version)
     doc, seconds = _logstats(first, "local[1]")
-    return in_use, sum(r["count"] for r in doc["services"]), seconds
+    return {"class_archive": in_use, "events": sum(r["count"] for r in doc["services"]),
+            "seconds": seconds}
 
 
 def _note(text: str) -> None:
@@ -390,10 +392,7 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
         _note(f"LogReader loop: {loop[1]:.1f} s")
         pycapnp = best_time(lambda: _pycapnp_loop(folder), repeat)
         _note(f"pycapnp loop: {pycapnp[1]:.1f} s")
-        class_archive, fixed = False, None
-        if fixed_part:
-            class_archive, fixed_events, fixed_seconds = _fixed_part(folder)
-            fixed = {"events": fixed_events, "seconds": fixed_seconds}
+        fixed = _fixed_part(folder) if fixed_part else None
         stats: dict[str, tuple[dict[str, Any], float]] = {}
         for cores in (1, 2):
             stats[f"local[{cores}]"] = _logstats(folder, f"local[{cores}]")
@@ -441,8 +440,7 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
         # the first session of this process
         "jvm_start_s": measured[1]["session"][1] if measured else None,
         "cluster_start_s": cluster_start,
-        "class_archive": class_archive,
-        "fixed_part": fixed,
+        "fixed_part": fixed,  # with whether the class archive was in use
         "identical_results": _same_results([doc for doc, _ in stats.values()]),
         "targets": {
             "logstats_local2_vs_loop": l2 / loop_seconds,  # <= 3
@@ -476,7 +474,7 @@ def _table(result: dict[str, Any]) -> str:
     fixed = result["fixed_part"]
     if fixed is not None:
         starts.append("driver JVM class archive: " + (
-            "in use (written by an untimed first command)" if result["class_archive"]
+            "in use (written by an untimed first command)" if fixed["class_archive"]
             else "not in use"))
         starts.append(f"msgq logstats of one segment ({fixed['events']} events), local[1]: "
                       f"{fixed['seconds']:.1f} s (the part of a command that does not "
