@@ -176,6 +176,12 @@ extensions = [
     ),
     # The log scanner: messages of a decompressed log split and peeked in C, in batches.
     Extension(
+        "msgq.messaging._update",
+        sources=["msgq/messaging/_update.pyx"],
+        extra_compile_args=extra_compile_args,
+        extra_link_args=strip_args,
+    ),
+    Extension(
         "msgq.logs._scan",
         sources=["msgq/logs/_scan.pyx", "msgq/logs/src/log_scan.c"],
         include_dirs=["msgq/logs/src"],

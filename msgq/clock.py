@@ -34,6 +34,7 @@ import mmap
 import os
 import struct
 import time
+from collections.abc import Callable
 
 __all__ = [
     "CLOCK_ENV",
@@ -106,14 +107,18 @@ def _source() -> _Reader | None:
         path = os.environ.get(CLOCK_ENV, "")
         _reader = _Reader(path) if path else None
         _resolved = True
+        _bind(_reader is None)
     return _reader
 
 
 def reload() -> None:
-    """Reads ``MSGQ_LOCKSTEP_CLOCK`` again at the next call (for tests that change it)."""
+    """Reads ``MSGQ_LOCKSTEP_CLOCK`` again at the next call (for tests that change it).
+    Read the clock as ``clock.monotonic()`` then: a function imported by name after the
+    first call outside the harness is :mod:`time`'s own and stays so."""
     global _reader, _resolved
     _reader = None
     _resolved = False
+    _bind(False)
 
 
 def is_simulated() -> bool:
@@ -121,27 +126,53 @@ def is_simulated() -> bool:
     return _source() is not None
 
 
-def monotonic_ns() -> int:
+def _resolving_monotonic_ns() -> int:
     """The replayed time of the current step under the harness, else CLOCK_MONOTONIC (ns)."""
     source = _reader if _resolved else _source()
     return time.monotonic_ns() if source is None else source.monotonic_ns()
 
 
-def monotonic() -> float:
+def _resolving_monotonic() -> float:
     """:func:`monotonic_ns` in seconds."""
-    return monotonic_ns() / 1e9
+    return _resolving_monotonic_ns() / 1e9
 
 
-def time_ns() -> int:
+def _resolving_time_ns() -> int:
     """Wall-clock ns since the epoch: the replayed one under the harness (see module doc),
     else ``time.time_ns()``."""
     source = _reader if _resolved else _source()
     return time.time_ns() if source is None else source.time_ns()
 
 
-def wall_time() -> float:
+def _resolving_wall_time() -> float:
     """:func:`time_ns` in seconds."""
-    return time_ns() / 1e9
+    return _resolving_time_ns() / 1e9
+
+
+def _bind(real: bool) -> None:
+    """Makes this module's clock functions the :mod:`time` module's own once the process
+    is known to run on the real clock (``real``; no Python frame between a 100 Hz loop and
+    CLOCK_MONOTONIC, read as ``clock.monotonic()``), else the functions that resolve the
+    clock at their first call and read the replayed time under the harness."""
+    global monotonic, monotonic_ns, time_ns, wall_time
+    if real:
+        monotonic, monotonic_ns = time.monotonic, time.monotonic_ns
+        time_ns, wall_time = time.time_ns, time.time
+    else:
+        monotonic, monotonic_ns = _resolving_monotonic, _resolving_monotonic_ns
+        time_ns, wall_time = _resolving_time_ns, _resolving_wall_time
+
+
+#: The clock's functions: ``monotonic_ns()`` is the replayed time of the current step
+#: under the harness, else CLOCK_MONOTONIC (ns); ``monotonic()`` the same in seconds;
+#: ``time_ns()`` / ``wall_time()`` the wall clock (replayed under the harness). Read them
+#: as attributes of this module (``clock.monotonic()``): outside the harness they become
+#: :mod:`time`'s own functions at the first call (see :func:`_bind`).
+monotonic: Callable[[], float]
+monotonic_ns: Callable[[], int]
+time_ns: Callable[[], int]
+wall_time: Callable[[], float]
+_bind(False)
 
 
 class ClockFile:

@@ -36,7 +36,9 @@ class PayloadViews:
         self._members: dict[str, Any] = {}
         self._memo: dict[int, Layout | None] = {}
         layout = schema.layout
-        self._fields = reader.EventFields(
+        #: Where an Event's logMonoTime, valid and union lie (what
+        #: ``_typed_reader.identify`` reads; SubMaster's compiled update calls it with this).
+        self.event_fields = reader.EventFields(
             layout.mono_byte, layout.valid_byte, layout.valid_bit, layout.discriminant_byte,
             tuple(layout.services), layout.mono_default, layout.valid_default)
         self._identify_slow = layout.identify
@@ -44,7 +46,7 @@ class PayloadViews:
     def identify(self, data: bytes) -> tuple[int, bool, str] | None:
         """``(logMonoTime, valid, service)`` when ``data`` is exactly one well-framed
         Event, else None (:meth:`msgq.schemas.framing.EventLayout.identify`'s answer)."""
-        peeked = reader.identify(data, self._fields)
+        peeked = reader.identify(data, self.event_fields)
         if peeked is FALLBACK:
             return self._identify_slow(data)
         return peeked  # type: ignore[no-any-return]

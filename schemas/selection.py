@@ -54,6 +54,8 @@ _lock = threading.RLock()
 _MSGQ_OWN = SchemaSpec()
 # The process default (None: not read from the environment yet).
 _default_spec: SchemaSpec | None = None
+# The loaded schema of _default_spec once asked for (None: not yet): new_message's lookup.
+_default_schema: Schema | None = None
 _registry_cache: tuple[SchemaSpec, ServiceRegistry] | None = None
 
 
@@ -87,13 +89,24 @@ def schema_in_force(schema: Schema | None = None) -> Schema:
     """``schema`` when given, else the process default (see the module docstring)."""
     if schema is not None:
         return schema
-    return spec_in_force().load()
+    loaded = _default_schema  # every new_message asks: one global read
+    return loaded if loaded is not None else _load_default()
+
+
+def _load_default() -> Schema:
+    global _default_schema
+    spec = spec_in_force()
+    loaded = spec.load()
+    with _lock:
+        if _default_spec is spec:  # not replaced by use_schema meanwhile
+            _default_schema = loaded
+    return loaded
 
 
 def default_schema() -> Schema:
     """The schema in force in this process (:func:`use_schema`, the
     ``MSGQ_SCHEMA``/``MSGQ_REGISTRY`` environment variables, else msgq's own)."""
-    return spec_in_force().load()
+    return schema_in_force()
 
 
 def registry_in_force() -> ServiceRegistry:
@@ -140,7 +153,7 @@ def use_schema(
     schema and registry are files. Every later ``new_message``, ``PubMaster``,
     ``SubMaster``, ``pub_sock``/``sub_sock`` (queue sizes), log reader/writer and replay
     of this process use it."""
-    global _default_spec, _registry_cache
+    global _default_spec, _default_schema, _registry_cache
     if isinstance(schema, Schema):
         if services is not None or root != "Event" or imports:
             raise ValueError("give a Schema alone, or a path with its services")
@@ -150,6 +163,7 @@ def use_schema(
     loaded = spec.load()  # fails here, not at the first socket, when the schema is wrong
     with _lock:
         _default_spec = spec
+        _default_schema = loaded
         _registry_cache = None
     if export:
         for name in (ENV_SCHEMA, ENV_SERVICES, ENV_ROOT):
@@ -163,7 +177,8 @@ def use_schema(
 
 def reset_to_environment() -> None:
     """Forgets the process default: the next use reads the environment again (tests)."""
-    global _default_spec, _registry_cache
+    global _default_spec, _default_schema, _registry_cache
     with _lock:
         _default_spec = None
+        _default_schema = None
         _registry_cache = None

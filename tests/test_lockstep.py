@@ -414,6 +414,9 @@ def test_clock_is_real_outside_the_harness(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv(clock.CLOCK_ENV, raising=False)
     clock.reload()
     assert not clock.is_simulated()
+    # resolved to the real clock: the time module's own functions, no Python frame between
+    assert clock.monotonic is time.monotonic and clock.monotonic_ns is time.monotonic_ns
+    assert clock.time_ns is time.time_ns and clock.wall_time is time.time
     before = time.monotonic_ns()
     now = clock.monotonic_ns()
     assert before <= now <= time.monotonic_ns()
@@ -427,8 +430,10 @@ def test_clock_is_real_outside_the_harness(monkeypatch: pytest.MonkeyPatch,
     writer = clock.ClockFile(str(path), mono_ns=42_000, wall_offset_ns=1_000)
     monkeypatch.setenv(clock.CLOCK_ENV, str(path))
     clock.reload()
+    assert clock.monotonic_ns is not time.monotonic_ns  # resolved again at the next call
     try:
         assert clock.is_simulated()
+        assert clock.monotonic_ns is not time.monotonic_ns
         assert clock.monotonic_ns() == 42_000 and clock.time_ns() == 43_000
         assert clock.wall_time() == 43_000 / 1e9
         writer.set(7_000_000_000)

@@ -8,21 +8,17 @@ and :func:`new_message`, whose ``logMonoTime`` comes from that clock::
     msg = clock.new_message("controllerState")
 
 Both names are the lower layers' own objects (no copies), so there is one clock per
-process whichever module a caller imports it from.
+process whichever module a caller imports it from; ``clock.monotonic`` and the other
+clock functions are looked up in :mod:`msgq.clock` at each access (it binds them to
+:mod:`time`'s own once the process is known to run on the real clock).
 """
 
 from __future__ import annotations
 
-from msgq.clock import (
-    CLOCK_ENV,
-    ClockFile,
-    is_simulated,
-    monotonic,
-    monotonic_ns,
-    reload,
-    time_ns,
-    wall_time,
-)
+from typing import Any
+
+from msgq import clock as _clock
+from msgq.clock import CLOCK_ENV, ClockFile, is_simulated, reload
 from msgq.schemas.events import new_message
 
 __all__ = [
@@ -36,3 +32,10 @@ __all__ = [
     "time_ns",
     "wall_time",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # the clock functions of msgq.clock as bound now (see the module docstring)
+    if name in ("monotonic", "monotonic_ns", "time_ns", "wall_time"):
+        return getattr(_clock, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

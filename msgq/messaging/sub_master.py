@@ -21,6 +21,9 @@ Sockets conflate: each update sees the newest message of each service.
 Payload views, no decoding: ``update`` reads ``logMonoTime``, ``valid`` and the service of
 each new message straight from its bytes (:meth:`msgq.schemas.payload_views.PayloadViews.
 identify`, EventLayout.identify's answer in one C call, which also checks the framing).
+The update itself is compiled (:class:`msgq.messaging._update.Updater`: the receives, the
+identification, the dict stores and the health verdicts in one call, no Python frame per
+message), because a 100 Hz loop runs it cold and every frame and module it touches costs.
 ``sm[s]`` of a struct service is then a view over the message's bytes
 (:class:`msgq.schemas._typed_reader.StructView`; ``StructListView`` for a list of
 structs): each field is read from the bytes when asked, with pycapnp's value; what the
@@ -40,13 +43,12 @@ from functools import partial
 from typing import Any
 
 import msgq
-from msgq import clock
+from msgq.messaging._update import Updater
 from msgq.messaging.frequency import (
     TOLERANCE_HIGH,
     TOLERANCE_LOW,
     FrequencyTracker,
     rate_band,
-    rate_in_band,
 )
 from msgq.schemas import Schema, schema_in_force
 from msgq.schemas._typed_reader import view_member
@@ -183,9 +185,7 @@ class SubMaster:
         else:
             self.update_freq = max((registry[s].frequency for s in self.services), default=0.0)
 
-        self.frame = -1
         self._views = self.schema.views
-        self._identify = self._views.identify
         self._members = {s: self._views.member(s) for s in self.services}
         # the pycapnp reader of a view's payload, made from the view's message: one
         # callable per service, nothing made per message (view_member's decode_takes_message)
@@ -208,7 +208,6 @@ class SubMaster:
         self.min_freq: dict[str, float] = {}
         self.sock: dict[str, Any] = {}
         self.poller = msgq.Poller()
-        self._service_of_sock: dict[int, str] = {}
 
         for s in self.services:
             service = registry[s]
@@ -216,7 +215,6 @@ class SubMaster:
             sock = msgq.sub_sock(s, poller=self.poller if polled else None, addr=addr,
                                  conflate=True, segment_size=service.queue_size)
             self.sock[s] = sock
-            self._service_of_sock[id(sock)] = s
             self.data[s] = _default_payload(self.schema, s)
             self.updated[s] = False
             self.seen[s] = False
@@ -233,19 +231,10 @@ class SubMaster:
             if service.frequency > 0:
                 self.freq_tracker[s] = FrequencyTracker(service.frequency, self.update_freq,
                                                         polled=s == poll)
-        # (service, tracker, seconds a message keeps it alive) of rate-tracked services
-        self._tracked = [(s, t, ALIVE_PERIODS / t.expected_hz)
-                         for s, t in self.freq_tracker.items()]
-        self._untracked = [s for s in self.services if s not in self.freq_tracker]
-        # the per-message bookkeeping: receive times of tracked services (None: untracked)
-        self._times = {s: (t.times if (t := self.freq_tracker.get(s)) else None)
-                       for s in self.services}
-        self._rate_ok = dict.fromkeys(self.services, False)  # verdict at the last message
-        self._tracked_of = {s: (t, alive_s) for s, t, alive_s in self._tracked}
-        self._next_expiry = float("-inf")  # the first update makes the whole pass
-        self._last_health = float("-inf")
-        self._not_updated = dict.fromkeys(self.services, False)
-        self._non_polled = [(s, self.sock[s]) for s in self.non_polled_services]
+        # the update itself (compiled): it stores into the dicts above
+        self._updater = Updater(
+            self, self._views,
+            [(s, t, ALIVE_PERIODS / t.expected_hz) for s, t in self.freq_tracker.items()])
         # services all_freq_ok() counts: faster than about 1 Hz (cereal's rule)
         self._rate_checked = frozenset(s for s, t in self.freq_tracker.items() if t.checked)
 
@@ -271,48 +260,19 @@ class SubMaster:
         bad_messages) when pycapnp refuses them."""
         return _decode_payload(self.schema, self._members, self.bad_messages, service, data)
 
+    @property
+    def frame(self) -> int:
+        """The number of updates so far, minus one (cereal's ``frame``)."""
+        return self._updater.frame  # type: ignore[no-any-return]
+
+    @frame.setter
+    def frame(self, value: int) -> None:
+        self._updater.frame = value
+
     def update(self, timeout: int = 100) -> None:
         """Waits up to ``timeout`` ms for the polled service (any service when none is
         polled), reads the newest message of every service, and updates the health."""
-        self._update_from(self.poller.poll(timeout))
-
-    def _update_from(self, ready: list[Any]) -> None:
-        """One update, given the polled sockets that have data: the newest message of
-        each service is identified from its bytes (one C call) and kept as bytes, and
-        the bookkeeping is a few dict stores per message."""
-        cur_time = clock.monotonic()
-        self.frame = frame = self.frame + 1
-        updated = self.updated
-        updated.update(self._not_updated)
-        identify = self._identify
-        pending = self.data.pending
-        times = self._times
-        seen = self.seen
-        service_of = self._service_of_sock
-        socks = [(service_of[id(sock)], sock) for sock in ready]
-        if self._non_polled:
-            socks += self._non_polled
-        new = []
-        for s, sock in socks:
-            data = sock.receive(non_blocking=True)
-            if data is None:
-                continue
-            peeked = identify(data)
-            if peeked is None or peeked[2] != s:
-                self.bad_messages[s] += 1
-                continue
-            pending[s] = data
-            updated[s] = True
-            seen[s] = True
-            self.logMonoTime[s] = peeked[0]
-            self.valid[s] = peeked[1]
-            self.recv_frame[s] = frame
-            self.recv_time[s] = cur_time
-            window = times[s]
-            if window is not None:
-                window.append(cur_time)
-                new.append(s)
-        self._health(cur_time, new)
+        self._updater.update(self.poller.poll(timeout))
 
     def update_msgs(self, cur_time: float, msgs: Sequence[Any]) -> None:
         """Takes ``msgs`` (Event readers, or None entries, which are skipped) as received
@@ -332,8 +292,8 @@ class SubMaster:
     def _take(self, cur_time: float, received: list[_Received]) -> None:
         """The bookkeeping of one update: ``received`` holds (service, logMonoTime, valid,
         payload) tuples, the payload as bytes (decoded when read) or a reader."""
-        self.frame += 1
-        self.updated.update(self._not_updated)
+        self.frame = frame = self.frame + 1
+        self.updated.update(dict.fromkeys(self.services, False))
         data = self.data
         new = []
         for s, mono, valid, payload in received:
@@ -346,54 +306,14 @@ class SubMaster:
                 tracker.record(cur_time)
                 new.append(s)
             self.recv_time[s] = cur_time
-            self.recv_frame[s] = self.frame
+            self.recv_frame[s] = frame
             if isinstance(payload, bytes):
                 data.receive(s, payload)
             else:
                 data[s] = payload
             self.logMonoTime[s] = mono
             self.valid[s] = valid
-        self._health(cur_time, new)
-
-    def _health(self, cur_time: float, new: list[str]) -> None:
-        """alive and freq_ok of every service at ``cur_time``; ``new``: the rate-tracked
-        services that got a message in this update (their rate verdict changes)."""
-        seen = self.seen
-        if self.simulation:
-            for s in self.services:
-                self.freq_ok[s] = True
-                self.alive[s] = seen[s]
-            return
-        alive_of, freq_ok, rate_ok = self.alive, self.freq_ok, self._rate_ok
-        # A service that just got a message is alive and its rate verdict is new; one
-        # that did not can only die, at its last message + alive_s: the whole pass runs
-        # only once the earliest such time has come (or time went back).
-        next_expiry = self._next_expiry
-        for s in new:
-            tracker, alive_s = self._tracked_of[s]
-            ok = rate_ok[s] = rate_in_band(tracker.times, tracker.recent_intervals,
-                                           tracker.min_hz, tracker.max_hz)
-            alive_of[s] = True
-            freq_ok[s] = ok
-            expiry = cur_time + alive_s * (1 - 1e-9)
-            if expiry < next_expiry:
-                next_expiry = self._next_expiry = expiry
-        if cur_time < next_expiry and cur_time >= self._last_health:
-            self._last_health = cur_time
-            return
-        self._last_health = cur_time
-        for s in self._untracked:
-            freq_ok[s] = True
-            alive_of[s] = True
-        recv_time = self.recv_time
-        next_expiry = float("inf")
-        for s, _, alive_s in self._tracked:
-            alive = alive_of[s] = seen[s] and cur_time - recv_time[s] < alive_s
-            freq_ok[s] = alive and rate_ok[s]
-            if alive:
-                # a little early, so that rounding never reports a dead service alive
-                next_expiry = min(next_expiry, recv_time[s] + alive_s * (1 - 1e-9))
-        self._next_expiry = next_expiry
+        self._updater.health(cur_time, new)
 
     def _check_avg_freq(self, service: str) -> bool:
         """Whether ``service`` counts in :meth:`all_freq_ok` (cereal's name): faster than
@@ -463,7 +383,7 @@ class AsyncSubMaster(SubMaster):
     async def update(self, timeout: int = 100) -> None:  # type: ignore[override]
         """Waits up to ``timeout`` ms for the polled service (any service when none is
         polled) without blocking the loop, then updates as :meth:`SubMaster.update`."""
-        self._update_from(await self.poller.poll_async(timeout))
+        self._updater.update(await self.poller.poll_async(timeout))
 
 
 def _yes_no(flag: bool) -> str:

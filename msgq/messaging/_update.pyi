@@ -1,0 +1,9 @@
+"""Stubs of SubMaster's compiled update (see _update.pyx)."""
+
+from typing import Any
+
+class Updater:
+    frame: int
+    def __init__(self, sm: Any, views: Any, tracked: list[tuple[str, Any, float]]) -> None: ...
+    def update(self, ready: list[Any]) -> None: ...
+    def health(self, cur_time: float, new: list[str]) -> None: ...

@@ -1,0 +1,178 @@
+# cython: language_level=3, boundscheck=False, cdivision=True
+"""SubMaster's update, compiled: the newest message of every socket, identified from its
+bytes, the per-service bookkeeping and the health verdicts, in one C function over the
+SubMaster's own dicts (the rules are sub_master.py's and frequency.py's; this module only
+runs them without a Python frame per message).
+
+Why compiled: a 100 Hz control loop runs each update after a 10 ms sleep, with the
+caches cold; what an update costs then is what it touches — each Python function, module
+and object is a cold fetch. Here an update is one call that touches the sockets, the
+dicts it stores into and the receive-time deques, nothing else (docs/messaging.md,
+"SubMaster's CPU").
+
+Layer: a service (msgq.messaging), like sub_master.py: over the sockets and the Event
+layer's identify.
+"""
+
+cimport cython
+
+from msgq import clock
+from msgq.schemas import _typed_reader as reader
+
+cdef object FALLBACK = reader.FALLBACK
+cdef object _identify = reader.identify
+
+
+cdef inline bint _rate_in_band(object times, Py_ssize_t recent, double min_hz,
+                               double max_hz) except -1:
+    """frequency.rate_in_band over a deque of receive times (oldest first)."""
+    cdef Py_ssize_t count = len(times) - 1
+    if count <= 0:
+        return False
+    cdef double last = times[count]
+    cdef double span = last - <double>times[0]
+    if span > 0.0 and min_hz <= count / span <= max_hz:
+        return True
+    if recent < count:
+        count = recent
+    span = last - <double>times[len(times) - 1 - count]
+    return span > 0.0 and min_hz <= count / span <= max_hz
+
+
+@cython.auto_pickle(False)
+@cython.final
+cdef class Updater:
+    """One SubMaster's update state: the dicts it fills (the SubMaster's own objects,
+    shared, so ``sm.updated`` and the others are what this writes) and what it keeps
+    between updates. ``frame``: the number of updates so far minus one (cereal's)."""
+
+    cdef public long long frame
+    cdef dict updated, not_updated, seen, alive, freq_ok, valid, recv_time, recv_frame
+    cdef dict log_mono_time, bad_messages, pending, times, rate_ok, tracked_of
+    cdef dict service_of_sock
+    cdef list services, tracked, untracked, non_polled
+    cdef object fields, identify_slow
+    cdef bint simulation
+    cdef double next_expiry, last_health
+
+    def __init__(self, sm, views, list tracked):
+        """``sm``: the SubMaster, its dicts made; ``views``: its schema's PayloadViews;
+        ``tracked``: (service, FrequencyTracker, seconds a message keeps it alive) of each
+        rate-tracked service."""
+        self.frame = -1
+        self.updated = sm.updated
+        self.not_updated = dict.fromkeys(sm.services, False)
+        self.seen = sm.seen
+        self.alive = sm.alive
+        self.freq_ok = sm.freq_ok
+        self.valid = sm.valid
+        self.recv_time = sm.recv_time
+        self.recv_frame = sm.recv_frame
+        self.log_mono_time = sm.logMonoTime
+        self.bad_messages = sm.bad_messages
+        self.pending = sm.data.pending
+        self.services = list(sm.services)
+        self.simulation = sm.simulation
+        self.service_of_sock = {id(sock): s for s, sock in sm.sock.items()}
+        self.non_polled = [(s, sm.sock[s]) for s in sm.non_polled_services]
+        self.tracked = tracked
+        self.untracked = [s for s in sm.services if s not in sm.freq_tracker]
+        self.tracked_of = {s: (t, alive_s) for s, t, alive_s in self.tracked}
+        # receive times of tracked services (None: untracked)
+        self.times = {s: (t.times if (t := sm.freq_tracker.get(s)) else None)
+                      for s in sm.services}
+        self.rate_ok = dict.fromkeys(sm.services, False)  # verdict at the last message
+        self.fields = views.event_fields
+        self.identify_slow = views.identify
+        self.next_expiry = float("-inf")  # the first update makes the whole pass
+        self.last_health = float("-inf")
+
+    def update(self, list ready):
+        """One update, given the polled sockets that have data: the newest message of
+        each service is identified from its bytes and kept as bytes (decoded when read),
+        its bookkeeping stored, and the health of every service updated."""
+        cdef object now = clock.monotonic()
+        cdef double cur_time = now
+        self.frame += 1
+        cdef object frame = self.frame
+        cdef dict updated = self.updated
+        updated.update(self.not_updated)
+        cdef list new = []
+        for sock in ready:
+            self.take(self.service_of_sock[id(sock)], sock, now, frame, new)
+        for s, sock in self.non_polled:
+            self.take(s, sock, now, frame, new)
+        self.health(cur_time, new)
+
+    cdef int take(self, str s, object sock, object now, object frame, list new) except -1:
+        """The newest message of ``s`` on ``sock``, if any: identified, kept, counted."""
+        cdef object data = sock.receive(True)
+        if data is None:
+            return 0
+        cdef object peeked = _identify(data, self.fields) if type(data) is bytes \
+            else FALLBACK
+        if peeked is FALLBACK:
+            peeked = self.identify_slow(data)
+        if peeked is None or (<tuple>peeked)[2] != s:
+            self.bad_messages[s] += 1
+            return 0
+        self.pending[s] = data
+        self.updated[s] = True
+        self.seen[s] = True
+        self.log_mono_time[s] = (<tuple>peeked)[0]
+        self.valid[s] = (<tuple>peeked)[1]
+        self.recv_frame[s] = frame
+        self.recv_time[s] = now
+        window = self.times[s]
+        if window is not None:
+            window.append(now)
+            new.append(s)
+        return 0
+
+    cpdef health(self, double cur_time, list new):
+        """alive and freq_ok of every service at ``cur_time``; ``new``: the rate-tracked
+        services that got a message in this update (their rate verdict changes)."""
+        cdef dict seen = self.seen, alive_of = self.alive, freq_ok = self.freq_ok
+        cdef dict rate_ok = self.rate_ok
+        cdef double alive_s, expiry
+        cdef bint ok, alive
+        if self.simulation:
+            for s in self.services:
+                freq_ok[s] = True
+                alive_of[s] = seen[s]
+            return
+        # A service that just got a message is alive and its rate verdict is new; one
+        # that did not can only die, at its last message + alive_s: the whole pass runs
+        # only once the earliest such time has come (or time went back).
+        for s in new:
+            tracker, alive_s_obj = <tuple>self.tracked_of[s]
+            alive_s = alive_s_obj
+            ok = _rate_in_band(tracker.times, tracker.recent_intervals, tracker.min_hz,
+                               tracker.max_hz)
+            rate_ok[s] = ok
+            alive_of[s] = True
+            freq_ok[s] = ok
+            expiry = cur_time + alive_s * (1 - 1e-9)
+            if expiry < self.next_expiry:
+                self.next_expiry = expiry
+        if cur_time < self.next_expiry and cur_time >= self.last_health:
+            self.last_health = cur_time
+            return
+        self.last_health = cur_time
+        for s in self.untracked:
+            freq_ok[s] = True
+            alive_of[s] = True
+        cdef dict recv_time = self.recv_time
+        cdef double next_expiry = float("inf"), received
+        for s, _, alive_s_obj in self.tracked:
+            alive_s = alive_s_obj
+            received = recv_time[s]
+            alive = seen[s] and cur_time - received < alive_s
+            alive_of[s] = alive
+            freq_ok[s] = alive and rate_ok[s]
+            if alive:
+                # a little early, so that rounding never reports a dead service alive
+                expiry = received + alive_s * (1 - 1e-9)
+                if expiry < next_expiry:
+                    next_expiry = expiry
+        self.next_expiry = next_expiry
