@@ -25,12 +25,12 @@ __all__ = [
     "CLOCK_ENV",
     "ClockFile",
     "is_simulated",
-    "monotonic",
-    "monotonic_ns",
+    "monotonic",  # noqa: F822 (module __getattr__)
+    "monotonic_ns",  # noqa: F822
     "new_message",
     "reload",
-    "time_ns",
-    "wall_time",
+    "time_ns",  # noqa: F822
+    "wall_time",  # noqa: F822
 ]
 
 
