@@ -308,9 +308,12 @@ cdef class StructBuilder:
         _store(base + f.where * size, bits ^ f.default, size)
         return True
 
-    def __getattr__(self, str name):
+    def __getattribute__(self, str name):
+        # A field is found without a failed lookup in the type first (which would make
+        # and drop an AttributeError per field read: most of its cost, cold); this
+        # class's own attributes (which, to_bytes, init, ...) come first, as in pycapnp.
         cdef BuildField f
-        if self.msg.fallback is None:
+        if self.msg.fallback is None and name not in _BUILDER_OWN:
             f = self.layout.fields.get(name)
             if f is not None and (f.disc < 0 or self.discriminant() == f.disc):
                 if f.kind == KIND_STRUCT:
@@ -323,6 +326,10 @@ cdef class StructBuilder:
                     return None
                 elif f.kind != KIND_ENUM:  # pycapnp reads enums as its own objects
                     return self.read(f)
+        try:
+            return PyObject_GenericGetAttr(self, name)
+        except AttributeError:
+            pass
         return getattr(self.target(), name)
 
     def __setattr__(self, str name, value):
@@ -395,6 +402,10 @@ cdef class StructBuilder:
 
     def __str__(self):
         return str(self.target())
+
+
+#: The names StructBuilder answers itself before any field (its methods and properties).
+cdef frozenset _BUILDER_OWN = frozenset(dir(StructBuilder))
 
 
 @cython.auto_pickle(False)  # (no pickling code: less to compile)
