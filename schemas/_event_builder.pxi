@@ -404,6 +404,23 @@ cdef class StructBuilder:
         return str(self.target())
 
 
+def built_bytes(StructBuilder msg not None, str service):
+    """The bytes of ``msg`` when it is a message's root carrying union member
+    ``service``; None otherwise (a nested struct, another member, no union: ask
+    pycapnp). PubMaster.send's one call for ``which()`` and ``to_bytes()``."""
+    cdef object name
+    if msg.path:
+        return None
+    if msg.msg.fallback is not None:  # handed over: pycapnp's builder answers
+        return msg.to_bytes() if msg.which() == service else None
+    if msg.layout.disc_offset < 0:
+        return None
+    name = msg.layout.members.get(msg.discriminant())
+    if name is None or name != service:
+        return None
+    return msg.msg.encoded()
+
+
 #: The names StructBuilder answers itself before any field (its methods and properties).
 cdef frozenset _BUILDER_OWN = frozenset(dir(StructBuilder))
 

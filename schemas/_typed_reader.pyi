@@ -132,3 +132,6 @@ class EventFactory:
 
 def new_root(layout: BuildLayout, handover: Callable[[bytes], Any]) -> StructBuilder:
     """An empty root struct of ``layout`` in a new message."""
+
+def built_bytes(msg: StructBuilder, service: str) -> bytes | None:
+    """The bytes of a root builder carrying ``service``; None otherwise."""

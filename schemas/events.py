@@ -12,7 +12,7 @@ from typing import Any
 
 from msgq import clock
 from msgq.errors import MessageDecodeError
-from msgq.schemas._typed_reader import StructBuilder
+from msgq.schemas._typed_reader import StructBuilder, built_bytes
 from msgq.schemas.schema import NO_TRAVERSAL_LIMIT, Schema, read_struct
 from msgq.schemas.selection import schema_in_force
 from msgq.schemas.services import unknown_service_error
@@ -46,9 +46,9 @@ def take_built(msg: Any, schema: Schema, service: str,
     if last[0] is not msg or last[1] is not schema:
         return None
     if type(msg) is StructBuilder:
-        if msg.which() != service:
+        data = built_bytes(msg, service)
+        if data is None:
             return None
-        data = msg.to_bytes()
     else:
         if identify is None:
             return None

@@ -239,3 +239,23 @@ def test_pub_master_and_log_writer_take_it(tmp_path: Any) -> None:
             for e in LogReader(str(tmp_path / "rec")) if e.which() == "gyroscope"]
     assert read == [(0, 0.5), (1, 0.5), (2, 0.5)]
     assert msgs[2].handed_over and not msgs[1].handed_over
+
+
+def test_built_bytes_is_which_and_to_bytes_in_one_call() -> None:
+    from msgq.schemas._typed_reader import built_bytes
+
+    msg = new_message("vehicleState")
+    msg.vehicleState.speed = 3.0
+    assert built_bytes(msg, "vehicleState") == msg.to_bytes()
+    assert built_bytes(msg, "gyroscope") is None  # another member
+    assert built_bytes(msg.vehicleState, "vehicleState") is None  # not the root
+    # handed over to pycapnp: its which() and to_bytes()
+    robot = robot_schema()
+    arm = new_message("armState", schema=robot)
+    listed = next(f.proto.name for f in arm_ours_fields(robot) if f.proto.which() == "slot"
+                  and f.proto.slot.type.which() == "list")
+    arm.armState.init(listed, 2)
+    assert arm.handed_over
+    assert built_bytes(arm, "vehicleState") is None
+    data = built_bytes(arm, "armState")
+    assert data is not None and log_from_bytes(data, robot.event).which() == "armState"
