@@ -77,7 +77,10 @@ cdef class Updater:
         self.non_polled = [(s, sm.sock[s]) for s in sm.non_polled_services]
         self.tracked = tracked
         self.untracked = [s for s in sm.services if s not in sm.freq_tracker]
-        self.tracked_of = {s: (t, alive_s) for s, t, alive_s in self.tracked}
+        # what a message's rate verdict reads: (receive times, recent intervals, band,
+        # seconds it keeps the service alive)
+        self.tracked_of = {s: (t.times, t.recent_intervals, t.min_hz, t.max_hz, alive_s)
+                           for s, t, alive_s in self.tracked}
         # receive times of tracked services (None: untracked)
         self.times = {s: (t.times if (t := sm.freq_tracker.get(s)) else None)
                       for s in sm.services}
@@ -145,10 +148,9 @@ cdef class Updater:
         # that did not can only die, at its last message + alive_s: the whole pass runs
         # only once the earliest such time has come (or time went back).
         for s in new:
-            tracker, alive_s_obj = <tuple>self.tracked_of[s]
+            times, recent, min_hz, max_hz, alive_s_obj = <tuple>self.tracked_of[s]
             alive_s = alive_s_obj
-            ok = _rate_in_band(tracker.times, tracker.recent_intervals, tracker.min_hz,
-                               tracker.max_hz)
+            ok = _rate_in_band(times, recent, min_hz, max_hz)
             rate_ok[s] = ok
             alive_of[s] = True
             freq_ok[s] = ok
