@@ -713,3 +713,20 @@ def test_a_builder_of_another_schemas_event_is_refused_not_sent() -> None:
     finally:
         sm.close()
         pm.close()
+
+
+def test_rate_in_band_takes_either_average() -> None:
+    from collections import deque
+
+    from msgq.messaging.frequency import rate_in_band
+
+    steady = deque(i / 10 for i in range(21))  # 20 intervals at 10 Hz
+    assert rate_in_band(steady, 2, 8.0, 12.0)
+    assert not rate_in_band(steady, 2, 10.5, 12.0)
+    # slow over the long window (1 Hz for 10 s), fast over the last 4 intervals: recovers
+    recovering = deque([float(i) for i in range(11)] + [10 + i / 10 for i in range(1, 5)])
+    assert rate_in_band(recovering, 4, 8.0, 12.0)
+    assert not rate_in_band(recovering, 6, 8.0, 12.0)  # the recent 6 are too slow still
+    assert not rate_in_band(deque([1.0]), 1, 0.5, 2.0)  # no interval: rate 0
+    assert not rate_in_band(deque([1.0, 1.0]), 1, 0.5, 2.0)  # no time between: no rate
+    assert rate_in_band([0.0, 0.5, 1.0], 1, 2.0, 2.0)  # a list does as well, bounds included

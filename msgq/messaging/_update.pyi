@@ -2,6 +2,8 @@
 
 from typing import Any
 
+def rate_in_band(times: Any, recent: int, min_hz: float, max_hz: float) -> bool: ...
+
 class Updater:
     frame: int
     def __init__(self, sm: Any, views: Any, tracked: list[tuple[str, Any, float]]) -> None: ...

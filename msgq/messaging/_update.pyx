@@ -23,12 +23,15 @@ cdef object FALLBACK = reader.FALLBACK
 cdef object _identify = reader.identify
 
 
-cdef inline bint _rate_in_band(object times, Py_ssize_t recent, double min_hz,
-                               double max_hz) except -1:
-    """frequency.rate_in_band over a deque of receive times (oldest first)."""
+cpdef bint rate_in_band(object times, Py_ssize_t recent, double min_hz,
+                        double max_hz) except -1:
+    """Whether the average rate over all the intervals between ``times`` (receive times,
+    oldest first: a deque or list), or over the last ``recent`` of them, lies in
+    ``[min_hz, max_hz]`` (:attr:`msgq.messaging.frequency.FrequencyTracker.ok`; the
+    update asks it at every message of a rate-tracked service)."""
     cdef Py_ssize_t count = len(times) - 1
     if count <= 0:
-        return False
+        return False  # no interval: rate 0, below any band (min_hz > 0)
     cdef double last = times[count]
     cdef double span = last - <double>times[0]
     if span > 0.0 and min_hz <= count / span <= max_hz:
@@ -150,7 +153,7 @@ cdef class Updater:
         for s in new:
             times, recent, min_hz, max_hz, alive_s_obj = <tuple>self.tracked_of[s]
             alive_s = alive_s_obj
-            ok = _rate_in_band(times, recent, min_hz, max_hz)
+            ok = rate_in_band(times, recent, min_hz, max_hz)
             rate_ok[s] = ok
             alive_of[s] = True
             freq_ok[s] = ok

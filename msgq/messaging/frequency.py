@@ -29,6 +29,10 @@ from __future__ import annotations
 
 from collections import deque
 
+# Whether a tracker's average rates are in its band: compiled with SubMaster's update,
+# which asks it at every message (one copy of the rule).
+from msgq.messaging._update import rate_in_band
+
 __all__ = ["CHECKED_ABOVE_HZ", "FLOOR_HZ", "TOLERANCE_HIGH", "TOLERANCE_LOW",
            "FrequencyTracker", "rate_band", "rate_in_band"]
 
@@ -59,23 +63,6 @@ def rate_band(service_hz: float, update_hz: float, polled: bool) -> tuple[float,
     else:
         low = min(freq, freq / 2)
     return freq, low, high
-
-
-def rate_in_band(times: deque[float], recent: int, min_hz: float, max_hz: float) -> bool:
-    """Whether the average rate over all the intervals between ``times`` (receive times,
-    oldest first), or over the last ``recent`` of them, lies in ``[min_hz, max_hz]``:
-    :attr:`FrequencyTracker.ok` in one call, as SubMaster asks it at every message."""
-    count = len(times) - 1
-    if count <= 0:
-        return False  # no interval: rate 0, below any band (min_hz > 0)
-    last = times[-1]
-    span = last - times[0]
-    if span > 0.0 and min_hz <= count / span <= max_hz:
-        return True
-    if recent < count:
-        count = recent
-    span = last - times[-1 - count]
-    return span > 0.0 and min_hz <= count / span <= max_hz
 
 
 class FrequencyTracker:
