@@ -153,7 +153,7 @@ int os_cpus_available(void) {
   static _Atomic int64_t cached_at = 0;
   int64_t now = os_monotonic_ns();
   int n = atomic_load_explicit(&cached, memory_order_relaxed);
-  if (n > 0 && now - atomic_load_explicit(&cached_at, memory_order_relaxed) < 10000000)
+  if (n > 0 && now - atomic_load_explicit(&cached_at, memory_order_relaxed) < 1000000000)
     return n;
 #if defined(__linux__)
   cpu_set_t set;

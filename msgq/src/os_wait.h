@@ -45,7 +45,8 @@ void os_cpu_relax(void);
 void os_yield(void);
 
 /* How many CPUs this process may run on (its affinity mask; at least 1). Cached for a
- * few milliseconds: it is asked on every wait. */
+ * second: it is asked on every wait, and a 100 Hz loop must not pay a system call for it
+ * at every tick (an affinity change is seen within a second). */
 int os_cpus_available(void);
 
 #endif
