@@ -8,7 +8,7 @@ Why compiled: a 100 Hz control loop runs each update after a 10 ms sleep, with t
 caches cold; what an update costs then is what it touches — each Python function, module
 and object is a cold fetch. Here an update is one call that touches the sockets, the
 dicts it stores into and the receive-time deques, nothing else (docs/messaging.md,
-"SubMaster's CPU").
+"What a cold tick touches").
 
 Layer: a service (msgq.messaging), like sub_master.py: over the sockets and the Event
 layer's identify.
