@@ -309,11 +309,14 @@ cdef class StructBuilder:
         return True
 
     def __getattribute__(self, str name):
-        # A field is found without a failed lookup in the type first (which would make
-        # and drop an AttributeError per field read: most of its cost, cold); this
-        # class's own attributes (which, to_bytes, init, ...) come first, as in pycapnp.
+        # This class's own attributes (which, to_bytes, init, ...) first, as in pycapnp;
+        # any other name is a field, found without a failed lookup in the type first
+        # (which would make and drop an AttributeError per field read: most of its cost,
+        # cold), read here or asked of pycapnp.
         cdef BuildField f
-        if self.msg.fallback is None and name not in _BUILDER_OWN:
+        if name in _BUILDER_OWN:
+            return PyObject_GenericGetAttr(self, name)
+        if self.msg.fallback is None:
             f = self.layout.fields.get(name)
             if f is not None and (f.disc < 0 or self.discriminant() == f.disc):
                 if f.kind == KIND_STRUCT:
@@ -326,10 +329,6 @@ cdef class StructBuilder:
                     return None
                 elif f.kind != KIND_ENUM:  # pycapnp reads enums as its own objects
                     return self.read(f)
-        try:
-            return PyObject_GenericGetAttr(self, name)
-        except AttributeError:
-            pass
         return getattr(self.target(), name)
 
     def __setattr__(self, str name, value):
@@ -421,7 +420,8 @@ def built_bytes(StructBuilder msg not None, str service):
     return msg.msg.encoded()
 
 
-#: The names StructBuilder answers itself before any field (its methods and properties).
+#: The names StructBuilder answers itself before any field: every attribute of its type
+#: (methods, properties, object's own), so no other name can be found in the type.
 cdef frozenset _BUILDER_OWN = frozenset(dir(StructBuilder))
 
 
