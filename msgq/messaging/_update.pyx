@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, cdivision=True
 """SubMaster's update, compiled: the newest message of every socket, identified from its
 bytes, the per-service bookkeeping and the health verdicts, in one C function over the
-SubMaster's own dicts (the rules are sub_master.py's and frequency.py's; this module only
-runs them without a Python frame per message).
+SubMaster's own dicts (the rules are sub_master.py's docstring and frequency.py's; the
+rate-band rule itself is :func:`rate_in_band` here, which frequency.py re-exports).
 
 Why compiled: a 100 Hz control loop runs each update after a 10 ms sleep, with the
 caches cold; what an update costs then is what it touches — each Python function, module
@@ -51,8 +51,9 @@ cdef class Updater:
 
     cdef public long long frame
     cdef dict updated, not_updated, seen, alive, freq_ok, valid, recv_time, recv_frame
-    cdef dict log_mono_time, bad_messages, pending, times, rate_ok, tracked_of
+    cdef dict log_mono_time, bad_messages, pending, rate_ok, tracked_of
     cdef dict service_of_sock
+    cdef object data
     cdef list services, tracked, untracked, non_polled
     cdef object fields, identify_slow
     cdef bint simulation
@@ -73,6 +74,7 @@ cdef class Updater:
         self.recv_frame = sm.recv_frame
         self.log_mono_time = sm.logMonoTime
         self.bad_messages = sm.bad_messages
+        self.data = sm.data
         self.pending = sm.data.pending
         self.services = list(sm.services)
         self.simulation = sm.simulation
@@ -80,13 +82,10 @@ cdef class Updater:
         self.non_polled = [(s, sm.sock[s]) for s in sm.non_polled_services]
         self.tracked = tracked
         self.untracked = [s for s in sm.services if s not in sm.freq_tracker]
-        # what a message's rate verdict reads: (receive times, recent intervals, band,
-        # seconds it keeps the service alive)
+        # what a message of a rate-tracked service updates and its verdict reads: (receive
+        # times, recent intervals, band, seconds a message keeps the service alive)
         self.tracked_of = {s: (t.times, t.recent_intervals, t.min_hz, t.max_hz, alive_s)
                            for s, t, alive_s in self.tracked}
-        # receive times of tracked services (None: untracked)
-        self.times = {s: (t.times if (t := sm.freq_tracker.get(s)) else None)
-                      for s in sm.services}
         self.rate_ok = dict.fromkeys(sm.services, False)  # verdict at the last message
         self.fields = views.event_fields
         self.identify_slow = views.identify
@@ -98,17 +97,37 @@ cdef class Updater:
         each service is identified from its bytes and kept as bytes (decoded when read),
         its bookkeeping stored, and the health of every service updated."""
         cdef object now = clock.monotonic()
-        cdef double cur_time = now
-        self.frame += 1
-        cdef object frame = self.frame
-        cdef dict updated = self.updated
-        updated.update(self.not_updated)
+        cdef object frame = self.begin()
         cdef list new = []
         for sock in ready:
             self.take(self.service_of_sock[id(sock)], sock, now, frame, new)
         for s, sock in self.non_polled:
             self.take(s, sock, now, frame, new)
+        self.health(now, new)
+
+    def update_with(self, double cur_time, list received):
+        """One update of messages decoded elsewhere (``SubMaster.update_msgs``):
+        ``received`` holds (service, logMonoTime, valid, payload) tuples, the payload as
+        bytes (decoded when read) or a reader, all received at ``cur_time``; services this
+        SubMaster does not subscribe to are skipped."""
+        cdef object now = cur_time
+        cdef object frame = self.begin()
+        cdef list new = []
+        for s, mono, valid, payload in received:
+            if s not in self.data:
+                continue
+            if isinstance(payload, bytes):
+                self.pending[s] = payload
+            else:
+                self.data[s] = payload
+            self.store(s, mono, valid, now, frame, new)
         self.health(cur_time, new)
+
+    cdef object begin(self):
+        """A new update: its frame number; no service updated yet."""
+        self.frame += 1
+        self.updated.update(self.not_updated)
+        return self.frame
 
     cdef int take(self, str s, object sock, object now, object frame, list new) except -1:
         """The newest message of ``s`` on ``sock``, if any: identified, kept, counted."""
@@ -123,19 +142,25 @@ cdef class Updater:
             self.bad_messages[s] += 1
             return 0
         self.pending[s] = data
+        return self.store(s, (<tuple>peeked)[0], (<tuple>peeked)[1], now, frame, new)
+
+    cdef int store(self, str s, object mono, object valid, object now, object frame,
+                   list new) except -1:
+        """The bookkeeping of one message of ``s`` received at ``now``; a rate-tracked
+        service's receive time is kept and it goes into ``new``."""
         self.updated[s] = True
         self.seen[s] = True
-        self.log_mono_time[s] = (<tuple>peeked)[0]
-        self.valid[s] = (<tuple>peeked)[1]
+        self.log_mono_time[s] = mono
+        self.valid[s] = valid
         self.recv_frame[s] = frame
         self.recv_time[s] = now
-        window = self.times[s]
-        if window is not None:
-            window.append(now)
+        tracked = self.tracked_of.get(s)
+        if tracked is not None:
+            (<tuple>tracked)[0].append(now)
             new.append(s)
         return 0
 
-    cpdef health(self, double cur_time, list new):
+    cdef health(self, double cur_time, list new):
         """alive and freq_ok of every service at ``cur_time``; ``new``: the rate-tracked
         services that got a message in this update (their rate verdict changes)."""
         cdef dict seen = self.seen, alive_of = self.alive, freq_ok = self.freq_ok

@@ -78,10 +78,6 @@ class _Payloads(dict):  # type: ignore[type-arg]
         self.pending: dict[str, bytes] = {}
         self._decode = decode
 
-    def receive(self, service: str, data: bytes) -> None:
-        """The newest message of ``service`` arrived as ``data`` (decoded when read)."""
-        self.pending[service] = data
-
     def __getitem__(self, service: str) -> Any:
         data = self.pending.pop(service, None)
         if data is not None:
@@ -287,33 +283,7 @@ class SubMaster:
                 received.append((service, msg.logMonoTime, msg.valid, getattr(msg, service)))
             except Exception:  # a reader over garbage: nothing to attribute it to
                 continue
-        self._take(cur_time, received)
-
-    def _take(self, cur_time: float, received: list[_Received]) -> None:
-        """The bookkeeping of one update: ``received`` holds (service, logMonoTime, valid,
-        payload) tuples, the payload as bytes (decoded when read) or a reader."""
-        self.frame = frame = self.frame + 1
-        self.updated.update(dict.fromkeys(self.services, False))
-        data = self.data
-        new = []
-        for s, mono, valid, payload in received:
-            if s not in data:
-                continue
-            self.updated[s] = True
-            self.seen[s] = True
-            tracker = self.freq_tracker.get(s)
-            if tracker is not None:
-                tracker.record(cur_time)
-                new.append(s)
-            self.recv_time[s] = cur_time
-            self.recv_frame[s] = frame
-            if isinstance(payload, bytes):
-                data.receive(s, payload)
-            else:
-                data[s] = payload
-            self.logMonoTime[s] = mono
-            self.valid[s] = valid
-        self._updater.health(cur_time, new)
+        self._updater.update_with(cur_time, received)
 
     def _check_avg_freq(self, service: str) -> bool:
         """Whether ``service`` counts in :meth:`all_freq_ok` (cereal's name): faster than
