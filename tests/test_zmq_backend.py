@@ -288,12 +288,20 @@ def test_port_range_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
 
 # --- conflicts -----------------------------------------------------------------------------
 
-def hold_port(endpoint: str, host: str, listening: bool) -> tuple[str, socket.socket]:
+def hold_port(endpoint: str, host: str, listening: bool,
+              reuse_address: bool = False) -> tuple[str, socket.socket]:
     """A plain TCP socket bound on the port of an endpoint named after ``endpoint`` (a
-    variant whose port is not in TIME_WAIT from earlier runs), and that name."""
+    variant whose port is not in TIME_WAIT from earlier runs), and that name.
+
+    ``reuse_address`` sets SO_REUSEADDR, as servers do: the connections it accepts inherit
+    it, so those it closed first (left in FIN_WAIT or TIME_WAIT for up to a minute) do not
+    keep a publisher (libzmq binds with SO_REUSEADDR too) off the port once it has left.
+    """
     for i in range(20):
         name = f"{endpoint}_{i}"
         holder = socket.socket()
+        if reuse_address:
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             holder.bind((host, endpoint_port(name)))
         except OSError:
@@ -411,7 +419,9 @@ def subscriber_meeting_garbage(endpoint: str) -> Iterator[tuple[str, Any]]:
     ``endpoint`` and answers every connection with bytes that are not ZMTP; yields that
     name and a subscriber (timeout 300 ms) that has counted the garbage as dropped. The
     program leaves when the block ends."""
-    name, server = hold_port(endpoint, "127.0.0.1", listening=True)
+    # Whether the server or the subscriber closes each connection first is a race; the
+    # reused address makes the later publisher's bind independent of who wins it.
+    name, server = hold_port(endpoint, "127.0.0.1", listening=True, reuse_address=True)
     stop = threading.Event()
     thread = spew_garbage_on(server, stop)
     try:
