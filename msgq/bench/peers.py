@@ -222,8 +222,8 @@ class MsgqBackend(Backend):
     name = "msgq"
     module_name = "msgq"
     wait_note = (
-        "receive() looks for data for up to 10 µs (spin, then sched_yield), then sleeps on "
-        "a futex in the shared ring (setTimeout)"
+        "receive() looks for data for up to 10 µs (spin, then sched_yield) unless its last "
+        "wait took 100 µs or more, then sleeps on a futex in the shared ring (setTimeout)"
     )
     io_note = (
         "send(bytearray) copies once into the ring (256 KiB and more into a chunk of the "

@@ -25,8 +25,14 @@ _Static_assert(MSGQ_POOL_THRESHOLD > 8u + MSGQ_POOL_DESCRIPTOR_SIZE,
  *  - then yielding the CPU (sched_yield) until MSGQ_YIELD_NS have passed: a runnable
  *    publisher gets the CPU at once, and with nothing else to run the wait stays cheap.
  * Past that the subscriber sleeps. The budget bounds the CPU an idle subscriber burns per
- * wait; MSGQ_WAIT_SPIN_US in the environment overrides the total (0: sleep at once). */
+ * wait; MSGQ_WAIT_SPIN_US in the environment overrides the total (0: sleep at once).
+ * The look is only worth it on a stream whose data comes within the budget: a wait whose
+ * last one (on any of its queues) took MSGQ_SLOW_WAITS budgets or longer sleeps at once.
+ * A 100 Hz control loop then spends no budget per tick (15 us of its ~200 measured), and
+ * a stream that speeds up spins again after one wait, since a sleep adds only the
+ * wake-up's tens of microseconds to the time measured. */
 #define MSGQ_SPIN_NS 2000
+#define MSGQ_SLOW_WAITS 10
 /* Longest single futex sleep of a wait (see msgq_poll). */
 #define MSGQ_MAX_SLEEP_NS 100000000LL
 #define MSGQ_YIELD_NS 10000
@@ -1158,14 +1164,37 @@ static int64_t wait_spin_budget_ns(void) {
   return b;
 }
 
+/* Whether any of the queues' last waits was short enough for a look before sleeping to
+ * have found its data. */
+static bool recent_wait_was_short(msgq_subscriber *const *subs, int n, int64_t budget) {
+  for (int i = 0; i < n; i++) {
+    if (atomic_load_explicit(&subs[i]->last_wait_ns, memory_order_relaxed) <
+        MSGQ_SLOW_WAITS * budget)
+      return true;
+  }
+  return false;
+}
+
+/* Records how long a wait that began at ``start`` took: for a queue that has data, the
+ * time until it came; for the others, at least that long. */
+static void record_wait(msgq_subscriber *const *subs, int n, const uint8_t *ready,
+                        int64_t start) {
+  const int64_t took = os_monotonic_ns() - start;
+  for (int i = 0; i < n; i++) {
+    int64_t before = atomic_load_explicit(&subs[i]->last_wait_ns, memory_order_relaxed);
+    atomic_store_explicit(&subs[i]->last_wait_ns,
+                          ready[i] || took > before ? took : before, memory_order_relaxed);
+  }
+}
+
+/* Looks for data before a sleep (the wait began at ``start``, with none there); the
+ * number of queues that have some. */
 static int spin_for_data(msgq_subscriber *const *subs, int n, uint8_t *ready,
-                         int64_t timeout_ns) {
-  int count = check_all(subs, n, ready);
-  if (count || timeout_ns == 0) return count;
+                         int64_t timeout_ns, int64_t start) {
+  int count = 0;
   int64_t budget = wait_spin_budget_ns();
+  if (budget == 0 || !recent_wait_was_short(subs, n, budget)) return 0;
   if (timeout_ns > 0 && timeout_ns < budget) budget = timeout_ns;
-  if (budget == 0) return 0;
-  const int64_t start = os_monotonic_ns();
   int64_t spin_until = os_cpus_available() > 1 ? start + MSGQ_SPIN_NS : start;
   if (spin_until > start + budget) spin_until = start + budget;
   for (int64_t now = start; now < spin_until; now = os_monotonic_ns()) {
@@ -1197,8 +1226,13 @@ void msgq_interrupt_raise(msgq_interrupt *interrupt) {
 int msgq_poll_until(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uint8_t *ready,
                     msgq_interrupt *interrupt, uint32_t seen) {
   if (n < 0 || (n == 0 && !interrupt)) return -EINVAL;
-  int count = n ? spin_for_data(subs, n, ready, timeout_ns) : 0;
+  int count = n ? check_all(subs, n, ready) : 0;
   if (count || timeout_ns == 0) return count;
+  const int64_t start = os_monotonic_ns();
+  if (n && (count = spin_for_data(subs, n, ready, timeout_ns, start))) {
+    record_wait(subs, n, ready, start);
+    return count;
+  }
 
   /* The kernel waits on at most OS_WAIT_MAX_WORDS words (one of them the interrupt word
    * when there is one); with more subscribers, sleep on the first ones in slices of at
@@ -1234,6 +1268,7 @@ int msgq_poll_until(msgq_subscriber *const *subs, int n, int64_t timeout_ns, uin
     count = check_all(subs, n, ready);
   }
   for (int i = 0; i < wait_n; i++) end_wait(subs[i]);
+  if (n) record_wait(subs, n, ready, start);
   if (count) return count;
   return r == -EINTR ? -EINTR : 0;
 }

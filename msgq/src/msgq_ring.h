@@ -385,6 +385,10 @@ typedef struct {
   bool peeked_pool;
   uint64_t peeked_chunk;
   uint64_t peeked_seq;
+  /* How long this handle's last wait took until data came (or it timed out); 0 before
+   * the first. A long one means a slow stream: the next wait sleeps without spinning
+   * (msgq_poll_until). Relaxed atomics: a heuristic, read and written by waiters. */
+  _Atomic int64_t last_wait_ns;
   /* Statistics. */
   uint64_t resets;          /* times this reader was overtaken and jumped forward */
   uint64_t corrupt_resets;  /* resets caused by an out-of-range value in the segment */

@@ -448,6 +448,65 @@ static void test_wait_never_sleeps_unbounded(void) {
   free_queue(&q);
 }
 
+static int64_t thread_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void *publish_after_1ms(void *arg) {
+  struct timespec pause = {0, 1000000};
+  nanosleep(&pause, NULL);
+  CHECK(msgq_publisher_send((msgq_publisher *)arg, "late", 4) == 0);
+  return NULL;
+}
+
+/* Run in a child of its own (SPIN_CHILD), whose environment sets a 5 ms look before
+ * sleeping: a budget large enough that a wait which wrongly looks burns CPU measurably;
+ * a wait of ten budgets (50 ms) or longer counts as slow. */
+#define SPIN_CHILD "--slow-stream-waits"
+static void slow_stream_waits(void) {
+  test_queue q = make_queue(1024);
+  msgq_publisher pub;
+  msgq_subscriber sub;
+  msgq_publisher_init(&pub, &q.ring);
+  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+  /* A wait that timed out is recorded as long as it lasted... */
+  CHECK(msgq_subscriber_wait(&sub, 80000000) == 0);
+  CHECK(atomic_load(&sub.last_wait_ns) >= 80000000);
+  /* ...so the next one sleeps at once: no 5 ms of looking. */
+  int64_t cpu = thread_cpu_ns();
+  CHECK(msgq_subscriber_wait(&sub, 30000000) == 0);
+  cpu = thread_cpu_ns() - cpu;
+  CHECK(cpu < 2000000);
+  /* A wait that data ended early is recorded as that short (about 1 ms, under the 50 ms
+   * of a slow stream): the next one looks again. */
+  pthread_t thread;
+  CHECK(pthread_create(&thread, NULL, publish_after_1ms, &pub) == 0);
+  int64_t start = os_monotonic_ns();
+  CHECK(msgq_subscriber_wait(&sub, 90000000) == 1);
+  int64_t waited = os_monotonic_ns() - start;
+  pthread_join(thread, NULL);
+  CHECK(atomic_load(&sub.last_wait_ns) > 0 && atomic_load(&sub.last_wait_ns) <= waited);
+  /* Data already there is no wait: nothing is recorded. */
+  int64_t before = atomic_load(&sub.last_wait_ns);
+  CHECK(msgq_subscriber_wait(&sub, 90000000) == 1);
+  CHECK(atomic_load(&sub.last_wait_ns) == before);
+  free_queue(&q);
+}
+
+static void test_slow_stream_waits_sleep_at_once(void) {
+  pid_t child = fork();
+  if (child == 0) {
+    setenv("MSGQ_WAIT_SPIN_US", "5000", 1);
+    execl("/proc/self/exe", "test_ring", SPIN_CHILD, (char *)NULL);
+    _exit(127);
+  }
+  int status = 0;
+  CHECK(child > 0 && waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 static void test_crc32c(void) {
   CHECK(msgq_crc32c("123456789", 9) == 0xE3069283u);
   CHECK(msgq_crc32c_portable("123456789", 9) == 0xE3069283u);
@@ -960,7 +1019,12 @@ static void test_threaded_stress_with_early_wraps(void) {
   threaded_stress(64);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], SPIN_CHILD) == 0) {
+    RUN(slow_stream_waits);
+    printf("%s: %d passed, %d failed\n", SPIN_CHILD, passed, failed);
+    return failed ? 1 : 0;
+  }
   RUN(test_header_round_trip);
   RUN(test_header_fields_validated);
   RUN(test_capacity_rules);
@@ -976,6 +1040,7 @@ int main(void) {
   RUN(test_damaged_last_wrap_costs_messages_never_bytes);
   RUN(test_conflate);
   RUN(test_wait_never_sleeps_unbounded);
+  RUN(test_slow_stream_waits_sleep_at_once);
   RUN(test_crc32c);
   RUN(test_checksummed_queue_drops_damaged_messages);
   RUN(test_garbage_size_prefixes);
