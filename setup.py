@@ -189,6 +189,17 @@ extensions = [
         extra_link_args=strip_args,
         depends=["msgq/logs/src/log_scan.h"],
     ),
+    # The benchmark's cache bound: a model pipeline of two copies on two CPUs (C threads),
+    # the physical limit the copying rows of `python -m msgq.bench` are reported against.
+    Extension(
+        "msgq.bench._bound",
+        sources=["msgq/bench/_bound.pyx", "msgq/bench/src/cache_bound.c"],
+        include_dirs=["msgq/bench/src"],
+        extra_compile_args=extra_compile_args,
+        extra_link_args=strip_args,
+        libraries=["pthread"],
+        depends=["msgq/bench/src/cache_bound.h"],
+    ),
     # The MCAP export's JSON writer: Cap'n Proto bytes to JSON text, a batch per call.
     Extension(
         "msgq.viz._json_writer",

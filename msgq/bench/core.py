@@ -51,6 +51,7 @@ from dataclasses import asdict
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from msgq.bench._bound import cache_bound
 from msgq.bench.peers import (
     ASYNC_RTT_SIZES,
     BACKEND_ORDER,
@@ -251,6 +252,16 @@ def memcpy_bandwidth(size: int, rounds: int = 5, seconds: float = 0.05) -> float
     return best
 
 
+def cache_bound_bandwidth(sizes: Sequence[int]) -> dict[int, float]:
+    """MB/s of the cache bound (:func:`msgq.bench._bound.cache_bound`) for each of
+    ``sizes``; empty where it cannot run (fewer than two CPUs), which the table then
+    leaves out."""
+    try:
+        return {size: cache_bound(size) * size / 1e6 for size in sizes}
+    except ValueError:
+        return {}
+
+
 def _cleanup(run_dir: str, prefix: str) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
     for path in glob.glob(os.path.join("/dev/shm", f"{prefix}_*")):  # kickmsg regions
@@ -353,7 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         + "."
     )
     memcpy_mb_s = {size: memcpy_bandwidth(size) for size in sizes if size >= MEMCPY_FROM}
-    table = render_table(cells, backends, skipped, geometry_note, memcpy_mb_s)
+    bound_mb_s = cache_bound_bandwidth([size for size in sizes if size >= MEMCPY_FROM])
+    table = render_table(cells, backends, skipped, geometry_note, memcpy_mb_s, bound_mb_s)
     elapsed = time.monotonic() - began
     if args.json:
         document = {
@@ -368,6 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "skipped": skipped,
                 "start_method": ctx.get_start_method(),
                 "memcpy_mb_s": memcpy_mb_s,
+                "cache_bound_mb_s": bound_mb_s,
                 "prefix": prefix,
             },
             "results": [

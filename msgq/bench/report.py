@@ -61,13 +61,17 @@ def render_table(
     skipped: dict[str, str],
     geometry_note: str,
     memcpy_mb_s: dict[int, float] | None = None,
+    bound_mb_s: dict[int, float] | None = None,
 ) -> str:
     """The one table: a row per (test, payload, subs/CPUs, backend), then footnotes.
 
     ``memcpy_mb_s`` (payload size -> MB/s of one warm ``memcpy`` of that size on this
-    machine) adds the ``× memcpy`` column to the throughput rows of those sizes.
+    machine) adds the ``× memcpy`` column to the throughput rows of those sizes;
+    ``bound_mb_s`` (payload size -> MB/s of the cache bound, :mod:`msgq.bench._bound`)
+    the ``× bound`` column.
     """
     memcpy_mb_s = memcpy_mb_s or {}
+    bound_mb_s = bound_mb_s or {}
     notes = Notes()
     header = [
         "test",
@@ -81,6 +85,7 @@ def render_table(
         "drops",
         "× pyzmq",
         "× memcpy",
+        "× bound",
     ]
     rows: list[list[str] | None] = []
     last_kind = None
@@ -95,7 +100,7 @@ def render_table(
                 continue
             rtt = kind.startswith("rtt")
             n_label = f"{n} cpu" if rtt else f"{n} sub{'s' if n > 1 else ''}"
-            row = [TEST_LABEL[kind], fmt_size(size), n_label, name, "", "", "", "", "", "", ""]
+            row = [TEST_LABEL[kind], fmt_size(size), n_label, name, *[""] * 8]
             if m.error is not None and m.msgs_per_s is None and m.p50_us is None:
                 reason = m.error.splitlines()[0] if m.error else "failed"
                 label = "n/a" if m.detail.get("not_applicable") else "error"
@@ -119,6 +124,8 @@ def render_table(
                     row[9] = f"{m.msgs_per_s / ref.msgs_per_s:.2f}"
                 if memcpy_mb_s.get(size) and m.mb_per_s is not None:
                     row[10] = f"{m.mb_per_s / memcpy_mb_s[size]:.2f}"
+                if n == 1 and bound_mb_s.get(size) and m.mb_per_s is not None:
+                    row[11] = f"{m.mb_per_s / bound_mb_s[size]:.2f}"
             for key, what in (
                 ("resets", "reader resets (overtaken by the writer)"),
                 ("lost", "messages its subscribers report lost"),
@@ -134,7 +141,7 @@ def render_table(
     for row in rows:
         if row is not None:
             widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    right = {4, 5, 6, 7, 8, 9, 10}
+    right = {4, 5, 6, 7, 8, 9, 10, 11}
 
     def line(cols: Sequence[str]) -> str:
         return "  ".join(
@@ -170,7 +177,17 @@ def render_table(
             "buffers on one CPU of this machine, measured in this run (best of 5): "
             + "; ".join(f"{fmt_size(k)}: {v:,.0f} MB/s" for k, v in sorted(memcpy_mb_s.items()))
             + ". A copying row moves each payload twice (publisher in, subscriber out, on "
-            "two CPUs at once), so 1.0 is the memory's speed for a pipelined pair.")
+            "two CPUs at once): the bound below, not this line, is what such a pair can "
+            "reach.")
+    if bound_mb_s:
+        paragraphs.append(
+            "× bound: MB/s ÷ the cache bound of this machine, measured in this run (best "
+            "of 5): a model publisher and subscriber in C on two CPUs, each copying every "
+            "message once (the subscriber into a freshly allocated buffer, as receive() "
+            "does), over 4 warm slots with a window of 2 and no protocol: "
+            + "; ".join(f"{fmt_size(k)}: {v:,.0f} MB/s" for k, v in sorted(bound_mb_s.items()))
+            + ". No transport that makes those two copies can exceed 1.0; view rows make "
+            "one. Shown for one subscriber, the model's case.")
     paragraphs += [
         f"{name}: waits: {BACKENDS[name].wait_note}; I/O: {BACKENDS[name].io_note}"
         + (f"; asyncio: {BACKENDS[name].async_note}." if BACKENDS[name].async_note else ".")

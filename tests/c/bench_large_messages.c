@@ -10,7 +10,9 @@
  *
  * Models (plain memory, no protocol, so they show the bound the memory system sets):
  *   FIFO slots   the ring's access pattern: every message on the bytes written a whole
- *                ring ago (the ring `python -m msgq.bench` makes for 1 MiB: 25 MiB);
+ *                ring ago (the ring `python -m msgq.bench` makes for 1 MiB: 25 MiB); the
+ *                model of msgq/bench/src/cache_bound.c, which `python -m msgq.bench` runs
+ *                with 4 slots as its cache bound;
  *   LIFO pool    a pool of chunks where the publisher takes the chunk freed last (the
  *                pattern of iceoryx2's sample pool): the bytes in use stay cache-warm;
  *   4 slots      a 4-message ring with a window of 2: the cache bound, not a design
@@ -32,6 +34,7 @@
 #include <immintrin.h>
 #endif
 
+#include "cache_bound.h"
 #include "msgq_ring.h"
 
 #define SIZE (1u << 20)
@@ -74,11 +77,12 @@ enum layout { RING, FIFO, LIFO };
 
 struct run {
   enum layout layout;
+  msgq_bound *model; /* FIFO rows: the cache bound's model (cache_bound.h) */
   unsigned slots, window;
   copy_fn pub_copy, sub_copy;
   /* shared between the two threads */
   _Atomic long published, consumed;
-  _Atomic int chunk_of[MAX_CHUNKS]; /* FIFO/LIFO: the chunk of message i % MAX_CHUNKS */
+  _Atomic int chunk_of[MAX_CHUNKS]; /* LIFO: the chunk of message i % MAX_CHUNKS */
   _Atomic int freed[MAX_CHUNKS];    /* LIFO: chunks the subscriber gave back, in order */
   _Atomic long freed_count;
   uint8_t *chunks;
@@ -127,17 +131,12 @@ static void *publisher(void *arg) {
       r->pub_copy(payload, source, SIZE);
       if (msgq_publisher_commit(&r->pub) != 0) exit(3);
     } else {
-      int k;
-      if (r->layout == FIFO) {
-        k = (int)(i % r->slots);
-      } else {
-        long freed = atomic_load_explicit(&r->freed_count, memory_order_acquire);
-        for (; taken_back < freed; taken_back++)
-          stack[top++] = atomic_load_explicit(&r->freed[taken_back % MAX_CHUNKS],
-                                              memory_order_relaxed);
-        if (top == 0) exit(4); /* the window keeps chunks free */
-        k = stack[--top];
-      }
+      long freed = atomic_load_explicit(&r->freed_count, memory_order_acquire);
+      for (; taken_back < freed; taken_back++)
+        stack[top++] = atomic_load_explicit(&r->freed[taken_back % MAX_CHUNKS],
+                                            memory_order_relaxed);
+      if (top == 0) exit(4); /* the window keeps chunks free */
+      int k = stack[--top];
       r->pub_copy(chunk(r, k), source, SIZE);
       atomic_store_explicit(&r->chunk_of[i % MAX_CHUNKS], k, memory_order_relaxed);
     }
@@ -163,11 +162,9 @@ static void *subscriber(void *arg) {
     } else {
       int k = atomic_load_explicit(&r->chunk_of[i % MAX_CHUNKS], memory_order_relaxed);
       r->sub_copy(out, chunk(r, k), SIZE);
-      if (r->layout == LIFO) {
-        long n = atomic_load_explicit(&r->freed_count, memory_order_relaxed);
-        atomic_store_explicit(&r->freed[n % MAX_CHUNKS], k, memory_order_relaxed);
-        atomic_store_explicit(&r->freed_count, n + 1, memory_order_release);
-      }
+      long n = atomic_load_explicit(&r->freed_count, memory_order_relaxed);
+      atomic_store_explicit(&r->freed[n % MAX_CHUNKS], k, memory_order_relaxed);
+      atomic_store_explicit(&r->freed_count, n + 1, memory_order_release);
     }
     sink ^= out[0] ^ out[SIZE - 1];
     free(out);
@@ -179,6 +176,12 @@ static void *subscriber(void *arg) {
 
 /* Messages per second of one run. */
 static double measure(struct run *r) {
+  if (r->layout == FIFO) {
+    double rate = msgq_bound_rate(r->model, r->window, MESSAGES, r->cpu[0], r->cpu[1],
+                                  r->pub_copy, r->sub_copy);
+    if (rate < 0) exit(2);
+    return rate;
+  }
   atomic_store(&r->published, 0);
   atomic_store(&r->consumed, 0);
   atomic_store(&r->freed_count, 0);
@@ -250,8 +253,12 @@ static void add_row(const char *layout, enum layout kind, unsigned slots, unsign
     r->ring_flags = slots; /* for RING rows, `slots` carries the format flags */
     r->slots = 0;
     open_ring(r);
+  } else if (kind == FIFO) {
+    r->model = msgq_bound_open(SIZE, slots);
+    if (!r->model) exit(2);
+  } else {
+    open_chunks(r);
   }
-  else open_chunks(r);
 }
 
 int main(void) {

@@ -1,0 +1,30 @@
+/* The cache bound of a stream of large messages from one CPU to another: what the memory
+ * system lets a publisher and a subscriber reach when each message is copied twice, as a
+ * Python publisher and subscriber copy it (the publisher's bytes in; the subscriber's out
+ * into a freshly allocated buffer, as receive() makes a new bytes object), with no
+ * protocol at all. A model, not a transport: the slots are plain memory, the handover two
+ * counters. With few slots (4, a window of 2) every byte stays cache-warm, so no design
+ * that makes those two copies can be faster; `python -m msgq.bench` reports its copying
+ * rows as a fraction of it, and tests/c/bench_large_messages.c compares layouts with it. */
+#ifndef MSGQ_BENCH_CACHE_BOUND_H
+#define MSGQ_BENCH_CACHE_BOUND_H
+
+#include <stddef.h>
+
+typedef void (*msgq_bound_copy)(void *dst, const void *src, size_t n);
+
+typedef struct msgq_bound msgq_bound;
+
+/* Slots for messages of `size` bytes (each 64-byte aligned) and the publisher's source;
+ * NULL when out of memory. */
+msgq_bound *msgq_bound_open(size_t size, unsigned slots);
+void msgq_bound_close(msgq_bound *bound);
+
+/* Messages per second of one run of `messages`: the publisher on CPU `cpu_pub` copies
+ * the source into slot i % slots, at most `window` (< slots) messages ahead of the
+ * subscriber on CPU `cpu_sub`, which copies each out. NULL copies are memcpy. Negative
+ * when a thread cannot start or the arguments are out of range. */
+double msgq_bound_rate(msgq_bound *bound, unsigned window, long messages, int cpu_pub,
+                       int cpu_sub, msgq_bound_copy pub_copy, msgq_bound_copy sub_copy);
+
+#endif
