@@ -279,8 +279,9 @@ setup(
     # C that Cython generates) stay out of it.
     exclude_package_data={
         "": ["*.c", "*.pyx", "*.pxd", "*.pxi"],
-        "msgq": ["src/*", "logs/src/*"],
+        "msgq": ["src/*", "logs/src/*", "bench/src/*"],
         "msgq.logs": ["src/*"],
+        "msgq.bench": ["src/*"],
         "msgq.visionipc": ["src/*"],
     },
 )
