@@ -95,36 +95,18 @@ struct run {
 
 static const uint8_t *source;
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void pin(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  sched_setaffinity(0, sizeof set, &set);
-}
-
-static void pause_cpu(void) {
-#if defined(__x86_64__)
-  _mm_pause();
-#endif
-}
 
 static uint8_t *chunk(struct run *r, int k) { return r->chunks + (size_t)k * (SIZE + 64u); }
 
 static void *publisher(void *arg) {
   struct run *r = arg;
-  pin(r->cpu[0]);
+  msgq_bound_pin(r->cpu[0]);
   int stack[MAX_CHUNKS], top = 0;
   long taken_back = 0;
   for (int k = (int)r->slots - 1; k >= 0; k--) stack[top++] = k;
   for (long i = 0; i < MESSAGES; i++) {
     while (i - atomic_load_explicit(&r->consumed, memory_order_acquire) >= r->window)
-      pause_cpu();
+      msgq_bound_pause();
     if (r->layout == RING) {
       void *payload;
       if (msgq_publisher_reserve(&r->pub, SIZE, &payload) != 0) exit(3);
@@ -147,10 +129,11 @@ static void *publisher(void *arg) {
 
 static void *subscriber(void *arg) {
   struct run *r = arg;
-  pin(r->cpu[1]);
+  msgq_bound_pin(r->cpu[1]);
   volatile uint8_t sink = 0;
   for (long i = 0; i < MESSAGES; i++) {
-    while (atomic_load_explicit(&r->published, memory_order_acquire) <= i) pause_cpu();
+    while (atomic_load_explicit(&r->published, memory_order_acquire) <= i)
+      msgq_bound_pause();
     uint8_t *out = malloc(SIZE + 64u); /* like the new bytes object of receive() */
     if (!out) exit(5);
     if (r->layout == RING) {
@@ -186,12 +169,12 @@ static double measure(struct run *r) {
   atomic_store(&r->consumed, 0);
   atomic_store(&r->freed_count, 0);
   pthread_t p, s;
-  double start = now_s();
+  double start = msgq_bound_now_s();
   if (pthread_create(&s, NULL, subscriber, r) || pthread_create(&p, NULL, publisher, r))
     exit(2);
   pthread_join(p, NULL);
   pthread_join(s, NULL);
-  return MESSAGES / (now_s() - start);
+  return MESSAGES / (msgq_bound_now_s() - start);
 }
 
 static int by_value(const void *a, const void *b) {
@@ -309,12 +292,12 @@ int main(void) {
   if (!warm) return 2;
   double memcpy_rate = 0;
   for (int pass = 0; pass < RUNS; pass++) {
-    double start = now_s();
+    double start = msgq_bound_now_s();
     for (int i = 0; i < 2000; i++) {
       memcpy(warm, source, SIZE);
       __asm__ volatile("" : : "r"(warm) : "memory");
     }
-    double rate = 2000 / (now_s() - start);
+    double rate = 2000 / (msgq_bound_now_s() - start);
     if (rate > memcpy_rate) memcpy_rate = rate;
   }
   free(warm);

@@ -31,14 +31,14 @@ struct msgq_bound {
 
 static void copy_memcpy(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
 
-static void pin(int cpu) {
+void msgq_bound_pin(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   sched_setaffinity(0, sizeof set, &set);
 }
 
-static void pause_cpu(void) {
+void msgq_bound_pause(void) {
 #if defined(__x86_64__)
   _mm_pause();
 #endif
@@ -76,10 +76,10 @@ void msgq_bound_close(msgq_bound *b) {
 
 static void *publisher(void *arg) {
   msgq_bound *b = arg;
-  pin(b->cpu[0]);
+  msgq_bound_pin(b->cpu[0]);
   for (long i = 0; i < b->messages; i++) {
     while (i - atomic_load_explicit(&b->consumed, memory_order_acquire) >= b->window)
-      pause_cpu();
+      msgq_bound_pause();
     b->copy[0](slot(b, i), b->source, b->size);
     atomic_store_explicit(&b->published, i + 1, memory_order_release);
   }
@@ -88,10 +88,11 @@ static void *publisher(void *arg) {
 
 static void *subscriber(void *arg) {
   msgq_bound *b = arg;
-  pin(b->cpu[1]);
+  msgq_bound_pin(b->cpu[1]);
   volatile uint8_t sink = 0;
   for (long i = 0; i < b->messages; i++) {
-    while (atomic_load_explicit(&b->published, memory_order_acquire) <= i) pause_cpu();
+    while (atomic_load_explicit(&b->published, memory_order_acquire) <= i)
+      msgq_bound_pause();
     uint8_t *out = malloc(b->size); /* like the new bytes object of receive() */
     if (!out) {
       b->failed = 1;
@@ -107,7 +108,7 @@ static void *subscriber(void *arg) {
   return NULL;
 }
 
-static double now_s(void) {
+double msgq_bound_now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
@@ -126,7 +127,7 @@ double msgq_bound_rate(msgq_bound *b, unsigned window, long messages, int cpu_pu
   atomic_store(&b->published, 0);
   atomic_store(&b->consumed, 0);
   pthread_t pub, sub;
-  const double start = now_s();
+  const double start = msgq_bound_now_s();
   if (pthread_create(&sub, NULL, subscriber, b) != 0) return -1;
   if (pthread_create(&pub, NULL, publisher, b) != 0) {
     /* the subscriber waits for messages that never come: let it through */
@@ -136,7 +137,7 @@ double msgq_bound_rate(msgq_bound *b, unsigned window, long messages, int cpu_pu
   }
   pthread_join(pub, NULL);
   pthread_join(sub, NULL);
-  const double elapsed = now_s() - start;
+  const double elapsed = msgq_bound_now_s() - start;
   if (b->failed || elapsed <= 0) return -1;
   return (double)messages / elapsed;
 }

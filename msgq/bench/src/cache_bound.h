@@ -5,7 +5,8 @@
  * protocol at all. A model, not a transport: the slots are plain memory, the handover two
  * counters. With few slots (4, a window of 2) every byte stays cache-warm, so no design
  * that makes those two copies can be faster; `python -m msgq.bench` reports its copying
- * rows as a fraction of it, and tests/c/bench_large_messages.c compares layouts with it. */
+ * rows as a fraction of it, and tests/c/bench_large_messages.c compares layouts with
+ * it. */
 #ifndef MSGQ_BENCH_CACHE_BOUND_H
 #define MSGQ_BENCH_CACHE_BOUND_H
 
@@ -26,5 +27,11 @@ void msgq_bound_close(msgq_bound *bound);
  * when a thread cannot start or the arguments are out of range. */
 double msgq_bound_rate(msgq_bound *bound, unsigned window, long messages, int cpu_pub,
                        int cpu_sub, msgq_bound_copy pub_copy, msgq_bound_copy sub_copy);
+
+/* The helpers of the model's threads, for other benchmarks of the same kind: pin the
+ * calling thread to `cpu`; a spin-wait hint; CLOCK_MONOTONIC in seconds. */
+void msgq_bound_pin(int cpu);
+void msgq_bound_pause(void);
+double msgq_bound_now_s(void);
 
 #endif
