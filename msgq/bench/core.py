@@ -254,11 +254,13 @@ def memcpy_bandwidth(size: int, rounds: int = 5, seconds: float = 0.05) -> float
 
 def cache_bound_bandwidth(sizes: Sequence[int]) -> dict[int, float]:
     """MB/s of the cache bound (:func:`msgq.bench._bound.cache_bound`) for each of
-    ``sizes``; empty where it cannot run (fewer than two CPUs), which the table then
-    leaves out."""
+    ``sizes``; empty where it cannot run (fewer than two CPUs, no memory or threads for
+    the model), said on stderr, and the table then leaves the column out. It is measured
+    after the runs, so it must never cost their results."""
     try:
         return {size: cache_bound(size) * size / 1e6 for size in sizes}
-    except ValueError:
+    except (ValueError, OSError, MemoryError) as e:
+        print(f"msgq-bench: no × bound column: {e}", file=sys.stderr)
         return {}
 
 

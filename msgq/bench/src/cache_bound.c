@@ -96,7 +96,6 @@ static void *subscriber(void *arg) {
     uint8_t *out = malloc(b->size); /* like the new bytes object of receive() */
     if (!out) {
       b->failed = 1;
-      out = NULL;
     } else {
       b->copy[1](out, slot(b, i), b->size);
       sink ^= out[0] ^ out[b->size - 1];
