@@ -478,6 +478,13 @@ static inline _Atomic uint64_t *chunk_word(const msgq_ring *ring, uint32_t offse
 PREFIX_LOAD_FUNCTION uint64_t chunk_word_load(const msgq_ring *ring, uint32_t offset) {
   return atomic_load_explicit(chunk_word(ring, offset), memory_order_relaxed);
 }
+/* The publisher's store of a chunk's word. A lapped reader may still be copying an older
+ * message whose bytes lay where the word now is (its I3 check discards the copy), so under
+ * TSan it is a function of its own that tests/c/tsan.supp names, like store_prefix. */
+PREFIX_STORE_FUNCTION void chunk_word_store(const msgq_ring *ring, uint32_t offset,
+                                            uint64_t word) {
+  atomic_store_explicit(chunk_word(ring, offset), word, memory_order_relaxed);
+}
 static inline uint8_t *chunk_bytes(const msgq_ring *ring, uint32_t offset) {
   return ring->data + offset + 16u;
 }
@@ -585,17 +592,19 @@ static bool chunk_pinned(const msgq_header *h, uint32_t offset) {
  * it before every byte written into the chunk. */
 static uint64_t chunk_begin_reuse(msgq_publisher *pub, msgq_chunk c, uint32_t size) {
   msgq_pool_publisher *pool = &pub->pool;
-  _Atomic uint64_t *word = chunk_word(&pub->ring, position_offset(c.position));
+  const uint32_t offset = position_offset(c.position);
   const uint64_t odd = pool_sequence(pool->next_counter, size) | 1u;
-  const uint64_t saved = atomic_load_explicit(word, memory_order_relaxed);
-  atomic_store_explicit(word, odd, memory_order_relaxed);
+  /* Only the publisher writes the word, so its own load needs no check. */
+  const uint64_t saved = atomic_load_explicit(chunk_word(&pub->ring, offset),
+                                              memory_order_relaxed);
+  chunk_word_store(&pub->ring, offset, odd);
   /* seq_cst fence: our word store before the pin loads; pairs with the fence between a
    * reader's pin store and its word load (peek): one side sees the other. */
   atomic_thread_fence(memory_order_seq_cst);
-  if (chunk_pinned(pub->ring.header, position_offset(c.position))) {
+  if (chunk_pinned(pub->ring.header, offset)) {
     /* Nothing was written: the word goes back, and a reader that saw the odd one
      * meanwhile took its message for overwritten (a lost message, never a torn one). */
-    atomic_store_explicit(word, saved, memory_order_relaxed);
+    chunk_word_store(&pub->ring, offset, saved);
     return 0;
   }
   pool->next_counter = (pool->next_counter + 1u) & POOL_COUNTER_MASK;
@@ -603,14 +612,29 @@ static uint64_t chunk_begin_reuse(msgq_publisher *pub, msgq_chunk c, uint32_t si
   return odd;
 }
 
-/* Takes a free chunk for a `size`-byte message: the most recently freed one that is
- * alive up to `reserve`, holds the message without being more than twice its size, and
- * that no reader pins. Returns false when there is none (the message gets a fresh one). */
+/* The ring position `bytes` (at most a ring) after `p`, the offset wrapping at the
+ * ring's end. The writer also skips the bytes left at the end when it wraps, so it has
+ * written at least `bytes` once its reservation is there. */
+static inline uint64_t position_after(uint64_t p, uint32_t bytes, uint32_t capacity) {
+  const uint64_t offset = (uint64_t)position_offset(p) + bytes;
+  return offset >= capacity
+             ? make_position(position_cycle(p) + 1u, (uint32_t)(offset - capacity))
+             : make_position(position_cycle(p), (uint32_t)offset);
+}
+
+/* Takes a free chunk for a `size`-byte message: the most recently freed one that stays
+ * alive while the ring writer's reservation goes from `reserve` (where the message's
+ * descriptor ends) through the message's keep span (P5), holds the message without
+ * being more than twice its size, and that no reader pins. Chunks past their reuse span
+ * are forgotten. Returns false when there is none (the message gets a fresh one). */
 static bool pool_take_free(msgq_publisher *pub, uint32_t size, uint64_t reserve) {
   msgq_pool_publisher *pool = &pub->pool;
+  const uint32_t capacity = pub->ring.capacity;
+  const uint64_t kept_until =
+      position_after(reserve, capacity - capacity / MSGQ_POOL_REUSE_SPAN_DIVISOR, capacity);
   for (uint32_t i = pool->free_count; i-- > 0;) {
     const msgq_chunk c = pool->free_stack[i];
-    if (!chunk_alive(c.position, reserve)) {
+    if (!chunk_alive(c.position, kept_until)) {
       free_remove(pool, i);
       pool->forgotten++;
       continue;
@@ -667,7 +691,7 @@ static int pool_commit(msgq_publisher *pub) {
   /* release fence: the chunk's bytes before its even word (and before the descriptor,
    * which write_pointer's release publishes). */
   atomic_thread_fence(memory_order_release);
-  atomic_store_explicit(chunk_word(ring, co), seq, memory_order_relaxed);
+  chunk_word_store(ring, co, seq);
   uint64_t at;
   if (fresh) {
     /* Record and descriptor were reserved together at the write position. */

@@ -77,13 +77,16 @@
  *  P3 Only the publisher hands chunks out and takes them back (process memory: a LIFO
  *     free stack, a FIFO in flight). A chunk is reused only once every claimed reader
  *     slot reports a position past its last descriptor; with none free, the message gets
- *     a fresh chunk at the write position: a reader behind loses no more than it would
- *     in the plain ring.
+ *     a fresh chunk at the write position.
  *  P4 A reader pins the chunk it is reading in its slot, then a seq_cst fence, then
  *     checks the word; a publisher reusing a chunk stores its odd word, then a seq_cst
  *     fence, then reads the pins, and restores the word when the chunk is pinned.
  *  P5 The publisher never waits: a chunk it is about to overwrite by the ring walk is
- *     simply forgotten (its readers find it lapped, as any ring message).
+ *     simply forgotten (its readers find it lapped, as any ring message). A chunk is
+ *     reused only while the writer's reservation (with the new descriptor) is less than
+ *     a quarter ring past its record (MSGQ_POOL_REUSE_SPAN_DIVISOR), so every message
+ *     stays intact until the writer has written at least 3/4 of a ring after it (a
+ *     whole ring for a fresh chunk or an inline message, as in the plain ring).
  *  P6 A new publisher starts with no chunks: it reuses only chunks it wrote fresh, whose
  *     ring reservation already made every older chunk over those bytes fail I3.
  *
@@ -126,6 +129,10 @@
 #endif
 /* Chunks a publisher keeps track of for reuse (free and in flight together). */
 #define MSGQ_POOL_MAX_CHUNKS 64u
+/* A chunk is reused only while the ring writer is less than this fraction of a ring past
+ * its record (P5): a message in a reused chunk then stays intact while the writer writes
+ * the other 3/4 of a ring after it, as a message of the plain ring does for a whole ring. */
+#define MSGQ_POOL_REUSE_SPAN_DIVISOR 4u
 /* Messages of at least this many bytes go into chunks. Smaller ones stay inline: 64 KiB
  * messages in chunks measured 0.5-0.9x the ring's copy rate and 1.5-1.7x its round trip
  * between two CPUs (docs/benchmarks.md), and they cost the ring little to walk. */

@@ -1,10 +1,11 @@
 /* C unit tests of the chunks of the msgq ring (docs/ring.md, P1-P6): layout and limits,
  * a queue of small messages byte for byte the plain ring, small-message buffering never
  * below the plain ring's, LIFO reuse, readers attached before and after the first chunk,
- * lapped readers, pinned views, the ring writer coming round to chunks, damaged chunk
- * metadata, a publisher killed mid-chunk (fresh and reused), readers killed holding
- * views, and a threaded stress run with copies and views. Prints "N passed, N failed";
- * run plain, under ASan and TSan. */
+ * lapped readers, a reader a few messages behind while the ring comes round, pinned
+ * views, the ring writer coming round to chunks, damaged chunk metadata, a publisher
+ * killed mid-chunk (fresh and reused), readers killed holding views, and a threaded
+ * stress run with copies and views. Prints "N passed, N failed"; run plain, under ASan
+ * and TSan. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -24,6 +25,8 @@
 #include "test_support.h"
 
 #define SEGMENT (2u * 1024u * 1024u)
+/* A ring whose quarter (the reuse span of a chunk, P5) holds several chunks. */
+#define LARGE_SEGMENT (8u * 1024u * 1024u)
 /* A message that goes into a chunk. */
 #define BIG 327680u
 
@@ -262,7 +265,7 @@ static void test_reader_behind_gets_fresh_chunks(void) {
   /* A reader a few messages behind holds their chunks: the publisher writes new ones
    * and reuses the freed ones, the most recently freed first; the reader gets every
    * message whole and in order. */
-  test_queue q = make_pooled(SEGMENT);
+  test_queue q = make_pooled(LARGE_SEGMENT); /* five chunks within its reuse span (P5) */
   msgq_publisher pub;
   msgq_subscriber sub;
   attach_pair(&q, &pub, &sub);
@@ -276,6 +279,54 @@ static void test_reader_behind_gets_fresh_chunks(void) {
   CHECK(sub.resets == 0);
   CHECK(pub.pool.reuses >= 190);
   CHECK(pub.pool.free_count + pub.pool.fifo_count <= 5);
+  msgq_subscriber_release(&sub);
+  free_queue(&q);
+}
+
+/* A `BIG` message whose first and last words carry `seq` (the rest is left as it was):
+ * cheap enough to send hundreds of thousands of. */
+static int send_marked(msgq_publisher *pub, uint64_t seq) {
+  uint8_t *dst;
+  int r = msgq_publisher_reserve(pub, BIG, (void **)&dst);
+  if (r < 0) return r;
+  memcpy(dst, &seq, 8);
+  memcpy(dst + BIG - 8u, &seq, 8);
+  return msgq_publisher_commit(pub);
+}
+
+/* The sequence of the next message if both its marks agree and it is intact, else 0. */
+static uint64_t receive_marked(msgq_subscriber *sub) {
+  const uint8_t *p;
+  uint32_t size;
+  if (msgq_subscriber_peek(sub, &p, &size) != 1 || size != BIG) return 0;
+  uint64_t head, tail;
+  memcpy(&head, p, 8);
+  memcpy(&tail, p + BIG - 8u, 8);
+  return msgq_subscriber_consume(sub, NULL) == 1 && head == tail ? head : 0;
+}
+
+static void test_reader_a_few_behind_loses_nothing_as_the_ring_comes_round(void) {
+  /* Reused chunks stay where they were written while each message adds only its
+   * descriptor to the ring, so over many messages the ring writer comes round to the
+   * chunks in use. A chunk is reused only while the writer is less than a quarter ring
+   * past it (P5), so a reader three messages behind, far less than a ring, loses nothing
+   * while the ring comes round twice; before, it lost the messages in flight in the
+   * chunks the writer came round to. */
+  test_queue q = make_pooled(LARGE_SEGMENT);
+  msgq_publisher pub;
+  msgq_subscriber sub;
+  attach_pair(&q, &pub, &sub);
+  const uint64_t n = 5u * LARGE_SEGMENT / 4u / (8u + MSGQ_POOL_DESCRIPTOR_SIZE);
+  uint64_t next = 1, bad = 0;
+  for (uint64_t seq = 1; seq <= n; seq++) {
+    CHECK(send_marked(&pub, seq) == 0);
+    if (seq > 3 && receive_marked(&sub) != next++) bad++;
+  }
+  while (next <= n)
+    if (receive_marked(&sub) != next++) bad++;
+  CHECK(bad == 0 && sub.resets == 0);
+  CHECK(position_cycle_of(pub.write_pointer) >= 2u); /* the ring came round twice */
+  CHECK(pub.pool.reuses > n * 99u / 100u);             /* and chunks were reused */
   msgq_subscriber_release(&sub);
   free_queue(&q);
 }
@@ -655,7 +706,7 @@ static void *stress_reader_main(void *arg) {
 }
 
 static void test_threaded_stress(void) {
-  test_queue q = make_pooled(SEGMENT);
+  test_queue q = make_pooled(LARGE_SEGMENT); /* readers behind keep chunks reusable (P5) */
   _Atomic int done = 0;
   stress_reader readers[STRESS_READERS];
   pthread_t threads[STRESS_READERS];
@@ -687,6 +738,7 @@ int main(void) {
   RUN(test_stalled_reader_keeps_the_plain_rings_buffering);
   RUN(test_round_trip_and_lifo_reuse);
   RUN(test_reader_behind_gets_fresh_chunks);
+  RUN(test_reader_a_few_behind_loses_nothing_as_the_ring_comes_round);
   RUN(test_lapped_reader_is_reset_never_torn);
   RUN(test_pinned_view_is_never_reused);
   RUN(test_ring_writer_comes_round_to_chunks);
