@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from msgq.bench._bound import cache_bound
+from msgq.bench._bound import cache_bound, view_bound
 
 pytestmark = pytest.mark.multiprocess
 
@@ -68,16 +68,18 @@ def test_view_rows_read_in_place_without_drops() -> None:
     view = [r for r in rows if r[:4] == ["view", "64 KiB", "1 sub", "msgq"]]
     assert len(view) == 1, proc.stdout
     assert float(view[0][4].replace(",", "")) > 0 and view[0][6] == "0"
-    # The cache bound's column: MB/s over the bound the footnote gives for 64 KiB.
-    bound = re.search(r"× bound: .*?64 KiB: ([\d,]+) MB/s", " ".join(proc.stdout.split()))
+    # The bound's column of a view row: MB/s over the one-copy bound the footnote gives.
+    bound = re.search(r"× bound of view rows: .*?64 KiB: ([\d,]+) MB/s",
+                      " ".join(proc.stdout.split()))
     assert bound, proc.stdout
     bound_mb_s = float(bound.group(1).replace(",", ""))
     mb_per_s = float(view[0][5].replace(",", ""))
     assert view[0][-1] == f"{mb_per_s / bound_mb_s:.2f}", view[0]
 
 
-def test_cache_bound_runs_the_model_and_refuses_an_empty_message() -> None:
-    rate = cache_bound(64 * 1024, seconds=0.02, rounds=1)
+@pytest.mark.parametrize("model", [cache_bound, view_bound])
+def test_cache_bound_runs_the_model_and_refuses_an_empty_message(model) -> None:
+    rate = model(64 * 1024, seconds=0.02, rounds=1)
     assert rate > 0
     with pytest.raises(ValueError, match="size must be >= 1"):
-        cache_bound(0)
+        model(0)

@@ -1,8 +1,10 @@
 # cython: language_level=3
-"""The cache bound of a stream of large messages between two CPUs (msgq/bench/src/
-cache_bound.h): a model publisher and subscriber in C, each copying every message once,
-over a few warm slots, with no protocol. ``python -m msgq.bench`` reports its copying
-rows as a fraction of it: no transport that makes those two copies can beat it.
+"""The cache bounds of a stream of large messages between two CPUs (msgq/bench/src/
+cache_bound.h): a model publisher and subscriber in C with no protocol, over a few warm
+slots. In the copy model each copies every message once; in the one-copy model the
+subscriber reads each message where it lies. ``python -m msgq.bench`` reports its copying
+rows as a fraction of the first and its view rows as a fraction of the second: no
+transport that copies as much can beat them.
 
 Layer: the benchmarks (msgq.bench), beside the transports they measure.
 """
@@ -20,38 +22,67 @@ cdef extern from "cache_bound.h":
                            msgq_bound_copy sub_copy) nogil
 
 cdef unsigned _SLOTS = 4, _WINDOW = 2
-#: The model's layout: four slots, the publisher at most two messages ahead.
+#: The copy model's layout: four slots, the publisher at most two messages ahead.
 SLOTS = _SLOTS
 WINDOW = _WINDOW
+cdef unsigned _VIEW_SLOTS = 2, _VIEW_WINDOW = 1
+#: The one-copy model's layout: two slots, the publisher writing one while the subscriber
+#: may still hold the other (never into the message it has just published).
+VIEW_SLOTS = _VIEW_SLOTS
+VIEW_WINDOW = _VIEW_WINDOW
+
+
+cdef void _read_ends(void *dst, const void *src, size_t n) noexcept nogil:
+    """The one-copy model's subscriber: it reads a message's first and last bytes where
+    the message lies, as the benchmark's view rows check their sequence numbers."""
+    (<unsigned char *>dst)[0] = (<const unsigned char *>src)[0]
+    (<unsigned char *>dst)[n - 1] = (<const unsigned char *>src)[n - 1]
 
 
 def cache_bound(Py_ssize_t size, double seconds=0.1, int rounds=5):
-    """Messages per second of the model for ``size``-byte messages (the best of
+    """Messages per second of the copy model for ``size``-byte messages (the best of
     ``rounds`` runs of about ``seconds`` each, after an untimed one), its publisher and
     subscriber on the first two CPUs this process may use. ValueError without two CPUs
     or with a size < 1; MemoryError when the slots cannot be allocated."""
+    return _best_rate(size, seconds, rounds, _SLOTS, _WINDOW, False)
+
+
+def view_bound(Py_ssize_t size, double seconds=0.1, int rounds=5):
+    """Messages per second of the one-copy model: the publisher copies each message into
+    one of two warm slots, never the one it has just published (a reader may still hold
+    it), and the subscriber reads only the message's first and last bytes in place. No
+    transport whose publisher copies each message once into memory a reader may still
+    hold can beat it. Same arguments and errors as :func:`cache_bound`."""
+    return _best_rate(size, seconds, rounds, _VIEW_SLOTS, _VIEW_WINDOW, True)
+
+
+cdef double _best_rate(Py_ssize_t size, double seconds, int rounds, unsigned slots,
+                       unsigned window, bint view) except -1:
     if size < 1:
         raise ValueError(f"size must be >= 1, not {size}")
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise ValueError("the cache bound needs two CPUs (one per copy)")
     cdef int cpu_pub = cpus[0], cpu_sub = cpus[1]
-    cdef msgq_bound *bound = msgq_bound_open(<size_t>size, _SLOTS)
+    cdef msgq_bound_copy sub_copy = NULL  # memcpy into a new buffer
+    if view:
+        sub_copy = _read_ends
+    cdef msgq_bound *bound = msgq_bound_open(<size_t>size, slots)
     if bound == NULL:
-        raise MemoryError(f"{SLOTS} slots of {size} bytes")
+        raise MemoryError(f"{slots} slots of {size} bytes")
     cdef double rate, best = 0.0
     cdef long messages = 64
     try:
         with nogil:
-            rate = msgq_bound_rate(bound, _WINDOW, messages, cpu_pub, cpu_sub, NULL, NULL)
+            rate = msgq_bound_rate(bound, window, messages, cpu_pub, cpu_sub, NULL, sub_copy)
         if rate <= 0:
             raise OSError("the model's threads could not run")
         # as many messages as take about `seconds` at the untimed run's rate
         messages = max(64, <long>(rate * seconds))
         for _ in range(rounds):
             with nogil:
-                rate = msgq_bound_rate(bound, _WINDOW, messages, cpu_pub, cpu_sub, NULL,
-                                       NULL)
+                rate = msgq_bound_rate(bound, window, messages, cpu_pub, cpu_sub, NULL,
+                                       sub_copy)
             if rate <= 0:
                 raise OSError("the model's threads could not run")
             best = max(best, rate)

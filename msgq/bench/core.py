@@ -51,7 +51,7 @@ from dataclasses import asdict
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from msgq.bench._bound import cache_bound
+from msgq.bench._bound import cache_bound, view_bound
 from msgq.bench.peers import (
     ASYNC_RTT_SIZES,
     BACKEND_ORDER,
@@ -252,15 +252,18 @@ def memcpy_bandwidth(size: int, rounds: int = 5, seconds: float = 0.05) -> float
     return best
 
 
-def cache_bound_bandwidth(sizes: Sequence[int]) -> dict[int, float]:
-    """MB/s of the cache bound (:func:`msgq.bench._bound.cache_bound`) for each of
-    ``sizes``; empty where it cannot run (fewer than two CPUs, no memory or threads for
-    the model), said on stderr, and the table then leaves the column out. It is measured
+def cache_bound_bandwidth(
+    sizes: Sequence[int], model: Callable[[int], float] = cache_bound
+) -> dict[int, float]:
+    """MB/s of a cache bound's model (:func:`msgq.bench._bound.cache_bound` for copying
+    rows, :func:`~msgq.bench._bound.view_bound` for view rows) for each of ``sizes``;
+    empty where it cannot run (fewer than two CPUs, no memory or threads for the model),
+    said on stderr, and the table then leaves those rows' column empty. It is measured
     after the runs, so it must never cost their results."""
     try:
-        return {size: cache_bound(size) * size / 1e6 for size in sizes}
+        return {size: model(size) * size / 1e6 for size in sizes}
     except (ValueError, OSError, MemoryError) as e:
-        print(f"msgq-bench: no × bound column: {e}", file=sys.stderr)
+        print(f"msgq-bench: no × bound column ({model.__name__}): {e}", file=sys.stderr)
         return {}
 
 
@@ -366,8 +369,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         + "."
     )
     memcpy_mb_s = {size: memcpy_bandwidth(size) for size in sizes if size >= MEMCPY_FROM}
-    bound_mb_s = cache_bound_bandwidth([size for size in sizes if size >= MEMCPY_FROM])
-    table = render_table(cells, backends, skipped, geometry_note, memcpy_mb_s, bound_mb_s)
+    large = [size for size in sizes if size >= MEMCPY_FROM]
+    bound_mb_s = cache_bound_bandwidth(large)
+    view_bound_mb_s = cache_bound_bandwidth(large, view_bound) if "view" in tests else {}
+    table = render_table(cells, backends, skipped, geometry_note, memcpy_mb_s, bound_mb_s,
+                         view_bound_mb_s)
     elapsed = time.monotonic() - began
     if args.json:
         document = {
@@ -383,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "start_method": ctx.get_start_method(),
                 "memcpy_mb_s": memcpy_mb_s,
                 "cache_bound_mb_s": bound_mb_s,
+                "view_bound_mb_s": view_bound_mb_s,
                 "prefix": prefix,
             },
             "results": [
