@@ -20,6 +20,7 @@ cdef extern from "cache_bound.h":
     double msgq_bound_rate(msgq_bound *bound, unsigned window, long messages, int cpu_pub,
                            int cpu_sub, msgq_bound_copy pub_copy,
                            msgq_bound_copy sub_copy) nogil
+    void msgq_bound_read_ends(void *dst, const void *src, size_t n)
 
 cdef unsigned _SLOTS = 4, _WINDOW = 2
 #: The copy model's layout: four slots, the publisher at most two messages ahead.
@@ -31,12 +32,6 @@ cdef unsigned _VIEW_SLOTS = 2, _VIEW_WINDOW = 1
 VIEW_SLOTS = _VIEW_SLOTS
 VIEW_WINDOW = _VIEW_WINDOW
 
-
-cdef void _read_ends(void *dst, const void *src, size_t n) noexcept nogil:
-    """The one-copy model's subscriber: it reads a message's first and last bytes where
-    the message lies, as the benchmark's view rows check their sequence numbers."""
-    (<unsigned char *>dst)[0] = (<const unsigned char *>src)[0]
-    (<unsigned char *>dst)[n - 1] = (<const unsigned char *>src)[n - 1]
 
 
 def cache_bound(Py_ssize_t size, double seconds=0.1, int rounds=5):
@@ -66,7 +61,7 @@ cdef double _best_rate(Py_ssize_t size, double seconds, int rounds, unsigned slo
     cdef int cpu_pub = cpus[0], cpu_sub = cpus[1]
     cdef msgq_bound_copy sub_copy = NULL  # memcpy into a new buffer
     if view:
-        sub_copy = _read_ends
+        sub_copy = msgq_bound_read_ends  # the first and last bytes, in place
     cdef msgq_bound *bound = msgq_bound_open(<size_t>size, slots)
     if bound == NULL:
         raise MemoryError(f"{slots} slots of {size} bytes")

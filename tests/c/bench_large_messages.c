@@ -6,7 +6,9 @@
  * WINDOW messages ahead of the subscriber, as in `python -m msgq.bench`.
  *
  * Rows of the real protocol: the ring alone (a queue created with MSGQ_POOL=0) and the
- * ring with chunks (MSGQ_FLAG_POOL: 1 MiB messages go into chunks of the ring, docs/ring.md P1).
+ * ring with chunks (MSGQ_FLAG_POOL: 1 MiB messages go into chunks of the ring, docs/ring.md P1),
+ * each twice: with the subscriber's copy, and with a subscriber that reads each message's
+ * first and last bytes where it lies (the view rows of `python -m msgq.bench`: one copy).
  *
  * Models (plain memory, no protocol, so they show the bound the memory system sets):
  *   FIFO slots   the ring's access pattern: every message on the bytes written a whole
@@ -16,7 +18,9 @@
  *   LIFO pool    a pool of chunks where the publisher takes the chunk freed last (the
  *                pattern of iceoryx2's sample pool): the bytes in use stay cache-warm;
  *   4 slots      a 4-message ring with a window of 2: the cache bound, not a design
- *                (a stalled reader would have two messages of buffering).
+ *                (a stalled reader would have two messages of buffering);
+ *   2 slots      the one-copy bound of the view rows: the publisher copies each message
+ *                into the slot it did not just publish, the subscriber reads the ends.
  * and two ways to copy: non-temporal stores for the publisher's copy (x86 with AVX2),
  * `rep movsb` for the subscriber's (x86).
  *
@@ -214,7 +218,7 @@ struct row {
   double rates[RUNS];
 };
 
-static struct row rows[10];
+static struct row rows[12];
 static int n_rows;
 
 static void add_row(const char *layout, enum layout kind, unsigned slots, unsigned window,
@@ -279,6 +283,15 @@ int main(void) {
           cpu);
   add_row("model: 4 slots (cache bound)", FIFO, 4, 2, "memcpy", copy_memcpy, "memcpy",
           copy_memcpy, cpu);
+  /* The view rows: the subscriber reads each message's ends where it lies (one copy). */
+  snprintf(name, sizeof name, "msgq ring, %u MiB", bench_ring_capacity() >> 20);
+  add_row(name, RING, 0, WINDOW, "memcpy", copy_memcpy, "read ends", msgq_bound_read_ends,
+          cpu);
+  snprintf(name, sizeof name, "msgq ring + chunks, %u MiB", bench_ring_capacity() >> 20);
+  add_row(name, RING, MSGQ_FLAG_POOL, WINDOW, "memcpy", copy_memcpy, "read ends",
+          msgq_bound_read_ends, cpu);
+  add_row("model: 2 slots (1-copy bound)", FIFO, 2, 1, "memcpy", copy_memcpy, "read ends",
+          msgq_bound_read_ends, cpu);
 
   /* One untimed pass (pages faulted in, caches warm), then the passes in turn, every row
    * in each, so that a slower spell of the machine (a virtual machine's CPUs moved apart

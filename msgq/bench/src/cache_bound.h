@@ -28,6 +28,11 @@ void msgq_bound_close(msgq_bound *bound);
 double msgq_bound_rate(msgq_bound *bound, unsigned window, long messages, int cpu_pub,
                        int cpu_sub, msgq_bound_copy pub_copy, msgq_bound_copy sub_copy);
 
+/* The one-copy model's subscriber copy: reads the message's first and last bytes in
+ * place (into dst's first and last), as the view rows of `python -m msgq.bench` check
+ * their sequence numbers. With 2 slots and a window of 1 the model is the one-copy
+ * bound: the publisher copies each message into the slot it did not just publish. */
+void msgq_bound_read_ends(void *dst, const void *src, size_t n);
 /* The helpers of the model's threads, for other benchmarks of the same kind: pin the
  * calling thread to `cpu`; a spin-wait hint; CLOCK_MONOTONIC in seconds. */
 void msgq_bound_pin(int cpu);
