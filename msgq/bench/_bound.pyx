@@ -33,7 +33,6 @@ VIEW_SLOTS = _VIEW_SLOTS
 VIEW_WINDOW = _VIEW_WINDOW
 
 
-
 def cache_bound(Py_ssize_t size, double seconds=0.1, int rounds=5):
     """Messages per second of the copy model for ``size``-byte messages (the best of
     ``rounds`` runs of about ``seconds`` each, after an untimed one), its publisher and

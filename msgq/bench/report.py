@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
+from msgq.bench import _bound as bound
 from msgq.bench.peers import (
     BACKENDS,
     KIB,
@@ -127,9 +128,9 @@ def render_table(
                     row[9] = f"{m.msgs_per_s / ref.msgs_per_s:.2f}"
                 if memcpy_mb_s.get(size) and m.mb_per_s is not None:
                     row[10] = f"{m.mb_per_s / memcpy_mb_s[size]:.2f}"
-                bound = (view_bound_mb_s if kind == "view" else bound_mb_s).get(size)
-                if n == 1 and bound and m.mb_per_s is not None:
-                    row[11] = f"{m.mb_per_s / bound:.2f}"
+                limit = (view_bound_mb_s if kind == "view" else bound_mb_s).get(size)
+                if n == 1 and limit and m.mb_per_s is not None:
+                    row[11] = f"{m.mb_per_s / limit:.2f}"
             for key, what in (
                 ("resets", "reader resets (overtaken by the writer)"),
                 ("lost", "messages its subscribers report lost"),
@@ -188,14 +189,16 @@ def render_table(
             "× bound: MB/s ÷ the cache bound of this machine, measured in this run (best "
             "of 5): a model publisher and subscriber in C on two CPUs, each copying every "
             "message once (the subscriber into a freshly allocated buffer, as receive() "
-            "does), over 4 warm slots with a window of 2 and no protocol: "
+            f"does), over {bound.SLOTS} warm slots with a window of {bound.WINDOW} and no "
+            "protocol: "
             + "; ".join(f"{fmt_size(k)}: {v:,.0f} MB/s" for k, v in sorted(bound_mb_s.items()))
             + ". No transport that makes those two copies can exceed 1.0. Shown for one "
             "subscriber, the model's case.")
     if view_bound_mb_s:
         paragraphs.append(
             "× bound of view rows: MB/s ÷ the one-copy bound, measured in this run (best of "
-            "5): the same model with 2 warm slots and a window of 1, the publisher copying "
+            f"5): the same model with {bound.VIEW_SLOTS} warm slots and a window of "
+            f"{bound.VIEW_WINDOW}, the publisher copying "
             "each message into the slot it did not just publish (a reader may still hold "
             "that one), the subscriber reading each message's first and last bytes in "
             "place, as the view rows do: "
