@@ -3,8 +3,9 @@
 cache_bound.h): a model publisher and subscriber in C with no protocol, over a few warm
 slots. In the copy model each copies every message once; in the one-copy model the
 subscriber reads each message where it lies. ``python -m msgq.bench`` reports its copying
-rows as a fraction of the first and its view rows as a fraction of the second: no
-transport that copies as much can beat them.
+rows as a fraction of the first and its view rows as a fraction of the second: a
+transport that copies as much beats them only by writing a message into the buffer of the
+message it has just published, once every reader has released that one.
 
 Layer: the benchmarks (msgq.bench), beside the transports they measure.
 """
@@ -44,9 +45,11 @@ def cache_bound(Py_ssize_t size, double seconds=0.1, int rounds=5):
 def view_bound(Py_ssize_t size, double seconds=0.1, int rounds=5):
     """Messages per second of the one-copy model: the publisher copies each message into
     one of two warm slots, never the one it has just published (a reader may still hold
-    it), and the subscriber reads only the message's first and last bytes in place. No
-    transport whose publisher copies each message once into memory a reader may still
-    hold can beat it. Same arguments and errors as :func:`cache_bound`."""
+    it), and the subscriber reads only the message's first and last bytes in place. A
+    transport whose publisher copies each message once beats it only when its readers
+    release each message before the next send (then the publisher may rewrite the buffer
+    it has just published, still in its cache). Same arguments and errors as
+    :func:`cache_bound`."""
     return _best_rate(size, seconds, rounds, _VIEW_SLOTS, _VIEW_WINDOW, True)
 
 

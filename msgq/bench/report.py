@@ -204,7 +204,9 @@ def render_table(
             "place, as the view rows do: "
             + "; ".join(f"{fmt_size(k)}: {v:,.0f} MB/s"
                         for k, v in sorted(view_bound_mb_s.items()))
-            + ". No transport whose publisher copies each message once can exceed 1.0.")
+            + ". A transport whose publisher copies each message once exceeds 1.0 only "
+            "when its readers release each message before the next send, so that the "
+            "publisher may write into the buffer it has just published.")
     paragraphs += [
         f"{name}: waits: {BACKENDS[name].wait_note}; I/O: {BACKENDS[name].io_note}"
         + (f"; asyncio: {BACKENDS[name].async_note}." if BACKENDS[name].async_note else ".")

@@ -99,7 +99,6 @@ struct run {
 
 static const uint8_t *source;
 
-
 static uint8_t *chunk(struct run *r, int k) { return r->chunks + (size_t)k * (SIZE + 64u); }
 
 static void *publisher(void *arg) {
@@ -263,11 +262,13 @@ int main(void) {
   source = src;
 
   const unsigned ring_slots = bench_ring_capacity() / (SIZE + 64u);
-  char name[48];
-  snprintf(name, sizeof name, "msgq ring, %u MiB", bench_ring_capacity() >> 20);
-  add_row(name, RING, 0, WINDOW, "memcpy", copy_memcpy, "memcpy", copy_memcpy, cpu);
-  snprintf(name, sizeof name, "msgq ring + chunks, %u MiB", bench_ring_capacity() >> 20);
-  add_row(name, RING, MSGQ_FLAG_POOL, WINDOW, "memcpy", copy_memcpy, "memcpy", copy_memcpy,
+  char name[48], ring_name[48], chunks_name[48];
+  snprintf(ring_name, sizeof ring_name, "msgq ring, %u MiB", bench_ring_capacity() >> 20);
+  snprintf(chunks_name, sizeof chunks_name, "msgq ring + chunks, %u MiB",
+           bench_ring_capacity() >> 20);
+  add_row(ring_name, RING, 0, WINDOW, "memcpy", copy_memcpy, "memcpy", copy_memcpy, cpu);
+  add_row(chunks_name, RING, MSGQ_FLAG_POOL, WINDOW, "memcpy", copy_memcpy, "memcpy",
+          copy_memcpy,
           cpu);
   snprintf(name, sizeof name, "model: FIFO slots, %u x 1 MiB", ring_slots);
   add_row(name, FIFO, ring_slots, WINDOW, "memcpy", copy_memcpy, "memcpy", copy_memcpy, cpu);
@@ -284,11 +285,9 @@ int main(void) {
   add_row("model: 4 slots (cache bound)", FIFO, 4, 2, "memcpy", copy_memcpy, "memcpy",
           copy_memcpy, cpu);
   /* The view rows: the subscriber reads each message's ends where it lies (one copy). */
-  snprintf(name, sizeof name, "msgq ring, %u MiB", bench_ring_capacity() >> 20);
-  add_row(name, RING, 0, WINDOW, "memcpy", copy_memcpy, "read ends", msgq_bound_read_ends,
-          cpu);
-  snprintf(name, sizeof name, "msgq ring + chunks, %u MiB", bench_ring_capacity() >> 20);
-  add_row(name, RING, MSGQ_FLAG_POOL, WINDOW, "memcpy", copy_memcpy, "read ends",
+  add_row(ring_name, RING, 0, WINDOW, "memcpy", copy_memcpy, "read ends",
+          msgq_bound_read_ends, cpu);
+  add_row(chunks_name, RING, MSGQ_FLAG_POOL, WINDOW, "memcpy", copy_memcpy, "read ends",
           msgq_bound_read_ends, cpu);
   add_row("model: 2 slots (1-copy bound)", FIFO, 2, 1, "memcpy", copy_memcpy, "read ends",
           msgq_bound_read_ends, cpu);
