@@ -111,7 +111,7 @@ examples:
   python -m msgq.bench --tests rtt --repeat 5  round trips only
   python -m msgq.bench --json results.json     also write machine-readable results
 
-Peers are measured only when importable: pip install 'msgq[bench]'
+Peers are measured only when importable: pip install 'msgq-shm[bench]'
 (pyzmq, kickmsg, iceoryx2). Queues live under /dev/shm/bench_<pid>/ and are removed
 at the end.
 """
