@@ -144,7 +144,15 @@ extensions = [
         # msgq/shm/*.pyx: the files of the module's source that shm_backend.pyx includes,
         # one per concept; msgq/includes/*.pxd: the C declarations it cimports.
         depends=[p.replace(".c", ".h") for p in C_CORE] + sorted(glob.glob("msgq/shm/*.pyx"))
-        + sorted(glob.glob("msgq/includes/*.pxd")),
+        + sorted(glob.glob("msgq/includes/*.pxd")) + ["msgq/_reservation.pxd"],
+    ),
+    # The Reservation base (reserve()'s commit/abort protocol): backend-neutral, no C core,
+    # so that the ZMQ backend subclasses it without importing the shared-memory extension.
+    Extension(
+        "msgq._reservation",
+        sources=["msgq/_reservation.pyx"],
+        extra_compile_args=extra_compile_args,
+        extra_link_args=strip_args,
     ),
     # VisionIPC's C code in one module (each extension costs its own start-up and utility
     # code, about 4 s of compiling): the wire formats (packet, handshake, buffer layout)

@@ -7,6 +7,8 @@ from typing import Any
 
 from typing_extensions import Buffer
 
+from msgq._reservation import Reservation as Reservation
+
 DEFAULT_SEGMENT_SIZE: int
 MIN_SEGMENT_SIZE: int
 MAX_SEGMENT_SIZE: int
@@ -30,21 +32,6 @@ def remove_unused_queue(
 
 class Context:
     def term(self) -> None: ...
-
-class Reservation:
-    """The commit/abort protocol of ``reserve()`` on every backend."""
-    def __init__(self, view: memoryview) -> None: ...
-    def __enter__(self) -> memoryview: ...
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool: ...
-    def commit(self) -> None: ...
-    def abort(self) -> None: ...
-    def _publish(self) -> None: ...
-    def _drop(self) -> None: ...
 
 class RingReservation(Reservation): ...
 

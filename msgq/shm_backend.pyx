@@ -29,6 +29,7 @@ from msgq.includes.msgq_ring cimport *
 from msgq.includes.os_wait cimport *
 from msgq.includes.python cimport PyBUF_WRITE, PyMemoryView_FromMemory
 from msgq.includes.queue_file cimport *
+from msgq._reservation cimport Reservation
 
 import asyncio
 import os
@@ -39,6 +40,9 @@ from functools import partial
 
 from msgq.aio import await_until, next_message, wait_for_result
 from msgq.errors import IpcError, MessageOverwritten, MultiplePublishersError, readers_timeout
+
+# The backend-neutral Reservation base (msgq/_reservation.pyx), kept importable from here.
+globals()["Reservation"] = Reservation
 
 #: Size of a queue's data ring when none is asked for (bytes).
 DEFAULT_SEGMENT_SIZE = MSGQ_DEFAULT_SEGMENT_SIZE

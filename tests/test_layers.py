@@ -27,7 +27,9 @@ FOLDERS = {"msgq": "msgq", "visionipc": "msgq.visionipc", "schemas": "msgq.schem
 #: ("msgq" alone is the package's __init__). A unit imports its own modules and units of
 #: lower layers; units of one layer are peers and do not import each other.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("msgq.aio", "msgq.errors", "msgq.tables", "msgq.version")),
+    # msgq._reservation: the Reservation base that both backends subclass
+    ("foundation", ("msgq._reservation", "msgq.aio", "msgq.errors", "msgq.tables",
+                    "msgq.version")),
     ("clock", ("msgq.clock",)),
     ("events", ("msgq.schemas",)),
     # msgq/shm/*.pyx are the files msgq/shm_backend.pyx includes: one module.

@@ -1,6 +1,7 @@
 """``pub.reserve(n)``: one Reservation, one commit/abort protocol, on every backend (the
 shared-memory ring's RingReservation and the ZMQ backend's BufferReservation are both
-``msgq.shm_backend.Reservation``), with and without the fake layer."""
+``msgq._reservation.Reservation``, the backend-neutral base), with and without the fake
+layer."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import pytest
 from helpers import connect_pair
 
 import msgq
-from msgq import shm_backend
+from msgq import _reservation, shm_backend
 
 
 def test_every_backend_hands_out_the_one_reservation(backend: str, fake_layer: bool,
                                                      endpoint: str) -> None:
     pub, sub = connect_pair(endpoint, timeout=5000)
     res = pub.reserve(3)  # type: ignore[attr-defined]
-    assert isinstance(res, shm_backend.Reservation)
+    assert isinstance(res, _reservation.Reservation)
     with res as buf:
         buf[:] = b"abc"
     assert sub.receive() == b"abc"  # type: ignore[attr-defined]
@@ -50,3 +51,10 @@ def test_close_and_reconnect_abandon_the_open_reservation(backend: str, endpoint
         buf[:] = b"z"
     pub.close()
 
+
+
+def test_the_reservation_base_is_backend_neutral() -> None:
+    """The base lives in its own small module (no C core), which the shared-memory
+    extension re-exports under its old name."""
+    assert shm_backend.Reservation is _reservation.Reservation
+    assert issubclass(shm_backend.RingReservation, _reservation.Reservation)
