@@ -16,6 +16,7 @@ upstream's msgq-ipc."""
 from __future__ import annotations
 
 import email
+import fnmatch
 import os
 import re
 import shutil
@@ -210,12 +211,40 @@ def readme_quick_start() -> str:
     return match.group(1)
 
 
+def readme_install_block() -> list[str]:
+    """The commands of README.md's first shell block: the install a newcomer runs first."""
+    match = re.search(r"```sh\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert match, "README.md has no shell block"
+    return [line.split("#")[0].strip() for line in match.group(1).splitlines()
+            if line.split("#")[0].strip()]
+
+
+def test_readme_installs_what_exists_today() -> None:
+    # The first block installs from a clone or the sdist file; the release name is not
+    # on the package index yet, so no command of that block may ask the index for it.
+    commands = readme_install_block()
+    installs = [c for c in commands if re.match(r"pip install ", c)]
+    assert installs == ["pip install ./msgq",
+                        f"pip install {DISTRIBUTION.replace('-', '_')}-*.tar.gz"], installs
+    assert not [c for c in commands if re.search(rf"\b{DISTRIBUTION}\b", c)], commands
+
+
 @pytest.mark.slow
 def test_readme_quick_start_and_version_run_from_the_installed_wheel(built: Built) -> None:
+    # The install block's sdist pattern names the sdist a build makes (the wheel installed
+    # here is the one pip builds from that sdist for `pip install msgq_shm-*.tar.gz`).
+    pattern = readme_install_block()[-1].split()[-1]
+    assert fnmatch.fnmatch(built.sdist.name, pattern), (built.sdist.name, pattern)
     script = built.home / "quick_start.py"
     script.write_text(readme_quick_start())
-    done = user_run(built, str(built.user / "bin/python"), str(script))
+    prefix = f"quickstart_{os.getpid()}"
+    env = {**clean_env(built.user), "MSGQ_PREFIX": prefix}
+    done = run([str(built.user / "bin/python"), str(script)], cwd=built.home, env=env)
     assert "b'hello'" in done.stdout
+    # It removes the queue file it made.
+    folder = Path(os.environ.get("MSGQ_SHM_DIR", "/dev/shm")) / prefix
+    assert not list(folder.glob("msgq_*")), list(folder.iterdir())
+    shutil.rmtree(folder, ignore_errors=True)
     # msgq is imported from the installed wheel, not from this repository.
     where = user_run(built, str(built.user / "bin/python"), "-c",
                      "import msgq, msgq.shm_backend as b; print(msgq.__file__, b.__file__)")
