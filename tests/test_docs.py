@@ -8,6 +8,7 @@ what they need with fixtures of ``tests/doc_examples.py``."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,47 @@ def test_documented_examples_run(profile: str) -> None:
     report = done.stdout[-12000:] + done.stderr[-4000:]
     assert done.returncode == 0, f"examples failed on the {profile} profile:\n{report}"
     assert " passed" in done.stdout, report
+
+
+# --- install hints ---------------------------------------------------------------------
+
+#: Where install hints live: the pages, the scripts and the code (messages and help).
+HINT_FILES = sorted(
+    p for pattern in ("*.md", "docs/*.md", "*.sh", "scripts/*.sh", "msgq/**/*.py",
+                      "msgq/**/*.pyx", "visionipc/**/*.py", "schemas/**/*.py", "examples/**/*")
+    for p in ROOT.glob(pattern) if p.is_file())
+#: A package a `pip install` hint names that starts with "msgq": the name (with an extra
+#: or a version after it, or a file name's version), unless it is a path (./msgq).
+PIP_HINT = re.compile(r"pip install\b[^\n`#(]*?(?<![\w./-])['\"]?(msgq[\w.-]*)")
+
+
+def pip_install_hints(text: str) -> list[str]:
+    """The msgq-like names ``pip install`` hints in ``text`` name."""
+    return PIP_HINT.findall(text)
+
+
+def test_the_hint_scanner_sees_a_wrong_name() -> None:
+    assert pip_install_hints("run: pip install 'msgq[spark]' first") == ["msgq"]
+    assert pip_install_hints("pip install msgq") == ["msgq"]
+    assert pip_install_hints("`pip install msgq-shm`, pip install './msgq[viz]'") == [
+        "msgq-shm"]
+    assert pip_install_hints("pip install msgq_shm-*.tar.gz") == ["msgq_shm-"]
+    assert pip_install_hints("pip install pyzmq (or choose MSGQ_BACKEND=msgq)") == []
+    assert pip_install_hints("pip install ./x   # msgq-like words in a comment") == []
+
+
+def test_install_hints_name_this_projects_distribution() -> None:
+    # `msgq` on the package index is an unrelated project: every hint names the
+    # distribution of msgq.version (the CLI's errors format theirs from it), its sdist's
+    # file name, or upstream's msgq-ipc where upstream is meant.
+    from msgq.__main__ import DISTRIBUTION as MAIN_DISTRIBUTION
+    from msgq.version import DISTRIBUTION
+
+    assert MAIN_DISTRIBUTION == DISTRIBUTION
+    sdist_file = DISTRIBUTION.replace("-", "_") + "-"
+    allowed = {DISTRIBUTION, sdist_file, "msgq-ipc"}
+    wrong = [(str(path.relative_to(ROOT)), name) for path in HINT_FILES
+             for name in pip_install_hints(path.read_text(errors="replace"))
+             if name not in allowed]
+    assert len(HINT_FILES) > 50
+    assert wrong == []
