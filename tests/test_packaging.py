@@ -170,7 +170,8 @@ def test_wheel_holds_what_runs_and_nothing_it_was_built_from(built: Built) -> No
             wheel.read(f"{DISTRIBUTION.replace('-', '_')}-{VERSION}.dist-info/METADATA"))
     assert metadata["Name"] == DISTRIBUTION
     assert metadata["License-Expression"] == "MIT"
-    assert metadata.get_all("Project-URL") is None  # no public repository yet
+    urls = dict(u.split(", ", 1) for u in metadata.get_all("Project-URL"))
+    assert sorted(urls) == ["Changelog", "Documentation", "Issues", "Source"], urls
     assert "Typing :: Typed" in metadata.get_all("Classifier")
     assert metadata["Keywords"]
     description = metadata.get_payload()
@@ -479,7 +480,21 @@ def test_the_metadata_names_no_made_up_project_address() -> None:
     # The placeholder github.com/msgq-shm/msgq was never a real repository.
     for name in ("pyproject.toml", "setup.py", "README.md"):
         assert "msgq-shm/msgq" not in (ROOT / name).read_text(), name
-    assert re.search(r"^\[project\.urls\]", PYPROJECT, re.M) is None
+    # Until a public home exists, the project's addresses are the package index page of
+    # its release name, or a placeholder on the reserved .invalid domain; pyproject.toml
+    # says they are placeholders.
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the parser pip carries
+        from pip._vendor import tomli as tomllib
+
+    urls = tomllib.loads(PYPROJECT)["project"]["urls"]
+    assert sorted(urls) == ["Changelog", "Documentation", "Issues", "Source"]
+    index_page = f"https://pypi.org/project/{DISTRIBUTION}/"
+    for label, url in urls.items():
+        assert url.startswith(index_page) or re.match(r"https://[\w.-]+\.invalid/", url), \
+            (label, url)
+    assert "PLACEHOLDERS until msgq has a public home" in PYPROJECT
 
 
 def test_a_build_leaves_out_only_the_extensions_it_is_told_to() -> None:
