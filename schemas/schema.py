@@ -61,6 +61,7 @@ __all__ = [
     "msgq_schema",
     "read_struct",
     "schema_fingerprint",
+    "traversal_limit",
 ]
 
 #: Traversal limit that disables pycapnp's message traversal check (upstream constant).
@@ -68,6 +69,14 @@ NO_TRAVERSAL_LIMIT = 2**64 - 1
 # Words a message may make the decoder visit, per word of the message.
 _TRAVERSAL_FACTOR = 4
 _MIN_TRAVERSAL_WORDS = 8 * 1024 * 1024
+
+
+def traversal_limit(message_size: int) -> int:
+    """The traversal limit (words) :meth:`Schema.decode` gives a message of
+    ``message_size`` bytes: 4 words per word of it, at least capnp's default of 8 Mi
+    words. Readers that decode many messages in one pycapnp call (the log reader) pass
+    the largest one's."""
+    return max(_MIN_TRAVERSAL_WORDS, _TRAVERSAL_FACTOR * (message_size // 8))
 
 #: Folder of the schema files shipped with msgq.
 SCHEMA_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -397,7 +406,7 @@ class Schema:
         """The root struct's reader over ``data`` (bytes from another process), with a
         traversal limit proportional to its size. Malformed bytes →
         :class:`msgq.errors.MessageDecodeError`."""
-        limit = max(_MIN_TRAVERSAL_WORDS, _TRAVERSAL_FACTOR * (len(data) // 8))
+        limit = traversal_limit(len(data))
         try:
             msg = read_struct(self.event, data, limit)
             msg.which()  # touches the root: a bad root pointer fails here, not later

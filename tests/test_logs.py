@@ -630,3 +630,37 @@ def test_every_log_path_reads_through_the_c_scanner(tmp_path: Path,
         read()
         assert len(made) > before, name
     assert len(list(LogReader(path).raw())) == len(events) + 1  # and it reads (logStart)
+
+
+def test_the_logs_and_the_export_use_no_private_name_of_another_module() -> None:
+    """msgq.logs and the MCAP export import nothing private from another package (the
+    reader took the schema layer's traversal constants; it calls its public
+    traversal_limit now), and reach into no name-mangled attribute of another library
+    except the pinned MCAP batcher (tests/test_viz_export.py pins its mcap versions)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "msgq"
+    files = sorted((root / "logs").glob("*.py")) + [root / "viz" / "mcap_export.py"]
+    found = []
+    for path in files:
+        package = "msgq." + ".".join(path.relative_to(root).parent.parts)
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module != package:
+                found += [f"{path.name}: from {node.module} import {alias.name}"
+                          for alias in node.names if alias.name.startswith("_")
+                          and not alias.name.startswith("__")]
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                    and "__" in node.attr.strip("_") and node.attr.split("__")[0] != "":
+                found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    allowed = {f"mcap_export.py:{n}: .{a}" for n, a in _pinned_batcher_attributes(root)}
+    assert [f for f in found if f not in allowed] == []
+
+
+def _pinned_batcher_attributes(root: Path) -> list[tuple[int, str]]:
+    """(line, attribute) of the mcap Writer's mangled names _MessageBatcher reads."""
+    lines = (root / "viz" / "mcap_export.py").read_text().splitlines()
+    return [(n, attr) for n, line in enumerate(lines, 1)
+            for attr in ("_Writer__chunk_builder", "_Writer__statistics",
+                         "_Writer__finalize_chunk") if f"writer.{attr}" in line]

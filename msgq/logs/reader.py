@@ -37,7 +37,7 @@ from msgq.logs.segment import ROOT_WHOLE, LogProblem, MessageBatch, read_batches
 from msgq.logs.sources import segment_paths
 from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.events import MessageDecodeError, decode_event
-from msgq.schemas.schema import _MIN_TRAVERSAL_WORDS, _TRAVERSAL_FACTOR
+from msgq.schemas.schema import traversal_limit
 from msgq.schemas.services import unknown_service_error
 
 __all__ = ["LogCorruptionError", "LogEvent", "LogReader", "TruncatedLogWarning",
@@ -279,7 +279,7 @@ class LogReader:
         message of ``largest_message_size`` bytes (4 words per word of it, at least
         capnp's default of 8 Mi words): what this reader passes to pycapnp's
         ``read_multiple_bytes`` for a run of messages, the largest one's for all."""
-        return max(_MIN_TRAVERSAL_WORDS, _TRAVERSAL_FACTOR * (largest_message_size // 8))
+        return traversal_limit(largest_message_size)
 
     def _decoded_runs(self, detailed: bool) -> Iterator[Iterable[Any]]:
         """The Event readers of every segment, an iterable per run of messages: each
