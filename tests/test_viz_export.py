@@ -652,3 +652,48 @@ def test_parallel_export_writes_the_same_file(tmp_path: Path) -> None:
     assert (one.counts, one.first_mono_ns, one.last_mono_ns, one.bytes_in) == \
         (two.counts, two.first_mono_ns, two.last_mono_ns, two.bytes_in)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_the_batched_mcap_path_is_pinned_to_the_mcap_it_was_checked_against(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export batches messages into mcap's Writer through its private chunk builder
+    (mcap's public API adds one message at a time, 5x slower). That is pinned: the
+    installed mcap must be a version the batcher was checked against; with it the batcher
+    is used (no message through add_message) and its file equals add_message's byte for
+    byte. An mcap upgrade fails here, loudly, until the batcher is checked again and
+    MCAP_BATCHED_VERSIONS widened (the export meanwhile uses add_message only)."""
+    from importlib.metadata import version
+
+    import mcap.writer
+
+    from msgq.schemas import msgq_schema
+    from msgq.viz import mcap_export
+    from msgq.viz.mcap_export import MCAP_BATCHED_VERSIONS, export_mcap, mcap_batches
+
+    installed = version("mcap")
+    assert mcap_batches(), (
+        f"mcap {installed} is outside {MCAP_BATCHED_VERSIONS}, the versions the export's "
+        "batched path (mcap_export._MessageBatcher, on mcap's private Writer attributes) "
+        "was checked against: check it with this test and widen the range")
+    import io
+
+    # every private attribute it uses is there (AttributeError otherwise)
+    mcap_export._MessageBatcher(mcap.writer.Writer(io.BytesIO()), 4096)
+
+    schema = msgq_schema()
+    folder = write_recording(schema, tmp_path / "rec", events_of(schema, per_service=3,
+                                                                 seed=7))
+    added: list[int] = []
+    original = mcap.writer.Writer.add_message
+
+    def add_message(self: Any, *args: Any, **kwargs: Any) -> None:
+        added.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(mcap.writer.Writer, "add_message", add_message)
+    batched = export_mcap(str(folder), str(tmp_path / "batched.mcap"), chunk_size=2000)
+    assert batched.messages > 0 and added == []  # all batched
+    monkeypatch.setattr(mcap_export, "mcap_batches", lambda: False)  # another version
+    single = export_mcap(str(folder), str(tmp_path / "single.mcap"), chunk_size=2000)
+    assert len(added) == single.messages == batched.messages
+    assert (tmp_path / "single.mcap").read_bytes() == (tmp_path / "batched.mcap").read_bytes()

@@ -59,6 +59,14 @@ __all__ = ["ExportStats", "default_jobs", "export_mcap", "first_mono_ns"]
 #: Bytes of messages per MCAP chunk (before compression).
 CHUNK_SIZE = 1024 * 1024
 
+#: The mcap versions (``>=`` first, ``<`` second) whose Writer internals
+#: :class:`_MessageBatcher` was checked against (its file equal byte for byte to
+#: ``add_message``'s, tests/test_viz_export.py). mcap's public API adds one message at a
+#: time (5 us each, against 1 us batched: measured with mcap 1.6.0); with any other
+#: version the export uses that API only, and the pinning test fails until the batcher is
+#: checked against the new version and this range widened.
+MCAP_BATCHED_VERSIONS = ((1, 6), (1, 7))
+
 
 @dataclass
 class ExportStats:
@@ -504,14 +512,30 @@ def _message_index_class() -> type:
     return PackedMessageIndex
 
 
+def mcap_batches() -> bool:
+    """Whether the installed mcap is one :class:`_MessageBatcher` was checked against
+    (:data:`MCAP_BATCHED_VERSIONS`): otherwise messages go through ``add_message``."""
+    try:
+        installed = version("mcap")
+    except PackageNotFoundError:
+        return False
+    numbers = []
+    for part in installed.split(".")[:2]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        numbers.append(int(digits or 0))
+    low, high = MCAP_BATCHED_VERSIONS
+    return low <= tuple(numbers) < high
+
+
 class _MessageBatcher:
     """Messages added to an ``mcap`` Writer a batch at a time: the same records, chunks,
     indexes and statistics as its ``add_message`` called once per message (the file is
     the same byte for byte), without the per-message Message object, struct packs and
     BytesIO writes that cost ~15 us each. Works on the Writer's own chunk builder and
-    statistics (mcap 1.x's private attributes: AttributeError when made if they are not
-    there, and the export adds its messages one by one): :meth:`flush` before anything
-    else is written (a new channel, metadata, finish)."""
+    statistics: mcap's private attributes, so it is used only with the mcap versions it was
+    checked against (:func:`mcap_batches`; AttributeError when made if they are not there,
+    and the export adds its messages one by one): :meth:`flush` before anything else is
+    written (a new channel, metadata, finish)."""
 
     LIMIT = 2048  # messages held before they are written
 
@@ -609,7 +633,7 @@ def _write_messages(tmp: str, events: Iterator[tuple[str, int, bytes, int]], sch
         writer = writer_class(stream, chunk_size=chunk_size, compression=compression.ZSTD)
         writer.start(profile="", library=f"msgq {_msgq_version()} (mcap)")
         batcher = None
-        if compiled:
+        if compiled and mcap_batches():
             try:
                 batcher = _MessageBatcher(writer, chunk_size)
             except AttributeError:  # an mcap whose Writer is built otherwise: one by one
