@@ -62,3 +62,20 @@ def test_end_to_end_demo(tmp_path: object) -> None:
     assert os.path.isdir(os.path.join(out, run, "recording"))
     # the Spark table lists the robot's services with their measured rates
     assert any(line.startswith("vehicleState") for line in proc.stdout.splitlines())
+
+
+def test_health_view_expects_the_registrys_rates() -> None:
+    # It expected 100 Hz of the 104 Hz IMU services (capped by a polled 100 Hz service),
+    # where the registry, msgq top and msgq logstats say 104.
+    from msgq.demo.pipeline import health_master
+    from msgq.demo.robot import SENSOR_RATES, SERVICES
+    from msgq.schemas import services
+
+    sm = health_master()
+    try:
+        expected = {s: sm.freq_tracker[s].expected_hz for s in SERVICES}
+    finally:
+        sm.close()
+    registry = {s: services.SERVICE_LIST[s].frequency for s in SERVICES}
+    assert expected == registry
+    assert expected["gyroscope"] == expected["accelerometer"] == SENSOR_RATES["gyroscope"] == 104
