@@ -7,5 +7,6 @@ cdef class Reservation:
     cdef bint done
 
     cdef int _commit(self) except -1
+    cdef int _end_view(self) except -1
     cpdef _publish(self)
     cpdef _drop(self)

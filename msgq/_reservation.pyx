@@ -11,9 +11,13 @@ cdef class Reservation:
 
     Use as ``with pub.reserve(n) as buf: buf[:] = ...``: leaving the block commits the
     message; an exception inside it abandons the message (nothing is published). Do not
-    keep ``buf`` (or slices of it) past the block. Committing twice, or after the socket
-    was closed or reconnected (which abort it), raises RuntimeError; aborting again does
-    nothing.
+    keep ``buf`` (or slices of it) past the block: what is written through them later
+    changes a message already published. Committing twice, or after the socket was
+    closed or reconnected (which abort it), raises RuntimeError; aborting again does
+    nothing. A buffer taken from ``buf`` that is still alive when the block ends (a
+    numpy array, a slice) neither stops the commit nor blocks the socket; the backend
+    keeps the memory behind it valid (the shared-memory socket refuses ``close`` and
+    reconnecting while one is alive).
 
     A backend subclasses it and says what committing and aborting do with the socket
     (``_publish``, ``_drop``); ``view`` is the writable memoryview of the room.
@@ -24,6 +28,9 @@ cdef class Reservation:
         self.done = False
 
     def __enter__(self):
+        if self.done:
+            raise RuntimeError("reservation already committed or aborted (was the socket "
+                               "closed or reconnected?)")
         return self.view
 
     def __exit__(self, exc_type, exc, tb):
@@ -42,8 +49,23 @@ cdef class Reservation:
             raise RuntimeError("reservation already committed or aborted (was the socket "
                                "closed or reconnected?)")
         self.done = True
-        self.view.release()
+        self._end_view()
         self._publish()
+        return 0
+
+    cdef int _end_view(self) except -1:
+        # The block's own view ends here. A buffer exported from it (numpy's, say) makes
+        # release() fail with BufferError: the reservation must still be published or
+        # dropped, or the socket would wait for it until reconnected; what keeps that
+        # buffer's memory valid is the backend's business (see the class docstring). The
+        # view is dropped either way: one whose release failed lives on only as long as
+        # what holds it (a reservation that exports its view itself would otherwise
+        # form a cycle with it, kept until the garbage collector ran).
+        view, self.view = self.view, None
+        try:
+            view.release()
+        except BufferError:
+            pass
         return 0
 
     def abort(self) -> None:
@@ -51,7 +73,7 @@ cdef class Reservation:
         if self.done:
             return
         self.done = True
-        self.view.release()
+        self._end_view()
         self._drop()
 
     cpdef _publish(self):

@@ -18,6 +18,7 @@ from cpython.buffer cimport (
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.memoryview cimport PyMemoryView_FromObject
 from libc.errno cimport EAGAIN, EBUSY, EINTR, ENOSPC, EPERM
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
@@ -27,7 +28,6 @@ from msgq.includes.msgq cimport *
 from msgq.includes.msgq_errors cimport *
 from msgq.includes.msgq_ring cimport *
 from msgq.includes.os_wait cimport *
-from msgq.includes.python cimport PyBUF_WRITE, PyMemoryView_FromMemory
 from msgq.includes.queue_file cimport *
 from msgq._reservation cimport Reservation
 

@@ -5,6 +5,11 @@ layer."""
 
 from __future__ import annotations
 
+import pickle
+import subprocess
+import sys
+
+import numpy as np
 import pytest
 from helpers import connect_pair
 
@@ -58,3 +63,86 @@ def test_the_reservation_base_is_backend_neutral() -> None:
     extension re-exports under its old name."""
     assert shm_backend.Reservation is _reservation.Reservation
     assert issubclass(shm_backend.RingReservation, _reservation.Reservation)
+
+
+#: A buffer kept past its reserve() block in the ways users keep one, then the socket
+#: closed (or reconnected) and the buffer written: the child ends in a one-line error or
+#: finishes, never by a signal (issue 43: it was a segfault).
+_KEPT_PAST_THE_BLOCK = """
+import sys
+import numpy as np
+import msgq
+from msgq.errors import IpcError
+kind, ending = sys.argv[1], sys.argv[2]
+pub = msgq.pub_sock("kept"); sub = msgq.sub_sock("kept", timeout=100)
+with pub.reserve(1000) as buf:
+    keep = {"slice": lambda: buf[:10], "memoryview": lambda: memoryview(buf),
+            "numpy": lambda: np.frombuffer(buf, dtype=np.uint8)}[kind]()
+    buf[:4] = b"abcd"
+assert sub.receive() == b"abcd" + bytes(996)
+try:
+    if ending == "close":
+        pub.close()
+    else:
+        pub.connect(msgq.context, "kept")
+except IpcError as e:
+    print("refused:", e)
+else:
+    print("not refused")
+sub.close()
+keep[0:4] = b"zzzz" if kind != "numpy" else np.frombuffer(b"zzzz", dtype=np.uint8)
+del keep
+pub.close()  # nothing kept any more: closes
+print("closed")
+"""
+
+
+@pytest.mark.parametrize("ending", ["close", "reconnect"])
+@pytest.mark.parametrize("kind", ["slice", "memoryview", "numpy"])
+def test_a_buffer_kept_past_the_block_makes_close_refuse(kind: str, ending: str) -> None:
+    child = subprocess.run([sys.executable, "-c", _KEPT_PAST_THE_BLOCK, kind, ending],
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    refused, closed = child.stdout.splitlines()
+    assert refused.startswith("refused: endpoint 'kept': a buffer of a reservation on this "
+                              "socket is still in use"), refused
+    assert "release it before closing or reconnecting" in refused
+    assert closed == "closed"
+
+
+def test_a_reservation_exports_only_while_open(endpoint: str) -> None:
+    pub = msgq.pub_sock(endpoint)
+    res = pub.reserve(4)
+    with res:
+        again = memoryview(res)  # the reservation is the buffer its view is made from
+        assert again.nbytes == 4 and not again.readonly
+        again.release()
+    with pytest.raises(BufferError, match="committed or aborted"):
+        memoryview(res)
+    pub.close()
+
+
+def test_a_buffer_held_at_commit_neither_loses_the_message_nor_blocks_the_socket(
+        backend: str, fake_layer: bool, endpoint: str) -> None:
+    """issue 43 item 2: releasing the block's view fails (BufferError) while something
+    holds a buffer exported by it (pickle.PickleBuffer here; C extensions that keep a
+    Py_buffer do the same); that once raised out of the block, lost the message and left
+    the socket waiting for a reservation that would never end."""
+    pub, sub = connect_pair(endpoint, timeout=5000)
+    with pub.reserve(4) as buf:  # type: ignore[attr-defined]
+        held = pickle.PickleBuffer(buf)
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        arr[:] = [1, 2, 3, 4]
+    assert sub.receive() == b"\x01\x02\x03\x04"  # type: ignore[attr-defined]
+    with pytest.raises(KeyError):  # an abandoned one, still held
+        with pub.reserve(4) as buf:  # type: ignore[attr-defined]
+            held2 = pickle.PickleBuffer(buf)
+            raise KeyError("abandon")
+    with pub.reserve(2) as buf:  # type: ignore[attr-defined]  # the socket is free
+        buf[:] = b"ok"
+    pub.send(b"next")  # type: ignore[attr-defined]
+    assert sub.receive() == b"ok"  # type: ignore[attr-defined]
+    assert sub.receive() == b"next"  # type: ignore[attr-defined]
+    del held, held2, arr
+    pub.close()  # type: ignore[attr-defined]
+    sub.close()  # type: ignore[attr-defined]

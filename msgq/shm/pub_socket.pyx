@@ -7,12 +7,14 @@ cdef class PubSocket:
     cdef msgq_pub *pub  # NULL while not connected
     cdef object reservation  # the open Reservation, if any
     cdef int busy  # calls in progress without the GIL (other threads may run)
+    cdef int exports  # buffers exported by this socket's reservations (the ring is in them)
     cdef readonly object endpoint
 
     def __cinit__(self):
         self.pub = NULL
         self.reservation = None
         self.busy = 0
+        self.exports = 0
         self.endpoint = None
 
     def __dealloc__(self):
@@ -25,13 +27,19 @@ cdef class PubSocket:
         self.pub = NULL
 
     cdef int _check_idle(self) except -1:
-        """Before the mapping goes away: no other thread may be inside a call, and an open
-        reservation is abandoned (its buffer would point into unmapped memory)."""
+        """Before the mapping goes away: no other thread may be inside a call, an open
+        reservation is abandoned, and no buffer of a reservation may be alive (it would
+        point into unmapped memory)."""
         if self.busy:
             raise IpcError(f"endpoint {self.endpoint!r}: another thread is sending on this "
                            "socket; close or reconnect it when that call has returned")
         if self.reservation is not None:
             self.reservation.abort()
+        if self.exports:
+            raise IpcError(f"endpoint {self.endpoint!r}: a buffer of a reservation on this "
+                           "socket is still in use (a slice, memoryview or numpy array "
+                           "taken from a reserve() block); release it before closing or "
+                           "reconnecting")
         return 0
 
     cdef int _fail(self, int r) except -1:
@@ -145,8 +153,10 @@ cdef class PubSocket:
             self._fail(r)
         cdef RingReservation res = RingReservation.__new__(RingReservation)
         res.pub = self
-        res.view = PyMemoryView_FromMemory(<char *>dst, size, PyBUF_WRITE)
+        res.data = <char *>dst
+        res.size = size
         res.done = False
+        res.view = PyMemoryView_FromObject(res)  # an export of res: counted in self.exports
         self.reservation = res
         return res
 
@@ -214,6 +224,7 @@ cdef class PubSocket:
 
     def close(self) -> None:
         """Releases the queue (abandoning an open reservation); the socket can connect
-        again. Raises IpcError while another thread is inside a call on it."""
+        again. Raises IpcError while another thread is inside a call on it, or while a
+        buffer taken from a reservation (a slice, a numpy array) is still alive."""
         self._check_idle()
         self._disconnect()

@@ -6,8 +6,24 @@
 
 cdef class RingReservation(Reservation):
     """A :class:`Reservation` in the ring of a shared-memory queue: the room is the
-    message's place in the ring, so committing publishes it without a copy."""
+    message's place in the ring, so committing publishes it without a copy.
+
+    Its view is a buffer exported by the reservation itself, counted on the socket: a
+    slice, memoryview or numpy array taken from it keeps that count up until it is
+    released, and the socket refuses to close or reconnect (to unmap the ring) meanwhile,
+    as for receive_view's views."""
     cdef PubSocket pub
+    cdef char *data  # the room in the ring
+    cdef Py_ssize_t size
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        if self.done:
+            raise BufferError("the reservation was committed or aborted")
+        PyBuffer_FillInfo(buffer, self, <void *>self.data, self.size, 0, flags)
+        self.pub.exports += 1
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        self.pub.exports -= 1
 
     cpdef _publish(self):
         cdef int r = msgq_pub_commit(self.pub.pub)
