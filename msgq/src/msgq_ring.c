@@ -388,7 +388,7 @@ static void pool_forget_dead(msgq_publisher *pub, uint64_t reserve);
  * write (chunks are warm already; an early wrap would throw them away). The slots are
  * looked at only every MSGQ_EARLY_WRAP_RETRY_BYTES while a reader is behind, so a
  * stalled reader costs the sends nothing measurable. */
-static bool wrap_early(msgq_publisher *pub, uint32_t offset, uint32_t total) {
+static __attribute__((noinline)) bool wrap_early(msgq_publisher *pub, uint32_t offset, uint32_t total) {
   if (offset < pub->early_wrap_check || offset < total) return false;
   if (pool_tracked(&pub->pool)) pool_forget_dead(pub, pub->reserve_high);
   if (pool_tracked(&pub->pool) || !readers_all_at(pub->ring.header, pub->write_pointer)) {
@@ -399,29 +399,40 @@ static bool wrap_early(msgq_publisher *pub, uint32_t offset, uint32_t total) {
   return true;
 }
 
+/* The rest of this cycle is skipped: not enough room before the end (keeping 8 bytes
+ * for the marker), or every reader is here and the ring's start is warm (I7). The
+ * reserve covers the marker and the `total` bytes of the message after the wrap; returns
+ * the message's offset (0) or an error. Out of the send's line: once a ring. */
+static __attribute__((noinline)) int ring_wrap(msgq_publisher *pub, uint32_t cycle,
+                                               uint32_t offset, uint32_t total) {
+  msgq_ring *ring = &pub->ring;
+  announce_reserve(pub, make_position(cycle + 1u, total));
+  store_prefix(ring->data + offset, MSGQ_WRAP_MARKER);
+  /* relaxed: published by the write_pointer store below (release), like the marker. */
+  atomic_store_explicit(&ring->header->last_wrap, pub->write_pointer, memory_order_relaxed);
+  pub->early_wrap_check = pub->early_wrap_from;
+  int r = publish_write_pointer(pub, make_position(cycle + 1u, 0));
+  return r < 0 ? r : 0;
+}
+
 /* Reserves `size` bytes in the ring (inline message, descriptor, or chunk record with its
  * descriptor) and returns where they go. The caller checked ownership and size. An early
  * wrap (I7) is looked at only when `early` (a descriptor's place must be known before it
- * is reserved: descriptor_end). */
-static int ring_reserve(msgq_publisher *pub, uint32_t size, void **payload, bool early) {
+ * is reserved: descriptor_end). Inlined into each caller: it is most of a small send,
+ * and a call costs it a fifth more instructions (tests/c/count_pair.c). */
+static inline __attribute__((always_inline)) int ring_reserve(msgq_publisher *pub,
+                                                              uint32_t size, void **payload,
+                                                              bool early) {
   msgq_ring *ring = &pub->ring;
   const uint32_t total = 8u + (uint32_t)align8(size);
-  uint32_t cycle = position_cycle(pub->write_pointer);
+  const uint32_t cycle = position_cycle(pub->write_pointer);
   uint32_t offset = position_offset(pub->write_pointer);
 
-  if ((uint64_t)offset + total + 8u > ring->capacity ||
-      (early && wrap_early(pub, offset, total))) {
-    /* Not enough room before the end (keeping 8 bytes for the marker), or every reader
-     * is here and the ring's start is warm (I7): the rest of this cycle is skipped. The
-     * reserve covers the marker and the message after the wrap. */
-    announce_reserve(pub, make_position(cycle + 1u, total));
-    store_prefix(ring->data + offset, MSGQ_WRAP_MARKER);
-    /* relaxed: published by the write_pointer store below (release), like the marker. */
-    atomic_store_explicit(&ring->header->last_wrap, pub->write_pointer, memory_order_relaxed);
-    pub->early_wrap_check = pub->early_wrap_from;
-    int r = publish_write_pointer(pub, make_position(cycle + 1u, 0));
+  if (__builtin_expect((uint64_t)offset + total + 8u > ring->capacity, 0) ||
+      (early && __builtin_expect(offset >= pub->early_wrap_check, 0) &&
+       wrap_early(pub, offset, total))) {
+    int r = ring_wrap(pub, cycle, offset, total);
     if (r < 0) return r;
-    cycle += 1u;
     offset = 0;
   } else {
     announce_reserve(pub, make_position(cycle, offset + total));
@@ -430,9 +441,16 @@ static int ring_reserve(msgq_publisher *pub, uint32_t size, void **payload, bool
   return 0;
 }
 
+/* Wakes the readers asleep on the queue (I4). Out of the send's line: a system call. */
+static __attribute__((noinline)) void wake_readers(msgq_header *h) {
+  atomic_fetch_add_explicit(&h->notify_seq, 1u, memory_order_release);
+  os_wake_all(&h->notify_seq);
+}
+
 /* Publishes everything below `next` (the message at `at` the newest), wakes sleepers,
- * sweeps on schedule. */
-static int publish_message(msgq_publisher *pub, uint64_t at, uint64_t next) {
+ * sweeps on schedule. Inlined, like ring_reserve. */
+static inline __attribute__((always_inline)) int publish_message(msgq_publisher *pub,
+                                                                 uint64_t at, uint64_t next) {
   msgq_header *h = pub->ring.header;
   /* relaxed: published by the write_pointer store below (release). */
   atomic_store_explicit(&h->last_message, at, memory_order_relaxed);
@@ -440,9 +458,9 @@ static int publish_message(msgq_publisher *pub, uint64_t at, uint64_t next) {
   if (r < 0) return r;
 
   bool woke = false;
-  if (atomic_load_explicit(&h->waiting_readers, memory_order_seq_cst) != 0) {
-    atomic_fetch_add_explicit(&h->notify_seq, 1u, memory_order_release);
-    os_wake_all(&h->notify_seq);
+  if (__builtin_expect(atomic_load_explicit(&h->waiting_readers, memory_order_seq_cst) != 0,
+                       0)) {
+    wake_readers(h);
     woke = true;
   }
   maybe_sweep(pub, woke);
@@ -540,8 +558,9 @@ static void pool_forget_dead(msgq_publisher *pub, uint64_t reserve) {
 /* Whether a message goes into a chunk: the queue wants chunks, the message is at least
  * MSGQ_POOL_THRESHOLD, and a fresh chunk of it stays within a third of the ring. */
 static inline bool goes_to_pool(const msgq_publisher *pub, uint32_t size) {
-  return (pub->ring.flags & MSGQ_FLAG_POOL) && size >= MSGQ_POOL_THRESHOLD &&
-         size <= pub->ring.max_chunked;
+  /* The size first: a small send pays one predicted branch for the chunks. */
+  return __builtin_expect(size >= MSGQ_POOL_THRESHOLD, 0) &&
+         (pub->ring.flags & MSGQ_FLAG_POOL) && size <= pub->ring.max_chunked;
 }
 
 /* Moves the in-flight chunks that every reader has read past to the free stack, oldest
@@ -734,7 +753,8 @@ int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload) {
   int r = check_owner(pub);
   if (r < 0) return r;
   if (size > ring->max_message) return MSGQ_ETOOLARGE;
-  if (pub->reserved) msgq_publisher_abort(pub); /* a reservation left open is dropped */
+  if (__builtin_expect(pub->reserved, 0))
+    msgq_publisher_abort(pub); /* a reservation left open is dropped */
   r = goes_to_pool(pub, size) ? pool_reserve(pub, size, payload)
                               : ring_reserve(pub, size, payload, true);
   if (r < 0) return r;
@@ -747,7 +767,7 @@ int msgq_publisher_commit(msgq_publisher *pub) {
   if (!pub->reserved) return MSGQ_ENORESERVE;
   msgq_ring *ring = &pub->ring;
   pub->reserved = false;
-  if (pub->pool.reserving) return pool_commit(pub);
+  if (__builtin_expect(pub->pool.reserving, 0)) return pool_commit(pub);
   const uint32_t size = pub->reserved_size;
   const uint32_t offset = position_offset(pub->write_pointer);
   uint64_t prefix = size;
@@ -932,6 +952,125 @@ static void reset_for_corruption(msgq_subscriber *sub) {
   reader_reset(sub);
 }
 
+/* The bytes at the read position were overwritten before their check (I3): the reader
+ * jumps to the writer, unless the cycle ended exactly here (I7): the marker was
+ * overwritten, and the next cycle's messages may still be intact; they are checked like
+ * any others. */
+static void peek_overwritten(msgq_subscriber *sub, uint32_t rc) {
+  if (atomic_load_explicit(&sub->ring.header->last_wrap, memory_order_relaxed) ==
+      sub->read_pointer) {
+    store_read_pointer(sub, make_position(rc + 1u, 0));
+    return;
+  }
+  sub->resets++;
+  reader_reset(sub);
+}
+
+/* A conflating reader skips, without copying, to the newest published message: whether
+ * it stepped past the intact message that ends at `next` (the peek goes on). */
+static bool conflate_past(msgq_subscriber *sub, uint64_t next) {
+  if (next != sub->seen_write_pointer) {
+    store_read_pointer(sub, next);
+    return true;
+  }
+  refresh_write_pointer(sub);
+  if (next != sub->seen_write_pointer) {
+    store_read_pointer(sub, next);
+    return true;
+  }
+  return false;
+}
+
+/* The peek of a ring prefix with MSGQ_POOL_DESCRIPTOR_BIT set: a wrap marker, a chunk
+ * descriptor (P1: the message is in its chunk), a chunk record (stepped over) or damage.
+ * The caller checked the read position's range and cycle. Returns 1 with the chunk's
+ * message peeked (pinned, P4), 0 when the peek goes on from the (moved) read position.
+ * Out of the small messages' line: they never carry the bit. */
+static __attribute__((noinline)) int peek_marked(msgq_subscriber *sub, uint64_t prefix,
+                                                 const uint8_t **payload, uint32_t *size) {
+  msgq_ring *ring = &sub->ring;
+  const msgq_header *h = ring->header;
+  const uint32_t capacity = ring->capacity;
+  const uint32_t rc = position_cycle(sub->read_pointer);
+  const uint32_t ro = position_offset(sub->read_pointer);
+  const uint64_t wp = sub->seen_write_pointer;
+  /* A chunk descriptor's two words, read with the prefix so that the one check below
+   * covers them too (I3); trusted only after it, and bounded by the ring. A chunk
+   * record (the bit with a larger size) is stepped over. */
+  uint64_t descriptor[2] = {0, 0};
+  const bool marked = prefix != MSGQ_WRAP_MARKER;
+  const bool pooled =
+      marked && ((uint32_t)prefix & ~MSGQ_POOL_DESCRIPTOR_BIT) == MSGQ_POOL_DESCRIPTOR_SIZE;
+  if (pooled && (uint64_t)ro + 8u + 16u + 8u <= capacity) {
+    descriptor[0] = load_prefix(ring->data + ro + 8u);
+    descriptor[1] = load_prefix(ring->data + ro + 16u);
+  }
+  /* The prefix is only trusted once the bytes it came from are known intact (I3). */
+  if (!region_intact(h, rc, ro)) {
+    peek_overwritten(sub, rc);
+    return 0;
+  }
+  if (!marked) {
+    store_read_pointer(sub, make_position(rc + 1u, 0));
+    return 0;
+  }
+  const uint32_t msg_size = (uint32_t)prefix & ~MSGQ_POOL_DESCRIPTOR_BIT;
+  if ((uint64_t)msg_size + 16u > (uint64_t)capacity - ro ||
+      (!(ring->flags & MSGQ_FLAG_CHECKSUM) && (prefix >> 32) != 0) ||
+      msg_size < MSGQ_POOL_DESCRIPTOR_SIZE) {
+    reset_for_corruption(sub);
+    return 0;
+  }
+  /* A descriptor names a whole message in the ring, with an even sequence (P2), in a
+   * chunk before it and less than a cycle back (a live chunk always is: the writer
+   * that wrote the descriptor had not come round to the chunk yet). */
+  const uint64_t chunk = descriptor[0];
+  const uint32_t co = position_offset(chunk);
+  const uint32_t pooled_size = (uint32_t)(descriptor[1] >> 1);
+  if (pooled && ((descriptor[1] & 1u) || co % 8u != 0 ||
+                 pooled_size > msgq_ring_max_message(ring) ||
+                 (uint64_t)co + 16u + pooled_size > capacity ||
+                 !position_before(chunk, sub->read_pointer) ||
+                 sub->read_pointer - chunk >= ((uint64_t)1 << 32))) {
+    reset_for_corruption(sub);
+    return 0;
+  }
+  const uint64_t next = make_position(rc, ro + 8u + (uint32_t)align8(msg_size));
+  if (position_cycle(wp) == rc && position_offset(next) > position_offset(wp)) {
+    reset_for_corruption(sub);
+    return 0;
+  }
+  if (!pooled) {
+    /* A chunk record: its bytes are read through the descriptor that follows. */
+    store_read_pointer(sub, next);
+    return 0;
+  }
+  if (sub->conflate && conflate_past(sub, next)) return 0;
+  sub->next_read_pointer = next;
+  sub->peeked_checksum = (uint32_t)(prefix >> 32);
+  /* Pin, then check that the chunk still holds this message (P4). The seq_cst fence
+   * pairs with the one in chunk_begin_write: either the publisher sees our pin, or we
+   * see its odd words. */
+  msgq_reader_slot *slot = &sub->ring.header->readers[sub->slot];
+  atomic_store_explicit(&slot->pinned_chunk, chunk_pin(co), memory_order_relaxed);
+  atomic_thread_fence(memory_order_seq_cst);
+  sub->peeked_pool = true;
+  sub->peeked_chunk = chunk;
+  sub->peeked_seq = descriptor[1];
+  sub->peeked_size = pooled_size;
+  if (!chunk_holds(sub)) {
+    /* Reused already: this reader was lapped (P5). Only this message is lost; the
+     * next descriptors name newer chunks, which may still hold theirs. */
+    unpin(sub);
+    sub->resets++;
+    store_read_pointer(sub, next);
+    return 0;
+  }
+  *payload = chunk_bytes(ring, co);
+  *size = pooled_size;
+  return 1;
+}
+
 int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t *size) {
   msgq_ring *ring = &sub->ring;
   const msgq_header *h = ring->header;
@@ -977,53 +1116,21 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
       continue;
     }
     const uint64_t prefix = load_prefix(ring->data + ro);
-    /* A chunk descriptor's two words, read with the prefix so that the one check below
-     * covers them too (I3); trusted only after it, and bounded by the ring. A chunk
-     * record (the bit with a larger size) is stepped over. */
-    uint64_t descriptor[2] = {0, 0};
-    const bool marked = (prefix & MSGQ_POOL_DESCRIPTOR_BIT) && prefix != MSGQ_WRAP_MARKER;
-    const bool pooled =
-        marked && ((uint32_t)prefix & ~MSGQ_POOL_DESCRIPTOR_BIT) == MSGQ_POOL_DESCRIPTOR_SIZE;
-    if (pooled && (uint64_t)ro + 8u + 16u + 8u <= capacity) {
-      descriptor[0] = load_prefix(ring->data + ro + 8u);
-      descriptor[1] = load_prefix(ring->data + ro + 16u);
+    if (__builtin_expect((prefix & MSGQ_POOL_DESCRIPTOR_BIT) != 0, 0)) {
+      /* A wrap marker, a chunk descriptor or a chunk record (or damage). */
+      if (peek_marked(sub, prefix, payload, size)) return 1;
+      continue;
     }
     /* The prefix is only trusted once the bytes it came from are known intact (I3). */
     if (!region_intact(h, rc, ro)) {
-      /* The cycle ended exactly here (I7): the marker was overwritten, the next cycle's
-       * messages may still be intact; they are checked like any others. */
-      if (atomic_load_explicit(&h->last_wrap, memory_order_relaxed) == sub->read_pointer) {
-        store_read_pointer(sub, make_position(rc + 1u, 0));
-        continue;
-      }
-      sub->resets++;
-      reader_reset(sub);
+      peek_overwritten(sub, rc);
       continue;
     }
-    if (prefix == MSGQ_WRAP_MARKER) {
-      store_read_pointer(sub, make_position(rc + 1u, 0));
-      continue;
-    }
-    const uint32_t msg_size = (uint32_t)prefix & ~MSGQ_POOL_DESCRIPTOR_BIT;
+    const uint32_t msg_size = (uint32_t)prefix;
     /* The message and the 8 reserved bytes must fit before the end of the ring, and
      * it must end at or before what the publisher has published in this cycle. */
     if ((uint64_t)msg_size + 16u > (uint64_t)capacity - ro ||
-        (!(ring->flags & MSGQ_FLAG_CHECKSUM) && (prefix >> 32) != 0) ||
-        (marked && msg_size < MSGQ_POOL_DESCRIPTOR_SIZE)) {
-      reset_for_corruption(sub);
-      continue;
-    }
-    /* A descriptor names a whole message in the ring, with an even sequence (P2), in a
-     * chunk before it and less than a cycle back (a live chunk always is: the writer
-     * that wrote the descriptor had not come round to the chunk yet). */
-    const uint64_t chunk = descriptor[0];
-    const uint32_t co = position_offset(chunk);
-    const uint32_t pooled_size = (uint32_t)(descriptor[1] >> 1);
-    if (pooled && ((descriptor[1] & 1u) || co % 8u != 0 ||
-                   pooled_size > msgq_ring_max_message(ring) ||
-                   (uint64_t)co + 16u + pooled_size > capacity ||
-                   !position_before(chunk, sub->read_pointer) ||
-                   sub->read_pointer - chunk >= ((uint64_t)1 << 32))) {
+        (!(ring->flags & MSGQ_FLAG_CHECKSUM) && (prefix >> 32) != 0)) {
       reset_for_corruption(sub);
       continue;
     }
@@ -1032,49 +1139,9 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
       reset_for_corruption(sub);
       continue;
     }
-    if (marked && !pooled) {
-      /* A chunk record: its bytes are read through the descriptor that follows. */
-      store_read_pointer(sub, next);
-      continue;
-    }
-
-    if (sub->conflate) {
-      /* Skip without copying to the newest published message. */
-      if (next != sub->seen_write_pointer) {
-        store_read_pointer(sub, next);
-        continue;
-      }
-      refresh_write_pointer(sub);
-      if (next != sub->seen_write_pointer) {
-        store_read_pointer(sub, next);
-        continue;
-      }
-    }
+    if (sub->conflate && conflate_past(sub, next)) continue;
     sub->next_read_pointer = next;
     sub->peeked_checksum = (uint32_t)(prefix >> 32);
-    if (pooled) {
-      /* Pin, then check that the chunk still holds this message (P4). The seq_cst
-       * fence pairs with the one in chunk_begin_write: either the publisher sees our
-       * pin, or we see its odd words. */
-      msgq_reader_slot *slot = &sub->ring.header->readers[sub->slot];
-      atomic_store_explicit(&slot->pinned_chunk, chunk_pin(co), memory_order_relaxed);
-      atomic_thread_fence(memory_order_seq_cst);
-      sub->peeked_pool = true;
-      sub->peeked_chunk = chunk;
-      sub->peeked_seq = descriptor[1];
-      sub->peeked_size = pooled_size;
-      if (!chunk_holds(sub)) {
-        /* Reused already: this reader was lapped (P5). Only this message is lost; the
-         * next descriptors name newer chunks, which may still hold theirs. */
-        unpin(sub);
-        sub->resets++;
-        store_read_pointer(sub, next);
-        continue;
-      }
-      *payload = chunk_bytes(ring, co);
-      *size = pooled_size;
-      return 1;
-    }
     sub->peeked_size = msg_size;
     *payload = ring->data + ro + 8u;
     *size = msg_size;
