@@ -1080,6 +1080,8 @@ class PubSocket:
         copy is dropped); may wait up to ``join_wait_ms`` for a just-accepted subscriber's
         subscription."""
         self._check_connected()
+        if self._reservation is not None:
+            raise RuntimeError("a reservation is open on this socket; commit it first")
         if isinstance(data, str):
             raise TypeError("send() takes bytes-like data, not str; encode it first")
         if type(data) is bytes:

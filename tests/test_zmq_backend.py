@@ -173,6 +173,21 @@ def test_forked_child_makes_its_own_context(endpoint: str) -> None:
     assert child.exitcode == 0
 
 
+def test_send_during_an_open_reservation_raises_as_on_shared_memory(endpoint: str) -> None:
+    # The shared-memory backend refuses a send while a reservation is open (the message
+    # would land between the reserved room and its commit); ZMQ sent it before.
+    pub, sub = subscribed_pair(endpoint, timeout=5000)
+    reservation = pub.reserve(4)
+    with pytest.raises(RuntimeError, match="a reservation is open on this socket; commit "
+                                           "it first"):
+        pub.send(b"early")
+    with reservation as buf:
+        buf[:] = b"room"
+    pub.send(b"next")
+    assert [sub.receive(), sub.receive()] == [b"room", b"next"]
+    assert sub.receive(non_blocking=True) is None
+
+
 # --- addressing --------------------------------------------------------------------------
 
 def _subscribe_and_report(endpoint: str, address: str, count: int, ready, result) -> None:
