@@ -9,8 +9,9 @@
 # on installing after this returns: MSGQ_PENDING_SETUP then names a file that its exit
 # status is written to when it ends, and the demo waits for that before its Spark step
 # (beside it, a .pyspark file appears once pyspark itself is in: the JVM can start).
-# One line per step it takes, on stderr; the package managers' output goes to
-# build/setup.log and is shown (its end) only when a step fails. Safe to re-run: it does
+# One line per step it takes, on stderr; apt's output goes to build/setup.log (the Java
+# runtime's to build/setup-java.log), pip's and the build's to .venv/deps.log,
+# .venv/extra-setup.log and .venv/build.log; a log's end is shown only when its step fails. Safe to re-run: it does
 # nothing when everything is there, and rebuilds only when a build input changed
 # (MSGQ_DEBUG=1 builds with debug info and unstripped libraries).
 set -euo pipefail

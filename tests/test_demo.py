@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 
 import msgq
 from msgq import queues
+from msgq.demo.robot import SERVICES
 
 pytestmark = pytest.mark.multiprocess
 
@@ -79,3 +81,62 @@ def test_health_view_expects_the_registrys_rates() -> None:
     registry = {s: services.SERVICE_LIST[s].frequency for s in SERVICES}
     assert expected == registry
     assert expected["gyroscope"] == expected["accelerometer"] == SENSOR_RATES["gyroscope"] == 104
+
+
+@pytest.mark.slow
+def test_robot_runs_alone_in_the_callers_namespace_until_ctrl_c(prefix: str) -> None:
+    # ./run.sh robot: what msgq top / dump / record see from another terminal.
+    robot = subprocess.Popen([sys.executable, "-m", "msgq.demo.robot"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=os.environ.copy())
+    try:
+        sub = msgq.sub_sock("vehicleState", timeout=30_000)  # the caller's namespace
+        assert sub.receive() is not None
+        sub.close()
+        top = subprocess.run([sys.executable, "-m", "msgq", "top", "--once", "--json",
+                              "--interval", "0.5"], capture_output=True, text=True,
+                             timeout=120, env=os.environ.copy())
+        assert top.returncode == 0, top.stderr
+        assert set(SERVICES) <= set(top.stdout.split('"')), top.stdout[:2000]
+        robot.send_signal(signal.SIGINT)
+        out, err = robot.communicate(timeout=30)
+    finally:
+        if robot.poll() is None:
+            robot.kill()
+            robot.communicate()
+    assert robot.returncode == 0, err
+    assert f"in namespace {prefix}" in out
+    assert "Traceback" not in err, err
+    # its processes are gone: no publisher of the robot is alive
+    for service in SERVICES:
+        info = queues.inspect_queue(queues.queue_path(service))
+        assert not info["publisher_alive"], service
+
+
+@pytest.mark.slow
+def test_record_of_nothing_fails_and_names_the_namespace_with_live_publishers(
+        prefix: str, tmp_path: object) -> None:
+    # The newcomer's trap: the demo robot published in demo_<pid> while `msgq record` in
+    # another terminal recorded the default namespace: 0 messages, exit 0.
+    elsewhere = f"{prefix}_robot"
+    env = {**os.environ, "MSGQ_PREFIX": elsewhere}
+    publisher = subprocess.Popen(
+        [sys.executable, "-c", "import sys, msgq; p = msgq.pub_sock('vehicleState'); "
+         "print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert publisher.stdout is not None and publisher.stdout.readline() == "ready\n"
+        done = subprocess.run(
+            [sys.executable, "-m", "msgq", "record", "vehicleState", "-o",
+             os.path.join(str(tmp_path), "rec"), "--duration", "0.3"],
+            capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    finally:
+        publisher.communicate("")
+        import shutil
+        shutil.rmtree(os.path.join(os.environ.get("MSGQ_SHM_DIR", "/dev/shm"), elsewhere),
+                      ignore_errors=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    [line] = done.stderr.splitlines()[-1:]
+    assert line.startswith("msgq record: error: recorded nothing"), line
+    assert f"in namespace {prefix} " in line and f"{elsewhere} (1)" in line, line
+    assert "Traceback" not in done.stderr

@@ -86,3 +86,43 @@ def test_install_hints_name_this_projects_distribution() -> None:
              if name not in allowed]
     assert len(HINT_FILES) > 50
     assert wrong == []
+
+
+# --- paths and rates the pages name ----------------------------------------------------
+
+#: The set-up logs: build/NAME.log or .venv/NAME.log (a glob as .venv/*.log too).
+LOG_PATH = re.compile(r"(?:build|\.venv)/[\w*-]+\.log")
+PAGES = [ROOT / name for name in DOCS] + [ROOT / "run.sh", ROOT / "test.sh"]
+
+
+def test_the_setup_logs_the_pages_name_are_where_setup_writes_them() -> None:
+    # The README said build/setup.log held the package managers' output; pip's and the
+    # build's went to .venv/*.log.
+    import fnmatch
+
+    setup = (ROOT / "scripts" / "ensure_env.sh").read_text()
+    code = "\n".join(line for line in setup.splitlines() if not line.lstrip().startswith("#"))
+    written = set(LOG_PATH.findall(code)) | {
+        "build/" + name for name in re.findall(r'"\$root/build/([\w-]+\.log)"', code)}
+    assert {"build/setup.log", ".venv/deps.log", ".venv/build.log"} <= written, written
+    for page in PAGES:
+        for named in LOG_PATH.findall(page.read_text()):
+            assert fnmatch.filter(written, named), (page.name, named, sorted(written))
+    readme = (ROOT / "README.md").read_text()
+    assert [w for w in sorted(written) if w not in readme] == []
+
+
+def test_the_rates_the_pages_name_are_the_registrys() -> None:
+    # The demo's health view expected 100 Hz of the 104 Hz IMU services.
+    from msgq.demo.robot import SENSOR_RATES, VEHICLE_RATES
+    from msgq.schemas.services import SERVICE_LIST
+
+    registry = {name: s.frequency for name, s in SERVICE_LIST.items()}
+    named = [(page.name, service, float(hz)) for page in PAGES
+             for service, hz in re.findall(r"\b(\w+) at (\d+(?:\.\d+)?) ?Hz\b", page.read_text())
+             if service in registry]
+    assert named, "no page names a service's rate"
+    assert [n for n in named if n[2] != registry[n[1]]] == []
+    # What the robot publishes (./run.sh, ./run.sh robot) is the registry's rates.
+    assert {s: registry[s] for s in {**SENSOR_RATES, **VEHICLE_RATES}} == {
+        **SENSOR_RATES, **VEHICLE_RATES}

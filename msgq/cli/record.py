@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import sys
 from typing import Any
 
 from msgq.cli.output import (
+    EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_OK,
     CommandError,
@@ -16,12 +18,14 @@ from msgq.cli.output import (
     human_bytes,
     number,
     paint,
+    print_error,
     print_json,
     print_table,
 )
 from msgq.cli.services import check_services
 from msgq.logs.recorder import Recorder
 from msgq.logs.writer import writes_log_start
+from msgq.queues import QUEUE_FILE_PREFIX, inspect_queue, namespace_prefix
 from msgq.schemas import schema_in_force
 
 DESCRIPTION = """\
@@ -49,8 +53,10 @@ examples:
 
 exit codes: 0 recorded and stopped (--duration, SIGTERM, SIGHUP), 130 recorded and
 stopped by Ctrl-C (the log is just as complete; 130 tells a calling script that the user
-interrupted), 1 could not record (DIR already holds a recording, ...), 2 bad command line
-(unknown service, ...)."""
+interrupted), 1 could not record (DIR already holds a recording, ...) or recorded nothing
+(an error line names the namespaces that do have live publishers: MSGQ_PREFIX=NAME
+records one of them; after Ctrl-C the line is printed and the code stays 130), 2 bad
+command line (unknown service, ...)."""
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)i?[bB]?\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -127,7 +133,56 @@ def run(args: argparse.Namespace) -> int:
         print_json(stats.as_dict())
     else:
         _print_stats(stats)
-    return EXIT_INTERRUPTED if stats.stop_signal == signal.SIGINT else EXIT_OK
+    interrupted = stats.stop_signal == signal.SIGINT
+    if stats.messages == 0:
+        print_error("record", _nothing_recorded(stats))
+        return EXIT_INTERRUPTED if interrupted else EXIT_FAILURE
+    return EXIT_INTERRUPTED if interrupted else EXIT_OK
+
+
+def _nothing_recorded(stats: Any) -> str:
+    """Why a recording holds nothing, and where the live publishers are instead."""
+    prefix = namespace_prefix()
+    here = f"namespace {prefix}" if prefix else "the default namespace"
+    text = (f"recorded nothing: none of the {len(stats.services)} service(s) was published "
+            f"in {here} while it ran")
+    if stats.backend != "msgq":
+        return text + " (on ZMQ: is the publisher's address right?)"
+    live = live_publisher_namespaces()
+    live.pop(prefix, None)
+    if not live:
+        return text + "; no other namespace has a live publisher either"
+    found = ", ".join(f"{name or '(default)'} ({count})"
+                      for name, count in sorted(live.items(), key=lambda kv: -kv[1])[:5])
+    return (text + f"; namespaces with live publishers (queues): {found} — "
+            "record one with MSGQ_PREFIX=NAME (unset for the default)")
+
+
+def live_publisher_namespaces(root: str | None = None) -> dict[str, int]:
+    """Namespace prefix ("" for the default) -> how many queues there have a live
+    publisher, read from the queue files under ``root`` (``MSGQ_SHM_DIR``, else
+    /dev/shm) without connecting."""
+    root = root or os.environ.get("MSGQ_SHM_DIR") or "/dev/shm"
+    found: dict[str, int] = {}
+
+    def count(folder: str, name: str) -> None:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return
+        for entry in entries:
+            if entry.name.startswith(QUEUE_FILE_PREFIX) and entry.is_file(follow_symlinks=False):
+                try:
+                    alive = inspect_queue(entry.path)["publisher_alive"]
+                except (OSError, ValueError):
+                    continue
+                if alive:
+                    found[name] = found.get(name, 0) + 1
+            elif name == "" and entry.is_dir(follow_symlinks=False):
+                count(entry.path, entry.name)
+
+    count(root, "")
+    return found
 
 
 def _print_stats(stats: Any) -> None:

@@ -5,12 +5,22 @@ a camera through VisionIPC with its frame metadata — from separate processes.
 Everything derives from the time since the start (and a seeded noise generator), so runs
 are reproducible in content; only the timing is real. Each publisher schedules against an
 absolute start time, so rates hold on average even when a period runs late.
+
+``python -m msgq.demo.robot`` (``./run.sh robot``) runs it alone, in the current namespace
+(the default one unless ``MSGQ_PREFIX`` says otherwise), until Ctrl-C or ``--seconds``:
+``msgq top``, ``dump``, ``record``, ``export`` and ``foxglove`` in another terminal see
+it.
 """
 
 from __future__ import annotations
 
+import argparse
+import ctypes
 import math
 import multiprocessing as mp
+import os
+import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +30,8 @@ import numpy as np
 from msgq.messaging import PubMaster, new_message
 from msgq.visionipc import VisionIpcServer
 
-__all__ = ["CAMERA_NAME", "CAMERA_SIZE", "PROCESSES", "SERVICES", "VehicleModel", "start_robot"]
+__all__ = ["CAMERA_NAME", "CAMERA_SIZE", "PROCESSES", "SERVICES", "VehicleModel", "main",
+           "start_robot"]
 
 #: VisionIPC name and (width, height) of the simulated road camera.
 CAMERA_NAME = "camerad"
@@ -247,12 +258,92 @@ PROCESSES: dict[str, Callable[[float], None]] = {
 }
 
 
+#: prctl option: the signal a process gets when its parent dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def _run_process(name: str, seconds: float, parent: int) -> None:
+    """A robot process: its publisher loop, leaving Ctrl-C to the parent (which a
+    terminal sends to the whole process group), ending cleanly on SIGTERM (so the
+    VisionIPC server closes) and getting one when the parent dies, however it dies: a
+    robot run until Ctrl-C never outlives its parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # it died before prctl took effect
+        return
+    PROCESSES[name](seconds)
+
+
 def start_robot(seconds: float, ctx: Any = None) -> list[Any]:
-    """Starts every robot process (spawned, in this process's namespace) for ``seconds``;
-    returns them started."""
+    """Starts every robot process (spawned, in this process's namespace) for ``seconds``
+    (``math.inf``: until stopped); returns them started."""
     ctx = ctx or mp.get_context("spawn")
-    procs = [ctx.Process(target=fn, args=(seconds,), name=f"robot-{name}", daemon=True)
-             for name, fn in PROCESSES.items()]
+    procs = [ctx.Process(target=_run_process, args=(name, seconds, os.getpid()),
+                         name=f"robot-{name}", daemon=True)
+             for name in PROCESSES]
     for p in procs:
         p.start()
     return procs
+
+
+def stop_robot(procs: list[Any], timeout: float = 10.0) -> None:
+    """Stops the robot's processes (SIGTERM, then SIGKILL after ``timeout``)."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the simulated robot alone until Ctrl-C (exit 0) or ``--seconds``; 1 when one
+    of its processes fails."""
+    parser = argparse.ArgumentParser(
+        prog="python -m msgq.demo.robot",
+        description="The simulated robot alone, in the current namespace (MSGQ_PREFIX; "
+                    "the default one when unset), until Ctrl-C: watch it from another "
+                    "terminal with msgq top, dump, record, export or foxglove.",
+        epilog="example: ./run.sh robot, then in another terminal: "
+               ". .venv/bin/activate && msgq top")
+    parser.add_argument("--seconds", type=float, default=math.inf,
+                        help="stop after this many seconds (default: until Ctrl-C)")
+    args = parser.parse_args(argv)
+    if not args.seconds > 0:
+        parser.error("--seconds must be positive")
+    prefix = os.environ.get("MSGQ_PREFIX") or os.environ.get("OPENPILOT_PREFIX") or ""
+    where = f"namespace {prefix}" if prefix else "the default namespace"
+    print(f"simulated robot: {len(SERVICES)} services and a {CAMERA_SIZE[0]}x{CAMERA_SIZE[1]} "
+          f"camera ({CAMERA_NAME}) from {len(PROCESSES)} processes, in {where}", flush=True)
+    print("in another terminal (. .venv/bin/activate first, from a clone):\n"
+          "  msgq top                      live rates\n"
+          "  msgq dump vehicleState        messages, decoded\n"
+          "  msgq record -o rec            a recording (Ctrl-C ends it), then msgq info rec\n"
+          "  msgq export rec rec.mcap      for Foxglove (the viz extra); msgq foxglove: live\n"
+          "Ctrl-C stops the robot.", flush=True)
+    # Ctrl-C and SIGTERM stop it (also when started from a shell that ignores SIGINT
+    # for its background jobs).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    procs = start_robot(args.seconds)
+    try:
+        while any(p.is_alive() for p in procs):
+            for p in procs:
+                p.join(0.2)
+    except KeyboardInterrupt:
+        print("stopping the robot", file=sys.stderr, flush=True)
+    finally:
+        stop_robot(procs)
+    failed = [p.name for p in procs if p.exitcode not in (0, -signal.SIGTERM)]
+    if failed:
+        print(f"robot process(es) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
