@@ -126,3 +126,23 @@ def test_the_rates_the_pages_name_are_the_registrys() -> None:
     # What the robot publishes (./run.sh, ./run.sh robot) is the registry's rates.
     assert {s: registry[s] for s in {**SENSOR_RATES, **VEHICLE_RATES}} == {
         **SENSOR_RATES, **VEHICLE_RATES}
+
+
+def test_messages_point_to_help_that_ships_not_to_docs_folder() -> None:
+    # The wheel carries no docs/: `msgq keys init` sent users to docs/security.md. What a
+    # command prints or raises points to `msgq ... --help` (or a URL) instead.
+    import ast
+
+    hits = []
+    for path in sorted((ROOT / "msgq").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = (func.id if isinstance(func, ast.Name)
+                    else func.attr if isinstance(func, ast.Attribute) else "")
+            if name in ("print", "print_error", "warn") or name.endswith(("Error", "Exception")):
+                hits += [(str(path.relative_to(ROOT)), sub.lineno) for sub in ast.walk(node)
+                         if isinstance(sub, ast.Constant) and isinstance(sub.value, str)
+                         and re.search(r"\bdocs/\w", sub.value)]
+    assert hits == []

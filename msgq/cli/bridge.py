@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
             where = "every interface" if args.bind in ("*", "0.0.0.0", "::") else args.bind
             print(f"msgq bridge serve: serving {where} unauthenticated and unencrypted: "
                   "whoever reaches the ports reads every message; use --keys DIR "
-                  "(docs/security.md)", file=sys.stderr)
+                  "(msgq keys --help)", file=sys.stderr)
     else:
         services = check_services(args.services) if args.services else None
 

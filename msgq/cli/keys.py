@@ -104,5 +104,5 @@ def run(args: argparse.Namespace) -> int:
         where = name if name == "server" else f"clients/{name}"
         print(f"{where}: {public.decode()}")
     print(f"msgq keys: wrote {len(written)} key pairs in {os.path.abspath(args.directory)} "
-          "(secrets 0600); see docs/security.md for where each file goes", file=sys.stderr)
+          "(secrets 0600); msgq keys --help says where each file goes", file=sys.stderr)
     return EXIT_OK
