@@ -27,9 +27,28 @@ pytest_parallel_args
 elapsed() { echo "   (${SECONDS} s so far)"; }
 # scons builds (and runs the test programs) on every core
 jobs="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)"
+# scons_step NAME ARGS...: scons ARGS with its compiler lines and the test programs' output
+# in build/NAME.log; prints the programs' totals, or the log's end when it fails.
+scons_step() {
+  local log="build/$1.log"
+  shift
+  mkdir -p build
+  if ! .venv/bin/scons -Q -j "$jobs" "$@" > "$log" 2>&1; then
+    tail -n 60 "$log"
+    echo "failed: scons $* (full output: $log)" >&2
+    exit 1
+  fi
+  awk -v logfile="$log" '
+    match($0, /[0-9]+ passed, [0-9]+ failed/) {
+      split(substr($0, RSTART, RLENGTH), n, " "); passed += n[1]; failed += n[3]; runs++ }
+    END { if (runs) printf "   %d passed, %d failed in %d C test run(s) (output: %s)\n",
+                           passed, failed, runs, logfile
+          else printf "   built, no test program had to run again (output: %s)\n", logfile }
+  ' "$log"
+}
 if [ "$quick" -eq 1 ]; then
   echo "== C unit tests (plain)"
-  .venv/bin/scons -Q -j "$jobs" test
+  scons_step c-tests-plain test
   echo "== ruff"
   .venv/bin/ruff check msgq visionipc schemas tests
   elapsed
@@ -37,16 +56,17 @@ if [ "$quick" -eq 1 ]; then
   exec .venv/bin/python -m pytest "${parallel[@]}" -m "quick or not slow" "$@"
 fi
 echo "== C unit tests (plain; the C benchmarks are built too, not run)"
-.venv/bin/scons -Q -j "$jobs" test bench
+scons_step c-tests-plain test bench
 elapsed
 echo "== C unit tests (ASan + UBSan)"
-.venv/bin/scons -Q -j "$jobs" test --sanitize=address
+scons_step c-tests-asan test --sanitize=address
 elapsed
 echo "== C unit tests (ThreadSanitizer; suppressions: the payload byte copies only)"
-.venv/bin/scons -Q -j "$jobs" test --sanitize=thread
+scons_step c-tests-tsan test --sanitize=thread
 elapsed
 if command -v clang >/dev/null 2>&1; then
-  .venv/bin/scons -Q -j "$jobs" fuzz
+  echo "== libFuzzer builds"
+  scons_step fuzz-build fuzz
   mkdir -p build/fuzz/corpus build/fuzz/corpus_visionipc build/fuzz/corpus_log_scan
   # The ring's fuzzer runs beside the two others (one core each); their reports follow
   # in order, each with its exit status kept.
