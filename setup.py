@@ -172,15 +172,21 @@ extensions = [
         + [p.replace(".c", ".h") for p in C_CORE],
     ),
     # The typed reader: fields read straight from Cap'n Proto bytes, every pointer checked
-    # (pycapnp is the fallback), for SubMaster's payload views and Spark's typed columns;
-    # and its writing twin, the Event builder that new_message returns.
+    # (pycapnp is the fallback), for SubMaster's payload views and Spark's typed columns.
     Extension(
         "msgq.schemas._typed_reader",
         sources=["schemas/_typed_reader.pyx"],
         extra_compile_args=extra_compile_args,
         extra_link_args=strip_args,
-        # the wire walk both readers cimport; the Event builder it includes
-        depends=["schemas/_capnp_wire.pxd", "schemas/_event_builder.pxi"],
+        depends=["schemas/_capnp_wire.pxd"],  # the wire walk both readers cimport
+    ),
+    # Its writing twin: the Event builder that new_message returns (the same kind codes).
+    Extension(
+        "msgq.schemas._event_builder",
+        sources=["schemas/_event_builder.pyx"],
+        extra_compile_args=extra_compile_args,
+        extra_link_args=strip_args,
+        depends=["schemas/_capnp_wire.pxd"],
     ),
     # The log scanner: messages of a decompressed log split and peeked in C, in batches.
     Extension(

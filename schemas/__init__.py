@@ -12,7 +12,8 @@
   read by every layer (:func:`default_schema` / :func:`schema_in_force`); a
   :class:`SchemaSpec` rebuilds it in another process.
 * :mod:`msgq.schemas.events` — making and parsing Event messages (``new_message``,
-  ``log_from_bytes``, ``decode_event``).
+  ``log_from_bytes``, ``decode_event``); :class:`StaleBuilderError`: a struct builder of
+  ``new_message``'s used after its struct left the message (:mod:`._event_builder`).
 * :mod:`msgq.schemas.framing` — Cap'n Proto stream framing and :class:`EventLayout`, the
   three fields every tool peeks from an Event's bytes without pycapnp.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from msgq.errors import MessageDecodeError
+from msgq.schemas._event_builder import StaleBuilderError
 from msgq.schemas.events import decode_event, log_from_bytes, new_message
 from msgq.schemas.framing import EventLayout
 from msgq.schemas.schema import (
@@ -65,6 +67,7 @@ __all__ = [
     "SchemaSpec",
     "Service",
     "ServiceRegistry",
+    "StaleBuilderError",
     "decode_event",
     "default_schema",
     "derive_queue_size",

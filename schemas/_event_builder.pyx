@@ -1,24 +1,55 @@
-# The Event builder: what new_message returns. Included by _typed_reader.pyx (one module:
-# the builder writes the encoding the reader reads, with the same kind codes and
-# layouts' default bits; builder_layouts.py makes its layouts).
-#
-# A message is one growing segment (a bytearray) that is a valid Cap'n Proto message after
-# every call. What cereal code does in a control loop — set numbers, bools and enums (by
-# name), get or init nested structs and groups, pick union members, which(), to_bytes() —
-# is written straight into it. Anything else (text, data, lists, struct assignment,
-# reading an enum, to_dict(), any other pycapnp method or attribute, a value of another
-# type or out of range) makes the message hand over, once: it becomes a pycapnp builder
-# made from those bytes, and from then on every object of this message (the root and
-# each nested struct it gave out, found again by its path of field names) forwards to it.
-# So the result of every call is pycapnp's — the value, or pycapnp's own error — and only
-# the common calls are cheaper: no pycapnp code runs in them, which in a 100 Hz loop with
-# cold caches is most of their cost.
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The Event builder: what new_message returns, writing the encoding the typed reader
+(schemas/_typed_reader.pyx) reads, with the same kind codes (schemas/_capnp_wire.pxd) and
+layouts' default bits (builder_layouts.py makes its layouts).
+
+A message is one growing segment (a bytearray) that is a valid Cap'n Proto message after
+every call. What cereal code does in a control loop — set numbers, bools and enums (by
+name), get or init nested structs and groups, pick union members, which(), to_bytes() —
+is written straight into it. Anything else (text, data, lists, struct assignment,
+reading an enum, to_dict(), any other pycapnp method or attribute, a value of another
+type or out of range, :meth:`StructBuilder.as_pycapnp`) makes the message hand over, once:
+it becomes a pycapnp builder made from those bytes. At that moment every struct of the
+message this builder wrote is matched with its pycapnp twin by where it lies in the bytes
+(not by the names of the fields that lead to it), and each :class:`StructBuilder` given
+out before forwards to its own struct's twin from then on; one whose struct was no longer
+in the message (re-initialised, or its union switched to another member) raises
+:class:`StaleBuilderError` when used. So the result of every call is pycapnp's — the
+value, or pycapnp's own error — and only the common calls are cheaper: no pycapnp code
+runs in them, which in a 100 Hz loop with cold caches is most of their cost.
+
+``type(b) is b.__class__`` for a builder: it is msgq's class, not pycapnp's
+(``isinstance(b, capnp._DynamicStructBuilder)`` is False). pycapnp's own setters take
+only pycapnp's objects: ``other.carState = msg.carState.as_pycapnp()``.
+"""
+
+cimport cython
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.object cimport PyObject_GenericGetAttr
+
+# The kind codes, shared with the typed reader (Cython finds the .pxd from the source
+# tree's root: the runtime package msgq.schemas is setup.py's mapping of schemas/).
+from schemas._capnp_wire cimport *
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize
 from libc.string cimport memset
 
 #: A field that is not a union member.
 BUILD_NO_DISCRIMINANT = -1
+
+# The kinds builder_layouts.py gives fields (the typed reader's K_ codes).
+K_STRUCT = KIND_STRUCT
+K_GROUP = KIND_GROUP
+K_ENUM = KIND_ENUM
+K_VOID = KIND_VOID
+
+
+class StaleBuilderError(RuntimeError):
+    """A struct builder used after its message handed over to pycapnp, when its struct was
+    no longer in the message at that moment (re-initialised, or its union switched to
+    another member): take the struct again from the message."""
 
 
 @cython.auto_pickle(False)  # (no pickling code: less to compile)
@@ -81,6 +112,9 @@ cdef class _Message:
     cdef Py_ssize_t used  # bytes in use: the root pointer and every struct allocated
     cdef object fallback  # the pycapnp root builder, once the message handed over
     cdef object handover  # bytes -> that pycapnp builder (new_message's schema)
+    cdef dict twins  # (data offset, layout) -> its pycapnp builder, made at the hand-over
+    cdef BuildLayout root_layout
+    cdef Py_ssize_t root_data
 
     cdef Py_ssize_t alloc(self, Py_ssize_t words) except -1:
         """Zeroed words at the end of the segment; their byte offset."""
@@ -108,10 +142,50 @@ cdef class _Message:
         return out
 
     cdef object take_over(self):
-        """The pycapnp builder that the message is from now on (made once)."""
+        """The pycapnp builder that the message is from now on (made once), and the twin
+        of every struct this builder wrote that is in the message now (``twins``)."""
+        cdef object root
         if self.fallback is None:
-            self.fallback = self.handover(self.encoded())
+            root = self.handover(self.encoded())
+            self.twins = {}
+            self.match(root, self.root_layout, self.root_data,
+                       self.root_data + 8 * self.root_layout.data_words)
+            self.fallback = root
         return self.fallback
+
+    cdef int match(self, object twin, BuildLayout layout, Py_ssize_t data,
+                   Py_ssize_t ptrs) except -1:
+        """Records ``twin`` (pycapnp's builder of the struct of ``layout`` at byte ``data``)
+        and, in it, the twins of the structs and groups this one holds: those this builder
+        may have given out. A struct is known by where it lies: a re-initialised one lies
+        elsewhere, so a builder of the one before finds no twin. The bytes are the message
+        as it handed over (nothing writes them after)."""
+        cdef BuildField f
+        cdef BuildLayout sub
+        cdef const char* buf = PyByteArray_AS_STRING(self.buf)
+        cdef int disc = -1
+        cdef uint64_t word
+        cdef int32_t offset
+        cdef Py_ssize_t ptr, at
+        self.twins[(data, layout)] = twin
+        if layout.disc_offset >= 0:
+            disc = <int>_load(buf + data + 2 * layout.disc_offset, 2)
+        for name, field in layout.fields.items():
+            f = <BuildField>field
+            if f.sub is None or (f.disc >= 0 and f.disc != disc):
+                continue  # never reached (no layout made yet), or not the member set
+            sub = <BuildLayout>f.sub
+            if f.kind == KIND_GROUP:
+                self.match(getattr(twin, name), sub, data, ptrs)
+            elif f.kind == KIND_STRUCT:
+                ptr = ptrs + 8 * f.where
+                word = _load(buf + ptr, 8)
+                offset = <int32_t>(<uint32_t>(word & 0xFFFFFFFF))
+                if word == 0 or (offset & 3) != 0:
+                    continue
+                at = ptr + 8 + 8 * <Py_ssize_t>(offset >> 2)
+                self.match(getattr(twin, name), sub, at, at + 8 * sub.data_words)
+        return 0
 
 
 cdef inline void _store(char* at, uint64_t bits, int size):
@@ -139,41 +213,44 @@ _HIGHEST = (0, (1 << 7) - 1, (1 << 15) - 1, (1 << 31) - 1, (1 << 63) - 1, (1 << 
             (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1)
 
 
-cdef object _pycapnp_builder_class = None
-
-
 cdef StructBuilder _struct_builder(_Message msg, BuildLayout layout, Py_ssize_t data,
-                                   Py_ssize_t ptrs, tuple path):
+                                   Py_ssize_t ptrs):
     cdef StructBuilder out = StructBuilder.__new__(StructBuilder)
     out.msg = msg
     out.layout = layout
     out.data = data
     out.ptrs = ptrs
-    out.path = path
     return out
 
 
 @cython.auto_pickle(False)  # (no pickling code: less to compile)
 cdef class StructBuilder:
     """A struct of a message being built (the root Event, or one of its nested structs
-    and groups): pycapnp's builder API, see the top of _event_builder.pxi."""
+    and groups): pycapnp's builder API, see the module's docstring. Its type is this
+    class (``type(b) is b.__class__``); :meth:`as_pycapnp` gives pycapnp's builder of the
+    same struct."""
 
     cdef _Message msg
     cdef BuildLayout layout
     cdef Py_ssize_t data  # byte offset of its data section in the segment
     cdef Py_ssize_t ptrs  # byte offset of its pointer section
-    cdef tuple path  # field names from the root, to find it in the pycapnp builder
 
     cdef object target(self):
-        """This struct in the pycapnp builder the message handed over to."""
-        cdef object obj = self.msg.take_over()
-        for name in self.path:
-            obj = getattr(obj, name)
-        return obj
+        """This struct's twin in the pycapnp builder the message handed over to (matched
+        at the hand-over); StaleBuilderError when it was not in the message then."""
+        self.msg.take_over()
+        twin = self.msg.twins.get((self.data, self.layout))
+        if twin is None:
+            raise StaleBuilderError(
+                "this struct builder was taken before its message became a pycapnp "
+                "builder, and its struct was no longer in the message then (initialised "
+                "again, or its union switched to another member): take it again from the "
+                "message")
+        return twin
 
     cdef StructBuilder child(self, BuildLayout layout, Py_ssize_t data, Py_ssize_t ptrs,
                              str name):
-        return _struct_builder(self.msg, layout, data, ptrs, self.path + (name,))
+        return _struct_builder(self.msg, layout, data, ptrs)
 
     cdef StructBuilder struct_at(self, BuildLayout layout, Py_ssize_t at, str name):
         """The struct of ``layout`` at byte ``at``, field ``name`` of this one."""
@@ -196,8 +273,10 @@ cdef class StructBuilder:
         """A new zeroed struct for the pointer field ``f`` (any earlier one is left
         behind, as Cap'n Proto's init leaves it)."""
         cdef BuildLayout sub = self.sub_layout(f)
-        cdef Py_ssize_t at = self.msg.alloc(sub.data_words + sub.ptr_count)
         cdef Py_ssize_t ptr = self.ptrs + 8 * f.where
+        cdef Py_ssize_t at = ptr  # an empty struct: offset -1, as Cap'n Proto writes it
+        if sub.data_words + sub.ptr_count:  # (not 0, a null pointer when it would follow)
+            at = self.msg.alloc(sub.data_words + sub.ptr_count)
         _store(PyByteArray_AS_STRING(self.msg.buf) + ptr, _struct_pointer(ptr, at, sub), 8)
         return self.struct_at(sub, at, name)
 
@@ -373,20 +452,19 @@ cdef class StructBuilder:
 
     def to_bytes(self):
         """The message's bytes (the root's: a nested struct's is pycapnp's answer)."""
-        if self.msg.fallback is None and not self.path:
+        if self.msg.fallback is None and self.is_root():
             return self.msg.encoded()
         return self.target().to_bytes()
 
-    @property
-    def __class__(self):
-        """pycapnp's builder class (``isinstance(msg, capnp._DynamicStructBuilder)``
-        holds, as for pycapnp's builder; ``type(msg)`` is this class)."""
-        global _pycapnp_builder_class
-        if _pycapnp_builder_class is None:
-            # pycapnp: loaded already (the schema this message is of)
-            from capnp.lib.capnp import _DynamicStructBuilder
-            _pycapnp_builder_class = _DynamicStructBuilder
-        return _pycapnp_builder_class
+    cdef bint is_root(self):
+        return self.data == self.msg.root_data and self.layout is self.msg.root_layout
+
+    def as_pycapnp(self):
+        """pycapnp's builder of this struct (``capnp._DynamicStructBuilder``), for code
+        that needs pycapnp's own object, e.g. to assign the struct into a pycapnp
+        builder (``other.carState = msg.carState.as_pycapnp()``): the message hands
+        over, and this builder and that one are the same struct from then on."""
+        return self.target()
 
     @property
     def handed_over(self):
@@ -397,7 +475,10 @@ cdef class StructBuilder:
         return dir(self.target())
 
     def __repr__(self):
-        return repr(self.target())
+        try:
+            return repr(self.target())
+        except StaleBuilderError:
+            return "<msgq struct builder of a struct no longer in its message>"
 
     def __str__(self):
         return str(self.target())
@@ -408,7 +489,7 @@ def built_bytes(StructBuilder msg not None, str service):
     ``service``; None otherwise (a nested struct, another member, no union: ask
     pycapnp). PubMaster.send's one call for ``which()`` and ``to_bytes()``."""
     cdef object name
-    if msg.path:
+    if not msg.is_root():
         return None
     if msg.msg.fallback is not None:  # handed over: pycapnp's builder answers
         return msg.to_bytes() if msg.which() == service else None
@@ -466,4 +547,6 @@ cpdef StructBuilder new_root(BuildLayout layout, object handover):
     cdef Py_ssize_t ptr = msg.alloc(1)
     cdef Py_ssize_t at = msg.alloc(layout.data_words + layout.ptr_count)
     _store(PyByteArray_AS_STRING(msg.buf) + ptr, _struct_pointer(ptr, at, layout), 8)
-    return _struct_builder(msg, layout, at, at + 8 * layout.data_words, ())
+    msg.root_layout = layout
+    msg.root_data = at
+    return _struct_builder(msg, layout, at, at + 8 * layout.data_words)

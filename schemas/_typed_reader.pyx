@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The typed reader: fields read straight from a Cap'n Proto message's bytes by following
 the encoding with a layout built from the schema, instead of through pycapnp one attribute
-at a time — and, at its end (_event_builder.pxi), its writing twin: the Event builder that
-new_message returns. Two users of the reader: Spark's typed columns (:func:`read_member`:
+at a time (its writing twin, the Event builder that new_message returns, is
+schemas/_event_builder.pyx). Two users of the reader: Spark's typed columns (:func:`read_member`:
 the values a union member of the root struct converts to, capnp_types.py's rules) and
 SubMaster's payload views
 (:func:`view_member`: a :class:`StructView` that reads each field when asked, and hands
@@ -492,6 +492,12 @@ cdef class _PycapnpBacked:
         self.parent = parent
         self.name = name
 
+    def as_pycapnp(self):
+        """pycapnp's reader of the same struct or list (``capnp._DynamicStructReader`` /
+        ``_DynamicListReader``), for code that needs pycapnp's own object: a view's type
+        is its own (``type(v) is v.__class__``), not pycapnp's."""
+        return self._pycapnp()
+
     def __dir__(self):
         return dir(self._pycapnp())
 
@@ -523,6 +529,8 @@ cdef class StructView(_PycapnpBacked):
             value = self._read(<Field>field, name)
             if value is not FALLBACK:
                 return value
+        elif name in _VIEW_OWN:  # the view's own, not its pycapnp reader's
+            return PyObject_GenericGetAttr(self, name)
         reader = self._pycapnp()
         try:
             return getattr(reader, name)
@@ -567,6 +575,10 @@ cdef class StructView(_PycapnpBacked):
         view.s = s[0]
         return view
 
+
+
+#: What a StructView answers itself rather than asking its pycapnp reader.
+cdef frozenset _VIEW_OWN = frozenset(("__class__", "as_pycapnp"))
 
 
 cdef object _unknown_field(object reader, object name, object label, object error):
@@ -747,6 +759,3 @@ def identify(bytes message, EventFields fields not None):
         return FALLBACK
     return mono, bool(valid), fields.services[which]
 
-
-# -- the Event builder (new_message): the writing side of the same encoding ----------------
-include "_event_builder.pxi"

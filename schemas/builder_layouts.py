@@ -1,4 +1,4 @@
-"""Layouts for the Event builder (:class:`msgq.schemas._typed_reader.StructBuilder`, what
+"""Layouts for the Event builder (:class:`msgq.schemas._event_builder.StructBuilder`, what
 :func:`msgq.schemas.new_message` returns): where each field of a struct lies and what
 its declared default is, from the schema (pycapnp's schema objects), made for a struct
 when the builder first reaches it.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from msgq.schemas import _typed_reader as native
+from msgq.schemas import _event_builder as native
 from msgq.schemas.reader_layouts import KINDS, NO_DISCRIMINANT, field_layout
 
 __all__ = ["build_layout"]

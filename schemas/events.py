@@ -12,7 +12,7 @@ from typing import Any
 
 from msgq import clock
 from msgq.errors import MessageDecodeError
-from msgq.schemas._typed_reader import StructBuilder, built_bytes
+from msgq.schemas._event_builder import StructBuilder, built_bytes
 from msgq.schemas.schema import NO_TRAVERSAL_LIMIT, Schema, read_struct
 from msgq.schemas.selection import schema_in_force
 from msgq.schemas.services import unknown_service_error

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from msgq.errors import MessageDecodeError
-from msgq.schemas._typed_reader import EventFactory
+from msgq.schemas._event_builder import EventFactory
 from msgq.schemas.builder_layouts import build_layout
 from msgq.schemas.framing import EventLayout
 from msgq.schemas.payload_views import PayloadViews
