@@ -664,3 +664,73 @@ def _pinned_batcher_attributes(root: Path) -> list[tuple[int, str]]:
     return [(n, attr) for n, line in enumerate(lines, 1)
             for attr in ("_Writer__chunk_builder", "_Writer__statistics",
                          "_Writer__finalize_chunk") if f"writer.{attr}" in line]
+
+
+def test_small_segments_write_the_index_a_bounded_number_of_times(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recording of many tiny segments (one event each): the index bytes written stay
+    within a constant times the final index's size (amortised, a few entries per
+    segment), where rewriting it at every closed segment wrote the quadratic sum (300x
+    here); and the index the writer ends with lists every segment, sealed and trusted."""
+    from msgq.logs import writer as writer_module
+
+    written: list[int] = []
+    write_index = writer_module.write_index
+
+    def counting(folder: str, *args: object) -> None:
+        write_index(folder, *args)  # type: ignore[arg-type]
+        written.append(os.path.getsize(os.path.join(folder, "index.json")))
+
+    monkeypatch.setattr(writer_module, "write_index", counting)
+    monkeypatch.setattr(writer_module, "INDEX_SECONDS", 3600.0)  # the count rule alone
+    events = _events(600)
+    folder = tmp_path / "rec"
+    writer = _write(folder, events, rotate_seconds=None, rotate_bytes=1)
+    assert len(writer.segments) == 600 and writer.index_writes == len(written)
+    final = (folder / "index.json").stat().st_size
+    assert sum(written) <= 8 * final, (len(written), sum(written), final)
+    assert len(written) <= 40
+    index = read_index(str(folder))
+    assert index is not None and len(index) == 600
+    cache = IndexCache()
+    assert all(cache.entry(str(folder / e.file)) == e for e in index)
+    assert _read_raw(folder) == events
+
+
+def test_a_writer_killed_between_index_writes_leaves_a_readable_recording(
+        tmp_path: Path) -> None:
+    """SIGKILL while tiny segments rotate: the index on disk lists a prefix of the closed
+    segments (each entry sealed and trusted), the segments it does not list are read, and
+    every event written before the last closed segment is there, in order."""
+    folder = tmp_path / "rec"
+    script = textwrap.dedent(f"""
+        from msgq.logs import LogWriter
+        from msgq.messaging import new_message
+        w = LogWriter({str(folder)!r}, rotate_seconds=None, rotate_bytes=1)
+        n = 0
+        while True:
+            m = new_message("gyroscope", logMonoTime=10**9 + n)
+            m.gyroscope.status = n
+            w.write(m)
+            n += 1
+            if n == 300:
+                print("ready", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    files = segment_paths(folder)
+    assert len(files) >= 300
+    index = read_index(str(folder))
+    assert index is not None and 0 < len(index) < len(files)
+    assert [e.file for e in index] == [os.path.basename(p) for p in files[:len(index)]]
+    cache = IndexCache()
+    assert all(e.seal and cache.entry(str(folder / e.file)) == e for e in index[:-1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the segment being written when killed
+        statuses = [m.gyroscope.status for m in LogReader(folder) if m.which() == "gyroscope"]
+    assert statuses == list(range(len(statuses))) and len(statuses) >= len(files) - 1

@@ -1,8 +1,10 @@
 """The recording index: ``index.json`` in a recording folder, one entry per segment with
 its first/last logMonoTime and event counts per service, so that summaries and seeking
-never have to read the segments. Rewritten atomically (write + rename) whenever a segment
-is closed; readers never require it. ``complete`` is true once the writer closed the
-recording: until then the last entry may still grow.
+never have to read the segments. Rewritten atomically (write + rename) by the writer when
+that is due (every quarter more segments closed, and at close: see
+:mod:`msgq.logs.writer`), so until the recording is complete it may list only the first
+segments; readers never require it, and read the segments it does not list. ``complete``
+is true once the writer closed the recording: until then the last entry may still grow.
 
 The index is a shortcut, never the truth: an entry is used (to skip a segment, or for a
 segment's first time) only when it is *sealed* — ``seal`` is a SHA-256 over the entry's

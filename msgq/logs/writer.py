@@ -16,6 +16,16 @@ msgq's own: the same facts are in ``index.json`` only (the recording's ``msgq_ve
 events' logMonoTime has advanced ``rotate_seconds`` past the segment's first event,
 and/or when ``rotate_bytes`` of (uncompressed) events are in it.
 
+A closed segment rewrites the index only when that is due: once the segments closed
+since the last write are a quarter of those it listed, or :data:`INDEX_SECONDS` after the
+last write (while writing it costs under 1 % of that time); ``flush()`` and ``close()``
+always rewrite it. Each rewrite is atomic (write +
+rename), so a killed writer leaves an index that lists a prefix of the sealed segments;
+readers read the segments it does not list (the index is a shortcut, never the truth).
+The index bytes written per segment are thus bounded by a constant (about five entries),
+where rewriting it at every segment cost the whole list per segment: a recording of many
+small segments wrote the quadratic sum.
+
 zstd output is a series of independent frames, each a whole number of messages with a
 content checksum, ended every ``frame_bytes`` of input and at least every
 ``flush_seconds``: a crash loses at most the last unfinished frame, and a damaged frame
@@ -43,11 +53,15 @@ from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.events import MessageDecodeError
 from msgq.version import installed_version
 
-__all__ = ["COMPRESSIONS", "LOG_START_FIELDS", "LogWriter", "close_on_termination",
-           "writes_log_start"]
+__all__ = ["COMPRESSIONS", "INDEX_SECONDS", "LOG_START_FIELDS", "LogWriter",
+           "close_on_termination", "writes_log_start"]
 
 #: Compression name → segment file suffix.
 COMPRESSIONS = {"zstd": ".log.zst", "bz2": ".log.bz2", "none": ".log"}
+
+#: Seconds after which a closed segment rewrites the index even when fewer than a quarter
+#: more segments were closed (so that a slow recording's index lags by about this much).
+INDEX_SECONDS = 10.0
 
 #: The fields of msgq's ``logStart`` the writer fills: a schema whose ``logStart`` member
 #: lacks one of them gets no logStart events.
@@ -165,6 +179,11 @@ class LogWriter:
         self._segment: _SegmentFile | None = None
         self._index: SegmentIndex | None = None
         self._last_flush = time.monotonic()
+        self._listed = 0  # sealed segments the index on disk lists
+        self._index_written = time.monotonic()  # when it was last written
+        self._index_cost = 0.0  # seconds the last write took
+        #: index.json writes so far (each a whole rewrite, atomic)
+        self.index_writes = 0
         self.closed = False
 
     # -- writing -------------------------------------------------------------------
@@ -254,9 +273,30 @@ class LogWriter:
                 self._index.file_bytes = self._segment.file_bytes
                 self._index.seal = self._index.seal_for(self._segment.sha256.hexdigest())
             self._segment = None
-            self._write_index()
+            if self.closed or self._index_due():
+                self._write_index()
+
+    def _index_due(self) -> bool:
+        """Whether closing a segment rewrites the index: the segments closed since the
+        last write are at least a quarter of those it listed (so every rewrite is paid
+        for by that many segments: amortised, a constant per segment), or
+        :data:`INDEX_SECONDS` have passed and the last write took under 1 % of that."""
+        unlisted = len(self.segments) - self._listed  # closed since (all sealed)
+        if unlisted >= max(1, self._listed // 4):
+            return True
+        since = time.monotonic() - self._index_written
+        return since >= max(INDEX_SECONDS, 100 * self._index_cost)
 
     def _write_index(self) -> None:
+        began = time.monotonic()
+        self._write_index_file()
+        # the sealed segments it lists (flush lists the open one too, unsealed)
+        self._listed = len(self.segments) - (self._segment is not None)
+        self._index_written = now = time.monotonic()
+        self._index_cost = now - began
+        self.index_writes += 1
+
+    def _write_index_file(self) -> None:
         write_index(self.folder, self.segments, {
             "recording_id": self.recording_id,
             "schema_fingerprint": self.schema.fingerprint,
