@@ -7,7 +7,6 @@ Layer: the Event layer (over :mod:`msgq.clock`, whose time stamps new messages).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from msgq import clock
@@ -23,41 +22,30 @@ __all__ = [
     "decode_event",
     "log_from_bytes",
     "new_message",
-    "take_built",
+    "sendable_bytes",
 ]
 
-#: The builder the last new_message call made and its schema (a reference to the builder
-#: is kept until the next call or until PubMaster sends it: its identity cannot be reused
-#: meanwhile).
-_NOTHING_BUILT: tuple[Any, Schema | None] = (None, None)
-_last_built = _NOTHING_BUILT
 
-
-def take_built(msg: Any, schema: Schema, service: str,
-               identify: Callable[[bytes], Any] | None = None) -> bytes | None:
-    """The bytes of ``msg`` when it is the builder the latest :func:`new_message` call of
-    this process made with ``schema`` and it carries ``service`` — which msgq's builder
-    answers itself, and for pycapnp's builder ``identify`` reads from its bytes with this
-    schema's layout (one C call instead of pycapnp's ``which()``, 2 us of a 100 Hz tick)
-    — and then lets go of it (a large message is not kept alive until the next
-    new_message); None otherwise: ask pycapnp. PubMaster.send sends what it returns."""
-    global _last_built
-    last = _last_built  # one tuple: read whole, whichever thread stored it
-    if last[0] is not msg or last[1] is not schema:
-        return None
+def sendable_bytes(msg: Any, service: str) -> bytes:
+    """The bytes of the Event builder ``msg`` to send on ``service``: its union must hold
+    ``service`` (else ValueError naming what it carries); anything else than a builder →
+    TypeError. msgq's builder answers for itself in one call (no pycapnp); a pycapnp
+    builder through its ``which()`` (a builder of another struct could read as any
+    service from its bytes). What :meth:`msgq.messaging.PubMaster.send` sends: all it
+    needs comes from ``msg``."""
     if type(msg) is StructBuilder:
         data = built_bytes(msg, service)
-        if data is None:
-            return None
-    else:
-        if identify is None:
-            return None
-        data = msg.to_bytes()
-        peeked = identify(data)
-        if peeked is None or peeked[2] != service:
-            return None
-    _last_built = _NOTHING_BUILT
-    return data
+        if data is not None:
+            return data
+    which = getattr(msg, "which", None)
+    if which is None or not hasattr(msg, "to_bytes"):
+        raise TypeError(f"send({service!r}, ...) takes an Event builder or bytes, not "
+                        f"{type(msg).__name__}")
+    carried = which()
+    if carried != service:
+        raise ValueError(f"the message carries {carried!r} but was sent to {service!r}; "
+                         f"use new_message({service!r})")
+    return msg.to_bytes()
 
 
 def new_message(service: str | None = None, size: int | None = None,
@@ -69,12 +57,12 @@ def new_message(service: str | None = None, size: int | None = None,
     Unknown service → KeyError with close matches.
 
     Without ``kwargs``, for a struct member or none, it is msgq's builder
-    (:class:`msgq.schemas._typed_reader.StructBuilder`): pycapnp's builder API, with
+    (:class:`msgq.schemas._event_builder.StructBuilder`): pycapnp's builder API, with
     numbers, bools, enums set by name, nested structs, groups, union members, which()
     and to_bytes() written straight into the message's bytes; the first call of any other
     kind turns the message into a pycapnp builder of those bytes, which answers it and
-    everything after it. Otherwise it is pycapnp's builder."""
-    global _last_built
+    everything after it (``as_pycapnp()`` gives it). Otherwise it is pycapnp's
+    builder."""
     schema = schema_in_force(schema)
     if kwargs:
         kwargs.setdefault("logMonoTime", clock.monotonic_ns())
@@ -92,10 +80,8 @@ def new_message(service: str | None = None, size: int | None = None,
     else:
         factory = schema.builder
         if size is None and (service is None or service in factory.members):
-            # the common call: msgq's builder (see _event_builder.pxi), no pycapnp in it
-            msg = factory.new(service, clock.monotonic_ns())
-            _last_built = (msg, schema)
-            return msg
+            # the common call: msgq's builder (see _event_builder.pyx), no pycapnp in it
+            return factory.new(service, clock.monotonic_ns())
         # (a list member, or an error to report below) without pycapnp's keyword loop
         msg = schema.event.new_message()
         msg._set_by_field(schema.mono_field, clock.monotonic_ns())
@@ -110,7 +96,6 @@ def new_message(service: str | None = None, size: int | None = None,
             raise ValueError(f"{service!r} is a struct: it takes no size")
         else:
             msg._init_by_field(field)
-    _last_built = (msg, schema)
     return msg
 
 

@@ -42,7 +42,6 @@ from msgq.schemas.services import (
     Service,
     ServiceRegistry,
     load_registry,
-    register,
     registry_from_mapping,
 )
 
@@ -474,16 +473,17 @@ def load_schema(
     :class:`ServiceRegistry` or list of :class:`Service`, a registry file (``.py`` like
     cereal's ``services.py``, ``.toml``, ``.json``), a mapping like cereal's
     ``SERVICE_LIST``, or None (every union member, event-driven). ``imports`` are extra
-    folders for ``import "/..."`` lines. ``register_services``: plain
-    ``pub_sock``/``sub_sock`` size queues from this registry from now on (one registry is
-    in force; prefer ``use_schema``). Raises ValueError when the file does not define
+    folders for ``import "/..."`` lines. Raises ValueError when the file does not define
     ``root`` with ``logMonoTime``, ``valid`` and a member per service.
+    ``register_services=True`` is refused (ValueError): one call puts a schema and its
+    registry in force, :func:`msgq.schemas.use_schema`.
     """
-    spec = spec_of(path, services, root, imports)
-    schema = spec.load()
     if register_services:
-        register(schema.services)
-    return schema
+        raise ValueError("load_schema(register_services=True) is gone: "
+                         "msgq.schemas.use_schema(path, services) puts a schema and its "
+                         "registry in force (the one way to)")
+    spec = spec_of(path, services, root, imports)
+    return spec.load()
 
 
 def msgq_schema() -> Schema:

@@ -14,6 +14,10 @@ schema argument):
   registry are files, so that child processes (lockstep children, ``msgq`` commands run
   from the program, local Spark workers) follow.
 
+These are the only ways: a schema and its registry are put in force together, so the
+registry that sizes a queue (``pub_sock``) is the one ``PubMaster`` and ``SubMaster`` read
+(there is no registry set apart for sockets).
+
 :class:`SchemaSpec` is the small, picklable description of a schema (file, root struct,
 registry, import folders) that a Spark executor, a lockstep child or a CLI command
 rebuilds identically (:meth:`SchemaSpec.load`, cached per spec); every
@@ -33,7 +37,7 @@ import threading
 from typing import Any
 
 from msgq.schemas.schema import ENV_ROOT, ENV_SCHEMA, ENV_SERVICES, Schema, SchemaSpec, spec_of
-from msgq.schemas.services import Service, ServiceRegistry, socket_registry
+from msgq.schemas.services import Service, ServiceRegistry
 
 __all__ = [
     "ENV_ROOT",
@@ -112,13 +116,10 @@ def default_schema() -> Schema:
 
 
 def registry_in_force() -> ServiceRegistry:
-    """The registry that sizes queues and numbers ZMQ ports in this process: the one set
-    by :func:`msgq.schemas.services.register`, else the schema in force's. Read without
-    loading Cap'n Proto when the registry is known from its file."""
+    """The registry that sizes queues and numbers ZMQ ports in this process: the schema in
+    force's (no other can be set apart from it), read without loading Cap'n Proto when
+    the registry is known from its file."""
     global _registry_cache
-    registered = socket_registry()
-    if registered is not None:
-        return registered
     spec = spec_in_force()
     cached = _registry_cache
     if cached is not None and cached[0] is spec:

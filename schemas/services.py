@@ -25,6 +25,8 @@ Registries come from code (:class:`ServiceRegistry` of :class:`Service`) or from
 ``services.py``, or a TOML/JSON file with a ``[services.NAME]`` table per service.
 
 This module imports no Cap'n Proto: the socket layer and the ZMQ backend read it cheaply.
+It puts nothing in force: the registry in force is the schema in force's
+(:func:`msgq.schemas.use_schema`, the one place that sets both).
 """
 
 from __future__ import annotations
@@ -48,9 +50,7 @@ __all__ = [
     "ServiceRegistry",
     "derive_queue_size",
     "load_registry",
-    "register",
     "registry_from_mapping",
-    "socket_registry",
     "unknown_service_error",
 ]
 
@@ -315,20 +315,3 @@ def load_registry(path: str) -> ServiceRegistry:
     except (ValueError, TypeError, SyntaxError) as e:
         raise ValueError(f"service registry {path}: {e}") from None
 
-
-# The registry sockets use when one is set apart from the schema in force (register()).
-_socket_registry: ServiceRegistry | None = None
-
-
-def register(registry: ServiceRegistry | None) -> None:
-    """Makes ``registry`` the one ``pub_sock``/``sub_sock`` (queue sizes) and the ZMQ
-    backend (ports) use, in place of the registry of the schema in force (see
-    :func:`msgq.schemas.use_schema`, which sets both; None: back to it). One registry is
-    in force: :func:`msgq.schemas.find_service` looks names up in it."""
-    global _socket_registry
-    _socket_registry = registry
-
-
-def socket_registry() -> ServiceRegistry | None:
-    """The registry set by :func:`register`, or None."""
-    return _socket_registry

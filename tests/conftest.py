@@ -108,7 +108,7 @@ def prefix(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 def schema_in_force(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test starts with msgq's own schema in force (whatever the caller's
     environment says) and leaves no other behind."""
-    from msgq.schemas import selection, services
+    from msgq.schemas import selection
 
     for name in (selection.ENV_SCHEMA, selection.ENV_SERVICES, selection.ENV_ROOT):
         monkeypatch.delenv(name, raising=False)
@@ -118,7 +118,6 @@ def schema_in_force(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # only what it set, would leave a test's schema to the next modules
     for name in (selection.ENV_SCHEMA, selection.ENV_SERVICES, selection.ENV_ROOT):
         os.environ.pop(name, None)
-    services.register(None)
     selection.reset_to_environment()
 
 

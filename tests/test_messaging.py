@@ -621,14 +621,14 @@ def test_health_equals_its_definition_at_every_update() -> None:
     assert checked > 3000  # alive often, and dead often (the stalls)
 
 
-def test_send_takes_the_latest_new_message_builder_without_pycapnps_which() -> None:
-    """PubMaster.send takes the bytes of the builder new_message made last (msgq's builder
-    answers which() itself; a pycapnp builder's service is read from its bytes); the check
-    is the same: the right service goes out with its fields, a wrong one is refused, an
-    older builder or one of another schema made by new_message is checked by pycapnp."""
+def test_send_takes_what_it_needs_from_the_builder_alone() -> None:
+    """PubMaster.send reads the service and bytes of msgq's builder in one call, whichever
+    new_message made it and in any order (no state kept between new_message and send);
+    a pycapnp builder is checked by its which(): the right service goes out with its
+    fields, a wrong one is refused, one of another schema too."""
     from schema_profiles import robot_schema
 
-    from msgq.schemas.events import take_built
+    from msgq.schemas.events import sendable_bytes
 
     pm = PubMaster(["vehicleState", "gyroscope", "can"])
     sm = SubMaster(["vehicleState", "gyroscope", "can"])
@@ -638,15 +638,15 @@ def test_send_takes_the_latest_new_message_builder_without_pycapnps_which() -> N
         older.vehicleState.speed = 1.5
         msg = new_message("vehicleState")
         msg.vehicleState.speed = 2.5
-        assert take_built(older, pm.schema, "vehicleState") is None  # not the latest
-        assert take_built(msg, pm.schema, "gyroscope") is None  # not its service
+        with pytest.raises(ValueError, match="carries 'vehicleState'"):
+            sendable_bytes(msg, "gyroscope")
         pm.send("vehicleState", msg)
-        assert take_built(msg, pm.schema, "vehicleState") is None  # sent: let go of
         sm.update(1000)
         assert sm.updated["vehicleState"] and sm["vehicleState"].speed == 2.5
-        pm.send("vehicleState", older)  # not the latest: which() checks it
+        pm.send("vehicleState", older)  # an older builder: the same answer
         sm.update(1000)
         assert sm.updated["vehicleState"] and sm["vehicleState"].speed == 1.5
+        assert not older.handed_over and not msg.handed_over  # no pycapnp in either
         frames = new_message("can", 2)  # a list member: pycapnp's builder
         frames.can[1].address = 7
         pm.send("can", frames)
@@ -656,9 +656,10 @@ def test_send_takes_the_latest_new_message_builder_without_pycapnps_which() -> N
         with pytest.raises(ValueError, match="carries 'gpsLocation'"):
             pm.send("vehicleState", wrong)
         robot_msg = new_message("armState", schema=robot_schema())
-        assert take_built(robot_msg, pm.schema, "gyroscope") is None
         with pytest.raises(ValueError, match="carries 'armState'"):
-            pm.send("gyroscope", robot_msg)  # its bytes read as gyroscope with msgq's layout
+            pm.send("gyroscope", robot_msg)
+        with pytest.raises(TypeError, match="takes an Event builder or bytes"):
+            pm.send("gyroscope", 3)
         sm.update(0)
         assert not sm.updated["vehicleState"] and not sm.seen["gyroscope"]
     finally:

@@ -94,18 +94,35 @@ def test_zmq_backend_uses_registry_ports_without_prefix() -> None:
     assert endpoint_port("gyroscope", prefix="run1") != endpoint_port("gyroscope", prefix="run2")
 
 
-def test_registered_custom_registry_sizes_plain_sockets() -> None:
-    custom = ServiceRegistry([Service("myBigThing", True, 50.0, 200_000)])
-    assert msgq.pub_sock("myBigThing").segment_size == msgq.queues.DEFAULT_SEGMENT_SIZE
-    registry_module.register(custom)
+def test_the_schema_in_force_sizes_plain_sockets_and_messaging_alike(prefix: str) -> None:
+    """One setter of the schema in force (use_schema) and one registry: a plain pub_sock,
+    PubMaster and the registry lookups all size a queue from it, so two registries can no
+    longer disagree about a queue's size (there is no registry set apart for sockets)."""
+    from msgq.messaging import PubMaster
+
+    custom = ServiceRegistry([Service("gyroscope", True, 50.0, 200_000),
+                              *(SERVICE_LIST[n] for n in SERVICE_LIST if n != "gyroscope")])
+    assert custom["gyroscope"].queue_size != SERVICE_LIST["gyroscope"].queue_size
+    assert not hasattr(registry_module, "register")  # the second setter is gone
+    with pytest.raises(ValueError, match="use_schema"):
+        schemas.load_schema(os.path.join(schemas.SCHEMA_DIR, "log.capnp"), custom,
+                            register_services=True)
+    assert selection.find_service("gyroscope") == SERVICE_LIST["gyroscope"]
+    schemas.use_schema(None, custom)
+    pm = PubMaster(["gyroscope"])
     try:
-        sock = msgq.pub_sock("myBigThing")
-        # the existing (unused) queue is re-made at the registry's size
-        assert sock.segment_size == custom["myBigThing"].queue_size
-        # one registry is in force: msgq's own services are no longer sized from its
-        assert selection.find_service("gyroscope") is None
+        plain = msgq.pub_sock("gyroscope")
+        sizes = {plain.segment_size, pm.sock["gyroscope"].segment_size,
+                 selection.registry_in_force()["gyroscope"].queue_size,
+                 schemas.default_schema().services["gyroscope"].queue_size}
+        assert sizes == {custom["gyroscope"].queue_size}
+        plain.close()
     finally:
-        registry_module.register(None)  # type: ignore[arg-type]
+        pm.close()
+    # a schema loaded, not put in force, sizes nothing behind the caller's back
+    schemas.load_schema(os.path.join(schemas.SCHEMA_DIR, "log.capnp"), SERVICE_LIST)
+    assert selection.find_service("gyroscope") == custom["gyroscope"]
+    schemas.use_schema(None)
     assert selection.find_service("gyroscope") == SERVICE_LIST["gyroscope"]
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgq
 from msgq.schemas import Schema, schema_in_force
-from msgq.schemas.events import take_built
+from msgq.schemas.events import sendable_bytes
 
 __all__ = ["PubMaster"]
 
@@ -23,10 +23,6 @@ class PubMaster:
     def __init__(self, services: Iterable[str], schema: Schema | None = None) -> None:
         self.schema = schema_in_force(schema)
         self.sock: dict[str, Any] = {}
-        try:  # the service a builder carries, read from its bytes (see send)
-            self._identify: Any = self.schema.views.identify
-        except ValueError:  # a root struct whose fields the layout does not read
-            self._identify = None
         for service in services:
             self.schema.services[service]  # KeyError naming close matches
             if service not in self.sock:
@@ -50,24 +46,9 @@ class PubMaster:
         if isinstance(dat, (bytes, bytearray, memoryview)):
             sock.send(dat)
             return
-        # the builder new_message made last, with this schema and for this service: its
-        # bytes without pycapnp's which()
-        data = take_built(dat, self.schema, service, self._identify)
-        if data is not None:
-            sock.send(data)
-            return
-        which = getattr(dat, "which", None)
-        if which is None or not hasattr(dat, "to_bytes"):
-            raise TypeError(f"send({service!r}, ...) takes an Event builder or bytes, not "
-                            f"{type(dat).__name__}")
-        # pycapnp's which(), not the service read back from the bytes: a builder of
-        # another struct (a payload, or another schema's Event) could read as any
-        # service there
-        carried = which()
-        if carried != service:
-            raise ValueError(f"the message carries {carried!r} but was sent to {service!r}; "
-                             f"use new_message({service!r})")
-        sock.send(dat.to_bytes())
+        # what it sends comes from the builder alone: msgq's answers which() and
+        # to_bytes() in one call, pycapnp's through which() (see sendable_bytes)
+        sock.send(sendable_bytes(dat, service))
 
     def all_readers_updated(self, service: str) -> bool:
         """Whether every subscriber of ``service`` has read everything sent on it."""
