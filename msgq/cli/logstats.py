@@ -39,7 +39,8 @@ schema is refused before Spark starts (exit 1, one line). Loggerd logs are read 
 are: rlog.zst, rlog.bz2 or a raw rlog, a route segment folder <route>--<n> or a folder
 of them (a route's segments are one recording).
 
-PATH is a segment file, a recording folder or a glob (quote it), as many as you like.
+PATH is a segment file, a recording folder or a glob (quote it), as many as you like;
+or one lake (msgq lake build), whose Parquet tables are read instead of the raw logs.
 Local paths and file: URIs are read by the msgqlog source (Python I/O on the executors);
 any other URI Spark accepts (hdfs://, s3a://, abfs://, gs://: the cluster needs that
 Hadoop connector) through Spark's Hadoop file systems, whole segment files loaded by its
@@ -47,7 +48,10 @@ binaryFile source; --via hadoop sends every PATH that way. A gap is an interval 
 than --gap-factor expected periods. The measured rate is intervals / their total
 duration (1 / mean dt).
 
-Spark runs locally on every core (local[*]) unless --master names a cluster; on a
+Spark runs locally on every core (local[*]) unless --master names a cluster or --remote
+(else MSGQ_SPARK_REMOTE, when no --master is given) a Spark Connect server: msgq spark
+serve starts one, and a command attached to it skips Spark's start-up (a line on stderr
+says it attached; a server that does not answer is an error, exit 1). On a
 cluster the executors need msgq (installed, or shipped: msgq spark pack-env), and local
 paths must be at the same paths on every executor (shared storage). Before the job a
 probe task checks that the executors' Python imports msgq. --conf passes any Spark
@@ -63,6 +67,7 @@ examples:
   msgq logstats rec --start 120 --end 180          one minute of the recording
   msgq logstats rec --follow --every 2             live tables while msgq record runs
   msgq logstats --schema cereal/log.capnp --registry cereal/services.py route--0/rlog.zst
+  msgq logstats rec --remote sc://127.0.0.1:15002  on a warm Spark (msgq spark serve)
   msgq logstats rec --master spark://head:7077     on a cluster (shared storage)
   msgq logstats rec --master spark://head:7077 --conf spark.archives=env.tar.gz#environment \
       --conf spark.pyspark.python=./environment/bin/python
@@ -91,6 +96,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="segment file, recording folder or glob; path or URI")
     parser.add_argument("--master", metavar="URL",
                         help="Spark master (default local[*]: this machine, every core)")
+    parser.add_argument("--remote", metavar="sc://HOST:PORT",
+                        help="run on this Spark Connect server (msgq spark serve); default "
+                             "$MSGQ_SPARK_REMOTE unless --master is given")
     parser.add_argument("--services", metavar="A,B",
                         help="only these services (others are skipped without decoding)")
     parser.add_argument("--start", type=float, default=None, metavar="SECONDS",
@@ -151,6 +159,15 @@ def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
     # imports pyspark: loaded when the command runs, not at CLI start-up
     from msgq.spark.hadoop import split_paths
 
+    # imports pyspark: loaded when the command runs, not at CLI start-up
+    from msgq.spark.lake import LakeError, is_lake, open_lake
+
+    if len(paths) == 1 and is_lake(paths[0]):  # a lake (msgq lake build): its tables
+        try:
+            open_lake(None, paths[0])  # built under the schema in force, or refused
+        except LakeError as e:
+            raise CommandError(str(e)) from None
+        return [paths[0]], []
     local, remote = split_paths(paths, via)
     try:
         files = segment_paths([local_path(p) for p in local])
@@ -191,15 +208,34 @@ def _auto_bin(services: list[dict[str, Any]]) -> float:
     return float(math.ceil(span / 600))
 
 
-def start_session(master: str | None = None, conf: dict[str, str] | None = None) -> Any:
+def start_session(master: str | None = None, conf: dict[str, str] | None = None,
+                  remote: str | None = None) -> Any:
     """The Spark session of ``msgq logstats`` (``master``: its --master, ``conf``: its
-    --conf settings), started the way the command starts it. A later command in the same
-    process runs on that session (what ./run.sh's demo does to start the JVM early)."""
+    --conf settings, ``remote``: its --remote), started the way the command starts it.
+    A later command in the same process runs on that session (what ./run.sh's demo does
+    to start the JVM early). Without ``master`` and ``remote``, $MSGQ_SPARK_REMOTE names
+    a Spark Connect server to attach to."""
     # imports pyspark: loaded when the command runs, not at CLI start-up
     from msgq.spark.session import spark_session
 
     return spark_session(master, app_name="msgq logstats", config=conf,
-                         java_options=_JAVA_OPTIONS, class_cache=True)
+                         java_options=_JAVA_OPTIONS, class_cache=True, remote=remote)
+
+
+def _remote(args: argparse.Namespace) -> str | None:
+    """The Spark Connect server the command attaches to (--remote, else
+    $MSGQ_SPARK_REMOTE when no --master is given), or None; a malformed URL or --remote
+    with --master is a usage error."""
+    # stdlib only: no pyspark imported here
+    from msgq.spark.connect import RemoteError, remote_url
+
+    if args.remote is not None and args.master:
+        raise UsageError("--remote and --master: give one or the other")
+    try:
+        return remote_url(args.remote) if args.remote is not None or not args.master \
+            else None
+    except RemoteError as e:
+        raise UsageError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,6 +251,8 @@ def run(args: argparse.Namespace) -> int:
     require_extra("spark", "pyspark")
     if args.follow:
         return _follow(args, conf)
+    server = _remote(args)
+    where = server or args.master or "local[*]"
     files, remote = _check_paths(args.paths, args.via)
     services = _check_services(args.services)
     try:
@@ -223,6 +261,9 @@ def run(args: argparse.Namespace) -> int:
 
         # imports pyspark: loaded when the command runs, not at CLI start-up
         from msgq.spark.analyses import GAP_FACTOR, expected_rates, log_stats
+
+        # stdlib only
+        from msgq.spark.connect import RemoteError
 
         # imports pyspark: loaded when the command runs, not at CLI start-up
         from msgq.spark.session import ExecutorPythonError, JavaMissingError, probed_executors
@@ -233,10 +274,10 @@ def run(args: argparse.Namespace) -> int:
         what = [plural(len(files), "segment file")] if files else []
         what += [f"{plural(len(remote), 'path')} through Hadoop"] if remote else []
         print(paint(f"reading {' and '.join(what)} with Spark "
-                    f"({args.master or 'local[*]'}) ...", "dim", sys.stderr), file=sys.stderr)
+                    f"({where}) ...", "dim", sys.stderr), file=sys.stderr)
     try:
-        spark = start_session(args.master, conf)
-    except (JavaMissingError, ExecutorPythonError) as e:
+        spark = start_session(args.master, conf, server)
+    except (JavaMissingError, ExecutorPythonError, RemoteError) as e:
         raise CommandError(str(e)) from None
     except Exception as e:  # a bad master URL or setting: the JVM's reason, one line
         raise CommandError(f"cannot start Spark: {_first_line(e)}") from None
@@ -269,8 +310,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"the Spark job failed: {_first_line(e)}") from None
     finally:
         stats.unpersist()
-    result = {"paths": list(args.paths), "files": count,
-              "master": args.master or "local[*]", **result}
+    result = {"paths": list(args.paths), "files": count, "master": where, **result}
     executors = probed_executors(spark)
     if executors is not None:  # what the probe found on a cluster's executors
         result["executors"] = [{"host": host, "python": python, "version": version}
@@ -292,18 +332,27 @@ def _follow(args: argparse.Namespace, conf: dict[str, str]) -> int:
         raise UsageError("--every and --duration must be positive")
     for flag, given in (("--plot", args.plot), ("--services", args.services),
                         ("--start", args.start), ("--end", args.end),
-                        ("--master", args.master)):
+                        ("--master", args.master), ("--remote", args.remote)):
         if given:
             raise UsageError(f"--follow reads on local Spark with no {flag}")
+    # stdlib only
+    from msgq.spark.connect import ENV_REMOTE
+
+    if os.environ.get(ENV_REMOTE, "").strip():
+        # its micro-batches are collected into this process (foreachBatch), which a Spark
+        # Connect server would run in its own Python instead
+        print(f"msgq logstats: --follow runs on a local session ({ENV_REMOTE} is not used: "
+              "a Connect server cannot hand each micro-batch back to this process)",
+              file=sys.stderr)
     # imports pyspark: loaded when the command runs, not at CLI start-up
-    from msgq.spark.session import JavaMissingError, spark_session
+    from msgq.spark.session import DEFAULT_MASTER, JavaMissingError, spark_session
 
     # imports pyspark: loaded when the command runs, not at CLI start-up
     from msgq.spark.streaming import follow_stats
 
     try:
-        spark = spark_session(None, app_name="msgq logstats --follow", config=conf,
-                              java_options=_JAVA_OPTIONS, class_cache=True)
+        spark = spark_session(DEFAULT_MASTER, app_name="msgq logstats --follow",
+                              config=conf, java_options=_JAVA_OPTIONS, class_cache=True)
     except JavaMissingError as e:
         raise CommandError(str(e)) from None
     folder = args.paths[0]

@@ -112,15 +112,34 @@ def read_logs(
     ``pushdown=False`` reads with no pushdown (Spark filters every row); default: the
     session's :data:`PUSHDOWN_CONF`. Relative paths are taken from this process's working
     folder, wherever Spark plans the read.
+
+    A lake folder (:mod:`msgq.spark.lake`, ``msgq lake build``) given alone is read from
+    its Parquet tables instead (:func:`msgq.spark.lake.read_lake`: the same columns,
+    ``data`` null; ``compact`` gives event rows, which log_stats takes as well).
     """
+    # no SparkContext on Spark Connect: the parallelism asked of the session
+    from msgq.spark.connect import default_parallelism
+
     # imports pyspark: importing msgq.spark alone must not
     from msgq.spark.datasource import read_spec, spec_option, where_option
 
     # imports pyspark: importing msgq.spark alone must not
     from msgq.spark.hadoop import read_segment_files, split_paths
 
+    # imports pyspark: importing msgq.spark alone must not
+    from msgq.spark.lake import is_lake, read_lake
+
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    paths = list(paths)
+    lakes = [p for p in paths if is_lake(p)]
+    if lakes:  # a lake (msgq.spark.lake): its tables, with the same columns
+        if len(paths) > 1:
+            raise ValueError(f"{lakes[0]} is a lake: read it alone (one lake, no raw logs "
+                             "beside it)")
+        return read_lake(spark, lakes[0], services=services, decode=decode,
+                         schema=read_spec(schema, schema_file), start=start, end=end,
+                         keep_problems=keep_problems or compact)
     local, remote = split_paths([os.fspath(p) for p in paths], via)
     options = {"problems": problems, "data": "true" if data else "false",
                "cwd": os.getcwd()}
@@ -145,7 +164,7 @@ def read_logs(
             raise ValueError(f"pushdown=True needs the session's {PUSHDOWN_CONF} true "
                              "(spark.conf.set it, or leave pushdown out)")
         options["pushdown"] = "true" if pushdown else "false"
-        options["parallelism"] = str(spark.sparkContext.defaultParallelism)
+        options["parallelism"] = str(default_parallelism(spark))
         reader = spark.read.format("msgqlog").options(**options)
         frames.append(reader.load(local[0] if len(local) == 1 else local))
     if remote:

@@ -98,12 +98,13 @@ def _fresh(path: str) -> bool:
         return False
 
 
-def jvm_flags(java: str, java_version: str) -> list[str]:
+def jvm_flags(java: str, java_version: str, write: bool = True) -> list[str]:
     """The JVM flags of a driver about to start: map the archive when there is one; else
-    write it at exit (unless :func:`writes_missing` says not). No flags while another run
-    writes it, when the cache is off, or when its folder cannot be written. A file there
-    that does not even start like an archive (garbage, or the start of one whose writer
-    was killed) is written again."""
+    write it at exit (unless :func:`writes_missing` says not, or ``write`` is false: a
+    Spark Connect server, whose exit is no moment to spend seconds writing). No flags
+    while another run writes it, when the cache is off, or when its folder cannot be
+    written. A file there that does not even start like an archive (garbage, or the start
+    of one whose writer was killed) is written again."""
     if not enabled():
         return []
     path = archive_path(java, java_version)
@@ -121,7 +122,7 @@ def jvm_flags(java: str, java_version: str) -> list[str]:
         _remove(path)
     elif _fresh(marker):
         return []
-    if not writes_missing():
+    if not write or not writes_missing():
         return []
     try:
         os.makedirs(cache_folder(), mode=0o700, exist_ok=True)

@@ -29,9 +29,11 @@ from typing import Any
 
 import msgq.spark
 import msgq.spark.class_cache
+import msgq.spark.connect
 
-__all__ = ["DEFAULT_MASTER", "ExecutorPythonError", "JavaMissingError", "check_java",
-           "probe_executors", "probed_executors", "spark_session", "worker_python"]
+__all__ = ["DEFAULT_MASTER", "INCUBATOR_NOTICE", "ExecutorPythonError", "JavaMissingError",
+           "check_java", "probe_executors", "probed_executors", "server_settings",
+           "spark_session", "worker_python"]
 
 #: The master used when none is given: every core of this machine.
 DEFAULT_MASTER = "local[*]"
@@ -65,7 +67,7 @@ class ExecutorPythonError(RuntimeError):
 
 #: The JVM's notice at start-up when Spark enables an incubator module (the Vector API):
 #: nothing a user can act on, printed on every run. Only this exact line is dropped.
-_INCUBATOR_NOTICE = b"WARNING: Using incubator modules: jdk.incubator.vector"
+INCUBATOR_NOTICE = b"WARNING: Using incubator modules: jdk.incubator.vector"
 
 
 def _java_command() -> str | None:
@@ -107,6 +109,28 @@ def _java_runtime() -> tuple[str, str, int]:
 
 def _is_local(master: str) -> bool:
     return master == "local" or master.startswith("local[")
+
+
+def _local_cores(master: str) -> int:
+    """The cores a local master runs tasks on: N of ``local[N]`` (or ``local[N,F]``),
+    every core for ``local[*]``, one for ``local``."""
+    match = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master)
+    if match is None:
+        return 1
+    return os.cpu_count() or 1 if match.group(1) == "*" else int(match.group(1))
+
+
+def _local_settings() -> dict[str, str]:
+    """The small-machine settings of a local driver (module docstring)."""
+    cores = os.cpu_count() or 1
+    return {
+        "spark.ui.enabled": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.sql.shuffle.partitions": str(max(2, 2 * cores)),
+        # the driver's interpreter runs the workers here, so msgq is importable
+        "spark.python.daemon.module": "msgq.spark.worker_daemon",
+    }
 
 
 def _quiet_log_config() -> str:
@@ -229,7 +253,7 @@ def _copy_jvm_stderr(read_end: int, target: int) -> None:
     def copy() -> None:
         with os.fdopen(read_end, "rb") as pipe:
             for line in pipe:
-                if line.rstrip(b"\r\n") != _INCUBATOR_NOTICE:
+                if line.rstrip(b"\r\n") != INCUBATOR_NOTICE:
                     os.write(target, line)
         os.close(target)
 
@@ -307,7 +331,10 @@ _probed: dict[str, list[tuple[str, str, str]]] = {}
 
 def probed_executors(spark: Any) -> list[tuple[str, str, str]] | None:
     """What :func:`probe_executors` found for this session's application: (host,
-    python, version) of the executors' workers; None when it did not run."""
+    python, version) of the executors' workers; None when it did not run (never on a
+    Spark Connect session)."""
+    if msgq.spark.connect.is_connect(spark):
+        return None
     return _probed.get(spark.sparkContext.applicationId)
 
 
@@ -386,6 +413,53 @@ def _absolute(entry: str) -> str:
     return os.path.abspath(os.path.expanduser(path)) + hash_sign + fragment
 
 
+def server_settings(master: str | None = None, config: Mapping[str, str] | None = None,
+                    java_options: Sequence[str] = ()) -> tuple[dict[str, str], dict[str, str]]:
+    """(Spark settings, environment) of a Spark Connect server's driver
+    (:func:`msgq.spark.connect.serve`): a local session's settings (``master``, default
+    ``local[*]``) with msgq's interpreter for every Python worker (the data source's
+    planners too), the default parallelism of the master's cores set (a Connect client has
+    no SparkContext to ask), quiet logging and the class archive mapped when there is one
+    (a server is not a short command: none is written, and the JIT is left whole).
+    ``java_options`` go to the driver's JVM, ``config`` last. The environment is this
+    process's with $PYSPARK_PYTHON set and the Connect client's variables removed."""
+    master = master or DEFAULT_MASTER
+    config = dict(config or {})
+    settings: dict[str, str] = {
+        "spark.master": master,
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    flags = [f"-Dlog4j2.configurationFile=file:{_quiet_log_config()}"]
+    python = worker_python(config)
+    if _is_local(master):
+        java, version, _ = _java_runtime()
+        settings.update(_local_settings())
+        settings["spark.default.parallelism"] = str(_local_cores(master))
+        python = _installed_pyspark_first(python)
+        flags += msgq.spark.class_cache.jvm_flags(java, version, write=False)
+    # Connect sessions share the server's artifacts (msgq's clients add none): with them
+    # isolated, every session gets Python workers of its own (the data source's planners
+    # and the task workers are started again for each command, and never stopped)
+    settings["spark.sql.artifact.isolation.enabled"] = "false"
+    if not os.path.isabs(python) and "/" in python:
+        raise ExecutorPythonError(
+            f"spark.pyspark.python {python} is relative (a packed venv of spark.archives): "
+            "a Spark Connect server's driver needs an absolute path")
+    settings["spark.pyspark.python"] = python
+    given = config.pop("spark.driver.extraJavaOptions", "")
+    settings["spark.driver.extraJavaOptions"] = " ".join([*flags, *java_options, given]).strip()
+    settings.update(config)
+    _check_py_files(settings)
+    env = dict(os.environ)
+    env["PYSPARK_PYTHON"] = python
+    env["SPARK_CONNECT_MODE"] = "0"  # the server itself is no Connect client
+    for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE",
+                 msgq.spark.connect.ENV_REMOTE):
+        env.pop(name, None)
+    return settings, env
+
+
 def spark_session(
     master: str | None = None,
     app_name: str = "msgq",
@@ -394,8 +468,17 @@ def spark_session(
     probe: bool | None = None,
     java_options: Sequence[str] = (),
     class_cache: bool = False,
+    remote: str | None = None,
 ) -> Any:
     """A SparkSession on ``master`` (default ``local[*]``), the msgqlog source registered.
+
+    ``remote`` (``sc://HOST:PORT``), else $MSGQ_SPARK_REMOTE when no ``master`` is given:
+    a Spark Connect session on that server instead (:mod:`msgq.spark.connect`; ``msgq
+    spark serve`` starts one), said on stderr in one line; ``config`` then holds session
+    settings, and ``quiet``, ``probe``, ``java_options`` and ``class_cache`` (the local
+    JVM's) do not apply. A server that does not answer is
+    :class:`msgq.spark.connect.RemoteError`, in one line, within seconds. ``remote`` with
+    a ``master`` is a ValueError (one or the other).
 
     An active session is returned as it is (Spark allows one per process): stop it first
     to change the master. ``config`` entries override the defaults. ``quiet`` logs errors
@@ -429,6 +512,13 @@ def spark_session(
     :mod:`msgq.spark.class_cache` (written by the first such run when its JVM exits):
     about 3 s less start-up for a short command such as ``msgq logstats``.
     """
+    url = msgq.spark.connect.remote_url(remote) if remote is not None or master is None \
+        else None
+    if url is not None:
+        if master is not None:
+            raise ValueError(f"a master ({master}) and a Spark Connect server ({url}): "
+                             "give one or the other")
+        return msgq.spark.connect.connect_session(url, app_name, config)
     master = master or DEFAULT_MASTER
     runtime = None
     if _is_local(master):
@@ -443,15 +533,7 @@ def spark_session(
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
     if _is_local(master):
-        cores = os.cpu_count() or 1
-        settings.update({
-            "spark.ui.enabled": "false",
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.sql.shuffle.partitions": str(max(2, 2 * cores)),
-            # the driver's interpreter runs the workers here, so msgq is importable
-            "spark.python.daemon.module": "msgq.spark.worker_daemon",
-        })
+        settings.update(_local_settings())
     starting = SparkSession.getActiveSession() is None
     if starting:
         # pyspark gives every Python function the interpreter in $PYSPARK_PYTHON when
