@@ -8,6 +8,8 @@
 # ./test.sh --quick: the tier to run after each change (a few minutes): the plain C unit
 # tests, ruff, and the pytest tests not marked slow plus one per layer that only slow
 # tests reach (-m "quick or not slow"; tests/conftest.py says how tests get marked).
+# ./test.sh --pythons [NOX ARGS]: that pytest tier on Python 3.10, 3.11, 3.12 and 3.13,
+# each from the sdist in a fresh environment (noxfile.py; -s quick-3.12: one of them).
 #
 # pytest runs in MSGQ_TEST_WORKERS processes (pytest-xdist, default 3: most tests wait on
 # other processes — on two cores, three workers ran the suite in 649 s where two took
@@ -19,6 +21,20 @@ quick=0
 if [ "${1:-}" = --quick ]; then
   quick=1
   shift
+fi
+if [ "${1:-}" = --pythons ]; then
+  # Every Python requires-python claims (3.10-3.13): nox builds the sdist, installs it with
+  # the test extra into a fresh environment of each and runs the quick tier's tests there
+  # (noxfile.py). nox itself comes from the package index into build/nox-venv.
+  shift
+  if [ ! -x build/nox-venv/bin/nox ]; then
+    echo "installing nox into build/nox-venv" >&2
+    mkdir -p build
+    python3 -m venv build/nox-venv
+    build/nox-venv/bin/python -m pip install -q --disable-pip-version-check nox \
+      > build/nox-venv.log 2>&1 || { tail -n 20 build/nox-venv.log >&2; exit 1; }
+  fi
+  exec build/nox-venv/bin/nox -f noxfile.py "$@"
 fi
 source scripts/ensure_env.sh test  # (the profile: else the sourced script would see our pytest arguments)
 source scripts/lib/pytest_workers.sh
