@@ -275,3 +275,28 @@ def test_function_local_imports_say_why():
 def test_every_folder_says_what_it_may_import(folder: Path):
     doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
     assert "Layer:" in doc, f"{folder.relative_to(ROOT)}/__init__.py: no 'Layer:' paragraph"
+
+
+def test_the_layout_picture_follows_the_layer_list():
+    """docs/layout.md's picture lists the layers top down, in LAYERS' order, and each row
+    names every unit of its layer (by its last name: ``zmq_backend``, ``lockstep``), so
+    the map a newcomer reads is the one this file checks."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    block = text.split("```\n", 2)[1]
+    rows: list[tuple[str, str]] = []  # (layer, the text of its row and continuation lines)
+    names = {name for name, _ in LAYERS}
+    for line in block.splitlines()[1:]:
+        if not line.strip():
+            break  # the end of the layer table
+        head = re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        if line.startswith(" ") and not line.startswith("  ") and head[0] in names:
+            rows.append((head[0], line))
+        else:
+            assert rows, f"docs/layout.md: a row before the first layer: {line!r}"
+            rows[-1] = (rows[-1][0], rows[-1][1] + "\n" + line)
+    assert [name for name, _ in rows] == [name for name, _ in reversed(LAYERS)]
+    for (name, row), (_, units) in zip(rows, reversed(LAYERS), strict=True):
+        for unit in units:
+            last = "msgq" if unit == "msgq" else unit.rsplit(".", 1)[1]
+            assert re.search(rf"(?<![\w.]){re.escape(last)}(?!\w)", row), \
+                f"docs/layout.md: the {name} row does not name {unit}"
