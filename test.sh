@@ -44,7 +44,8 @@ elapsed() { echo "   (${SECONDS} s so far)"; }
 # scons builds (and runs the test programs) on every core
 jobs="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)"
 # scons_step NAME ARGS...: scons ARGS with its compiler lines and the test programs' output
-# in build/NAME.log; prints the programs' totals, or the log's end when it fails.
+# in a log named after the step (build/c-tests-plain.log, ...); prints the programs'
+# totals, or the log's end when it fails.
 scons_step() {
   local log="build/$1.log"
   shift

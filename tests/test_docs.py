@@ -100,16 +100,22 @@ def test_the_setup_logs_the_pages_name_are_where_setup_writes_them() -> None:
     # build's went to .venv/*.log.
     import fnmatch
 
-    setup = (ROOT / "scripts" / "ensure_env.sh").read_text()
-    code = "\n".join(line for line in setup.splitlines() if not line.lstrip().startswith("#"))
-    written = set(LOG_PATH.findall(code)) | {
-        "build/" + name for name in re.findall(r'"\$root/build/([\w-]+\.log)"', code)}
-    assert {"build/setup.log", ".venv/deps.log", ".venv/build.log"} <= written, written
+    def written_by(script: str) -> set[str]:
+        text = (ROOT / script).read_text()
+        code = "\n".join(line for line in text.splitlines()
+                         if not line.lstrip().startswith("#"))
+        return set(LOG_PATH.findall(code)) | {
+            "build/" + name for name in re.findall(r'"\$root/build/([\w-]+\.log)"', code)} | {
+            f"build/{step}.log" for step in re.findall(r"scons_step ([\w-]+)", code)}
+
+    setup = written_by("scripts/ensure_env.sh")
+    assert {"build/setup.log", ".venv/deps.log", ".venv/build.log"} <= setup, setup
+    written = setup | written_by("test.sh") | written_by("run.sh")
     for page in PAGES:
         for named in LOG_PATH.findall(page.read_text()):
             assert fnmatch.filter(written, named), (page.name, named, sorted(written))
     readme = (ROOT / "README.md").read_text()
-    assert [w for w in sorted(written) if w not in readme] == []
+    assert [w for w in sorted(setup) if w not in readme] == []
 
 
 def test_the_rates_the_pages_name_are_the_registrys() -> None:
@@ -146,3 +152,38 @@ def test_messages_point_to_help_that_ships_not_to_docs_folder() -> None:
                          if isinstance(sub, ast.Constant) and isinstance(sub.value, str)
                          and re.search(r"\bdocs/\w", sub.value)]
     assert hits == []
+
+
+# --- generated figures -------------------------------------------------------------------
+
+
+def test_the_generated_figure_blocks_are_as_generated_and_cite_current_rows() -> None:
+    from msgq.bench import figures
+
+    assert figures.problems() == []
+
+
+def test_a_hand_edit_or_a_row_the_benchmark_dropped_is_caught(tmp_path: Path) -> None:
+    from msgq.bench import figures
+
+    (tmp_path / "docs").mkdir()
+    body = "*Generated ...*\n\n| row | msgq |\n|---|---|\n| 8 B, 1 subscriber | 3.0× |\n"
+    blocks = []
+    for block in figures.BLOCKS:
+        attrs = f' rows="{";".join(block.rows)}" '
+        blocks.append(f"<!-- bench:{block.name} begin{attrs}-->\n{body}"
+                      f"<!-- bench:{block.name} end {figures.checksum(attrs, body)} -->")
+    page = tmp_path / "README.md"
+    page.write_text("# page\n\n" + "\n\n".join(blocks) + "\n")
+    assert figures.problems(tmp_path) == []
+    page.write_text(page.read_text().replace("3.0×", "3.5×", 1))  # a number typed over
+    [edited] = figures.problems(tmp_path)
+    assert "edited by hand" in edited and "'core'" in edited
+    # A row the benchmark no longer defines (a payload size it stopped measuring).
+    attrs = ' rows="throughput/8/1;throughput/3000/1" '
+    page.write_text(f"<!-- bench:core begin{attrs}-->\n{body}<!-- bench:core end "
+                    f"{figures.checksum(attrs, body)} -->\n" + "\n".join(blocks[1:]))
+    [stale] = figures.problems(tmp_path)
+    assert "no longer has: throughput/3000/1" in stale
+    page.write_text("\n".join(blocks[1:]))
+    assert figures.problems(tmp_path) == ["README.md: block 'core' is missing"]
