@@ -348,6 +348,104 @@ def test_a_grown_schema_still_reads_its_older_recordings(tmp_path: Path) -> None
         check_schema(log, schema)
 
 
+def in_union_events(writer: Schema, reader: Schema, n: int = 120) -> list[bytes]:
+    """Events of ``writer`` whose bytes ``reader`` takes for its own: their discriminant
+    as ``reader`` reads it is one of its members, and no bit of its root struct is one it
+    leaves unused (the robot schema's initData and armState read with msgq's: robot's
+    ``valid`` sits where msgq's discriminant is, so they read as logStart or gyroscope;
+    msgq's logStart and gyroscope read with the robot schema, likewise). Only decoding
+    them tells them apart."""
+    from msgq.logs.schema_check import _classify, _root_shape
+
+    services = {"robot.capnp": ["initData", "armState"],
+                "log.capnp": ["logStart", "gyroscope"]}[os.path.basename(writer.path)]
+    events = make_events(writer, n, services=services)
+    shape = _root_shape(reader)
+    for data in events:  # the case this is: the old signals all say "fine"
+        assert reader.layout.peek(data)[2] in reader.union_set  # type: ignore[index]
+        assert _classify(data, shape) == "ok"
+    return events
+
+
+# The evidence a log of another schema shows, by how it was written: (writer profile,
+# layout, the signal that decides when read with the other profile).
+MISMATCHES = [
+    ("robot", "recording", "index schema members"),
+    ("robot", "route", "root struct shape"),
+    ("robot", "route-in-union", "decode failures"),
+    ("msgq", "route", "root struct shape"),
+    ("msgq", "route-in-union", "decode failures"),
+]
+
+
+def write_mismatch(folder: Path, writer_profile: str, layout: str) -> tuple[Path, Schema,
+                                                                            Schema]:
+    """A log of ``writer_profile``'s schema in ``folder`` (a LogWriter recording, or a
+    loggerd route of two segments); (its path, its schema, the other profile's)."""
+    writer = robot_schema() if writer_profile == "robot" else msgq_schema()
+    reader = msgq_schema() if writer_profile == "robot" else robot_schema()
+    if layout == "recording":
+        return _recording(folder / "rec", writer, make_events(writer, 150)), writer, reader
+    events = in_union_events(writer, reader) if layout == "route-in-union" \
+        else make_events(writer, 120, default_times=True)
+    for n, part in enumerate((events[:60], events[60:])):
+        write_loggerd_log(str(folder / "route" / f"2026-01-01--12-00-00--{n}" / "rlog.zst"),
+                          part)
+    return folder / "route", writer, reader
+
+
+@pytest.mark.parametrize(("writer_profile", "layout", "signal"), MISMATCHES)
+def test_each_signal_decides_and_says_so(writer_profile: str, layout: str, signal: str,
+                                         tmp_path: Path) -> None:
+    """Each kind of log of another schema is refused by the signal it carries, named in
+    the one line (and in ``SchemaMismatchError.signal``); read with its own schema,
+    nothing is refused. The in-union cases passed as fine before decoding was a signal:
+    msgq read robot's initData and armState as logStart and gyroscope."""
+    log, writer, reader = write_mismatch(tmp_path, writer_profile, layout)
+    check_schema(log, writer)
+    assert len(list(LogReader(log, schema=writer).raw())) >= 120
+    with pytest.raises(SchemaMismatchError, match="--schema") as raised:
+        check_schema(log, reader)
+    assert raised.value.signal == signal
+    assert f"(decided by {signal})" in str(raised.value) and "\n" not in str(raised.value)
+    with pytest.raises(SchemaMismatchError, match=f"decided by {signal}"):
+        next(LogReader(log, schema=reader).raw())
+    with pytest.raises(SchemaMismatchError, match=f"decided by {signal}"):
+        Replayer(log, schema=reader, fast=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("writer_profile", "layout", "signal"), MISMATCHES)
+def test_every_command_refuses_a_log_of_another_schema(writer_profile: str, layout: str,
+                                                       signal: str, tmp_path: Path) -> None:
+    """``msgq replay``, ``info``, ``export`` and ``logstats`` of a log of one profile with
+    the other in force: exit 1, one line naming --schema and the signal, nothing written
+    or sent (``info`` of a recording whose sealed index holds it all reads no event: it
+    shows the index's counts and says the schema differs); with the log's own schema each
+    command runs."""
+    log, writer, _ = write_mismatch(tmp_path, writer_profile, layout)
+    robot = ["--schema", ROBOT_SCHEMA, "--registry", ROBOT_SERVICES]
+    wrong, right = (robot, []) if writer_profile == "msgq" else ([], robot)
+    out = tmp_path / "out.mcap"
+    commands = [("replay", "--fast", str(log)), ("info", str(log)),
+                ("export", str(log), str(out)), ("logstats", str(log))]
+    for command in commands:
+        if command[0] == "info" and layout == "recording":
+            # everything from its sealed index, under the names its writer gave: shown,
+            # with the schema it was written with and the option to read it with
+            shown = run_cli(*wrong, *command).stdout
+            assert "not the schema in force" in shown and "--schema" in shown
+            continue
+        proc = run_cli(*wrong, *command, expect=1)
+        (line,) = proc.stderr.splitlines()
+        assert "not a log of" in line and "--schema" in line, (command, line)
+        assert f"decided by {signal}" in line, (command, line)
+        assert proc.stdout == "" and not out.exists()
+    for command in commands[:3]:  # (logstats with its schema: the Spark tests)
+        run_cli(*right, *command)
+    assert out.exists()
+
+
 # --- loggerd logs and route folders --------------------------------------------------------
 
 

@@ -203,12 +203,15 @@ def recording_info(source: str) -> RecordingInfo:
             info.segments.append(segment)
             to_read.append(segment)
     if to_read:
-        written_with = info.schema_fingerprint
-        if written_with is not None and written_with != in_force:
-            raise CommandError(
-                f"{info.path} was written with the schema {written_with}, not the one in "
-                f"force ({in_force}), and {plural(len(to_read), 'segment')} must be read: "
-                "pass the schema it was written with (--schema FILE.capnp --registry FILE)")
+        # the one schema check of every reader (msgq.logs.schema_check), before a read
+        from msgq.logs.schema_check import SchemaMismatchError, check_paths
+        from msgq.schemas import schema_in_force
+
+        try:
+            check_paths([s.file for s in to_read], schema_in_force())
+        except SchemaMismatchError as e:
+            raise CommandError(f"{plural(len(to_read), 'segment')} must be read: {e}"
+                               ) from None
         _read_segments(to_read, info.problems)
     return info
 
@@ -228,7 +231,7 @@ def _read_segments(segments: list[SegmentInfo], problems: list[str]) -> None:
 
     by_path = {s.file: s for s in segments}
     try:
-        reader = LogReader(list(by_path), skip_corrupt=True, warn=False)
+        reader = LogReader(list(by_path), skip_corrupt=True, warn=False, check_schema=False)
         for event in reader.raw():
             by_path[event.path].add(event.mono_ns, event.service)
     except ValueError as e:  # a log of another schema (SchemaMismatchError), said in one line

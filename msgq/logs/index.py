@@ -22,8 +22,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["INDEX_NAME", "IndexCache", "SegmentIndex", "file_sha256", "read_index",
-           "read_recording", "write_index"]
+__all__ = ["INDEX_NAME", "IndexCache", "SegmentIndex", "file_sha256",
+           "parse_index_document", "read_index", "read_index_document", "read_recording",
+           "write_index"]
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 1
@@ -84,6 +85,28 @@ def write_index(folder: str, segments: list[SegmentIndex], metadata: dict[str, A
         json.dump(doc, f, indent=1, sort_keys=True)
         f.write("\n")
     os.replace(tmp, os.path.join(folder, INDEX_NAME))
+
+
+def parse_index_document(data: bytes | str) -> dict[str, Any] | None:
+    """The index document in ``data`` (an ``index.json``'s bytes: what the recording
+    says of itself, ``segments`` included, as written); None when it is not one of this
+    version."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION:
+        return None
+    return doc
+
+
+def read_index_document(folder: str) -> dict[str, Any] | None:
+    """:func:`parse_index_document` of ``folder/index.json``; None when there is none."""
+    try:
+        with open(os.path.join(folder, INDEX_NAME), "rb") as f:
+            return parse_index_document(f.read())
+    except OSError:
+        return None
 
 
 def read_recording(folder: str) -> dict[str, Any] | None:

@@ -1,11 +1,16 @@
 """Whether a log was written with the schema a reader uses: :func:`check_schema` and
-:class:`SchemaMismatchError`.
+:class:`SchemaMismatchError`. The one copy of this check: ``LogReader``, ``Replayer``
+(``msgq replay``), ``msgq info``, ``msgq export``, ``msgq logstats`` and the Spark source
+(local files, and Hadoop URIs through :func:`check_paths` with ``files``) all call it.
 
 Cap'n Proto bytes carry no schema: read with the wrong one, an Event often still
 "decodes" — another service's name, a time or a validity read from the wrong bits. So a
-reader looks for evidence, cheapest first, before it hands out a single event:
+reader looks for evidence, cheapest first, before it hands out a single event. Each
+signal has a name (:data:`SIGNALS`); the error says which one decided
+(:attr:`SchemaMismatchError.signal`):
 
-1. the recording's ``index.json``: the union members the writer's schema had, by ordinal
+1. ``index schema members`` / ``index schema fingerprint``: the recording's
+   ``index.json``: the union members the writer's schema had, by ordinal
    (``schema_members``: name and type), compared with the reader's — a schema that only
    added members at the end is the same schema, grown (a log of the newer version is
    refused only when it holds events of the members the reader lacks, by the index's
@@ -13,18 +18,30 @@ reader looks for evidence, cheapest first, before it hands out a single event:
    ``schema_fingerprint``: that must be equal.
 2. otherwise (loggerd logs, a segment file alone, an index without schema), a sample of
    the first events of the folder's first segment (of a loggerd route's first segment,
-   for all its ``<route>--<n>`` folders; up to :data:`SAMPLE_EVENTS`), each
-   read from its bytes: a union discriminant beyond the schema's members, or bits of the
-   root struct's data section that no field of the schema uses (a writer's schema keeps
-   them zero; another schema puts its discriminant or ``valid`` there) — a mismatch when
-   most of the sample shows it (damage hits one event, not most); and a ``logStart``
-   event whose ``schemaFingerprint`` is not the reader's.
+   for all its ``<route>--<n>`` folders; up to :data:`SAMPLE_EVENTS`), each read from its
+   bytes, then decoded:
+
+   * ``logStart fingerprint``: a ``logStart`` event whose ``schemaFingerprint`` is
+     another schema's;
+   * ``union ordinals``: a union discriminant beyond the schema's members;
+   * ``root struct shape``: bits of the root struct's data section that no field of the
+     schema uses (a writer's schema keeps them zero; another schema puts its
+     discriminant, ``valid`` or a field of its own there);
+   * ``decode failures``: where the ordinals and the root's bits look right (another
+     schema's discriminant can land on bits that read as a valid ordinal), the event is
+     decoded with the reader's schema and every field of its union member read: a
+     pointer of another kind than the schema says (a list where it has a struct, a
+     struct where it has text) is a decode failure.
+
+   A mismatch when most of the sample shows one of the last three (damage hits one
+   event, not most; each event counts once, under the first signal it shows).
 
 Layer: a service (the logs); imports the Event layer and the other log modules.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import struct
@@ -33,13 +50,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from msgq.logs.index import INDEX_NAME, read_index, read_recording
+from msgq.logs.index import read_index_document
 from msgq.logs.segment import read_messages
 from msgq.logs.sources import segment_paths
 from msgq.schemas import Schema, schema_in_force
 from msgq.schemas.framing import root_data_section
 
-__all__ = ["SAMPLE_EVENTS", "SchemaMismatchError", "check_schema", "schema_members"]
+__all__ = ["SAMPLE_EVENTS", "SIGNALS", "LocalFiles", "SchemaMismatchError", "check_paths",
+           "check_schema", "schema_members"]
 
 #: Events of a segment's start read to judge its schema.
 SAMPLE_EVENTS = 64
@@ -56,10 +74,26 @@ _WIDTH = {"void": 0, "bool": 1, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16
 
 HINT = "pass the schema it was written with (--schema FILE.capnp --registry FILE)"
 
+#: The evidence that can decide a mismatch, in the order it is looked at (see the module
+#: docstring).
+SIGNALS = ("index schema members", "index schema fingerprint", "logStart fingerprint",
+           "union ordinals", "root struct shape", "decode failures")
+
+#: Struct fields, list elements and values read per event for ``decode failures``.
+_WALK_BUDGET = 4096
+
 
 class SchemaMismatchError(ValueError):
     """A log was not written with the schema used to read it; the message (one line)
-    names the log, the evidence and what to pass."""
+    names the log, the evidence, the signal that decided (``signal``, one of
+    :data:`SIGNALS`) and what to pass."""
+
+    def __init__(self, message: str, signal: str = "") -> None:
+        super().__init__(message)
+        self.signal = signal
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses processes (Spark) whole
+        return type(self), (str(self), self.signal)
 
 
 def _type_signature(typ: Any) -> str:
@@ -147,11 +181,81 @@ def _classify(message: bytes, shape: _RootShape) -> str | None:
     return "odd" if section & ~shape.used else "ok"
 
 
+def _walk(value: Any, budget: list[int], depth: int = 0) -> None:
+    """Reads ``value`` (a struct or list reader) field by field, element by element,
+    within ``budget[0]`` reads: pycapnp raises its KjException at a pointer of another
+    kind than the schema says."""
+    if depth > 16:
+        return
+    if hasattr(value, "schema") and hasattr(value, "to_dict"):  # a struct (or group) reader
+        schema = value.schema
+        names = list(schema.non_union_fields)
+        if schema.union_fields:
+            names.append(value.which())
+        for name in names:
+            budget[0] -= 1
+            if budget[0] <= 0:
+                return
+            try:
+                field = getattr(value, name)
+            except UnicodeDecodeError:  # text that is not UTF-8: not a schema matter
+                continue
+            _walk(field, budget, depth + 1)
+    elif hasattr(value, "__len__") and hasattr(value, "__getitem__") \
+            and not isinstance(value, (str, bytes)):  # a list reader
+        for i in range(min(len(value), 64)):
+            budget[0] -= 1
+            if budget[0] <= 0:
+                return
+            try:
+                item = value[i]
+            except UnicodeDecodeError:
+                continue
+            _walk(item, budget, depth + 1)
+
+
+def _decodes(data: bytes, schema: Schema) -> bool:
+    """Whether the event decodes with ``schema``, every field of its union member read
+    (within :data:`_WALK_BUDGET`); False only for Cap'n Proto's own refusal (a pointer of
+    another kind, out of bounds), not for text that is not UTF-8 or an unknown enum."""
+    try:
+        event = schema.decode(data)
+        _walk(getattr(event, event.which()), [_WALK_BUDGET])
+    except UnicodeDecodeError:  # text that is not UTF-8: not a schema matter
+        return True
+    except Exception:  # pycapnp's KjException; MessageDecodeError from decode
+        return False
+    return True
+
+
+def _tally(data: bytes, schema: Schema, sample: _Sample) -> bool:
+    """:func:`_decodes`, counted by the service ``schema`` reads in ``data``."""
+    peeked = schema.layout.peek(data)
+    decodes = _decodes(data, schema)
+    counts = sample.by_service.setdefault(peeked[2] if peeked else "", [0, 0])
+    counts[0 if decodes else 1] += 1
+    return decodes
+
+
+#: Events of a sample decoded for ``decode failures`` (the first that fit the schema by
+#: their bytes: decoding costs about 80 us an event, the bytes' look 15).
+DECODE_EVENTS = 24
+
+#: Events of one service in a sample that must all fail to decode for ``decode
+#: failures`` to decide when they are not most of the sample.
+SERVICE_FAILURES = 6
+
+
 @dataclass
 class _Sample:
     events: int = 0
     foreign: int = 0
     odd: int = 0
+    fitting: int = 0  # "ok" by their bytes
+    decoded: int = 0  # of those, decoded (the first DECODE_EVENTS)
+    undecodable: int = 0  # of those, the ones that do not decode with the schema
+    # of the events "ok" by their bytes, by the service the schema reads: (decoded, not)
+    by_service: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     fingerprint: str | None = None  # a logStart's schemaFingerprint, when one was read
 
 
@@ -192,8 +296,15 @@ def _sample(path: str | BinaryIO, schema: Schema) -> _Sample:
                 sample.foreign += 1
             elif raw.identity == "odd":
                 sample.odd += 1
-            elif wants_fingerprint and sample.fingerprint is None:
-                sample.fingerprint = _log_start_fingerprint(raw.data, schema)
+            else:
+                sample.fitting += 1
+                decodes = True
+                if sample.decoded < DECODE_EVENTS:
+                    sample.decoded += 1
+                    decodes = _tally(raw.data, schema, sample)
+                    sample.undecodable += not decodes
+                if decodes and wants_fingerprint and sample.fingerprint is None:
+                    sample.fingerprint = _log_start_fingerprint(raw.data, schema)
             if sample.events >= SAMPLE_EVENTS or seen_bytes >= SAMPLE_BYTES:
                 break
     except OSError:  # unreadable (a folder, no permission): the reader says so there
@@ -208,35 +319,39 @@ def _describe(schema: Schema) -> str:
     return f"{schema.path}{root}"
 
 
-def _index_verdict(info: dict[str, Any], schema: Schema,
-                   folder: str) -> tuple[bool, str | None]:
-    """(whether the index settles it, the mismatch found or None)."""
+def _index_verdict(info: dict[str, Any], schema: Schema) -> tuple[bool, str | None, str]:
+    """(whether the index settles it, the mismatch found or None, the signal) of an
+    index document (:func:`msgq.logs.index.parse_index_document`)."""
     if info.get("schema_fingerprint") == schema.fingerprint:
-        return True, None
+        return True, None, "index schema fingerprint"
     members = info.get("schema_members")
     if isinstance(members, list) and members:
+        signal = "index schema members"
         ours = schema_members(schema)
         for ordinal, (theirs, mine) in enumerate(zip(members, ours, strict=False)):
             if list(theirs) != mine:
                 name = theirs[0] if isinstance(theirs, list) and theirs else theirs
                 return True, (f"its index.json says union member #{ordinal} is {name!r} "
                               f"({theirs[1] if isinstance(theirs, list) else '?'}), "
-                              f"this schema's is {mine[0]!r} ({mine[1]})")
+                              f"this schema's is {mine[0]!r} ({mine[1]})"), signal
         # the same members, one side grown at the end: a log of a newer version is read
         # unless it holds events of members this version lacks
         newer = {m[0] for m in members[len(ours):] if isinstance(m, list) and m}
-        held = sorted({name for entry in read_index(folder) or [] for name, n in
-                       entry.counts.items() if name in newer and n})
+        segments = info.get("segments")
+        held = sorted({name for entry in segments if isinstance(segments, list)
+                       and isinstance(entry, dict) and isinstance(entry.get("counts"), dict)
+                       for name, n in entry["counts"].items() if name in newer and n}
+                      if isinstance(segments, list) else ())
         if held:
             return True, (f"it holds events of {', '.join(held[:5])}"
                           f"{' and more' if len(held) > 5 else ''}, union members this "
-                          f"schema lacks (the log's schema is a newer version of it)")
-        return True, None
+                          f"schema lacks (the log's schema is a newer version of it)"), signal
+        return True, None, signal
     fingerprint = info.get("schema_fingerprint")
     if isinstance(fingerprint, str) and fingerprint:
         return True, (f"its index.json says schema fingerprint {fingerprint}, this "
-                      f"schema's is {schema.fingerprint}")
-    return False, None
+                      f"schema's is {schema.fingerprint}"), "index schema fingerprint"
+    return False, None, ""
 
 
 def _other_fingerprint(theirs: str | None, ours: str) -> bool:
@@ -248,18 +363,37 @@ def _other_fingerprint(theirs: str | None, ours: str) -> bool:
     return sum(a != b for a, b in zip(theirs, ours, strict=True)) >= 4
 
 
-def _sample_verdict(sample: _Sample, schema: Schema) -> str | None:
+def _sample_verdict(sample: _Sample, schema: Schema) -> tuple[str | None, str]:
+    """(the mismatch the sample shows or None, the signal that decided)."""
     if _other_fingerprint(sample.fingerprint, schema.fingerprint):
         return (f"its logStart says schema fingerprint {sample.fingerprint}, this "
-                f"schema's is {schema.fingerprint}")
-    flagged = sample.foreign + sample.odd
+                f"schema's is {schema.fingerprint}"), "logStart fingerprint"
+    # the events that fit by their bytes but would not decode, as estimated from the
+    # ones decoded
+    undecodable = (sample.undecodable * sample.fitting // sample.decoded
+                   if sample.decoded else 0)
+    flagged = sample.foreign + sample.odd + undecodable
     if flagged < 2 or 2 * flagged <= sample.events:
-        return None
-    if sample.foreign >= sample.odd:
+        # not most of the sample, but every event of a service fails to decode: that
+        # service's union member is another type here (damage is not that regular)
+        for service, (decoded, failed) in sorted(sample.by_service.items()):
+            if failed >= SERVICE_FAILURES and not decoded:
+                return (f"none of the {failed} of its first events that this schema "
+                        f"reads as {service!r} decode with it (their union ordinals and "
+                        f"root bits fit it: a pointer of another kind than it says)"), \
+                    "decode failures"
+        return None, ""
+    top = max(sample.foreign, sample.odd, undecodable)
+    if sample.foreign == top:
         return (f"{sample.foreign} of its first {sample.events} events name union "
-                f"members beyond this schema's {_root_shape(schema).members}")
-    return (f"{sample.odd} of its first {sample.events} events set bits of the root "
-            f"struct that this schema does not use")
+                f"members beyond this schema's {_root_shape(schema).members}"), \
+            "union ordinals"
+    if sample.odd == top:
+        return (f"{sample.odd} of its first {sample.events} events set bits of the root "
+                f"struct that this schema does not use"), "root struct shape"
+    return (f"{sample.undecodable} of the first {sample.decoded} of its events whose "
+            f"union ordinals and root bits fit this schema do not decode with it (a "
+            f"pointer of another kind than it says)"), "decode failures"
 
 
 def _sample_group(folder: str) -> tuple[str, str]:
@@ -270,31 +404,55 @@ def _sample_group(folder: str) -> tuple[str, str]:
     return (parent, match.group(1)) if match else (folder, "")
 
 
-def check_paths(paths: Iterable[str], schema: Schema) -> None:
+class LocalFiles:
+    """What :func:`check_paths` reads, from the local file system: a folder's index
+    document and a segment file (its path, opened by the sampler)."""
+
+    def index(self, folder: str) -> dict[str, Any] | None:
+        """``folder``'s index document (:func:`msgq.logs.index.read_index_document`)."""
+        return read_index_document(folder)
+
+    def segments(self, paths: list[str]) -> dict[str, str | BinaryIO]:
+        """The segment files ``paths`` to sample, by path (a path, or a binary file of
+        at least their first :data:`SAMPLE_BYTES`)."""
+        return {path: path for path in paths}
+
+
+def _mismatch(where: str, schema: Schema, problem: str, signal: str) -> SchemaMismatchError:
+    return SchemaMismatchError(f"{where}: not a log of {_describe(schema)}: {problem} "
+                               f"(decided by {signal}); {HINT}", signal)
+
+
+def check_paths(paths: Iterable[str], schema: Schema, files: Any = None) -> None:
     """:func:`check_schema` over segment files already listed: each folder's index, and
     where no index settles it, the first segment of the folder (of a loggerd route: of
-    the route) is sampled."""
+    the route) is sampled. ``files``: what reads the indexes and segments
+    (:class:`LocalFiles` by default; the Spark source's Hadoop path passes its own, with
+    the same two methods, for URIs)."""
+    files = LocalFiles() if files is None else files
     firsts: dict[str, str] = {}
     for path in paths:
         firsts.setdefault(os.path.dirname(path), path)
     sampled: set[tuple[str, str]] = set()
+    to_sample: list[str] = []
     for folder, path in firsts.items():
         settled = False
-        if os.path.exists(os.path.join(folder, INDEX_NAME)):
-            info = read_recording(folder)
-            if info is not None:
-                settled, problem = _index_verdict(info, schema, folder)
-                if problem is not None:
-                    raise SchemaMismatchError(f"{folder}: not a log of {_describe(schema)}: "
-                                              f"{problem}; {HINT}")
+        info = files.index(folder)
+        if info is not None:
+            settled, problem, signal = _index_verdict(info, schema)
+            if problem is not None:
+                raise _mismatch(folder, schema, problem, signal)
         group = _sample_group(folder)
         if settled or group in sampled:
             continue
         sampled.add(group)
-        problem = _sample_verdict(_sample(path, schema), schema)
+        to_sample.append(path)
+    if not to_sample:
+        return
+    for path, segment in files.segments(to_sample).items():
+        problem, signal = _sample_verdict(_sample(segment, schema), schema)
         if problem is not None:
-            raise SchemaMismatchError(f"{path}: not a log of {_describe(schema)}: {problem}; "
-                                      f"{HINT}")
+            raise _mismatch(path, schema, problem, signal)
 
 
 def check_schema(source: Any, schema: Schema | None = None) -> None:
