@@ -7,6 +7,7 @@ Layer: the Event layer (over :mod:`msgq.clock`, whose time stamps new messages).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from msgq import clock
@@ -26,17 +27,30 @@ __all__ = [
 ]
 
 
-def sendable_bytes(msg: Any, service: str) -> bytes:
+def sendable_bytes(msg: Any, service: str, event: Any = None,
+                   identify: Callable[[bytes], Any] | None = None) -> bytes:
     """The bytes of the Event builder ``msg`` to send on ``service``: its union must hold
     ``service`` (else ValueError naming what it carries); anything else than a builder →
-    TypeError. msgq's builder answers for itself in one call (no pycapnp); a pycapnp
-    builder through its ``which()`` (a builder of another struct could read as any
-    service from its bytes). What :meth:`msgq.messaging.PubMaster.send` sends: all it
-    needs comes from ``msg``."""
+    TypeError. All of it comes from ``msg``: msgq's builder answers for itself in one
+    call (no pycapnp); a pycapnp builder of ``event`` (the sender's Event struct schema)
+    has its service read from its bytes by ``identify`` (one C call instead of pycapnp's
+    ``which()``); any other builder answers through its ``which()`` (a builder of another
+    struct could read as any service from its bytes). What
+    :meth:`msgq.messaging.PubMaster.send` sends."""
     if type(msg) is StructBuilder:
         data = built_bytes(msg, service)
         if data is not None:
             return data
+    elif identify is not None:
+        try:
+            of_event = msg.schema == event  # pycapnp compares the schemas in C
+        except (AttributeError, TypeError):  # not a struct builder
+            of_event = False
+        if of_event:
+            data = msg.to_bytes()
+            peeked = identify(data)
+            if peeked is not None and peeked[2] == service:
+                return data
     which = getattr(msg, "which", None)
     if which is None or not hasattr(msg, "to_bytes"):
         raise TypeError(f"send({service!r}, ...) takes an Event builder or bytes, not "

@@ -412,12 +412,14 @@ def test_payloads_are_decoded_when_read() -> None:
     sm.close()
 
 
-def test_wait_for_readers_to_update() -> None:
+def test_wait_for_readers_to_update(backend: str) -> None:
     """False while the subscriber has not read (however long that takes), True as soon
     as it has: the test waits on the read itself, not on one update landing inside a
     wall-clock window (issue 29), and a long timeout costs nothing when it is met."""
     sm = SubMaster(["vehicleState"])
     pm = PubMaster(["vehicleState"])
+    # the portable idiom: a ZMQ subscriber made before its publisher joins a moment later
+    assert pm.wait_for_readers_to_update("vehicleState", timeout=30.0) is True
     pm.send("vehicleState", new_message("vehicleState"))
     assert not pm.all_readers_updated("vehicleState")
     assert pm.wait_for_readers_to_update("vehicleState", timeout=0.05, dt=0.01) is False
@@ -658,6 +660,14 @@ def test_send_takes_what_it_needs_from_the_builder_alone() -> None:
         robot_msg = new_message("armState", schema=robot_schema())
         with pytest.raises(ValueError, match="carries 'armState'"):
             pm.send("gyroscope", robot_msg)
+        robot_pycapnp = robot_schema().event.new_message()  # its bytes read as another
+        robot_pycapnp.init("armState")  # service with msgq's layout: which() decides
+        with pytest.raises(ValueError, match="carries 'armState'"):
+            pm.send("gyroscope", robot_pycapnp)
+        with pytest.raises(ValueError, match="carries 'can'"):
+            pm.send("vehicleState", new_message("can", 1))  # pycapnp's, of this Event
+        with pytest.raises(Exception, match="non-union"):
+            pm.send("vehicleState", new_message("vehicleState").vehicleState.as_pycapnp())
         with pytest.raises(TypeError, match="takes an Event builder or bytes"):
             pm.send("gyroscope", 3)
         sm.update(0)

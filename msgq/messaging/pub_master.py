@@ -23,6 +23,12 @@ class PubMaster:
     def __init__(self, services: Iterable[str], schema: Schema | None = None) -> None:
         self.schema = schema_in_force(schema)
         self.sock: dict[str, Any] = {}
+        # a pycapnp builder of this Event has its service read from its bytes (see send)
+        self._event = self.schema.event.schema
+        try:
+            self._identify: Any = self.schema.views.identify
+        except ValueError:  # a root struct whose fields the layout does not read
+            self._identify = None
         for service in services:
             self.schema.services[service]  # KeyError naming close matches
             if service not in self.sock:
@@ -47,8 +53,9 @@ class PubMaster:
             sock.send(dat)
             return
         # what it sends comes from the builder alone: msgq's answers which() and
-        # to_bytes() in one call, pycapnp's through which() (see sendable_bytes)
-        sock.send(sendable_bytes(dat, service))
+        # to_bytes() in one call, pycapnp's of this Event from its bytes, any other
+        # through which() (see sendable_bytes)
+        sock.send(sendable_bytes(dat, service, self._event, self._identify))
 
     def all_readers_updated(self, service: str) -> bool:
         """Whether every subscriber of ``service`` has read everything sent on it."""
