@@ -494,3 +494,37 @@ def test_logstats_with_the_robot_schema(tmp_path: Path) -> None:
     assert refused.returncode == 1 and refused.stdout == ""
     (line,) = refused.stderr.strip().splitlines()
     assert f"{folder}: not a log of {ROBOT_SCHEMA}" in line and "--schema FILE.capnp" in line
+
+
+@pytest.mark.spark
+def test_the_spark_source_refuses_a_log_of_another_schema_on_local_and_hadoop_paths(
+        spark: Any, tmp_path: Path) -> None:
+    """Logs of the robot schema read with msgq's in force, through the msgqlog source
+    (local paths) and through Spark's Hadoop file systems (``file:`` URIs, via="hadoop":
+    the indexes and segment starts read by Spark): refused at load(), in one line naming
+    --schema and the signal that decided — a recording by its index, a loggerd route by
+    its root struct's bits, and a route whose ordinals fall inside msgq's union by its
+    decode failures. Logs of msgq's own schema still read on both paths."""
+    from test_own_schema_logs import write_mismatch
+
+    import msgq.spark
+    from msgq.logs import SchemaMismatchError
+
+    for layout, signal in (("recording", "index schema members"),
+                           ("route", "root struct shape"),
+                           ("route-in-union", "decode failures")):
+        log, _, reader = write_mismatch(tmp_path / layout, "robot", layout)
+        assert reader.path == msgq_schema().path
+        folders = [str(log)] if layout == "recording" else \
+            [str(p) for p in sorted(log.iterdir())]
+        for via, paths in (("source", folders),
+                           ("hadoop", [Path(p).as_uri() for p in folders])):
+            with pytest.raises(SchemaMismatchError) as raised:
+                msgq.spark.read_logs(spark, paths, via=via).count()
+            line = str(raised.value)
+            assert raised.value.signal == signal, (via, layout, line)
+            assert "\n" not in line and "--schema FILE.capnp" in line, line
+    folder = _msgq_recording(tmp_path)
+    for via, path in (("source", folder), ("hadoop", Path(folder).as_uri())):
+        assert [r.service for r in msgq.spark.read_logs(spark, path, via=via)
+                .orderBy("offset").collect()] == ["logStart", "userBookmark"]

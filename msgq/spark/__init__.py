@@ -121,7 +121,7 @@ def read_logs(
     from msgq.spark.connect import default_parallelism
 
     # imports pyspark: importing msgq.spark alone must not
-    from msgq.spark.datasource import read_spec, spec_option, where_option
+    from msgq.spark.datasource import check_local_logs, read_spec, spec_option, where_option
 
     # imports pyspark: importing msgq.spark alone must not
     from msgq.spark.hadoop import read_segment_files, split_paths
@@ -141,6 +141,8 @@ def read_logs(
                          schema=read_spec(schema, schema_file), start=start, end=end,
                          keep_problems=keep_problems or compact)
     local, remote = split_paths([os.fspath(p) for p in paths], via)
+    if local:  # logs of another schema: one line here, before Spark plans the read
+        check_local_logs(local, read_spec(schema, schema_file))
     options = {"problems": problems, "data": "true" if data else "false",
                "cwd": os.getcwd()}
     if services is not None:

@@ -644,6 +644,19 @@ def _check_paths(paths: list[str], options: ReadOptions) -> None:
         _checked[key] = True
 
 
+def check_local_logs(paths: list[str], spec: SchemaSpec) -> None:
+    """The schema check of a read's local paths (and ``file:`` URIs) in this process:
+    :func:`msgq.spark.read_logs` calls it on the driver before Spark plans the read, so
+    that logs of another schema raise one :class:`msgq.logs.SchemaMismatchError` here,
+    not Spark's AnalysisException around the planning worker's. Paths that name no log
+    are left to the source, which says so at load()."""
+    try:
+        files = segment_paths([local_path(p) for p in paths])
+    except (OSError, ValueError):
+        return
+    _check_paths(files, ReadOptions(paths=tuple(paths), spec=spec))
+
+
 class _CaseInsensitive:
     """Options looked up by name in any case (as Spark's own)."""
 

@@ -17,11 +17,16 @@ skip segments unread), a file is loaded whole (one binary row each: far below Sp
 2 GB limit for a segment) and Spark packs several files into one task
 (``spark.sql.files.maxPartitionBytes``). :func:`msgq.spark.read_logs` picks this path for
 URIs with a scheme other than ``file:``, or for every path with ``via="hadoop"``.
+
+Logs of another schema are refused on the driver before any row is read, by the check
+every reader runs (:func:`msgq.logs.schema_check.check_paths`), its files read through
+Spark: each folder's ``index.json``, and the start of the segments it samples.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
 import re
@@ -29,6 +34,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import SimpleNamespace
 from typing import Any
 
+from msgq.logs.index import INDEX_NAME, parse_index_document
+from msgq.logs.schema_check import SAMPLE_BYTES, check_paths
 from msgq.logs.sources import LOGGERD_NAME, loggerd_log  # the one rule of which copy
 from msgq.spark.datasource import (
     ReadOptions,
@@ -101,14 +108,51 @@ def read_segment_files(spark: Any, uris: Iterable[str | os.PathLike[str]],
     # A loggerd segment folder holds its events more than once (rlog and qlog, zstd and
     # bz2): one of them is read, as segment_paths picks it (the listing, not a job).
     listed = files.inputFiles()
+    # the path column spells URIs its own way (file:/x, not file:///x): choose among its
+    # values (a job that lists, reading no content)
+    paths = sorted(row.path for row in files.select("path").collect())
     if len(loggerd_choice(listed)) < len(listed):
-        # the path column spells URIs its own way (file:/x, not file:///x): choose
-        # among its values (a job that lists, reading no content)
-        paths = [row.path for row in files.select("path").collect()]
-        files = files.where(files.path.isin(loggerd_choice(paths)))
+        paths = loggerd_choice(paths)
+        files = files.where(files.path.isin(paths))
+    # logs of another schema: refused here, on the driver, before any row is read (the
+    # one check of every reader, its indexes and samples read through Spark)
+    check_paths(paths, parsed.schema, _HadoopFiles(spark, files, paths))
     # A plain module function and plain data: that is all the executors are sent.
     read = functools.partial(_segment_batches, parsed, schema)
     return files.select("path", "content").mapInArrow(read, schema)
+
+
+class _HadoopFiles:
+    """The indexes and segment starts :func:`msgq.logs.schema_check.check_paths` reads,
+    through Spark's Hadoop file systems: each folder's ``index.json`` (one small job for
+    all folders) and the first :data:`SAMPLE_BYTES` of the segments it samples (one job)."""
+
+    def __init__(self, spark: Any, files: Any, paths: list[str]) -> None:
+        self.spark = spark
+        self.files = files  # the binaryFile DataFrame of the segment files
+        self.folders = sorted({path.rpartition("/")[0] for path in paths})
+        self.documents: dict[str, dict[str, Any] | None] | None = None
+
+    def index(self, folder: str) -> dict[str, Any] | None:
+        if self.documents is None:
+            self.documents = {}
+            folders = self.folders
+            found = (self.spark.read.format("binaryFile")
+                     .option("pathGlobFilter", INDEX_NAME).load(folders)
+                     .select("path", "content").collect()) if folders else []
+            for row in found:
+                self.documents[row.path.rpartition("/")[0]] = \
+                    parse_index_document(bytes(row.content))
+        return self.documents.get(folder)
+
+    def segments(self, paths: list[str]) -> dict[str, Any]:
+        from pyspark.sql import functions
+
+        files = self.files
+        rows = (files.where(files.path.isin(paths))
+                .select("path", functions.substring("content", 1, SAMPLE_BYTES)
+                        .alias("head")).collect())
+        return {row.path: io.BytesIO(bytes(row.head)) for row in rows}
 
 
 def loggerd_choice(paths: Iterable[str]) -> list[str]:
