@@ -331,3 +331,25 @@ def damage_message(rng: random.Random, good: bytes, truncate: float = 0.0) -> by
     if truncate > 0 and rng.random() < truncate:
         data = data[: rng.randrange(len(data))]
     return bytes(data)
+
+
+def fnv1a(data: bytes) -> str:
+    """The hash the C examples (raw_subscriber) print for a message: FNV-1a 64, hex."""
+    h = 0xCBF29CE484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def run_logstats(*argv: str) -> tuple[int, str]:
+    """``msgq logstats ARGV`` in this process, through the msgq command (so a missing
+    command fails the test), on the run's Spark session: (exit code, stdout)."""
+    import contextlib
+    import io
+
+    from msgq.cli import main  # the command layer: loaded by the tests that run it only
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["logstats", *argv])
+    return code, out.getvalue()

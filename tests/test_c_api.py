@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import fnv1a
 
 import msgq
 from msgq import cflags, messaging
@@ -37,14 +38,6 @@ def c_toolchain() -> None:
     if missing:
         pytest.fail(f"msgq was built without its C library ({', '.join(map(str, missing))}): "
                     "rebuild with .venv/bin/python setup.py build_ext --inplace")
-
-
-def fnv1a(data: bytes) -> str:
-    """The hash raw_subscriber prints for a message (FNV-1a 64, hex)."""
-    h = 0xCBF29CE484222325
-    for b in data:
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}"
 
 
 def flags(*args: str) -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import child_env, free_port, interrupt
+from helpers import child_env, free_port, interrupt, run_logstats
 
 import msgq.cli
 import msgq.cli.bench
@@ -248,17 +248,6 @@ def test_config_without_the_c_library_says_so_and_fails(
 # --- msgq logstats: the gap options --------------------------------------------------------
 
 
-def _logstats(*argv: str) -> tuple[int, str]:
-    """``msgq logstats ARGV`` in this process (on the run's Spark session): (code, stdout)."""
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(["logstats", *argv])
-    return code, out.getvalue()
-
-
 @pytest.mark.spark
 def test_logstats_gap_factor_and_max_gaps(spark: object, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -278,7 +267,7 @@ def test_logstats_gap_factor_and_max_gaps(spark: object, tmp_path: Path,
     folder = str(tmp_path / "rec")
 
     def gaps(*options: str) -> tuple[float, list[int]]:
-        code, text = _logstats(folder, "--json", "--services", "gyroscope", *options)
+        code, text = run_logstats(folder, "--json", "--services", "gyroscope", *options)
         assert code == 0, text
         doc = json.loads(text)
         return doc["gap_factor"], [round(g["duration_ms"] * 1e6 / period) for g in doc["gaps"]]
@@ -291,11 +280,11 @@ def test_logstats_gap_factor_and_max_gaps(spark: object, tmp_path: Path,
         after = text.split(f"\n{heading}\n", 1)[1].split("\n\n", 1)[0].splitlines()
         return [line for line in after if line.startswith("gyroscope")]
 
-    code, text = _logstats(folder, "--services", "gyroscope", "--max-gaps", "2")
+    code, text = run_logstats(folder, "--services", "gyroscope", "--max-gaps", "2")
     assert code == 0, text
     assert len(gap_rows(text, "gaps (first 2 of 4; --json lists all)")) == 2
     capsys.readouterr()
-    code, _ = _logstats(folder, "--gap-factor", "0")
+    code, _ = run_logstats(folder, "--gap-factor", "0")
     assert code == 2 and "--gap-factor" in one_line(capsys.readouterr().err)
 
 

@@ -6,7 +6,6 @@ here in plain Python, in a real local SparkSession (the shared ``spark`` fixture
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -16,13 +15,13 @@ import sys
 import tempfile
 import warnings
 from collections import defaultdict
-from contextlib import redirect_stdout
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import run_logstats
 
 from msgq.logs import LogReader, LogWriter, read_index
 from msgq.messaging import new_message
@@ -705,17 +704,6 @@ def test_problems_and_timeline(stats: Stats, recording: Recording) -> None:
 # -- msgq logstats -----------------------------------------------------------------------
 
 
-def _logstats(argv: list[str]) -> tuple[int, str]:
-    """Runs ``msgq logstats ARGV`` through the msgq command (a missing command fails the
-    test); returns (exit code, stdout)."""
-    out = io.StringIO()
-    import msgq.cli
-
-    with redirect_stdout(out):
-        code = msgq.cli.main(["logstats", *argv])
-    return code, out.getvalue()
-
-
 def test_logstats_table_json_and_plot(spark: Any, recording: Recording,
                                       tmp_path: Path) -> None:
     from matplotlib import image
@@ -727,7 +715,7 @@ def test_logstats_table_json_and_plot(spark: Any, recording: Recording,
         if w.service != "logStart":  # msgq's bookkeeping: not in the table or the plot
             by_service[w.service].append(w)
     png = tmp_path / "rates.png"
-    code, text = _logstats([recording.folder, "--plot", str(png), "--segments"])
+    code, text = run_logstats(recording.folder, "--plot", str(png), "--segments")
     assert code == 0
     lines = text.splitlines()
     assert not any(line.split()[:1] == ["logStart"] for line in lines)
@@ -750,8 +738,8 @@ def test_logstats_table_json_and_plot(spark: Any, recording: Recording,
     assert png.stat().st_size > 20_000
     assert pixels[..., :3].std() > 0.05  # drawn on, not a blank page
 
-    code, text = _logstats([recording.folder, "--json", "--services",
-                            "vehicleState,gpsLocation"])
+    code, text = run_logstats(recording.folder, "--json", "--services",
+                            "vehicleState,gpsLocation")
     assert code == 0
     doc = json.loads(text)
     assert {r["service"] for r in doc["services"]} == {"vehicleState", "gpsLocation"}
@@ -799,9 +787,9 @@ def test_logstats_conf_settings_reach_the_session(spark: Any, recording: Recordi
 
     before = spark.conf.get("spark.sql.shuffle.partitions")
     try:
-        code, _ = _logstats([recording.files[0], "--json",
+        code, _ = run_logstats(recording.files[0], "--json",
                              "--conf", "spark.sql.shuffle.partitions=3",
-                             "--conf", "spark.sql.session.timeZone=UTC"])
+                             "--conf", "spark.sql.session.timeZone=UTC")
         assert code == 0
         assert spark.conf.get("spark.sql.shuffle.partitions") == "3"
     finally:
@@ -865,7 +853,7 @@ def test_logstats_through_the_hadoop_path(stats: Stats, recording: Recording) ->
             out.append(row)
         return out
 
-    code, text = _logstats([_uri(recording.folder), "--via", "hadoop", "--json"])
+    code, text = run_logstats(_uri(recording.folder), "--via", "hadoop", "--json")
     assert code == 0
     doc = json.loads(text)
     assert doc["files"] == len(recording.files)
