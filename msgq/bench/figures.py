@@ -189,7 +189,37 @@ def _render_logs(doc: dict[str, Any]) -> str:
             "file.\n\n" + "\n".join(lines) + "\n")
 
 
+UPSTREAM_ROWS = ("inproc/8", "inproc/1024", "inproc/65536", "inproc/1048576", "rtt/8")
+
+
+def _upstream_rows() -> set[str]:
+    from msgq.bench.upstream import RTT_SIZE, SIZES
+
+    return {f"inproc/{s}" for s in SIZES} | {f"rtt/{RTT_SIZE}"}
+
+
+def _render_upstream(doc: dict[str, Any]) -> str:
+    theirs, ours = doc["upstream"]["results"], doc["msgq"]["results"]
+    lines = [f"| | upstream (`msgq-ipc` {doc['upstream_version']}) | msgq | msgq ÷ upstream |",
+             "|---|---|---|---|"]
+    for row in UPSTREAM_ROWS:
+        kind, size = row.split("/")
+        a, b = theirs[row], ours[row]
+        if kind == "rtt":
+            lines.append(f"| round trip between two processes, {_size(int(size))}, p50 | "
+                         f"{a:.1f} µs | **{b:.1f} µs** | {a / b:.1f}× faster |")
+        else:
+            lines.append(f"| send + receive in one process, {_size(int(size))} | {a:,.0f}/s | "
+                         f"**{b:,.0f}/s** | {b / a:.1f}× |")
+    return ("The same measuring code in each one's environment (`msgq.bench.upstream`), "
+            "32 MiB queues, medians of the repeats.\n\n" + "\n".join(lines) + "\n")
+
+
 BLOCKS: tuple[Block, ...] = (
+    Block("upstream", "README.md",
+          lambda out, quick: [sys.executable, "-m", "msgq.bench.upstream", "--json", out,
+                              *(["--quick"] if quick else [])],
+          UPSTREAM_ROWS, _upstream_rows, _render_upstream),
     Block("core", "README.md",
           lambda out, quick: [sys.executable, "-m", "msgq.bench", "--json", out,
                               *(["--quick"] if quick else [])],
