@@ -12,6 +12,8 @@ import os
 import random
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -372,3 +374,71 @@ def test_a_well_formed_fake_reply_is_accepted() -> None:
     finally:
         os.close(fd)
     assert STATUS_OK == 0
+
+
+# --------------------------------------------------------------------------- kept buffers
+
+#: Everything a program can keep of a VisionIPC buffer, used after the client and the
+#: server it came from were closed (and after the client reconnected to a new server):
+#: the child must finish, whatever it reads, and never die by a signal (issue 43).
+_KEPT_BUFFERS = """
+import numpy as np
+from msgq.visionipc import VisionIpcClient, VisionIpcServer
+
+server = VisionIpcServer("keptcam")
+server.create_buffers(0, 2, 64, 32)
+server.start_listener()
+client = VisionIpcClient("keptcam", 0, False)
+assert client.connect(True)
+
+
+def touch(k, write=False):
+    # reads (and writes) k; .data itself is released at close: ValueError
+    try:
+        if write:
+            k[:1] = 1 if isinstance(k, np.ndarray) else b"\\x01"
+        return int(k.sum()) if isinstance(k, np.ndarray) else sum(bytes(k))
+    except ValueError as e:
+        assert "released" in str(e), e
+
+
+own = server.get_buffer(0)
+kept = [own.data, own.y, own.array, own.data[3:]]
+server.send(0, own, frame_id=7)
+buf = client.recv(1000)
+assert buf is not None and buf.frame_id == 7
+kept += [buf.data, buf.y, buf.uv, buf.array, buf.data[1:9], memoryview(buf.data),
+         np.frombuffer(buf.data, dtype=np.uint8)]
+client.close()
+server.close()
+for k in kept:
+    touch(k)
+for k in kept[:4]:  # the server's own views were writable
+    touch(k, write=True)
+try:
+    buf.data
+except ValueError as e:
+    print("released:", e)
+server = VisionIpcServer("keptcam")  # a new server: the client's old buffers are gone
+server.create_buffers(0, 1, 16, 16)
+server.start_listener()
+client = VisionIpcClient("keptcam", 0, False)
+assert client.connect(True)
+server.send(0, np.zeros(16 * 16 * 3 // 2, dtype=np.uint8), frame_id=8)
+assert client.recv(1000).frame_id == 8
+for k in kept:
+    touch(k)
+del kept, buf, own
+client.close()
+server.close()
+print("done")
+"""
+
+
+def test_buffers_kept_past_close_and_reconnect_never_crash() -> None:
+    child = subprocess.run([sys.executable, "-c", _KEPT_BUFFERS], capture_output=True,
+                           text=True, timeout=120)
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    released, done = child.stdout.splitlines()
+    assert released.startswith("released: VisionBuf 0 was released"), released
+    assert done == "done"
