@@ -52,6 +52,7 @@ COMMANDS: tuple[str, ...] = (
     "replay",
     "info",
     "logstats",
+    "lake",
     "export",
     "foxglove",
     "spark",

@@ -1,5 +1,7 @@
 """Structured Streaming over a growing recording: ``spark.readStream.format("msgqlog")
-.load(folder)``.
+.load(folder)``, where ``folder`` is a msgq recording (``segment-NNNNN.log.zst`` and its
+index) or a folder of openpilot loggerd route segments (``<route>--<n>/rlog.zst``, as
+loggerd writes them: the stream takes each segment once it is closed).
 
 Each micro-batch reads what the recorder wrote since the last offset: the rest of the
 segments it closed, and the open segment up to the end of its last whole zstd frame
@@ -9,13 +11,20 @@ own, read by :mod:`msgq.logs`' segment reader like any file). An uncompressed or
 segment is read once it is closed.
 
 An offset names a position in the recording: ``{"file": name, "byte": b, "stream": u}``
-— every segment file sorted before ``name`` is read, and ``name`` up to file byte ``b``
+— every segment file sorted before ``name`` (its path relative to the folder; numbers
+compare as numbers: ``route--10`` after ``route--9``) is read, and ``name`` up to file
+byte ``b``
 (``u`` uncompressed bytes: the ``offset`` column goes on counting from there, as in a
 batch read). Segment files never change below a frame boundary once written, so the
 rows between two offsets are always the same: a query restarted from its checkpoint
 neither loses nor repeats an event (exactly once into a file sink). Damage found while
 reading gives problem rows, as in batch: a corrupt frame where it is, a truncation when
 a segment closed cut short (a crash).
+
+A loggerd segment is one zstd stream written whole (not frame by frame), so it is read
+once closed: when its folder holds no ``*.lock`` file (loggerd keeps ``rlog.lock`` there
+while it writes the segment) or a later segment of its route exists. The offset stops at
+the first segment not closed yet, whatever comes after it in the order.
 
 Layer: part of the Spark tool, over :mod:`msgq.logs` (listing, index, segment reader).
 """
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import threading
 import time
 import warnings
@@ -35,12 +45,21 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 import msgq.spark
 from msgq.logs import LogProblem, read_index, segment_paths
 from msgq.logs.segment import read_messages
+from msgq.logs.sources import LOGGERD_NAME
 from msgq.spark.analyses import GAP_FACTOR, expected_rates, log_stats
 from msgq.spark.compact import COMPACT_SCHEMA
 
 __all__ = ["MsgqLogStreamReader", "StreamPartition", "follow_stats", "frames_end"]
 
 _ZSTD_SUFFIX = ".zst"
+_ROUTE_SEGMENT = re.compile(r"^(.+)--(\d+)$")
+_DIGITS = re.compile(r"(\d+)")
+
+
+def _order(name: str) -> list[Any]:
+    """The order of segment files in a stream (``name`` relative to the folder): numbers
+    compare as numbers, as :func:`msgq.logs.segment_paths` lists them."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in _DIGITS.split(name)]
 
 
 class StreamPartition(InputPartition):
@@ -97,27 +116,55 @@ class MsgqLogStreamReader(DataSourceStreamReader):
         return {"file": "", "byte": 0, "stream": 0}
 
     def _segments(self) -> list[str]:
+        """The segment files of the folder in stream order: msgq segment files in it,
+        and the log of each ``<route>--<n>`` folder in it."""
         try:
-            return [p for p in segment_paths(self.folder)
-                    if os.path.dirname(p) == self.folder]
+            paths = segment_paths(self.folder)
         except FileNotFoundError:
             return []
+        return [p for p in paths if os.path.dirname(p) == self.folder
+                or os.path.dirname(os.path.dirname(p)) == self.folder]
 
-    def _closed(self, paths: list[str]) -> set[str]:
-        """The segment files the writer finished: all but the last, and the last once
-        its index entry is sealed."""
-        closed = set(paths[:-1])
-        if paths:
-            name = os.path.basename(paths[-1])
-            if any(e.file == name and e.seal for e in read_index(self.folder) or []):
-                closed.add(paths[-1])
+    def _name(self, path: str) -> str:
+        """A segment file's name in offsets: its path relative to the folder."""
+        return os.path.relpath(path, self.folder)
+
+    def _closed(self, paths: list[str]) -> list[bool]:
+        """Whether the writer finished each segment file: a msgq segment when a later one
+        of the folder exists or its index entry is sealed; a loggerd segment when its
+        folder has no lock file or a later segment of its route exists."""
+        closed = []
+        sealed: set[str] | None = None
+        later_segment: dict[str, int] = {}
+        for path in paths:
+            match = _ROUTE_SEGMENT.match(os.path.basename(os.path.dirname(path)))
+            if match and LOGGERD_NAME.match(os.path.basename(path)):
+                route, n = match.group(1), int(match.group(2))
+                later_segment[route] = max(later_segment.get(route, -1), n)
+        msgq_files = [p for p in paths if os.path.dirname(p) == self.folder]
+        for path in paths:
+            folder = os.path.dirname(path)
+            match = _ROUTE_SEGMENT.match(os.path.basename(folder))
+            if folder != self.folder and match:
+                try:
+                    locked = any(n.endswith(".lock") for n in os.listdir(folder))
+                except OSError:
+                    locked = False
+                closed.append(not locked or int(match.group(2)) < later_segment.get(
+                    match.group(1), -1))
+            elif msgq_files and path != msgq_files[-1]:
+                closed.append(True)
+            else:
+                if sealed is None:
+                    sealed = {e.file for e in read_index(self.folder) or [] if e.seal}
+                closed.append(os.path.basename(path) in sealed)
         return closed
 
     def latestOffset(self, start: dict[str, Any] | None = None,  # noqa: N802
                      limit: Any = None) -> dict[str, Any]:
-        """The end of what is readable now: the last segment's last whole frame;
-        ``start`` itself when no new byte is (a micro-batch of no partition would never
-        finish in Spark 4.3)."""
+        """The end of what is readable now: up to the first segment not closed yet (its
+        last whole frame, for a msgq zstd segment); ``start`` itself when no new byte is
+        (a micro-batch of no partition would never finish in Spark 4.3)."""
         end = self._readable_end(start)
         if start is not None and not self.partitions(start, end):
             return start
@@ -127,16 +174,18 @@ class MsgqLogStreamReader(DataSourceStreamReader):
         paths = self._segments()
         if not paths:
             return start or self.initialOffset()
-        last = paths[-1]
-        name = os.path.basename(last)
-        if last in self._closed(paths):
-            return {"file": name, "byte": os.path.getsize(last), "stream": -1}
-        if not name.endswith(_ZSTD_SUFFIX):
+        closed = self._closed(paths)
+        if all(closed):
+            return {"file": self._name(paths[-1]), "byte": os.path.getsize(paths[-1]),
+                    "stream": -1}
+        first_open = paths[closed.index(False)]
+        name = self._name(first_open)
+        if os.path.dirname(first_open) != self.folder or not name.endswith(_ZSTD_SUFFIX):
             return {"file": name, "byte": 0, "stream": 0}  # read when it is closed
         begin, stream0 = 0, 0
         if start and start.get("file") == name and start.get("stream", -1) >= 0:
             begin, stream0 = int(start["byte"]), int(start["stream"])
-        with open(last, "rb") as f:
+        with open(first_open, "rb") as f:
             f.seek(begin)
             data = f.read()
         end, stream = frames_end(data)
@@ -147,9 +196,11 @@ class MsgqLogStreamReader(DataSourceStreamReader):
         """The byte ranges between two offsets: the rest of ``start``'s segment, the
         segments after it, and ``end``'s segment up to its byte."""
         parts: list[InputPartition] = []
+        first_key, last_key = _order(start["file"]), _order(end["file"])
         for path in self._segments():
-            name = os.path.basename(path)
-            if name < start["file"] or name > end["file"]:
+            name = self._name(path)
+            key = _order(name)
+            if key < first_key or key > last_key:
                 continue
             first = int(start["byte"]) if name == start["file"] else 0
             stream = int(start["stream"]) if name == start["file"] else 0

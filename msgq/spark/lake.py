@@ -1,0 +1,835 @@
+"""The route lake: recordings as one Parquet table per service, built and kept current by
+Spark, read with Spark's own pruning.
+
+The raw log (what ``msgq record`` and openpilot's loggerd write) stays the record of truth;
+the lake is a columnar copy of it made for queries, which can always be built again from
+it. Under a lake folder ``LAKE``::
+
+    LAKE/_lake.json                       the schema the lake was built under (its tables'
+                                          columns), written once, widened by a later
+                                          schema that only adds fields
+    LAKE/<service>/date=<d>/route=<r>/*.parquet   one table per service
+    LAKE/_problems/date=<d>/route=<r>/*.parquet   the damage found in the logs
+    LAKE/_checkpoints/<source key>/       Spark's streaming checkpoint of each source
+
+A service table has the columns ``logMonoTime``, ``valid``, ``segment``, ``file`` (the raw
+segment file) and ``offset`` (the event's byte in the segment's uncompressed stream, as
+the msgqlog source's ``offset``: ``LogReader`` reads the event back from there),
+``size`` (its bytes), ``problem`` (a typed decoding that failed, else null), then one
+column named after the service holding its typed value (the plan of
+:mod:`msgq.spark.capnp_types`, the msgqlog source's ``decode`` columns: scalars typed,
+enums as names, structs as structs, lists as arrays, Data as binary), and the partition
+columns ``date`` (the route's date, ``YYYY-MM-DD`` from its name, where it has one) and
+``route`` (a loggerd route's name, or the name of a msgq recording's folder). Rows are
+sorted by logMonoTime within a file; a file holds one route of one batch, at most about
+:data:`TARGET_FILE_BYTES` of events.
+
+Building (:func:`build`) is a Structured Streaming query per source over the msgqlog
+stream reader (:mod:`msgq.spark.streaming`): trigger ``availableNow`` reads what is
+there and stops; :func:`follow` runs the same query every few seconds. Its checkpoint
+(Spark's offset and commit logs) makes it incremental and exactly once: a run reads only
+the bytes after the last committed offset, and a batch that was cut short (kill -9) is
+run again from the same offsets by the next run. Each batch is written by Spark's
+Parquet writer to a staging folder, then moved into the tables file by file under names
+made of the source and the batch id (write-then-rename: a reader never sees a partial
+file; a batch run again first removes what an interrupted run of it had moved, and
+replaces the rest under the same names, so no row is doubled). The lake has no
+transaction log of its own: a reader that lists a table while a batch is being moved
+in may see some of that batch's files and not yet the others.
+
+Reading (:func:`read_table`, :func:`read_lake`, :func:`sql`) is Spark's Parquet source
+with the table's schema from the schema in force: partition pruning on ``date`` and
+``route``, row groups skipped by their logMonoTime statistics, only the columns a query
+names read. A lake built under another schema is refused in one line; a schema that
+only adds fields reads older files with those fields null.
+
+Layer: part of the Spark tool, over the msgqlog source; pyspark is imported by the
+functions that use it. Only DataFrame and SQL calls (no RDD, no SparkContext): the same
+code runs on a Spark Connect session.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from msgq.schemas import SchemaSpec, spec_in_force
+
+__all__ = [
+    "LAKE_FILE",
+    "PROBLEMS_TABLE",
+    "TARGET_FILE_BYTES",
+    "BatchReport",
+    "Lake",
+    "LakeError",
+    "build",
+    "follow",
+    "is_lake",
+    "lake_sources",
+    "open_lake",
+    "read_lake",
+    "read_table",
+    "sql",
+    "table_schema",
+]
+
+#: The file that makes a folder a lake: its format and the schema it was built under.
+LAKE_FILE = "_lake.json"
+#: The table of the damage found in the logs (file, segment, offset, problem).
+PROBLEMS_TABLE = "_problems"
+#: Where each source's streaming checkpoint lives, under the lake.
+CHECKPOINTS = "_checkpoints"
+#: Where a batch is written before its files are moved into the tables.
+STAGING = "_staging"
+#: The size a table file is cut at, in bytes of events (the files are smaller: Parquet).
+TARGET_FILE_BYTES = 128 << 20
+#: The table writes of a batch in flight at once.
+_WRITERS = 8
+_FORMAT = "msgq-lake"
+_VERSION = 1
+#: The event columns of every service table, before the service's own column.
+EVENT_COLUMNS = ("logMonoTime", "valid", "segment", "file", "offset", "size", "problem")
+PARTITION_COLUMNS = ("date", "route")
+_PROBLEM_COLUMNS = ("file", "segment", "offset", "problem")
+_DATE = r"(\d{4}-\d{2}-\d{2})"
+_ROUTE_SEGMENT = re.compile(r"^(.+)--(\d+)$")
+
+
+class LakeError(ValueError):
+    """A lake that cannot be used as asked: not a lake, built under another schema, a
+    source that is no recording (one line saying what to do)."""
+
+
+def _ddl(name: str, kind: str) -> Any:
+    # pyspark: the optional spark extra, imported when Spark is used
+    from pyspark.sql.types import (
+        BooleanType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+    )
+
+    types = {"long": LongType(), "int": IntegerType(), "boolean": BooleanType(),
+             "string": StringType()}
+    return StructField(name, types[kind], True)
+
+
+def _event_fields() -> list[Any]:
+    return [_ddl(n, k) for n, k in (("logMonoTime", "long"), ("valid", "boolean"),
+                                    ("segment", "int"), ("file", "string"),
+                                    ("offset", "long"), ("size", "int"),
+                                    ("problem", "string"))]
+
+
+def _partition_fields() -> list[Any]:
+    return [_ddl("date", "string"), _ddl("route", "string")]
+
+
+def table_schema(service: str, schema: Any = None) -> Any:
+    """The Spark schema (StructType) of ``service``'s table under ``schema`` (a Schema or
+    SchemaSpec; default the schema in force): the event columns, the service's typed
+    column (none for a Void member) and the partition columns; :data:`PROBLEMS_TABLE`
+    for the problems table."""
+    # pyspark: the optional spark extra, imported when Spark is used
+    from pyspark.sql.types import StructField, StructType
+
+    if service == PROBLEMS_TABLE:
+        fields = [f for f in _event_fields() if f.name in _PROBLEM_COLUMNS]
+        return StructType([*sorted(fields, key=lambda f: _PROBLEM_COLUMNS.index(f.name)),
+                           *_partition_fields()])
+    # imports pyspark: the type plan of the msgqlog source
+    from msgq.spark.capnp_types import member_plan
+
+    loaded = _schema_of(schema)
+    if service not in loaded.union_fields:
+        # the registry's words for an unknown service
+        from msgq.schemas.services import unknown_service_error
+
+        raise unknown_service_error(service, loaded.union_fields)
+    plan = member_plan(loaded.event.schema, service)
+    kind = None if plan is None else _storable(plan.spark_type)
+    typed = [] if kind is None else [StructField(service, kind, True)]
+    return StructType([*_event_fields(), *typed, *_partition_fields()])
+
+
+def _storable(kind: Any) -> Any:
+    """``kind`` without what Parquet cannot store: structs with no fields (a struct
+    declared empty, as schemas reserve members), and fields and arrays of them; None
+    when nothing is left."""
+    # pyspark: the optional spark extra, imported when Spark is used
+    from pyspark.sql.types import ArrayType, StructField, StructType
+
+    if isinstance(kind, StructType):
+        fields = [StructField(f.name, t, True) for f in kind.fields
+                  if (t := _storable(f.dataType)) is not None]
+        return StructType(fields) if fields else None
+    if isinstance(kind, ArrayType):
+        element = _storable(kind.elementType)
+        return None if element is None else ArrayType(element, kind.containsNull)
+    return kind
+
+
+def _stored(column: Any, kind: Any, stored: Any) -> Any:
+    """The value of ``column`` (of Spark type ``kind``) as type ``stored``
+    (:func:`_storable` of ``kind``): the fields Parquet cannot hold left out."""
+    # pyspark: the optional spark extra, imported when Spark is used
+    from pyspark.sql import functions as sf
+    from pyspark.sql.types import ArrayType, StructType
+
+    if kind == stored:
+        return column
+    if isinstance(kind, StructType):
+        wanted = {f.name: f.dataType for f in stored.fields}
+        inner = sf.struct(*[_stored(column[f.name], f.dataType, wanted[f.name]).alias(f.name)
+                            for f in kind.fields if f.name in wanted])
+        return sf.when(column.isNotNull(), inner)
+    if isinstance(kind, ArrayType):
+        return sf.transform(column, lambda x: _stored(x, kind.elementType,
+                                                       stored.elementType))
+    return column
+
+
+def _schema_of(schema: Any) -> Any:
+    from msgq.schemas import Schema
+
+    if schema is None:
+        return spec_in_force().load()
+    if isinstance(schema, SchemaSpec):
+        return schema.load()
+    if isinstance(schema, Schema):
+        return schema
+    raise TypeError(f"schema is a msgq.schemas.Schema or SchemaSpec, not {type(schema).__name__}")
+
+
+def _spec_of(schema: Any) -> SchemaSpec:
+    # imports pyspark: the spec rules of the msgqlog source
+    from msgq.spark.datasource import read_spec
+
+    return read_spec(schema)
+
+
+# -- the lake file ------------------------------------------------------------------------
+
+
+@dataclass
+class Lake:
+    """An opened lake: its ``path``, the schema it was built under (``spec``: the
+    msgqlog source's ``schemaSpec`` JSON; ``fingerprint``, ``schema_path``) and its
+    ``tables``: table name -> Spark schema JSON, for every table written so far."""
+
+    path: str
+    spec: str
+    fingerprint: str
+    schema_path: str | None
+    tables: dict[str, str] = field(default_factory=dict)
+
+    def table_names(self) -> list[str]:
+        """The service tables written so far (problems table left out), sorted."""
+        return sorted(t for t in self.tables if t != PROBLEMS_TABLE)
+
+    def to_json(self) -> str:
+        """The content of :data:`LAKE_FILE`."""
+        return json.dumps({"format": _FORMAT, "version": _VERSION, "spec": self.spec,
+                           "fingerprint": self.fingerprint, "schema": self.schema_path,
+                           "tables": self.tables}, indent=1, sort_keys=True)
+
+
+def _is_remote(path: str) -> bool:
+    # imports pyspark: the URI rule of the msgqlog source
+    from msgq.spark.datasource import uri_scheme
+
+    return uri_scheme(path) not in (None, "file")
+
+
+def _local(path: str) -> str:
+    # imports pyspark: the path rule of the msgqlog source
+    from msgq.spark.datasource import local_path
+
+    return local_path(os.fspath(path))
+
+
+def is_lake(path: str | os.PathLike[str]) -> bool:
+    """Whether a local ``path`` is a lake folder (holds :data:`LAKE_FILE`)."""
+    path = os.fspath(path)
+    if _is_remote(path):
+        return False
+    return os.path.isfile(os.path.join(_local(path), LAKE_FILE))
+
+
+def _parse(path: str, text: str) -> Lake:
+    try:
+        doc = json.loads(text)
+        if doc.get("format") != _FORMAT:
+            raise ValueError("not a msgq lake file")
+        if int(doc["version"]) > _VERSION:
+            raise LakeError(f"{path} is a lake of a newer msgq (format {doc['version']}); "
+                            "upgrade msgq to read it")
+        return Lake(path, str(doc["spec"]), str(doc["fingerprint"]), doc.get("schema"),
+                    {str(k): str(v) for k, v in dict(doc["tables"]).items()})
+    except LakeError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise LakeError(f"{path}: {LAKE_FILE} is damaged ({type(e).__name__}: {e}); "
+                        "build the lake again from the raw logs") from None
+
+
+def _load(spark: Any, path: str) -> Lake:
+    """The lake at ``path`` (local, or a Hadoop URI read through Spark)."""
+    if _is_remote(path):
+        marker = path.rstrip("/") + "/" + LAKE_FILE
+        try:
+            rows = spark.read.text(marker, wholetext=True).collect()
+        except Exception:  # Spark's AnalysisException: the path does not exist
+            rows = []
+        if not rows:
+            raise LakeError(f"{path} is not a lake (no {LAKE_FILE}: make one with "
+                            "msgq lake build SRC --to LAKE)")
+        return _parse(path, rows[0][0])
+    local = _local(path)
+    try:
+        with open(os.path.join(local, LAKE_FILE), encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        what = "does not exist" if not os.path.exists(local) else f"has no {LAKE_FILE}"
+        raise LakeError(f"{path} is not a lake ({what}: make one with msgq lake build "
+                        "SRC --to LAKE)") from None
+    except OSError as e:
+        raise LakeError(f"{path}: cannot read {LAKE_FILE}: {e.strerror}") from None
+    return _parse(local, text)
+
+
+def _save(lake: Lake) -> None:
+    """Writes the lake file whole (a temporary file renamed over it)."""
+    target = os.path.join(lake.path, LAKE_FILE)
+    temporary = target + f".{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8") as f:
+        f.write(lake.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, target)
+
+
+def _widens(old: Any, new: Any, where: str) -> str | None:
+    """Why Spark type ``new`` does not read data of type ``old`` (a field removed or
+    retyped); None when it does (the same, or with fields added)."""
+    # pyspark: the optional spark extra, imported when Spark is used
+    from pyspark.sql.types import ArrayType, StructType
+
+    if isinstance(old, StructType) and isinstance(new, StructType):
+        fields = {f.name: f for f in new.fields}
+        for f in old.fields:
+            if f.name not in fields:
+                return f"{where}.{f.name} is gone"
+            reason = _widens(f.dataType, fields[f.name].dataType, f"{where}.{f.name}")
+            if reason:
+                return reason
+        return None
+    if isinstance(old, ArrayType) and isinstance(new, ArrayType):
+        return _widens(old.elementType, new.elementType, f"{where}[]")
+    if old != new:
+        return f"{where} is {new.simpleString()} here, {old.simpleString()} in the lake"
+    return None
+
+
+def _check_schema(lake: Lake, spec: SchemaSpec, tables: Iterable[str]) -> dict[str, Any]:
+    """The Spark schemas of ``tables`` under ``spec``, having checked that they read what
+    the lake holds (LakeError naming the first difference otherwise)."""
+    # pyspark: the optional spark extra, imported when Spark is used
+    from pyspark.sql.types import StructType
+
+    schema = spec.load()
+    out = {}
+    for table in tables:
+        stored = lake.tables.get(table)
+        if table != PROBLEMS_TABLE and table not in schema.union_fields:
+            if stored is None:
+                table_schema(table, schema)  # the registry's words for an unknown name
+            raise LakeError(_mismatch(lake, schema, f"it has no service {table!r}"))
+        ours = table_schema(table, schema)
+        if stored is not None:
+            reason = _widens(StructType.fromJson(json.loads(stored)), ours, table)
+            if reason:
+                raise LakeError(_mismatch(lake, schema, reason))
+        out[table] = ours
+    return out
+
+
+def _mismatch(lake: Lake, schema: Any, reason: str) -> str:
+    built = lake.schema_path or "msgq's own schema"
+    here = schema.path or "msgq's own schema"
+    return (f"{lake.path} was built under another schema ({built}, fingerprint "
+            f"{lake.fingerprint}) than the one in force ({here}, fingerprint "
+            f"{schema.fingerprint}): {reason}; read it with --schema {built}")
+
+
+def open_lake(spark: Any, path: str | os.PathLike[str], schema: Any = None) -> Lake:
+    """The lake at ``path``, checked against ``schema`` (default the schema in force):
+    every table it holds must read the same under it, or with fields added (LakeError
+    otherwise, as for a path that is not a lake)."""
+    return _opened(spark, path, _spec_of(schema))
+
+
+def _opened(spark: Any, path: str | os.PathLike[str], spec: SchemaSpec) -> Lake:
+    lake = _load(spark, os.fspath(path))
+    if spec.load().fingerprint != lake.fingerprint:
+        _check_schema(lake, spec, lake.tables)
+    return lake
+
+
+def _open_for_build(path: str, spec: SchemaSpec) -> Lake:
+    """The lake to build into: made when ``path`` is missing or an empty folder;
+    widened to ``spec`` when the lake's schema is an older version of it."""
+    from msgq.spark.datasource import spec_option
+
+    schema = spec.load()
+    if _is_remote(path):
+        raise LakeError(f"{path}: a lake is built in a local folder (or storage mounted as "
+                        "one); its tables can be read through Hadoop paths afterwards")
+    local = _local(path)
+    if not os.path.exists(os.path.join(local, LAKE_FILE)):
+        if os.path.isdir(local) and [n for n in os.listdir(local) if not n.startswith(".")]:
+            raise LakeError(f"{path} is not a lake (no {LAKE_FILE}) and not empty: give a "
+                            "new folder for msgq lake build --to")
+        if os.path.exists(local) and not os.path.isdir(local):
+            raise LakeError(f"{path} is not a folder")
+        os.makedirs(local, exist_ok=True)
+        lake = Lake(local, spec_option(spec), schema.fingerprint, schema.path, {})
+        _save(lake)
+        return lake
+    lake = _load(None, local)
+    if lake.fingerprint != schema.fingerprint:
+        _check_schema(lake, spec, lake.tables)  # refuses a schema that is not a widening
+        lake.spec, lake.fingerprint, lake.schema_path = \
+            spec_option(spec), schema.fingerprint, schema.path
+        lake.tables = {t: table_schema(t, schema).json() for t in lake.tables}
+        _save(lake)
+    return lake
+
+
+# -- sources --------------------------------------------------------------------------------
+
+
+def _is_recording(folder: str) -> bool:
+    """A msgq recording (segment files or an index), or a folder of loggerd route
+    segments (``<route>--<n>`` folders)."""
+    from msgq.logs import segment_paths
+
+    try:
+        paths = segment_paths(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return bool(paths) or os.path.isfile(os.path.join(folder, "index.json"))
+
+
+def lake_sources(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """The sources a build follows, one streaming query each: every path that is a
+    msgq recording folder or a folder of loggerd route segments (``<route>--<n>/``),
+    else its subfolders that are (a fleet's folder of recordings). A loggerd segment
+    folder itself, a file or a folder with none is refused (LakeError)."""
+    sources: list[str] = []
+    for given in paths:
+        path = os.fspath(given)
+        if _is_remote(path):
+            raise LakeError(f"{path}: the lake is built from local recordings (the "
+                            "streaming source reads files with Python I/O)")
+        folder = _local(path)
+        if not os.path.isdir(folder):
+            raise LakeError(f"{path} is not a folder: give recording folders or folders "
+                            "of loggerd route segments")
+        if _ROUTE_SEGMENT.match(os.path.basename(folder)) and any(
+                n.startswith(("rlog", "qlog")) for n in os.listdir(folder)):
+            raise LakeError(f"{path} is one segment of a route: give the folder that "
+                            "holds the route's <route>--<n> folders")
+        if _is_recording(folder):
+            sources.append(folder)
+            continue
+        found = [os.path.join(folder, n) for n in sorted(os.listdir(folder))
+                 if not n.startswith((".", "_"))
+                 and os.path.isdir(os.path.join(folder, n))
+                 and _is_recording(os.path.join(folder, n))]
+        if not found:
+            raise LakeError(f"no recordings in {path} (msgq segment-*.log* files, "
+                            "<route>--<n>/rlog.zst folders, or folders of them)")
+        sources += found
+    return list(dict.fromkeys(sources))
+
+
+def source_key(source: str) -> str:
+    """The name of a source in the lake (its checkpoint, its files): a hash of its
+    absolute path."""
+    return hashlib.sha1(os.path.abspath(source).encode()).hexdigest()[:12]
+
+
+# -- building -------------------------------------------------------------------------------
+
+
+@dataclass
+class BatchReport:
+    """What one micro-batch added: the source, the batch id, rows per table, the
+    problems found (file, offset, reason: at most 20 listed, all counted), the seconds
+    it took and the age of its newest event when it became queryable (seconds from its
+    logMonoTime to now on this machine's monotonic clock: the write-to-queryable latency
+    of a live recording)."""
+
+    source: str
+    batch: int
+    rows: dict[str, int]
+    problems: list[dict[str, Any]]
+    problem_count: int
+    seconds: float
+    newest_age_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {"source": self.source, "batch": self.batch, "rows": self.rows,
+                "problems": self.problems, "problem_count": self.problem_count,
+                "seconds": self.seconds, "newest_age_s": self.newest_age_s}
+
+
+def _route_and_date(batch: Any) -> Any:
+    """The batch with its partition columns: the loggerd route, else the recording
+    folder's name; the date in it, else null."""
+    # pyspark: the optional spark extra, imported when Spark is used
+    from pyspark.sql import functions as sf
+
+    folder = sf.regexp_extract(sf.col("file"), r"([^/]+)/[^/]*$", 1)
+    route = sf.coalesce(sf.col("route"), folder)
+    date = sf.regexp_extract(route, _DATE, 1)
+    return batch.withColumn("route", route) \
+        .withColumn("date", sf.when(date != "", date))
+
+
+class _BatchWriter:
+    """The foreachBatch function of a source's streaming query (module docstring)."""
+
+    def __init__(self, lake: Lake, source: str, schemas: dict[str, Any],
+                 on_batch: Callable[[BatchReport], None] | None) -> None:
+        self.lake = lake
+        self.source = source
+        self.key = source_key(source)
+        self.schemas = schemas
+        self.on_batch = on_batch
+        self.reports: list[BatchReport] = []
+
+    def _name(self, batch_id: int) -> str:
+        return f"part-{self.key}-{batch_id:010d}"
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        # pyspark: the optional spark extra, imported when Spark is used
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as sf
+
+        began = time.monotonic()
+        staging = os.path.join(self.lake.path, STAGING, f"{self.key}-{batch_id}")
+        shutil.rmtree(staging, ignore_errors=True)  # an interrupted run of this batch
+        batch = _route_and_date(batch).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            counts = batch.groupBy("service").agg(
+                sf.count(sf.lit(1)).alias("rows"),
+                sf.sum(sf.coalesce(sf.col("size"), sf.lit(0))).alias("bytes"),
+                sf.max("logMonoTime").alias("newest")).collect()
+            newest = max((r["newest"] for r in counts if r["newest"] is not None),
+                         default=None)
+            rows: dict[str, int] = {}
+            problems: list[dict[str, Any]] = []
+            writes = []
+            for row in counts:
+                service = row["service"]
+                table = PROBLEMS_TABLE if service is None else service
+                if table not in self.schemas:  # a member this schema lacks: never here
+                    raise LakeError(f"events of {service!r}, which the schema lacks")
+                columns = [_stored(sf.col(f.name), batch.schema[f.name].dataType,
+                                   f.dataType).alias(f.name)
+                           for f in self.schemas[table].fields]
+                if service is None:
+                    frame = batch.where(sf.col("service").isNull())
+                    problems = [r.asDict() for r in frame.select(*_PROBLEM_COLUMNS)
+                                .orderBy("file", "offset").limit(20).collect()]
+                    order = ["date", "route", "file", "offset"]
+                else:
+                    frame = batch.where(sf.col("service") == service)
+                    order = ["date", "route", "logMonoTime", "file", "offset"]
+                files = max(1, math.ceil((row["bytes"] or 0) / TARGET_FILE_BYTES))
+                per_file = max(1, TARGET_FILE_BYTES * row["rows"] // max(1, row["bytes"] or 0))
+                writer = (frame.select(*columns).coalesce(files).sortWithinPartitions(*order)
+                          .write.mode("append").partitionBy(*PARTITION_COLUMNS)
+                          .option("compression", "zstd")
+                          .option("maxRecordsPerFile", per_file))
+                writes.append((writer, os.path.join(staging, table)))
+                rows[table] = int(row["rows"])
+            # One Spark job per table: submitted together, so that their fixed costs
+            # (planning, scheduling, the commit) overlap instead of adding up.
+            with ThreadPoolExecutor(_WRITERS) as pool:
+                for done in [pool.submit(w.parquet, folder) for w, folder in writes]:
+                    done.result()
+            self._commit(staging, batch_id)
+        finally:
+            batch.unpersist()
+        problem_count = rows.pop(PROBLEMS_TABLE, 0)
+        age = None if newest is None else (time.monotonic_ns() - int(newest)) / 1e9
+        report = BatchReport(self.source, batch_id, rows, problems, problem_count,
+                             time.monotonic() - began, age)
+        self.reports.append(report)
+        if self.on_batch is not None:
+            self.on_batch(report)
+
+    def _commit(self, staging: str, batch_id: int) -> None:
+        """Moves the batch's files from ``staging`` into the tables, under names of the
+        source and batch (an interrupted earlier run of this batch: its files in the
+        same partitions removed first), and records new tables in the lake file."""
+        name = self._name(batch_id)
+        moves: list[tuple[str, str]] = []
+        if os.path.isdir(staging):
+            for table in sorted(os.listdir(staging)):
+                top = os.path.join(staging, table)
+                for folder, _, files in os.walk(top):
+                    parts = sorted(f for f in files if f.endswith(".parquet")
+                                   and not f.startswith((".", "_")))
+                    target = os.path.join(self.lake.path, table, os.path.relpath(folder, top))
+                    for k, part in enumerate(parts):
+                        moves.append((os.path.join(folder, part),
+                                      os.path.join(target, f"{name}-{k:05d}.parquet")))
+        new_tables = {os.path.relpath(dst, self.lake.path).split(os.sep)[0]
+                      for _, dst in moves} - set(self.lake.tables)
+        if new_tables:  # listed before their files appear: readers know their columns
+            for table in new_tables:
+                self.lake.tables[table] = self.schemas[table].json()
+            _save(self.lake)
+        for folder in {os.path.dirname(dst) for _, dst in moves}:
+            for stale in glob.glob(os.path.join(glob.escape(folder), f"{name}-*.parquet")):
+                os.remove(stale)
+        for src, dst in moves:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.replace(src, dst)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _stream(spark: Any, source: str, spec: SchemaSpec) -> Any:
+    """The msgqlog stream of ``source`` with every service decoded."""
+    import msgq.spark
+    from msgq.spark.datasource import spec_option
+
+    msgq.spark.register(spark, spec)
+    return (spark.readStream.format("msgqlog").option("decode", "true")
+            .option("data", "false").option("schemaSpec", spec_option(spec))
+            .option("cwd", os.getcwd()).load(source))
+
+
+def _start(spark: Any, lake: Lake, source: str, spec: SchemaSpec, trigger: dict[str, Any],
+           on_batch: Callable[[BatchReport], None] | None) -> tuple[Any, _BatchWriter]:
+    schema = spec.load()
+    schemas = {s: table_schema(s, schema) for s in schema.union_fields}
+    schemas[PROBLEMS_TABLE] = table_schema(PROBLEMS_TABLE)
+    writer = _BatchWriter(lake, source, schemas, on_batch)
+    checkpoint = os.path.join(lake.path, CHECKPOINTS, writer.key)
+    os.makedirs(checkpoint, exist_ok=True)
+    with open(os.path.join(lake.path, CHECKPOINTS, writer.key + ".source"), "w",
+              encoding="utf-8") as f:
+        f.write(source + "\n")  # which source a checkpoint is, for a person
+    query = (_stream(spark, source, spec).writeStream.foreachBatch(writer)
+             .option("checkpointLocation", checkpoint)
+             .queryName(f"msgq lake {writer.key}").trigger(**trigger).start())
+    return query, writer
+
+
+def build(spark: Any, sources: Iterable[str | os.PathLike[str]], lake: str | os.PathLike[str],
+          schema: Any = None, on_batch: Callable[[BatchReport], None] | None = None
+          ) -> list[BatchReport]:
+    """Brings the lake at ``lake`` up to date with ``sources`` (recording folders,
+    folders of loggerd route segments, or folders of those: :func:`lake_sources`): for
+    each, a streaming query with trigger ``availableNow`` from its checkpoint, so that
+    only what is new since the last build is read (a segment still being written: its
+    whole frames, the rest next time). Made under ``schema`` (default the schema in
+    force; a lake built under an older version of it that only lacked fields is widened,
+    any other is refused: LakeError). ``on_batch`` is called with each batch's
+    :class:`BatchReport`; returns them all."""
+    spec = _spec_of(schema)
+    found = lake_sources(sources)
+    opened = _open_for_build(os.fspath(lake), spec)
+    reports: list[BatchReport] = []
+    for source in found:
+        query, writer = _start(spark, opened, source, spec, {"availableNow": True}, on_batch)
+        try:
+            query.awaitTermination()
+        finally:
+            query.stop()
+        if query.exception() is not None:
+            raise RuntimeError(f"building from {source} failed: {query.exception()}")
+        reports += writer.reports
+    return reports
+
+
+def follow(spark: Any, source: str | os.PathLike[str], lake: str | os.PathLike[str],
+           every_s: float = 5.0, duration_s: float | None = None, schema: Any = None,
+           on_batch: Callable[[BatchReport], None] | None = None) -> list[BatchReport]:
+    """Follows one recording (or folder of loggerd route segments) being written into
+    the lake: the query of :func:`build` with a micro-batch every ``every_s`` seconds,
+    until ``duration_s`` passed (None: until interrupted); exactly once across restarts
+    (the same checkpoint as :func:`build`'s). Returns the batch reports."""
+    if not every_s > 0:
+        raise ValueError(f"every_s must be positive, not {every_s}")
+    spec = _spec_of(schema)
+    found = lake_sources([source])
+    if len(found) != 1:
+        raise LakeError(f"{source} holds {len(found)} recordings: follow one")
+    opened = _open_for_build(os.fspath(lake), spec)
+    query, writer = _start(spark, opened, found[0], spec,
+                           {"processingTime": f"{every_s:g} seconds"}, on_batch)
+    deadline = None if duration_s is None else time.monotonic() + duration_s
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            if query.exception() is not None:
+                raise RuntimeError(f"following {found[0]} failed: {query.exception()}")
+            if not query.isActive:
+                break
+            time.sleep(0.2 if deadline is None else
+                       max(0.0, min(0.2, deadline - time.monotonic())))
+    finally:
+        query.stop()
+    return writer.reports
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+def _table_path(lake: Lake, table: str) -> str:
+    return lake.path.rstrip("/") + "/" + table
+
+
+def _read(spark: Any, lake: Lake, table: str, schema: Any) -> Any:
+    if table not in lake.tables:
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(_table_path(lake, table))
+
+
+def read_table(spark: Any, lake: str | os.PathLike[str], service: str,
+               schema: Any = None) -> Any:
+    """One table of the lake (a service's, or :data:`PROBLEMS_TABLE`) as a DataFrame,
+    read with its columns under ``schema`` (default the schema in force; refused in one
+    line when the lake holds what it reads otherwise). A service with no events yet
+    gives no rows. Filters and column choices are Spark's to push into the Parquet
+    scan."""
+    spec = _spec_of(schema)
+    opened = _opened(spark, lake, spec)
+    schemas = _check_schema(opened, spec, [service])
+    return _read(spark, opened, service, schemas[service])
+
+
+def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] | None = None,
+              decode: bool | Iterable[str] = False, schema: Any = None,
+              start: int | None = None, end: int | None = None,
+              keep_problems: bool = False) -> Any:
+    """The lake as the msgqlog source's DataFrame (:func:`msgq.spark.read_logs`'s
+    columns: file, segment, offset, logMonoTime, service, valid, size, data (null: the
+    raw bytes stay in the logs), problem, route, then the typed columns of ``decode``):
+    the rows of the tables of ``services`` (default all), and the problem rows. Each
+    table is read apart, with only the columns asked for, and unioned.
+
+    ``start``/``end`` (logMonoTime, ns, ``start <= t < end``) and ``services`` filter
+    the events as read_logs's do; as there, filtered reads leave out the problem rows
+    unless ``keep_problems``. Without ``decode`` the rows are those of a read with no
+    typed decoding: a typed decoding that failed while the lake was built is not a
+    problem of theirs (``problem`` null), as in read_logs(decode=False)."""
+    # pyspark: the optional spark extra, imported when Spark is used
+    from pyspark.sql import functions as sf
+
+    spec = _spec_of(schema)
+    opened = _opened(spark, lake, spec)
+    loaded = spec.load()
+    if services is None:
+        names = [t for t in opened.table_names() if t in loaded.union_fields]
+    else:
+        names = list(dict.fromkeys(services))
+        for name in names:
+            table_schema(name, loaded)  # an unknown service: the registry's words
+    if decode is True:
+        typed = set(names)
+    elif decode is False:
+        typed = set()
+    else:
+        typed = set(decode)
+        for name in typed:
+            table_schema(name, loaded)
+            if name not in names:
+                raise ValueError(f"decode names {name!r}, which services leaves out: its "
+                                 "column would always be null")
+    tables = [n for n in names if n in opened.tables]
+    schemas = _check_schema(opened, spec, [*tables, PROBLEMS_TABLE])
+    typed_columns = {n: schemas[n][n].dataType for n in typed if n in schemas
+                     and n in schemas[n].fieldNames()}
+    if decode is not False:  # typed columns of services with no table yet: null
+        for n in typed:
+            if n not in typed_columns and n not in schemas:
+                plan = table_schema(n, loaded)
+                if n in plan.fieldNames():
+                    typed_columns[n] = plan[n].dataType
+    typed_order = [n for n in names if n in typed_columns]
+    frames = []
+    for name in tables:
+        df = _read(spark, opened, name, schemas[name])
+        if start is not None:
+            df = df.where(sf.col("logMonoTime") >= start)
+        if end is not None:
+            df = df.where(sf.col("logMonoTime") < end)
+        problem = sf.col("problem") if name in typed else \
+            sf.when(~sf.col("problem").startswith("undecodable:"), sf.col("problem"))
+        frames.append(df.select(
+            "file", "segment", "offset", "logMonoTime", sf.lit(name).alias("service"),
+            "valid", "size", sf.lit(None).cast("binary").alias("data"),
+            problem.alias("problem"), "route",
+            *[(sf.col(t) if t == name else sf.lit(None).cast(typed_columns[t])).alias(t)
+              for t in typed_order]))
+    filtered = services is not None or start is not None or end is not None
+    if not filtered or keep_problems:
+        df = _read(spark, opened, PROBLEMS_TABLE, schemas[PROBLEMS_TABLE])
+        frames.append(df.select(
+            "file", "segment", "offset", sf.lit(None).cast("long").alias("logMonoTime"),
+            sf.lit(None).cast("string").alias("service"),
+            sf.lit(None).cast("boolean").alias("valid"),
+            sf.lit(None).cast("int").alias("size"),
+            sf.lit(None).cast("binary").alias("data"), "problem", "route",
+            *[sf.lit(None).cast(typed_columns[t]).alias(t) for t in typed_order]))
+    if not frames:
+        frames.append(_read(spark, opened, PROBLEMS_TABLE, schemas[PROBLEMS_TABLE]).select(
+            "file", "segment", "offset", sf.lit(None).cast("long").alias("logMonoTime"),
+            sf.lit(None).cast("string").alias("service"),
+            sf.lit(None).cast("boolean").alias("valid"),
+            sf.lit(None).cast("int").alias("size"),
+            sf.lit(None).cast("binary").alias("data"), "problem", "route").limit(0))
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame)
+    return out
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def sql(spark: Any, lake: str | os.PathLike[str], query: str, schema: Any = None) -> Any:
+    """The DataFrame of a SQL ``query`` over the lake's tables: each service table a
+    view named after the service (``SELECT vehicleState.speed FROM vehicleState WHERE
+    logMonoTime > ...``), the damage as ``problems``. Only the tables the query names
+    are opened."""
+    spec = _spec_of(schema)
+    opened = _opened(spark, lake, spec)
+    loaded = spec.load()
+    words = set(_WORD.findall(query))
+    names = [t for t in loaded.union_fields if t in words]
+    schemas = _check_schema(opened, spec, [*names, PROBLEMS_TABLE])
+    for name in names:
+        _read(spark, opened, name, schemas[name]).createOrReplaceTempView(name)
+    if "problems" in words:
+        _read(spark, opened, PROBLEMS_TABLE, schemas[PROBLEMS_TABLE]) \
+            .createOrReplaceTempView("problems")
+    return spark.sql(query)
