@@ -15,12 +15,25 @@ layer's identify.
 """
 
 cimport cython
+from cpython.dict cimport PyDict_GetItemWithError, PyDict_SetItem
+from cpython.object cimport PyObject
 
 from msgq import clock
 from msgq.schemas import _typed_reader as reader
 
 cdef object FALLBACK = reader.FALLBACK
 cdef object _identify = reader.identify
+cdef object _view_member = reader.view_member
+
+
+def payload(sm, service):
+    """``SubMaster.__getitem__`` (``sm[s]``): the payload of ``service``'s newest message,
+    a view over its bytes made at the first read after an update took it (pycapnp's
+    reader where the typed reader does not follow them; the previous payload, with
+    ``bad_messages[s]`` counted, where pycapnp refuses them too). Compiled, and bound as
+    the method: a control loop reads every payload through it, cold, and a Python frame
+    per read was most of what a read cost."""
+    return (<Updater?>sm._updater).payload(service)
 
 
 cpdef bint rate_in_band(object times, Py_ssize_t recent, double min_hz,
@@ -54,6 +67,8 @@ cdef class Updater:
     cdef dict log_mono_time, bad_messages, pending, rate_ok, tracked_of
     cdef dict service_of_sock
     cdef object data
+    cdef dict members, decoders
+    cdef object decode
     cdef list services, tracked, untracked, non_polled
     cdef object fields, identify_slow
     cdef bint simulation
@@ -76,6 +91,11 @@ cdef class Updater:
         self.bad_messages = sm.bad_messages
         self.data = sm.data
         self.pending = sm.data.pending
+        # what sm[s] needs (payload): the compiled layouts, pycapnp's reader of a view's
+        # message, and the decoding of what the typed reader does not follow
+        self.members = sm._members
+        self.decoders = sm._decoders
+        self.decode = sm.data._decode
         self.services = list(sm.services)
         self.simulation = sm.simulation
         self.service_of_sock = {id(sock): s for s, sock in sm.sock.items()}
@@ -122,6 +142,23 @@ cdef class Updater:
                 self.data[s] = payload
             self.store(s, mono, valid, now, frame, new)
         self.health(cur_time, new)
+
+    cpdef object payload(self, object service):
+        """``sm[service]`` (see :func:`payload`)."""
+        data = self.pending.pop(service, None)
+        if data is not None:
+            member = self.members[service]
+            view = FALLBACK if member is None else \
+                _view_member(data, member, self.decoders[service], True)
+            value = view if view is not FALLBACK else self.decode(service, data)
+            if value is not None:
+                # the dict's own store: sm.data's __setitem__ would drop pending bytes
+                PyDict_SetItem(self.data, service, value)
+        cdef PyObject *found = PyDict_GetItemWithError(self.data, service)
+        if found == NULL:
+            raise KeyError(f"service {service!r} is not subscribed by this SubMaster "
+                           f"(it has {self.services})")
+        return <object>found
 
     cdef object begin(self):
         """A new update: its frame number; no service updated yet."""

@@ -43,7 +43,7 @@ from functools import partial
 from typing import Any
 
 import msgq
-from msgq.messaging._update import Updater
+from msgq.messaging._update import Updater, payload
 from msgq.messaging.frequency import (
     TOLERANCE_HIGH,
     TOLERANCE_LOW,
@@ -57,9 +57,6 @@ from msgq.schemas.payload_views import FALLBACK
 from msgq.tables import format_table
 
 __all__ = ["ALIVE_PERIODS", "AsyncSubMaster", "SubMaster"]
-
-_dict_getitem = dict.__getitem__
-_dict_setitem = dict.__setitem__
 
 #: A service is alive while its last message is younger than this many expected periods.
 ALIVE_PERIODS = 10.0
@@ -234,27 +231,10 @@ class SubMaster:
         # services all_freq_ok() counts: faster than about 1 Hz (cereal's rule)
         self._rate_checked = frozenset(s for s, t in self.freq_tracker.items() if t.checked)
 
-    def __getitem__(self, service: str) -> Any:
-        # _Payloads.__getitem__ inlined: this is every payload read of a control loop
-        data = self._pending.pop(service, None)
-        if data is not None:
-            member = self._members[service]
-            view = FALLBACK if member is None else \
-                view_member(data, member, self._decoders[service], True)
-            payload = view if view is not FALLBACK else self._decode_payload(service, data)
-            if payload is not None:
-                _dict_setitem(self.data, service, payload)
-        try:
-            return _dict_getitem(self.data, service)
-        except KeyError:
-            raise KeyError(f"service {service!r} is not subscribed by this SubMaster "
-                           f"(it has {self.services})") from None
-
-    def _decode_payload(self, service: str, data: bytes) -> Any:
-        """The payload of a message ``update`` took as bytes: a view over them, or, where
-        the typed reader does not follow them, pycapnp's reader; None (counted in
-        bad_messages) when pycapnp refuses them."""
-        return _decode_payload(self.schema, self._members, self.bad_messages, service, data)
+    #: ``sm[service]``: the payload of the service's newest message, a view over its bytes
+    #: made at the first read (see the module docstring). Compiled (_update.payload),
+    #: since a control loop reads every payload through it, cold.
+    __getitem__ = payload
 
     @property
     def frame(self) -> int:
