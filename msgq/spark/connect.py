@@ -28,6 +28,7 @@ the client's version with msgq installed (a loopback server of ``msgq spark serv
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -118,6 +119,37 @@ def check_answers(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
             "for a local session") from None
 
 
+#: The HTTP/2 connection preface and an empty SETTINGS frame: what a gRPC client sends
+#: first. A gRPC server answers with a SETTINGS frame of its own.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_HTTP2_SETTINGS = 4
+
+
+def check_speaks_grpc(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """RemoteError unless the server at ``url`` answers an HTTP/2 connection preface with
+    a SETTINGS frame within ``timeout_s`` (a gRPC server does; something else listening
+    on the port would leave gRPC's client retrying for minutes)."""
+    check_answers(url, timeout_s)
+    host, port = parse_remote(url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            conn.sendall(_HTTP2_HELLO)
+            header = b""
+            while len(header) < 9:
+                conn.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = conn.recv(9 - len(header))
+                if not chunk:
+                    break
+                header += chunk
+    except OSError:
+        header = b""
+    if len(header) < 9 or header[3] != _HTTP2_SETTINGS:
+        raise RemoteError(f"{_where(url)} accepts connections but no Spark Connect server "
+                          f"answered within {timeout_s:g} s: is that port a Spark Connect "
+                          "server's (msgq spark serve)?")
+
+
 def _with_timeout(what: Callable[[], Any], timeout_s: float, url: str) -> Any:
     """``what()`` in a thread; RemoteError when it has not returned within
     ``timeout_s`` (a port that accepts connections but speaks no Spark Connect)."""
@@ -164,8 +196,10 @@ def connect_session(url: str, app_name: str = "msgq",
                     timeout_s: float = CONNECT_TIMEOUT_S, announce: bool = True) -> Any:
     """A Spark Connect session on the server at ``url`` (``sc://HOST:PORT``), the msgqlog
     source registered on it. Says so on stderr in one line (``announce``). ``config``:
-    session settings (SQL settings; the server's static settings cannot change). A server
-    that does not answer within ``timeout_s`` is RemoteError, in one line.
+    session settings (SQL settings; the server's static settings cannot change).
+    ``app_name`` is not sent: a Connect server is one Spark application. A server that
+    does not answer within ``timeout_s`` (nothing listening, or something that speaks no
+    gRPC) is RemoteError, in one line. The client is closed at exit.
 
     On a server of :func:`serve` (its :data:`SHARED_SESSION_CONF` names a session), a
     command without ``config`` joins that server-side session instead of opening one of
@@ -175,7 +209,7 @@ def connect_session(url: str, app_name: str = "msgq",
     session is never released by a client. Reads carry everything they depend on as
     options (schema, working folder), so commands sharing it do not see each other's
     registrations; ``config`` (session settings) gets a session of its own."""
-    check_answers(url, timeout_s)
+    check_speaks_grpc(url, timeout_s)
     # pyspark (the spark extra), imported when attaching. Its builder, given a remote,
     # marks this process as a Connect client (SPARK_CONNECT_MODE_ENABLED): the column
     # functions build Connect expressions from then on, not the JVM's.
@@ -183,27 +217,47 @@ def connect_session(url: str, app_name: str = "msgq",
 
     import msgq.spark
 
-    def attach() -> Any:
-        spark = SparkSession.builder.remote(url).appName(app_name).getOrCreate()
-        version = spark.version  # the first call that reaches the server
+    def open_session(session_url: str) -> Any:
+        """A client of the session (no call to the server yet), closed at exit before
+        pyspark's own exit handler would call the server (its ML cache clean-up, which
+        retries for minutes when the server is gone)."""
+        spark = SparkSession.builder.remote(session_url).getOrCreate()
+        atexit.register(_close_at_exit, spark)
+        return spark
+
+    def attach(spark: Any) -> Any:
         shared = None if config or "session_id=" in url else \
-            spark.conf.get(SHARED_SESSION_CONF, None)
+            spark.conf.get(SHARED_SESSION_CONF, None)  # the first call to the server
         if shared:
             spark.stop()  # (releases the session just opened on the server)
-            spark = SparkSession.builder.remote(_session_url(url, shared)) \
-                .appName(app_name).getOrCreate()
+            spark = open_session(_session_url(url, shared))
             spark.release_session_on_close = False  # others' too
-            version = spark.version
         for key, value in (config or {}).items():
             spark.conf.set(key, value)
-        return spark, version
+        return spark, spark.version
 
-    spark, version = _with_timeout(attach, timeout_s, url)
+    spark, version = _with_timeout(lambda: attach(open_session(url)), timeout_s, url)
     if announce:
         print(f"msgq: Spark on the Connect server at {_where(url)} (Spark {version})",
               file=sys.stderr, flush=True)
     msgq.spark.register(spark)
     return spark
+
+
+def _close_at_exit(spark: Any, timeout_s: float = 5.0) -> None:
+    """Closes a Connect client at exit: a session of its own is released on the server
+    first (within ``timeout_s``); a shared one is left there."""
+    client = getattr(spark, "client", None)
+    if client is None or client.is_closed:
+        return
+    if spark.release_session_on_close:
+        releasing = threading.Thread(target=client.release_session, daemon=True)
+        releasing.start()
+        releasing.join(timeout_s)
+    try:
+        client.close()
+    except Exception:  # at exit: nothing left to tell
+        pass
 
 
 def default_parallelism(spark: Any) -> int:
@@ -244,13 +298,19 @@ def state_path(port: int) -> str:
 
 
 def _process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, which the process that started it has not reaped
+    yet, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def server_state(port: int) -> dict[str, Any] | None:
@@ -362,6 +422,7 @@ def _warm_up(url: str) -> float:
         stats = log_stats(df, expected_rates())
         stats.to_dict()
         stats.unpersist()
+        _close_at_exit(spark)  # this process goes on: closed now, the session kept
     return time.perf_counter() - started
 
 
