@@ -301,7 +301,10 @@ def load_registry(path: str) -> ServiceRegistry:
         elif suffix in (".toml", ".json"):
             with open(path, "rb") as f:
                 if suffix == ".toml":
-                    import tomllib  # read only for a .toml registry
+                    try:
+                        import tomllib  # read only for a .toml registry
+                    except ImportError:  # Python 3.10: the backport, a dependency there
+                        import tomli as tomllib
 
                     doc = tomllib.load(f)
                 else:

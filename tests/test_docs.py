@@ -161,7 +161,7 @@ def test_messages_point_to_help_that_ships_not_to_docs_folder() -> None:
 def test_the_generated_figure_blocks_are_as_generated_and_cite_current_rows() -> None:
     from msgq.bench import figures
 
-    assert figures.problems() == []
+    assert figures.problems(ROOT) == []
 
 
 def test_a_hand_edit_or_a_row_the_benchmark_dropped_is_caught(tmp_path: Path) -> None:

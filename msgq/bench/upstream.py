@@ -26,13 +26,17 @@ msgq but the package named ``msgq`` on the path.
 
 from __future__ import annotations
 
+import argparse
+import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 
 SIZES = (8, 1024, 65536, 1048576)
 RTT_SIZE = 8
@@ -108,7 +112,7 @@ def _round_trip_p50_us(msgq: object, size: int, count: int, run: int) -> float:
 
 def measure(repeat: int, quick: bool) -> dict[str, object]:
     """Both measurements with the ``msgq`` on the path; medians of ``repeat`` runs."""
-    import msgq
+    import msgq  # (whichever msgq the path has: this side's, upstream's or ours)
 
     scale = 10 if quick else 1
     results: dict[str, object] = {}
@@ -133,9 +137,6 @@ def upstream_package(root: str) -> str:
                     "--disable-pip-version-check", "--only-binary=:all:", "--python-version",
                     "3.11", "--implementation", "cp", "-d", download,
                     f"msgq-ipc=={UPSTREAM_VERSION}"], check=True)
-    import glob
-    import zipfile
-
     [wheel] = glob.glob(os.path.join(download, f"msgq_ipc-{UPSTREAM_VERSION}-*.whl"))[:1]
     with zipfile.ZipFile(wheel) as z:
         z.extractall(folder + ".tmp")
@@ -158,8 +159,6 @@ def _run_side(python: list[str], env: dict[str, str], repeat: int, quick: bool,
                                *(["--quick"] if quick else [])], env=env, capture_output=True,
                               text=True, timeout=1800, cwd=cwd)
     finally:
-        import shutil
-
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
     if done.returncode != 0:
@@ -168,8 +167,6 @@ def _run_side(python: list[str], env: dict[str, str], repeat: int, quick: bool,
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m msgq.bench.upstream",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per cell (median)")
