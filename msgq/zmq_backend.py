@@ -15,11 +15,17 @@ Behaviour that differs from the shared-memory backend, by nature of ZMQ:
   waits (at most ``join_wait_ms``) for the subscription of a connection it has accepted
   but not yet heard from, so a message sent after ``sub_sock()`` returned reaches that
   subscriber. A subscriber that connects after a send does not get that message.
-* ``all_readers_updated()`` cannot know what subscribers have *read* (ZMQ has no read
-  acknowledgements). Here it means: at least one subscriber is connected and every
-  connection the publisher has accepted has subscribed, so a message sent now goes to
-  every connected subscriber. ``wait_for_readers`` / ``wait_until_read`` wait for that;
-  ``num_readers`` counts subscribed connections.
+* ``all_readers_updated()`` means what it means on shared memory: at least one
+  subscriber is connected and every subscriber has read everything sent to it. ZMQ has
+  no read acknowledgements of its own, so msgq's subscribers send one upstream (a
+  subscription they drop at once, which filters nothing: ``ACK_TOPIC``) when they have
+  read everything that arrived, naming the last message they read by its fingerprint
+  (length and the CRC-32 of its first and last 32 bytes); the publisher compares it with
+  the last message it sent. The acknowledgement travels like a message, so the publisher
+  learns of a read a moment after it happened: ``wait_for_readers`` / ``wait_until_read``
+  wait for it. A subscriber that is not msgq's (another ZMQ program) tells nothing of its
+  reads and counts as up to date once subscribed. ``num_readers`` counts subscribed
+  connections.
 * Queues are bounded by message count, not bytes: ``sndhwm`` messages per subscriber on
   the publisher side and ``rcvhwm`` on the subscriber side; past them messages to that
   subscriber are dropped, so a stalled or dead subscriber never grows the publisher's
@@ -64,6 +70,7 @@ import socket as _socket
 import threading
 import time
 import weakref
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
@@ -78,6 +85,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
         "the zmq backend needs pyzmq: pip install pyzmq (or choose MSGQ_BACKEND=msgq)"
     ) from e
 
+from msgq._reservation import Reservation
 from msgq.aio import await_until, next_message, wait_for_result
 from msgq.errors import IpcError, MultiplePublishersError, readers_timeout
 from msgq.queues import (
@@ -88,7 +96,6 @@ from msgq.queues import (
     validate_endpoint,
 )
 from msgq.schemas import selection, services
-from msgq.shm_backend import Reservation
 
 __all__ = [
     "DEFAULT_BASE_PORT",
@@ -127,6 +134,22 @@ DEFAULT_BIND_ADDRESS = "*"
 
 #: Connection-level metadata a publisher attaches to every message it sends.
 ENDPOINT_PROPERTY = "X-Msgq-Endpoint"
+
+#: Connection-level metadata of a subscriber: its reader id (16 hex digits), which the
+#: publisher keys the subscriber's read acknowledgements by.
+READER_PROPERTY = "X-Msgq-Reader"
+#: Topic prefix of a read acknowledgement: a subscriber subscribes to and at once
+#: unsubscribes from ``ACK_TOPIC + reader id + fingerprint`` (little-endian, 8 bytes) of
+#: the last message it read. The publisher applies subscriptions itself (XPUB_MANUAL) and
+#: never applies these, so they filter nothing.
+ACK_TOPIC = b"\xfdmsgq-read:"
+#: Topic a subscriber that does not conflate subscribes to besides everything
+#: (``+ reader id``): the unsubscription libzmq makes when its connection ends then
+#: names it. (A conflating socket delivers only the last of its subscriptions, so it
+#: keeps to one; its reader id travels in its connection's metadata instead.)
+READER_TOPIC = b"\xfemsgq-reader:"
+#: Sent like an acknowledgement (``+ reader id``) by a subscriber that closes.
+BYE_TOPIC = b"\xfdmsgq-bye:"
 
 #: Shortest time between two reads of a publisher's peer events (seconds).
 PEER_CHECK_INTERVAL_S = 0.001
@@ -224,6 +247,33 @@ def endpoint_port(endpoint: str | bytes, prefix: str | None = None) -> int:
                 return base + offset
     key = f"{prefix}/{name}" if prefix else name
     return base + fnv1a_64(key.encode("utf-8")) % span
+
+
+def fingerprint(data: Any) -> int:
+    """What a read acknowledgement says of a message: its length and a CRC-32 of its
+    first and last 32 bytes (a message's own time stamp lies in its first bytes)."""
+    if type(data) is not bytes:
+        data = memoryview(data)
+        if data.format != "B" or data.ndim != 1:
+            data = data.cast("B")
+    size = len(data)
+    crc = zlib.crc32(data[:32])
+    if size > 32:
+        crc = zlib.crc32(data[-32:], crc)
+    return (crc << 32) | (size & 0xFFFFFFFF)
+
+
+@dataclass
+class _ReaderState:
+    """What a publisher knows of one subscriber that acknowledges reads."""
+
+    #: Messages the publisher had sent when the reader's subscription took effect.
+    base: int
+    #: Fingerprint of the last message the reader said it read (None: none yet).
+    read: int | None = None
+    #: Whether the end of its connection names it (READER_TOPIC): not so for a
+    #: conflating subscriber, which is forgotten when an unnamed connection ends.
+    named: bool = False
 
 
 def _endpoint_tag(endpoint: str) -> str:
@@ -718,10 +768,17 @@ class Context:
 
 
 _live_contexts: weakref.WeakSet[Context] = weakref.WeakSet()
+# Connected publishers, closed (each within its linger) before the contexts at exit.
+_live_publishers: weakref.WeakSet[PubSocket] = weakref.WeakSet()
 _exit_flush_pid = 0
 
 
 def _flush_at_exit() -> None:
+    for publisher in list(_live_publishers):  # each waits for its readers first
+        try:
+            publisher.close()
+        except Exception:
+            pass
     for context in list(_live_contexts):
         if context._pid == os.getpid():
             try:
@@ -954,6 +1011,13 @@ class PubSocket:
         self._last_accept = float("-inf")
         self._next_peer_check = 0.0
         self._reservation: BufferReservation | None = None
+        # Read acknowledgements: messages sent, the fingerprint of the last one (kept
+        # while a reader acknowledges), and the readers by id.
+        self._sent = 0
+        self._last_sent: int | None = None
+        self._last_data: Any = None  # the last message, while its fingerprint is not made
+        self._ack_readers: dict[str, _ReaderState] = {}
+        self._named_ends = 0
 
     def connect(self, context: Any, endpoint: str, segment_size: int = 0) -> None:
         """Binds the endpoint's port and becomes its publisher.
@@ -974,8 +1038,14 @@ class PubSocket:
                 decide = service_policy(keys, name)
                 make_curve_server(sock, keys, name, decide)
             sock.setsockopt(zmq.SNDHWM, self.sndhwm)
-            sock.setsockopt(zmq.RCVHWM, self.sndhwm)
+            # What comes upstream (subscriptions, read acknowledgements) is small and read
+            # at every send: no limit, for a full inbound queue stops libzmq reading that
+            # connection and then ends it, unsent messages and all.
+            sock.setsockopt(zmq.RCVHWM, 0)
             sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscription, for counting
+            # Subscriptions take effect when _update_peers applies them, so the publisher
+            # knows which messages each reader was sent (its read acknowledgements).
+            sock.setsockopt(zmq.XPUB_MANUAL, 1)
             sock.setsockopt(zmq.METADATA, f"{ENDPOINT_PROPERTY}:{_endpoint_tag(name)}".encode())
             if ":" in self.bind_address or self.bind_address == "*":
                 # "*" then means both IPv4 and IPv6 (libzmq falls back to IPv4 alone where
@@ -997,8 +1067,12 @@ class PubSocket:
         self._sock, self._monitor = sock, monitor
         self._pid = os.getpid()
         self.endpoint, self.port = name, port
+        _live_publishers.add(self)
         self._decide = decide
         self._connections = self._subscriptions = self._readers = 0
+        self._sent = 0
+        self._last_sent = self._last_data = None
+        self._ack_readers = {}
         self._refused = 0
         self._refusal_said = False
         self._last_accept = float("-inf")
@@ -1045,21 +1119,80 @@ class PubSocket:
                                 "refused_connections, not logged again)", self.endpoint,
                                 handshake_problem(event, int(message["value"]),
                                                   self.keys_dir is not None, "publisher"))
+        ended = self._named_ends = 0  # connections that ended; those a reader named
         while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            parts = sock.recv_multipart(zmq.NOBLOCK)
-            if len(parts) != 1 or not parts[0] or parts[0][0] > 1:
+            frame = sock.recv(zmq.NOBLOCK, copy=False)
+            if frame.more:  # anything multi-part is a foreign client's noise
+                while sock.getsockopt(zmq.RCVMORE):
+                    sock.recv(zmq.NOBLOCK, copy=False)
+                continue
+            data = frame.bytes
+            if not data or data[0] > 1:
                 continue  # anything but a (un)subscription: a foreign client's noise
-            delta = 1 if parts[0][0] == 1 else -1
+            subscribe = data[0] == 1
+            topic = data[1:]
+            if topic.startswith((ACK_TOPIC, BYE_TOPIC, READER_TOPIC)):
+                self._reader_said(subscribe, topic)
+                continue  # never applied: they are messages, not filters
+            # XPUB_MANUAL: apply it to the connection it came from (the last one read);
+            # libzmq's own unsubscriptions of an ended connection apply to none.
+            sock.setsockopt(zmq.SUBSCRIBE if subscribe else zmq.UNSUBSCRIBE, topic)
+            delta = 1 if subscribe else -1
             self._subscriptions = max(0, self._subscriptions + delta)
-            if len(parts[0]) == 1:
+            if not topic:
                 self._readers = max(0, self._readers + delta)
+                if subscribe:
+                    self._reader_joined(frame)
+                else:
+                    ended += 1
+        if ended > self._named_ends:
+            # A connection ended that no READER_TOPIC names: another ZMQ program, or a
+            # conflating msgq subscriber that vanished without saying goodbye. Forget
+            # the conflating ones; each comes back with its next acknowledgement.
+            for reader in [r for r, state in self._ack_readers.items() if not state.named]:
+                del self._ack_readers[reader]
+
+    def _reader_joined(self, frame: zmq.Frame) -> None:
+        """A connection subscribed to everything (``frame``): if its subscriber
+        acknowledges reads (its metadata names its reader id), everything sent from now
+        on is for it to read."""
+        try:
+            reader = frame.get(READER_PROPERTY)
+        except zmq.ZMQError:
+            return  # not a msgq subscriber: counted, but it tells nothing of its reads
+        if re.fullmatch(r"[0-9a-f]{16}", reader):
+            state = self._ack_readers.setdefault(reader, _ReaderState(self._sent))
+            state.base, state.read = self._sent, None
+
+    def _reader_said(self, subscribe: bool, topic: bytes) -> None:
+        """A subscriber's message: it read something (ACK_TOPIC + id + fingerprint), it
+        is closing (BYE_TOPIC + id), it names its connection (READER_TOPIC + id,
+        subscribed) or that connection ended (unsubscribed)."""
+        if topic.startswith(ACK_TOPIC):
+            payload = topic[len(ACK_TOPIC):]
+            if len(payload) == 24:
+                reader = payload[:16].decode("ascii", "replace")
+                state = self._ack_readers.setdefault(reader, _ReaderState(self._sent))
+                state.read = int.from_bytes(payload[16:], "little")
+            return
+        if topic.startswith(BYE_TOPIC):
+            self._ack_readers.pop(topic[len(BYE_TOPIC):].decode("ascii", "replace"), None)
+            return
+        reader = topic[len(READER_TOPIC):].decode("ascii", "replace")
+        if subscribe:
+            state = self._ack_readers.setdefault(reader, _ReaderState(self._sent))
+            state.named = True
+        else:
+            self._named_ends += 1
+            self._ack_readers.pop(reader, None)
 
     def _joining(self) -> bool:
         return self._connections > self._subscriptions
 
-    def _wait_for_joins(self, deadline: float | None, at_least_one: bool = False) -> bool:
+    def _wait_for_joins(self, deadline: float | None, at_least_one: bool = False,
+                        condition: Any = None) -> bool:
         """Waits until every accepted connection subscribed (and, with ``at_least_one``,
-        one did), or the deadline."""
+        one did; or until ``condition()``), or the deadline."""
         sock, monitor = self._sock, self._monitor
         assert sock is not None and monitor is not None
         poller = zmq.Poller()
@@ -1067,7 +1200,10 @@ class PubSocket:
         poller.register(monitor, zmq.POLLIN)
         while True:
             self._update_peers()
-            if self._ready() if at_least_one else not self._joining():
+            if condition is not None:
+                if condition():
+                    return True
+            elif self._ready() if at_least_one else not self._joining():
                 return True
             slice_ms = _slice_ms(deadline)
             if not slice_ms:
@@ -1135,6 +1271,12 @@ class PubSocket:
             pass  # XPUB drops at the high-water mark instead of blocking; so do we
         except zmq.ZMQError as e:
             raise IpcError(f"endpoint {self.endpoint!r}: send failed: {e.strerror}") from None
+        self._sent += 1
+        if self._ack_readers:  # what a reader's acknowledgement is compared with:
+            if type(data) is bytes or not copy:  # unchanging: fingerprinted when asked
+                self._last_data, self._last_sent = data, None
+            else:  # the caller may change it once send returns
+                self._last_data, self._last_sent = None, fingerprint(data)
 
     def all_readers_updated(self) -> bool:
         """True when at least one subscriber is connected and every connection this
@@ -1145,7 +1287,17 @@ class PubSocket:
         return self._ready()
 
     def _ready(self) -> bool:
-        return self._subscriptions > 0 and not self._joining()
+        if self._subscriptions == 0 or self._joining():
+            return False
+        return self._all_read()
+
+    def _all_read(self) -> bool:
+        # A reader is up to date when nothing was sent since it joined, or the last
+        # message it read is the last one sent.
+        if self._last_data is not None:
+            self._last_sent, self._last_data = fingerprint(self._last_data), None
+        sent, last = self._sent, self._last_sent
+        return all(r.base == sent or r.read == last for r in self._ack_readers.values())
 
     def wait_until_read(self, timeout: float | None = None,
                         poll_interval: float = 0.001) -> bool:
@@ -1193,6 +1345,20 @@ class PubSocket:
         # No unbind(): it drops messages still queued for subscribers. The listener goes
         # away in ZMQ's I/O thread shortly after close(); connect() of a new publisher
         # retries for that long (see _released_ports).
+        if self.linger and self._ack_readers:
+            # A subscriber's read acknowledgement that reaches a closed publisher makes
+            # libzmq end that connection before what is still queued for it went out
+            # (its input stops, then the whole connection). So first wait, within the
+            # linger, for the readers to have read everything (their last acknowledgement
+            # then came while the socket was open), reading their acknowledgements.
+            self._sock, self._monitor = sock, monitor
+            try:
+                self._wait_for_joins(time.monotonic() + self.linger / 1000,
+                                     condition=self._all_read)
+            except zmq.ZMQError:
+                pass
+            finally:
+                self._sock = self._monitor = None
         _close_monitor(sock, monitor)
         sock.close()
         if self.port is not None:
@@ -1248,6 +1414,11 @@ class SubSocket:
         self._timeout_ms = -1
         self._stash: bytes | zmq.Frame | None = None  # taken ahead (Poller, receive_into)
         self._lent: bytes | zmq.Frame | None = None  # see FrameView.keep_readable
+        # Read acknowledgements: this subscriber's reader id, the last message read and
+        # not yet acknowledged, and the fingerprint last acknowledged.
+        self._reader_id = b""
+        self._unacked: bytes | zmq.Frame | None = None
+        self._acked: int | None = None
         self._pid = 0
         self._warned = False
         self._url = ""
@@ -1293,7 +1464,11 @@ class SubSocket:
                 sock.setsockopt(zmq.CONFLATE, 1)
             if ":" in address:
                 sock.setsockopt(zmq.IPV6, 1)
+            reader_id = os.urandom(8).hex().encode("ascii")
+            sock.setsockopt(zmq.METADATA, READER_PROPERTY.encode("ascii") + b":" + reader_id)
             sock.setsockopt(zmq.SUBSCRIBE, b"")
+            if not conflate:
+                sock.setsockopt(zmq.SUBSCRIBE, READER_TOPIC + reader_id)
             # The monitor stays: a failed handshake is read from it (and said once) when
             # nothing arrives.
             monitor = _open_monitor(
@@ -1323,6 +1498,7 @@ class SubSocket:
         self._conflate = bool(conflate)
         self._tag = _endpoint_tag(name)
         self._url = url
+        self._reader_id, self._unacked, self._acked = reader_id, None, None
         self._foreign_link = False
         self.endpoint, self.address, self.port = name, address, port
 
@@ -1442,17 +1618,52 @@ class SubSocket:
             frame = self._recv_one(sock)
             if frame is not None:
                 return frame
+            if self._unacked is not None:  # everything that arrived has been read
+                self._acknowledge(sock)
             self._check_handshakes()
             if self._foreign_link:
                 self._relink(sock)
             if non_blocking or self._timeout_ms == 0 or not self._wait(sock, deadline):
                 return None
 
+    def _read(self, msg: bytes | zmq.Frame) -> None:
+        """Notes ``msg`` as read by the caller; once nothing more is queued the
+        publisher is told (a read acknowledgement: see ``ACK_TOPIC``). Whether more is
+        queued is learnt by taking the next message ahead into the stash: free while
+        messages stream (the next receive takes it from there), one look at an empty
+        queue otherwise."""
+        self._unacked = msg
+        sock = self._sock
+        if sock is None or self._stash is not None:
+            return
+        ahead = self._recv_one(sock)
+        if ahead is None:
+            self._acknowledge(sock)
+        else:
+            self._stash = ahead
+
+    def _acknowledge(self, sock: zmq.Socket) -> None:
+        msg, self._unacked = self._unacked, None
+        assert msg is not None
+        read = fingerprint(msg if isinstance(msg, bytes) else msg.buffer)
+        if read == self._acked:
+            return
+        self._acked = read
+        # Subscribing and unsubscribing at once filters nothing; a conflating socket
+        # keeps only the last message it sends upstream, the unsubscription, which
+        # carries the same acknowledgement.
+        topic = ACK_TOPIC + self._reader_id + read.to_bytes(8, "little")
+        sock.setsockopt(zmq.SUBSCRIBE, topic)
+        sock.setsockopt(zmq.UNSUBSCRIBE, topic)
+
     def receive(self, non_blocking: bool = False) -> bytes | None:
         """Returns the next message as ``bytes``, or None when there is none
         (non-blocking) or the timeout passed."""
         msg = self._next(non_blocking)
-        return msg if msg is None or isinstance(msg, bytes) else msg.bytes
+        if msg is None:
+            return None
+        self._read(msg)
+        return msg if isinstance(msg, bytes) else msg.bytes
 
     async def receive_async(self) -> bytes | None:
         """``await sub.receive_async()``: the next message, or None when the socket's
@@ -1492,15 +1703,17 @@ class SubSocket:
             raise TypeError("receive_into() needs a writable contiguous buffer") from None
         if view.readonly or not view.contiguous:
             raise TypeError("receive_into() needs a writable contiguous buffer")
-        msg = self.receive(non_blocking)
-        if msg is None:
+        frame = self._next(non_blocking)
+        if frame is None:
             return None
+        msg = frame if isinstance(frame, bytes) else frame.bytes
         view = view.cast("B")
         if len(msg) > len(view):
             self._stash = msg
             raise ValueError(f"message of {len(msg)} bytes does not fit a buffer of "
                              f"{len(view)} bytes; the message stays queued")
         view[: len(msg)] = msg
+        self._read(msg)
         return len(msg)
 
     def has_data(self) -> bool:
@@ -1514,6 +1727,11 @@ class SubSocket:
         monitor, self._monitor = self._monitor, None
         self._stash = None
         if sock is not None and self._pid == os.getpid():
+            if self._conflate:  # nothing else tells the publisher which reader left
+                try:
+                    sock.setsockopt(zmq.SUBSCRIBE, BYE_TOPIC + self._reader_id)
+                except zmq.ZMQError:
+                    pass
             _close_monitor(sock, monitor)
             sock.close()
 
@@ -1577,6 +1795,7 @@ class FrameView:
         self._msg = self._sock._next(self._non_blocking)
         if self._msg is None:
             return None
+        self._sock._read(self._msg)
         msg = self._msg
         if not isinstance(msg, bytes) and _address(msg.buffer) % 8:
             # Cap'n Proto readers need word-aligned bytes, libzmq frames need not be: an

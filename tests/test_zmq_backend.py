@@ -60,6 +60,7 @@ def test_messages_sent_after_sub_sock_returns_arrive_in_order(endpoint: str) -> 
         assert pub.send(m) == len(m)
     assert [sub.receive() for _ in msgs] == msgs
     assert pub.num_readers == 1
+    assert pub.wait_until_read(10)  # the subscriber's read acknowledgement travels too
     assert pub.all_readers_updated()
 
 
@@ -186,6 +187,40 @@ def test_send_during_an_open_reservation_raises_as_on_shared_memory(endpoint: st
     pub.send(b"next")
     assert [sub.receive(), sub.receive()] == [b"room", b"next"]
     assert sub.receive(non_blocking=True) is None
+
+
+def test_all_readers_updated_waits_for_every_reader_to_read(endpoint: str) -> None:
+    # As on shared memory: "every reader, and at least one, has read everything" (ZMQ
+    # has no read acknowledgements; msgq's subscribers send one upstream).
+    pub = msgq.pub_sock(endpoint)
+    plain = msgq.sub_sock(endpoint, timeout=5000)
+    newest = msgq.sub_sock(endpoint, timeout=5000, conflate=True)
+    assert pub.wait_until_read(10) and pub.num_readers == 2  # nothing sent yet
+    for i in range(3):
+        pub.send(b"m%d" % i)
+    assert not pub.all_readers_updated()
+    assert [plain.receive() for _ in range(3)] == [b"m0", b"m1", b"m2"]
+    assert not pub.wait_until_read(0.2)  # the conflating reader has read nothing
+    while newest.receive() != b"m2":
+        pass
+    assert pub.wait_until_read(10)
+    pub.send(b"m3")
+    assert plain.receive() == b"m3"
+    assert not pub.wait_until_read(0.2)
+    newest.close()  # a reader that leaves no longer counts
+    assert pub.wait_until_read(10)
+    # a plain ZMQ subscriber tells nothing of its reads: it counts once subscribed
+    foreign = zmq.Context.instance().socket(zmq.SUB)
+    foreign.setsockopt(zmq.LINGER, 0)
+    foreign.setsockopt(zmq.SUBSCRIBE, b"")
+    foreign.connect(f"tcp://127.0.0.1:{endpoint_port(endpoint)}")
+    try:
+        wait_until(lambda: pub.num_readers == 2, what="the plain ZMQ subscriber joined")
+        pub.send(b"m4")
+        assert plain.receive() == b"m4"
+        assert pub.wait_until_read(10)
+    finally:
+        foreign.close()
 
 
 # --- addressing --------------------------------------------------------------------------
