@@ -188,3 +188,36 @@ def _state_folder() -> str:
     from msgq.spark.connect import state_folder
 
     return state_folder()
+
+
+def test_the_java_version_is_asked_once_per_runtime(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every local session checks its Java runtime; a JVM started only to print its
+    version is remembered per runtime (its file and the variables it reads), not run for
+    every command."""
+    from msgq.spark import session
+
+    home = tmp_path / "jdk"
+    (home / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls"
+    java = home / "bin" / "java"
+
+    def install(version: str) -> None:
+        java.write_text(f"#!/bin/sh\necho x >> {calls}\n"
+                        f"echo 'openjdk version \"{version}\" 2025-04-15' >&2\n")
+        java.chmod(0o755)
+
+    install("17.0.15")
+    monkeypatch.setenv("JAVA_HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("JAVA_TOOL_OPTIONS", raising=False)
+    assert session.check_java() == 17
+    assert session.check_java() == 17
+    assert calls.read_text().count("x") == 1
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Xss2m")  # java -version says it picked it up
+    assert session.check_java() == 17
+    assert calls.read_text().count("x") == 2
+    install("11.0.2")  # the runtime replaced: asked again, and refused
+    with pytest.raises(session.JavaMissingError, match="Java 11"):
+        session.check_java()
+    assert calls.read_text().count("x") == 3

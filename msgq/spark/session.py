@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import fcntl
 import glob
+import json
 import os
 import re
 import shlex
@@ -91,11 +92,14 @@ def _java_runtime() -> tuple[str, str, int]:
     java = _java_command()
     if java is None:
         raise JavaMissingError(f"no java found; {hint}")
-    try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True,
-                             timeout=30).stderr
-    except (OSError, subprocess.SubprocessError) as e:
-        raise JavaMissingError(f"{java} -version failed ({e}); {hint}") from None
+    out = _java_version_text(java)
+    if out is None:
+        try:
+            out = subprocess.run([java, "-version"], capture_output=True, text=True,
+                                 timeout=30).stderr
+        except (OSError, subprocess.SubprocessError) as e:
+            raise JavaMissingError(f"{java} -version failed ({e}); {hint}") from None
+        _remember_java_version(java, out)
     match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
     if not match:
         raise JavaMissingError(f"cannot tell the version of {java}; {hint}")
@@ -105,6 +109,59 @@ def _java_runtime() -> tuple[str, str, int]:
     if major < _MIN_JAVA:
         raise JavaMissingError(f"{java} is Java {major}; {hint}")
     return java, out, major
+
+
+#: The file remembering ``java -version`` of the runtime last used (in the class archive's
+#: folder): a JVM started for every command only to print its version costs 0.1-0.4 s.
+_JAVA_VERSION_FILE = "java-version.json"
+#: What else ``java -version`` prints depends on ("Picked up JAVA_TOOL_OPTIONS: ...").
+_JAVA_ENVIRONMENT = ("JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS")
+
+
+def _java_key(java: str) -> str | None:
+    """What identifies a Java runtime's ``-version`` text: the real path of its java,
+    that file's size and modification time, and the variables the JVM reads at start."""
+    try:
+        real = os.path.realpath(java)
+        info = os.stat(real)
+    except OSError:
+        return None
+    return "\n".join([real, str(info.st_size), str(info.st_mtime_ns),
+                      *(os.environ.get(name, "") for name in _JAVA_ENVIRONMENT)])
+
+
+def _java_version_text(java: str) -> str | None:
+    """The remembered ``java -version`` text of ``java``, or None (not remembered, another
+    runtime, or a file that is not this user's alone)."""
+    key = _java_key(java)
+    path = os.path.join(msgq.spark.class_cache.cache_folder(), _JAVA_VERSION_FILE)
+    try:
+        info = os.stat(path)
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return None
+        with open(path) as f:
+            remembered = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if key is None or not isinstance(remembered, dict) or remembered.get("key") != key:
+        return None
+    text = remembered.get("text")
+    return text if isinstance(text, str) else None
+
+
+def _remember_java_version(java: str, text: str) -> None:
+    key = _java_key(java)
+    folder = msgq.spark.class_cache.cache_folder()
+    if key is None:
+        return
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        temporary = os.path.join(folder, f"{_JAVA_VERSION_FILE}.{os.getpid()}.tmp")
+        with open(temporary, "w") as f:
+            json.dump({"key": key, "text": text}, f)
+        os.replace(temporary, os.path.join(folder, _JAVA_VERSION_FILE))
+    except OSError:
+        pass
 
 
 def _is_local(master: str) -> bool:
