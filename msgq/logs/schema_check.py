@@ -191,7 +191,10 @@ def _walk(value: Any, budget: list[int], depth: int = 0) -> None:
         schema = value.schema
         names = list(schema.non_union_fields)
         if schema.union_fields:
-            names.append(value.which())
+            try:
+                names.append(value.which())
+            except Exception:  # a member this version lacks (a newer writer's): unread
+                pass
         for name in names:
             budget[0] -= 1
             if budget[0] <= 0:
