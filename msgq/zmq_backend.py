@@ -843,14 +843,21 @@ def _zmq_context(context: Any) -> zmq.Context:
 
 def _slice_ms(deadline: float | None) -> int:
     """The next wait of a blocking call in ms: at most ``_SLICE_MS`` (so Ctrl-C is
-    answered), else what is left until ``deadline`` (None: none), at least 1; 0 when the
-    deadline passed."""
+    answered), else the whole milliseconds left until ``deadline`` (None: none); 0 once
+    the deadline is reached.
+
+    ZMQ waits count whole milliseconds, so the last fraction of one is slept here, by
+    the clock: rounding it up to a whole millisecond made every timed wait end up to
+    1 ms late, the whole margin of a 199 ms receive timeout checked against 200 ms
+    (cereal's test_receive_timeout)."""
     if deadline is None:
         return _SLICE_MS
     remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        return 0
-    return min(_SLICE_MS, max(1, int(remaining * 1000)))
+    if remaining >= 0.001:
+        return min(_SLICE_MS, int(remaining * 1000))
+    if remaining > 0:
+        time.sleep(remaining)
+    return 0
 
 
 _monitor_ids = itertools.count()
@@ -1593,8 +1600,8 @@ class SubSocket:
         """Waits for input until ``deadline`` (None: no limit); False when it passed."""
         while True:
             slice_ms = _slice_ms(deadline)
-            if not slice_ms:
-                return False
+            if not slice_ms:  # (input that came during the last fraction counts)
+                return bool(sock.poll(0, zmq.POLLIN))
             if sock.poll(slice_ms, zmq.POLLIN):
                 return True
             self._check_handshakes()
@@ -1852,9 +1859,7 @@ class Poller:
             timeout = 0
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout / 1000
         while True:
-            slice_ms = _SLICE_MS
-            if deadline is not None:
-                slice_ms = min(slice_ms, max(0, int((deadline - time.monotonic()) * 1000)))
+            slice_ms = _slice_ms(deadline)
             ready = {id(sk) for sk, _ in self._poller.poll(slice_ms)}
             if ready:
                 # A readable socket may hold only messages receive() would drop (foreign

@@ -49,3 +49,21 @@ def test_a_stream_of_dropped_input_does_not_extend_the_receive_timeout(endpoint:
         thread.join(5)
         sub.close()
         foreign.close()
+
+
+def test_a_timed_wait_never_ends_past_its_deadline_by_rounding() -> None:
+    # ZMQ waits count whole milliseconds. The last fraction of one was rounded up to a
+    # whole millisecond, so every timed receive ended up to 1 ms late: the whole margin
+    # of cereal's test_receive_timeout (a timeout of up to 199 ms checked against 200 ms).
+    from msgq.zmq_backend import _slice_ms
+
+    for remaining in (0.0002, 0.0005, 0.0009, 0.0015, 0.0305, 0.0499, 0.2):
+        before = time.monotonic()
+        deadline = before + remaining
+        slice_ms = _slice_ms(deadline)
+        assert slice_ms <= (deadline - before) * 1000, (remaining, slice_ms)
+        if remaining < 0.001:  # the fraction is slept by the clock instead
+            assert slice_ms == 0 and time.monotonic() >= deadline
+        else:
+            assert slice_ms >= 1
+
