@@ -5,7 +5,14 @@
 #   scripts/flake-check.sh                 # the whole suite, twice, under load
 #   scripts/flake-check.sh -k replay -x    # pytest arguments pass through
 #   FLAKE_RUNS=3 FLAKE_HOGS=4 scripts/flake-check.sh
+#   FLAKE_RUNS=1 FLAKE_REPEAT=200 scripts/flake-check.sh tests/test_sockets.py -k conflate
+#   FLAKE_RUNS=1 FLAKE_REPEAT=200 FLAKE_CEREAL=CEREAL_DIR scripts/flake-check.sh \
+#       -k test_receive_timeout           # one of cereal's tests, through cereal-tests.sh
 #
+# FLAKE_REPEAT=N runs every selected test N times in a row inside each run (the plugin
+# scripts/lib/flake_repeat.py; the tests then run in one process). FLAKE_CEREAL=DIR runs
+# cereal's messaging tests of the cereal checkout DIR (scripts/cereal-tests.sh; ZMQ=1
+# selects the ZMQ backend there) instead of this repository's suite.
 # The hog is one `yes >/dev/null` per core (FLAKE_HOGS), each under `timeout`
 # (FLAKE_HOG_SECONDS, default 3 h) and stopped on exit, however the script ends.
 # pytest runs as ./test.sh runs it: in MSGQ_TEST_WORKERS processes (default 3; 1: in one).
@@ -23,7 +30,27 @@ if [ ! -x "$python" ]; then
 fi
 
 source scripts/lib/pytest_workers.sh
+repeat="${FLAKE_REPEAT:-1}"
+if ! [[ "$repeat" =~ ^[1-9][0-9]*$ ]]; then
+  echo "flake-check: FLAKE_REPEAT=$repeat is not a whole number >= 1" >&2
+  exit 2
+fi
+cereal="${FLAKE_CEREAL:-}"
+if [ "$repeat" -gt 1 ] || [ -n "$cereal" ]; then
+  MSGQ_TEST_WORKERS=1  # repetitions run in a row in one process; cereal's in its own
+fi
 pytest_parallel_args
+plugin=()
+if [ "$repeat" -gt 1 ]; then
+  export FLAKE_REPEAT="$repeat"
+  export PYTHONPATH="$PWD/scripts/lib${PYTHONPATH:+:$PYTHONPATH}"
+  plugin=(-p flake_repeat)
+fi
+if [ -n "$cereal" ]; then
+  test_command=(scripts/cereal-tests.sh "$cereal" "${plugin[@]}")
+else
+  test_command=("$python" -m pytest -q -p no:cacheprovider "${parallel[@]}" "${plugin[@]}")
+fi
 
 hog_pids=()
 test_pid=""
@@ -49,7 +76,8 @@ for _ in $(seq "$hogs"); do
   timeout "$hog_seconds" yes >/dev/null &
   hog_pids+=("$!")
 done
-echo "flake-check: $runs run(s) of pytest ${parallel[*]} $* with $hogs CPU hog(s) on $(nproc) core(s)"
+echo "flake-check: $runs run(s) of ${test_command[*]} $* (each test $repeat time(s)) with \
+$hogs CPU hog(s) on $(nproc) core(s)"
 
 logs="$(mktemp -d "${TMPDIR:-/tmp}/flake-check.XXXXXX")"
 failed_runs=0
@@ -57,7 +85,7 @@ for run in $(seq "$runs"); do
   log="$logs/run$run.log"
   start=$(date +%s)
   code=0
-  "$python" -m pytest -q -p no:cacheprovider "${parallel[@]}" "$@" >"$log" 2>&1 </dev/null &
+  "${test_command[@]}" "$@" >"$log" 2>&1 </dev/null &
   test_pid=$!
   wait "$test_pid" || code=$?
   test_pid=""
