@@ -6,6 +6,7 @@ shared objects are stripped; ``MSGQ_DEBUG=1`` builds with ``-g`` and keeps the s
 warnings errors. The extensions compile in parallel, one per core.
 """
 
+import copy
 import glob
 import multiprocessing
 import os
@@ -95,6 +96,15 @@ class build_ext_with_c_library(build_ext):  # noqa: N801 (setuptools command sty
             parts = pool.map(lambda source: self.compiler.compile([source], **options),
                              sources)
             return [obj for part in parts for obj in part]
+
+    def build_extension(self, ext: Extension) -> None:
+        """Builds ``ext`` with its objects in a folder of its own: msgq.shm_backend (with
+        link-time optimisation) and msgq.visionipc._native (without) both compile the C
+        core's sources, and side by side in one folder they would write the same object
+        files at once (a torn or wrong-flavoured object reaches the other's link)."""
+        own = copy.copy(self)
+        own.build_temp = os.path.join(self.build_temp, ext.name)
+        super(build_ext_with_c_library, own).build_extension(ext)
 
     def run(self) -> None:
         self._cythonize()
