@@ -98,7 +98,7 @@ Run a Spark Connect server (Spark's own, shipped inside pyspark) whose Python wo
 this msgq's interpreter, so the msgqlog source and msgq's analyses run in it. Commands
 attach with --remote sc://HOST:PORT or MSGQ_SPARK_REMOTE=sc://HOST:PORT and skip the JVM's
 start-up, the first planning and the Python workers' start: msgq logstats of one segment
-then takes about a second of the server's time.
+then does about a third of the work of a command that starts Spark (docs/spark.md).
 
 It listens on 127.0.0.1 (this machine only) unless --host says otherwise: a client can
 run any code in the server, as the user who started it. Once the server answers, one
