@@ -12,7 +12,7 @@ packages of one layer do not import each other; the order is written once, in
 1. foundation — :mod:`msgq.errors`, :mod:`msgq.tables`, then :mod:`msgq.clock`
 2. the Event layer — :mod:`msgq.schemas` (registry, framing, schema, events)
 3. the queue namespace — the extension :mod:`msgq.shm_backend`, then :mod:`msgq.queues`
-4. backends — :mod:`msgq.zmq_backend`, :mod:`msgq.fake_events`
+4. backends — :mod:`msgq.zmq`, :mod:`msgq.fake_events`
 5. the socket factory — :mod:`msgq.sockets`, then this package
 6. services — :mod:`msgq.messaging`, :mod:`msgq.logs`, :mod:`msgq.visionipc`
 7. tools — :mod:`msgq.lockstep`, :mod:`msgq.bridge`, :mod:`msgq.spark`

@@ -66,7 +66,7 @@ __all__ = [
 #: Backend name -> module implementing the socket protocol.
 BACKENDS: dict[str, str] = {
     "msgq": "msgq.shm_backend",
-    "zmq": "msgq.zmq_backend",
+    "zmq": "msgq.zmq",
 }
 
 DEFAULT_BACKEND = "msgq"

@@ -85,7 +85,7 @@ def test_bridge_carries_services_and_frames(machines: tuple[str, str, list[subpr
     serve_keys: list[str] = []
     connect_keys: list[str] = []
     if compress == "keys":  # CurveZMQ, a client allowed exactly what is carried
-        from msgq.zmq_backend import create_keys
+        from msgq.zmq.security import create_keys
 
         create_keys(tmp_path / "keys", ["laptop"])
         (tmp_path / "keys" / "permissions.toml").write_text(

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import msgq
-from msgq import shm_backend, sockets, zmq_backend
+from msgq import shm_backend, sockets
+from msgq import zmq as zmq_backend
 from msgq.messaging import PubMaster, SubMaster, new_message
 
 COMPAT = Path(__file__).resolve().parent.parent / "docs" / "compat.md"

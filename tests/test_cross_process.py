@@ -306,7 +306,7 @@ def test_pub_master_and_sub_master_over_zmq(zmq_1: None, workers: list[Worker]) 
     worker = start_worker(workers)
     worker.do("pm", ["vehicleState", "gpsLocation"])
     sm = SubMaster(["vehicleState", "gpsLocation"])
-    assert isinstance(sm.sock["vehicleState"], msgq.zmq_backend.SubSocket)
+    assert isinstance(sm.sock["vehicleState"], msgq.zmq.SubSocket)
     deadline = time.monotonic() + 30
     while not (sm.seen["vehicleState"] and sm.seen["gpsLocation"]):  # subscriptions join
         assert time.monotonic() < deadline, "nothing arrived over ZMQ"
@@ -326,7 +326,8 @@ def test_pub_master_and_sub_master_over_zmq(zmq_1: None, workers: list[Worker]) 
 
 def test_visionipc_announcements_over_zmq_between_processes(
         zmq_1: None, workers: list[Worker]) -> None:
-    from msgq import queues, zmq_backend
+    from msgq import queues
+    from msgq import zmq as zmq_backend
     from msgq.visionipc import VisionIpcClient, get_endpoint_name
 
     w, h = 64, 48

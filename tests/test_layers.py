@@ -35,11 +35,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # msgq/shm/*.pyx are the files msgq/shm_backend.pyx includes: one module.
     ("extension", ("msgq.shm_backend", "msgq.shm")),
     ("queue namespace", ("msgq.queues",)),
-    ("backends", ("msgq.zmq_backend", "msgq.fake_events")),
+    ("backends", ("msgq.zmq", "msgq.fake_events")),
     ("socket factory", ("msgq.sockets",)),
     ("package", ("msgq",)),
     ("services", ("msgq.messaging", "msgq.logs", "msgq.visionipc")),
-    ("tools", ("msgq.lockstep", "msgq.bridge", "msgq.spark", "msgq.compat", "msgq.viz")),
+    # msgq.zmq_backend: the deprecated alias of msgq.zmq, as old code imports it
+    ("tools", ("msgq.lockstep", "msgq.bridge", "msgq.spark", "msgq.compat", "msgq.viz",
+               "msgq.zmq_backend")),
     ("program output", ("msgq.cli.output",)),
     ("programs", ("msgq.bench", "msgq.cflags")),
     ("command line", ("msgq.cli",)),

@@ -86,7 +86,7 @@ def test_ports_are_unique_and_stable() -> None:
 
 
 def test_zmq_backend_uses_registry_ports_without_prefix() -> None:
-    from msgq.zmq_backend import endpoint_port
+    from msgq.zmq import endpoint_port
 
     assert endpoint_port("gyroscope", prefix="") == SERVICE_LIST["gyroscope"].port
     assert endpoint_port("can", prefix="") == SERVICE_LIST["can"].port

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,12 +24,14 @@ import zmq
 from helpers import wait_until
 
 import msgq
-from msgq import zmq_backend
-from msgq.zmq_backend import ENDPOINT_PROPERTY, endpoint_port
+from msgq import zmq as zmq_backend
+from msgq.zmq import ENDPOINT_PROPERTY, endpoint_port
 
 pytestmark = pytest.mark.timeout(60)
 
 SPAWN = mp.get_context("spawn")
+#: The folder of the ZMQ backend's modules.
+PACKAGE = Path(zmq_backend.__file__).parent
 
 
 @pytest.fixture(autouse=True)
@@ -616,7 +619,7 @@ def interrupt_main_thread_inside(function: str) -> threading.Thread:
         frame = sys._current_frames().get(main)
         while frame is not None:
             code = frame.f_code
-            if code.co_name == function and code.co_filename == zmq_backend.__file__:
+            if code.co_name == function and Path(code.co_filename).parent == PACKAGE:
                 return True
             frame = frame.f_back
         return False

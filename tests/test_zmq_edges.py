@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 import msgq
-from msgq.zmq_backend import endpoint_port
+from msgq.zmq import endpoint_port
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +55,7 @@ def test_a_timed_wait_never_ends_past_its_deadline_by_rounding() -> None:
     # ZMQ waits count whole milliseconds. The last fraction of one was rounded up to a
     # whole millisecond, so every timed receive ended up to 1 ms late: the whole margin
     # of cereal's test_receive_timeout (a timeout of up to 199 ms checked against 200 ms).
-    from msgq.zmq_backend import _slice_ms
+    from msgq.zmq.options import _slice_ms
 
     for remaining in (0.0002, 0.0005, 0.0009, 0.0015, 0.0305, 0.0499, 0.2):
         before = time.monotonic()
@@ -67,3 +67,51 @@ def test_a_timed_wait_never_ends_past_its_deadline_by_rounding() -> None:
         else:
             assert slice_ms >= 1
 
+
+
+IMPORT_CHECK = r"""
+import importlib.abc, json, sys
+
+importers = {}
+
+class Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name in ("msgq.shm_backend", "zmq") and name not in importers:
+            frame = sys._getframe(1)
+            while frame is not None and not frame.f_globals.get("__name__", "").startswith(
+                    ("msgq", "zmq")):
+                frame = frame.f_back
+            importers[name] = frame.f_globals["__name__"] if frame else None
+        return None
+
+sys.meta_path.insert(0, Watch())
+import msgq.zmq
+import msgq.zmq.context, msgq.zmq.options, msgq.zmq.poller, msgq.zmq.ports
+import msgq.zmq.publisher, msgq.zmq.reads, msgq.zmq.security, msgq.zmq.subscriber
+import zmq
+print(json.dumps({"importers": importers, "zmq": zmq.__file__,
+                  "pyzmq": hasattr(zmq, "zmq_version"),
+                  "zmq_modules": sorted(m for m in sys.modules if m.startswith("msgq.zmq"))}))
+"""
+
+
+def test_the_zmq_package_imports_no_shm_extension_and_shadows_no_pyzmq() -> None:
+    # The portable backend subclasses the backend-neutral msgq._reservation.Reservation
+    # and reaches the name rules through msgq.queues only; and its package name must not
+    # hide pyzmq's `zmq` from its own modules (absolute imports).
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True,
+                          text=True, timeout=120, check=True)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["pyzmq"] and "msgq" not in Path(found["zmq"]).parts, found
+    assert found["importers"]["zmq"].startswith("msgq.zmq"), found
+    # msgq's package and the name rules load the extension; no module of msgq.zmq does.
+    assert not str(found["importers"].get("msgq.shm_backend")).startswith("msgq.zmq"), found
+    package = Path(__file__).resolve().parent.parent / "msgq" / "zmq"
+    for module in package.glob("*.py"):
+        text = module.read_text()
+        assert "shm_backend" not in text and "msgq.shm" not in text, module

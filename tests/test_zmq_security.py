@@ -25,8 +25,8 @@ import zmq.auth
 from helpers import child_env, free_port, free_port_pair, run_cli, wait_until
 
 import msgq
-from msgq import zmq_backend
-from msgq.zmq_backend import SubSocket, endpoint_port
+from msgq import zmq as zmq_backend
+from msgq.zmq import SubSocket, endpoint_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.timeout(120)
 PUBLISHER = r"""
 import json, logging, os, sys, time
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-from msgq import zmq_backend
+from msgq import zmq as zmq_backend
 pub = zmq_backend.PubSocket(bind_address="127.0.0.1")
 pub.connect(None, sys.argv[1])
 print("ready", flush=True)

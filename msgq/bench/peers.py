@@ -344,7 +344,7 @@ class MsgqZmqCurveBackend(MsgqZmqBackend):
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         super().__init__(run_dir, prefix)
-        from msgq.zmq_backend import create_keys  # only these rows make keys
+        from msgq.zmq.security import create_keys  # only these rows make keys
 
         # One key directory per run, shared by its publisher and subscriber processes:
         # made aside and renamed into place (the first process to finish wins).

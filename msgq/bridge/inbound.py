@@ -58,7 +58,7 @@ from msgq.bridge.wire import (
 )
 from msgq.schemas import Schema, schema_in_force
 from msgq.visionipc import VisionIpcServer
-from msgq.zmq_backend import handshake_problem, keys_setting, load_keys, make_curve_client
+from msgq.zmq.security import handshake_problem, keys_setting, load_keys, make_curve_client
 
 __all__ = ["FRAME_BUFFERS", "HELLO_WAIT_S", "HOLD_LIMIT", "Inbound"]
 

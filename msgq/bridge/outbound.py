@@ -45,7 +45,7 @@ from msgq.bridge.wire import (
 )
 from msgq.schemas import Schema, schema_in_force
 from msgq.visionipc import VisionIpcClient
-from msgq.zmq_backend import (
+from msgq.zmq.security import (
     ClientGrant,
     Keys,
     keys_setting,

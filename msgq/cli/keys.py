@@ -4,7 +4,7 @@
 certificate format (pyzmq's ``zmq.auth`` writes them; libzmq does the cryptography);
 ``add`` adds client pairs to an existing directory; ``list`` shows names and public keys
 (never a secret). The layout is described in docs/security.md and
-:func:`msgq.zmq_backend.load_keys`.
+:func:`msgq.zmq.security.load_keys`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _reads(grant: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     """Runs ``msgq keys ACTION``."""
     # Here, not at the top: the ZMQ backend loads pyzmq, which other commands need not pay.
-    from msgq.zmq_backend import create_keys, load_keys
+    from msgq.zmq.security import create_keys, load_keys
 
     try:
         if args.action == "list":
