@@ -152,9 +152,9 @@ extensions = [
         extra_compile_args=[*extra_compile_args, "-fvisibility=hidden", "-flto"],
         extra_link_args=["-flto", "-O2", *strip_args],
         # msgq/shm/*.pyx: the files of the module's source that shm_backend.pyx includes,
-        # one per concept; msgq/includes/*.pxd: the C declarations it cimports.
+        # one per concept; msgq/cdefs/*.pxd: the C declarations it cimports.
         depends=[p.replace(".c", ".h") for p in C_CORE] + sorted(glob.glob("msgq/shm/*.pyx"))
-        + sorted(glob.glob("msgq/includes/*.pxd")) + ["msgq/_reservation.pxd"],
+        + sorted(glob.glob("msgq/cdefs/*.pxd")) + ["msgq/_reservation.pxd"],
     ),
     # The Reservation base (reserve()'s commit/abort protocol): backend-neutral, no C core,
     # so that the ZMQ backend subclasses it without importing the shared-memory extension.

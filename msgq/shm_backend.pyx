@@ -5,7 +5,7 @@ ring in ``msgq/src``. Thin by design: the protocol lives in C, the API shape in 
 
 One extension module made of one file per concept (the way uvloop splits its loop):
 this file holds the cimports, imports and constants and includes the files of
-``msgq/shm/``; the C declarations are the ``.pxd`` files of ``msgq/includes/``
+``msgq/shm/``; the C declarations are the ``.pxd`` files of ``msgq/cdefs/``
 (docs/layout.md lists both)."""
 
 from cpython.buffer cimport (
@@ -23,12 +23,12 @@ from libc.errno cimport EAGAIN, EBUSY, EINTR, ENOSPC, EPERM
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from msgq.includes.crc32c cimport *
-from msgq.includes.msgq cimport *
-from msgq.includes.msgq_errors cimport *
-from msgq.includes.msgq_ring cimport *
-from msgq.includes.os_wait cimport *
-from msgq.includes.queue_file cimport *
+from msgq.cdefs.crc32c cimport *
+from msgq.cdefs.msgq cimport *
+from msgq.cdefs.msgq_errors cimport *
+from msgq.cdefs.msgq_ring cimport *
+from msgq.cdefs.os_wait cimport *
+from msgq.cdefs.queue_file cimport *
 from msgq._reservation cimport Reservation
 
 import asyncio

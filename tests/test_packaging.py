@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import fnv1a
 
 from msgq.__main__ import foreign_installations, installation_problem
 
@@ -185,7 +186,7 @@ def test_wheel_holds_what_runs_and_nothing_it_was_built_from(built: Built) -> No
 def test_sdist_holds_what_a_build_and_the_readme_need(built: Built) -> None:
     with tarfile.open(built.sdist) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
-    assert {"msgq/shm_backend.pyx", "msgq/shm/pub_socket.pyx", "msgq/includes/msgq.pxd",
+    assert {"msgq/shm_backend.pyx", "msgq/shm/pub_socket.pyx", "msgq/cdefs/msgq.pxd",
             "visionipc/_vipc_types.pxi"} <= set(CYTHON_SOURCES)
     for needed in ("LICENSE", "README.md", "setup.py", "pyproject.toml", "MANIFEST.in",
                    *CYTHON_SOURCES, "msgq/src/msgq.c", "msgq/src/msgq.h",
@@ -316,13 +317,6 @@ def test_lockstep_pytest_plugin_works_in_a_project_that_installs_msgq(built: Bui
     done = user_run(built, str(built.user / "bin/python"), "-m", "pytest", "-q",
                     "-p", "no:cacheprovider", str(project), timeout=240)
     assert "1 passed" in done.stdout
-
-
-def fnv1a(data: bytes) -> str:
-    h = 0xcbf29ce484222325
-    for byte in data:
-        h = ((h ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}"
 
 
 @pytest.mark.slow

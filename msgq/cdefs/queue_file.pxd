@@ -1,7 +1,7 @@
 # Declarations of the C core (msgq/src/queue_file.h) for the Cython binding; nothing but
 # the C API lives here (msgq/shm_backend.pyx cimports it).
 
-from msgq.includes.msgq_ring cimport msgq_queue_info
+from msgq.cdefs.msgq_ring cimport msgq_queue_info
 
 
 cdef extern from "src/queue_file.h" nogil:
