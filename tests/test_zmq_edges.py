@@ -115,3 +115,39 @@ def test_the_zmq_package_imports_no_shm_extension_and_shadows_no_pyzmq() -> None
     for module in package.glob("*.py"):
         text = module.read_text()
         assert "shm_backend" not in text and "msgq.shm" not in text, module
+
+
+NO_FORK_PLATFORM = r"""
+import os, sys, uuid
+os.environ["MSGQ_PREFIX"] = "nofork_" + uuid.uuid4().hex[:8]
+import msgq  # the package itself (and its shared-memory parts) is Linux's; the backend not
+import zmq  # pyzmq (which registers its own fork hook where there is one)
+del os.register_at_fork  # as on Windows
+import msgq.zmq
+pub = msgq.zmq.PubSocket(); pub.connect(None, "ep_nofork")
+sub = msgq.zmq.SubSocket(); sub.connect(None, "ep_nofork"); sub.setTimeout(5000)
+assert pub.wait_until_read(10)
+pub.send(b"portable")
+print(sub.receive())
+"""
+
+
+def test_the_zmq_backend_needs_no_posix_only_calls(tmp_path, monkeypatch) -> None:
+    # The portable backend: no fork hooks where a platform has no fork, and no POSIX
+    # mode bits demanded of key files where files have none.
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", NO_FORK_PLATFORM], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "b'portable'", done.stderr[-2000:]
+    from msgq.zmq import security
+
+    secret = tmp_path / "server.key_secret"
+    secret.write_text("")
+    secret.chmod(0o644)
+    with pytest.raises(ValueError, match="chmod 600"):
+        security._check_secret_mode(str(secret))
+    monkeypatch.setattr(os, "name", "nt")
+    security._check_secret_mode(str(secret))  # Windows reports 0o666 for every file

@@ -30,7 +30,8 @@ def _forked_child() -> None:
     _process_id = os.getpid()
 
 
-os.register_at_fork(after_in_child=_forked_child)
+if hasattr(os, "register_at_fork"):  # POSIX: Windows has no fork (nor forked children)
+    os.register_at_fork(after_in_child=_forked_child)
 
 
 class Context:

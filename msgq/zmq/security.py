@@ -91,6 +91,8 @@ class Keys:
 
 
 def _check_secret_mode(path: str) -> None:
+    if os.name != "posix":
+        return  # no mode bits (Windows reports 0o666 for every file): its ACLs decide
     mode = os.stat(path).st_mode & 0o777
     if mode & 0o077:
         raise ValueError(f"{path} can be read by other users (mode {mode:o}); "
