@@ -172,10 +172,12 @@ def _serve(args: argparse.Namespace) -> int:
     from msgq.spark.session import ExecutorPythonError, JavaMissingError
 
     try:
-        connect.serve(host, port, args.master, conf, warm_up=not args.no_warm_up,
-                      ready=ready)
+        code = connect.serve(host, port, args.master, conf, warm_up=not args.no_warm_up,
+                             ready=ready)
     except (connect.RemoteError, JavaMissingError, ExecutorPythonError, ValueError) as e:
         raise CommandError(str(e)) from None
+    if code != 0:  # it ended on its own: its output above says why
+        raise CommandError(f"the Spark Connect server exited with status {code}")
     print("msgq spark serve: stopped", file=sys.stderr, flush=True)
     return EXIT_OK
 
