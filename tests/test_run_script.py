@@ -179,15 +179,14 @@ def test_the_demos_report_counts_in_words_that_agree_with_the_numbers() -> None:
 
 
 def test_the_cli_page_quotes_the_missing_extra_messages_as_commands_print_them() -> None:
-    from msgq.cli.output import CommandError, require_extra
-    from msgq.viz import INSTALL_HINT
+    from msgq.extras import MissingExtraError, require
 
     page = " ".join((ROOT / "docs" / "cli.md").read_text().split())
-    with pytest.raises(CommandError) as spark:
-        require_extra("spark", "msgq_no_such_module")
-    message = str(spark.value).replace("msgq_no_such_module", "pyspark")
-    assert f"msgq logstats: error: {message}" in page
-    assert f"mcap is missing (mcap): {INSTALL_HINT}" in page
+    for command, extra, library in (("logstats", "spark", "pyspark"), ("export", "viz", "mcap")):
+        with pytest.raises(MissingExtraError) as missing:
+            require(extra, "msgq_no_such_module")
+        message = str(missing.value).replace("msgq_no_such_module", library)
+        assert f"msgq {command}: error: {message}" in page
 
 
 def test_the_cli_page_has_a_section_for_every_command_of_msgq_help() -> None:
@@ -221,3 +220,34 @@ def test_lockstep_page_says_before_its_details_that_a_script_needs_the_main_guar
     page = (ROOT / "docs" / "lockstep.md").read_text()
     intro = page[: page.index("## How it works")]
     assert 'if __name__ == "__main__":' in intro
+
+
+def _scons_step(tmp_path: Path, fake_scons: str) -> subprocess.CompletedProcess[str]:
+    """test.sh's scons_step run in ``tmp_path`` with a fake .venv/bin/scons."""
+    text = (ROOT / "test.sh").read_text()
+    function = text[text.index("scons_step() {"):]
+    function = function[:function.index("\n}\n") + 3]
+    (tmp_path / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
+    scons = tmp_path / ".venv" / "bin" / "scons"
+    scons.write_text("#!/bin/sh\n" + fake_scons)
+    scons.chmod(0o755)
+    return subprocess.run(["bash", "-c", f"set -euo pipefail; jobs=2; {function}"
+                           "scons_step c-tests-plain test"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+
+def test_test_sh_keeps_the_compiler_lines_in_a_log_and_shows_them_on_failure(
+        tmp_path: Path) -> None:
+    # ./test.sh printed about 70 raw gcc/ar lines per build.
+    compiled = ("echo 'gcc -o build/plain/x.o -c msgq/src/x.c'\necho 'ar rc build/libx.a'\n"
+                "echo 'ok   test_round_trip'\necho '29 passed, 0 failed'\n"
+                "echo 'ring: 2 passed, 0 failed'\n")
+    done = _scons_step(tmp_path, compiled)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ("   31 passed, 0 failed in 2 C test run(s) "
+                           "(output: build/c-tests-plain.log)\n")
+    assert "gcc -o" in (tmp_path / "build" / "c-tests-plain.log").read_text()
+    failed = _scons_step(tmp_path, "echo 'gcc -c x.c'\necho 'x.c:1: error: oops'\nexit 2\n")
+    assert failed.returncode == 1
+    assert "x.c:1: error: oops" in failed.stdout
+    assert "failed: scons test (full output: build/c-tests-plain.log)" in failed.stderr
