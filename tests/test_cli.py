@@ -3,6 +3,7 @@ against queues of real publisher and subscriber processes in the test's namespac
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import msgq.cli.bench
 from msgq.cli import main
 from msgq.cli.output import human_age, human_bytes, paint, use_colour
 from msgq.queues import queue_dir, queue_path
+from msgq.version import DISTRIBUTION
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("shm")]
 
@@ -127,6 +129,58 @@ def test_every_command_is_registered_and_loads() -> None:
     for name in expected:
         assert parser.command_parsers[name].get_default("_run").__module__ == \
             f"msgq.cli.{name}", name
+
+
+def test_the_command_table_gives_each_command_its_modules_help() -> None:
+    # `msgq --help` lists the table's lines without importing the modules: each line must
+    # be the one the module registers for `msgq <command> --help`.
+    parser = msgq.cli.build_parser()
+    actions = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {a.dest: a.help for a in actions._choices_actions}
+    assert helps == {name: command.help for name, command in msgq.cli.COMMANDS.items()}
+
+
+# Runs the msgq command in a process where pyspark cannot be imported, then lists the
+# command modules that were imported.
+WITHOUT_PYSPARK = """
+import sys, importlib.abc
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'pyspark':
+            raise ImportError(f'No module named {name!r}', name=name)
+sys.meta_path.insert(0, Hide())
+import msgq.cli
+try:
+    code = msgq.cli.main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+print(sorted(m for m in msgq.cli.COMMANDS if f"msgq.cli.{m}" in sys.modules), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def without_pyspark(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", WITHOUT_PYSPARK, *args], env=cli_env(),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_help_imports_no_command_and_one_command_imports_itself() -> None:
+    proc = without_pyspark("--help")
+    assert proc.returncode == 0 and "commands:" in proc.stdout, proc.stderr
+    assert proc.stderr.splitlines() == ["[]"]
+    proc = without_pyspark("queues", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["['queues']"]
+
+
+def test_a_command_whose_extra_is_missing_says_what_to_install_in_one_line(
+        tmp_path: Path) -> None:
+    proc = without_pyspark("logstats", str(tmp_path))
+    assert proc.returncode == 1
+    error, loaded = proc.stderr.splitlines()
+    assert error == ("msgq logstats: error: pyspark is not installed; this needs the spark "
+                     f"extra: pip install '{DISTRIBUTION}[spark]'")
+    assert loaded == "[]"  # said before the command's module (which imports it) is loaded
 
 
 @pytest.mark.parametrize("command", [None, *msgq.cli.COMMANDS])

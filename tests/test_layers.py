@@ -30,6 +30,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # msgq._reservation: the Reservation base that both backends subclass
     ("foundation", ("msgq._reservation", "msgq.aio", "msgq.errors", "msgq.tables",
                     "msgq.version")),
+    # msgq.extras: the one loader of an optional extra's library (its install hint names
+    # msgq.version's distribution)
+    ("extras", ("msgq.extras",)),
     ("clock", ("msgq.clock",)),
     ("events", ("msgq.schemas",)),
     # msgq/shm/*.pyx are the files msgq/shm_backend.pyx includes: one module.
@@ -51,6 +54,19 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 UNIT_LAYER = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}
+
+#: Why an import may sit inside a function, not at the top: the comment on its line or
+#: right above starts with one of these. "optional extra": it loads a library of an extra
+#: (pyspark, mcap, foxglove-sdk, a benchmark peer), directly or through the msgq module
+#: it names; "start-up cost": it would slow the start of a program that does not need it;
+#: "plugin": the module is loaded into other programs (pytest's plugin), which pay for
+#: what it imports. A library of an extra itself is loaded with msgq.extras.require.
+LOCAL_IMPORT_REASONS = ("optional extra", "start-up cost", "plugin")
+
+#: At most this many function-local imports of msgq's own modules: the rest sit at the
+#: top, where a reader (and this file's cycle check) sees them. The CLI imports a
+#: command's module only when it runs, so command modules need none.
+MAX_LOCAL_MSGQ_IMPORTS = 20
 
 
 @dataclass(frozen=True)
@@ -103,15 +119,32 @@ def resolve(module: str, name: str) -> str:
     return candidate if candidate in MODULES else module
 
 
-def _commented(lines: list[str], line: int) -> bool:
-    """A comment on the import's line, or right above it or above the run of imports
+def _comment(lines: list[str], line: int) -> str | None:
+    """The comment on the import's line, or right above it or above the run of imports
     it belongs to (one comment may give the reason for a few imports together)."""
     if "#" in lines[line - 1]:
-        return True
+        return lines[line - 1].split("#", 1)[1].strip()
     i = line - 2
     while i >= 0 and re.match(r"\s*(import |from \S+ import )", lines[i]):
         i -= 1
-    return i >= 0 and lines[i].strip().startswith("#")
+    if i >= 0 and lines[i].strip().startswith("#"):
+        return lines[i].strip().lstrip("#").strip()
+    return None
+
+
+def _commented(lines: list[str], line: int) -> bool:
+    return _comment(lines, line) is not None
+
+
+def _reason(lines: list[str], line: int) -> str | None:
+    """The allowed reason the import's comment starts with (``# noqa: ...`` and the like
+    skipped), or None."""
+    comment = _comment(lines, line) or ""
+    for part in comment.split("#"):
+        for reason in LOCAL_IMPORT_REASONS:
+            if part.strip().startswith(reason):
+                return reason
+    return None
 
 
 def _is_type_checking(node: ast.AST) -> bool:
@@ -247,6 +280,27 @@ def test_no_import_cycles():
 
 def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_few_function_local_imports_of_msgq_each_with_an_allowed_reason():
+    local = sorted({(imp.path, imp.line) for imp in ALL_IMPORTS if imp.local})
+    wrong = []
+    for path, line in local:
+        lines = path.read_text().splitlines()
+        if _reason(lines, line) is None:
+            wrong.append(f"{path.relative_to(ROOT)}:{line}: {lines[line - 1].strip()} "
+                         f"(# {_comment(lines, line)})")
+    assert not wrong, ("function-local imports of msgq without one of the reasons "
+                       f"{LOCAL_IMPORT_REASONS}:\n" + "\n".join(wrong))
+    where = "\n".join(f"{p.relative_to(ROOT)}:{n}" for p, n in local)
+    assert len(local) <= MAX_LOCAL_MSGQ_IMPORTS, \
+        f"{len(local)} function-local imports of msgq (move them to the top):\n{where}"
+
+
+def test_the_reason_check_reads_the_comment():
+    lines = ["def f():", "    # start-up cost: numpy", "    import numpy",
+             "    import msgq.logs  # (the same)", "    import msgq.viz  # noqa: F401 # plugin"]
+    assert [_reason(lines, n) for n in (3, 4, 5)] == ["start-up cost", None, "plugin"]
 
 
 def test_function_local_imports_say_why():

@@ -493,11 +493,11 @@ def test_cli_export_without_the_extra_says_what_to_install(tmp_path: Path) -> No
     result = run_msgq("export", str(folder), str(tmp_path / "o.mcap"), code=hide)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "install msgq-shm[viz]" in lines[0], result.stderr
+    assert len(lines) == 1 and "pip install 'msgq-shm[viz]'" in lines[0], result.stderr
     result = run_msgq("foxglove", "--duration", "0.1", code=hide)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
-    assert "install msgq-shm[viz]" in lines[0]
+    assert "pip install 'msgq-shm[viz]'" in lines[0]
 
 
 @pytest.mark.slow

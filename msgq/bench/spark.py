@@ -52,7 +52,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from msgq.bench.fixtures import SERVICES, best_time, filled_message, pycapnp_loop
-from msgq.cli.output import EXIT_FAILURE, CommandError, print_error, require_extra
+from msgq.cli.output import EXIT_FAILURE, print_error
+from msgq.extras import MissingExtraError, require
 from msgq.logs import LogReader, LogWriter, read_index
 from msgq.schemas import SERVICE_LIST, use_schema
 from msgq.tables import format_table
@@ -528,8 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     try:
-        require_extra("spark", "pyspark")
-    except CommandError as e:
+        require("spark", "pyspark")
+    except MissingExtraError as e:
         print_error("bench spark", str(e))
         return EXIT_FAILURE
     seconds, rotate, repeat = (4.0, 2.0, 1) if args.tiny else \

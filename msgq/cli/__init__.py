@@ -4,16 +4,19 @@ Each subcommand is a module ``msgq.cli.<name>`` with two functions:
 
 * ``add_parser(subparsers) -> argparse.ArgumentParser`` registers the subcommand (help,
   description, an epilog of examples, ``RawDescriptionHelpFormatter``) and returns its
-  parser. Keep it cheap: import heavy things inside ``run``.
+  parser.
 * ``run(args) -> int`` does the work and returns the exit code (see ``msgq.cli.output``);
   it raises ``CommandError`` for a failure the user can act on.
 
-Adding a subcommand is adding its module name to COMMANDS.
+Adding a subcommand is adding its name and one-line help to COMMANDS, the command table.
+:func:`main` imports the module of the one command that runs (``msgq --help`` imports
+none), so a command module imports what it needs at its top: nothing it imports slows
+another command's start-up. A library of an optional extra (pyspark, mcap, foxglove-sdk)
+is loaded with :func:`msgq.extras.require`, whose one-line error :func:`main` prints.
 
-Layer: the command line, the top — it may import every layer. Subcommands import what
-would slow every other command's start-up (the bridge, pycapnp) inside ``run``, with a
-comment saying so. ``msgq.cli.output`` (messages, exit codes, argument types, tables) sits
-lower, under the benchmark and demo programs that share it.
+Layer: the command line, the top — it may import every layer. ``msgq.cli.output``
+(messages, exit codes, argument types, tables) sits lower, under the benchmark and demo
+programs that share it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from msgq.cli.output import (
     EXIT_BROKEN_PIPE,
@@ -37,30 +40,45 @@ from msgq.cli.output import (
     print_error,
 )
 from msgq.errors import IpcError
+from msgq.extras import MissingExtraError, require
+from msgq.schemas import selection
 from msgq.sockets import backend_name
 from msgq.version import installed_version
 
 __all__ = ["COMMANDS", "CommandParser", "add_schema_options", "apply_schema_options",
            "build_parser", "main"]
 
-#: The subcommands, in the order ``msgq --help`` lists them: modules of msgq.cli.
-COMMANDS: tuple[str, ...] = (
-    "dump",
-    "top",
-    "queues",
-    "record",
-    "replay",
-    "info",
-    "logstats",
-    "lake",
-    "export",
-    "foxglove",
-    "spark",
-    "bridge",
-    "keys",
-    "bench",
-    "config",
-)
+
+class Command(NamedTuple):
+    """A line of the command table."""
+
+    #: its line in ``msgq --help`` (tests/test_cli.py checks that it is its module's)
+    help: str
+    #: (extra, library) when the command's module imports a library of an optional
+    #: extra at its top: checked first, so that a missing one is said in one line
+    needs: tuple[str, str] | None = None
+
+
+#: The command table: each subcommand (a module of msgq.cli), in the order ``msgq --help``
+#: lists them. A module is imported only when its command runs or shows its --help.
+COMMANDS: dict[str, Command] = {
+    "dump": Command("print messages of services as they arrive"),
+    "top": Command("live table of services: rates, bytes/s, readers, alive"),
+    "queues": Command("list the queue files of this namespace; --clean removes dead ones"),
+    "record": Command("record services to a log folder"),
+    "replay": Command("publish logged events again, in their original timing"),
+    "info": Command("services, counts, duration, segments and schema of a recording (no Spark)"),
+    "logstats": Command("rates, jitter, gaps and validity of recorded logs (Spark)",
+                        needs=("spark", "pyspark")),
+    "lake": Command("recordings as Parquet tables per service: build, follow, sql (Spark)"),
+    "export": Command("export a recording to MCAP (Foxglove, PlotJuggler)"),
+    "foxglove": Command("serve the live services to Foxglove (WebSocket)"),
+    "spark": Command("a warm Spark server, cluster helpers (serve, pack-env)"),
+    "bridge": Command("carry services and VisionIPC frames between machines"),
+    "keys": Command("make and list CurveZMQ keys for the ZMQ backend and the bridge"),
+    "bench": Command("run the benchmarks and print their tables"),
+    "config": Command("compiler and linker flags for C programs using msgq.h"),
+}
 
 DESCRIPTION = """\
 Tools for msgq: watch services, record and replay them, analyse logs, carry services
@@ -107,15 +125,21 @@ class CommandParser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def _load(name: str) -> ModuleType | ImportError:
+def load_command(name: str) -> ModuleType | ImportError:
+    """The module of command ``name`` (imported now), or the ImportError that stopped it:
+    a missing extra's one-line :class:`MissingExtraError`, else any other."""
     try:
+        if COMMANDS[name].needs is not None:
+            require(*COMMANDS[name].needs)
         return importlib.import_module(f"{__name__}.{name}")
-    except ImportError as e:  # a missing optional dependency must not take down the others
+    except ImportError as e:  # said when the command runs, not when another one does
         return e
 
 
 def _unavailable(error: ImportError) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
+        if isinstance(error, MissingExtraError):
+            raise CommandError(str(error))
         raise CommandError(f"this command cannot be loaded: {error}")
 
     return run
@@ -142,8 +166,6 @@ def apply_schema_options(args: argparse.Namespace) -> None:
     schema = getattr(args, "schema", None)
     registry = getattr(args, "registry", None)
     root = getattr(args, "schema_root", None)
-    from msgq.schemas import selection  # cheap: no Cap'n Proto until a schema is loaded
-
     try:
         if schema is None and registry is None and root is None:
             spec = selection.spec_in_force()  # a bad MSGQ_SCHEMA / MSGQ_REGISTRY: said here
@@ -167,8 +189,11 @@ def apply_schema_options(args: argparse.Namespace) -> None:
                            f"{str(e).strip().splitlines()[0]}") from None
 
 
-def build_parser() -> CommandParser:
-    """The ``msgq`` parser with every subcommand of COMMANDS registered."""
+def build_parser(only: str | None = None) -> CommandParser:
+    """The ``msgq`` parser with every subcommand of COMMANDS registered: with ``only``,
+    that command's module is imported and registers its options, the others are their
+    line of the table (``only=""``: no module imported, for ``msgq --help``); without,
+    every command's module is imported."""
     parser = CommandParser(
         prog="msgq",
         description=DESCRIPTION,
@@ -178,8 +203,11 @@ def build_parser() -> CommandParser:
     parser.add_argument("--version", action="version", version=f"msgq {installed_version()}")
     add_schema_options(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="<command>", title="commands")
-    for name in COMMANDS:
-        module = _load(name)
+    for name, command in COMMANDS.items():
+        if only is not None and name != only:
+            parser.command_parsers[name] = subparsers.add_parser(name, help=command.help)
+            continue
+        module = load_command(name)
         if isinstance(module, ImportError):
             sub = subparsers.add_parser(name, help=f"(unavailable: {module})")
             sub.set_defaults(_run=_unavailable(module))
@@ -216,10 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``msgq`` command (and ``python -m msgq``); returns the exit
     code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
     command = _first_command(argv)
     if command is not None and command not in COMMANDS:
-        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        close = difflib.get_close_matches(command, list(COMMANDS), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         print_error(
             "",
@@ -227,6 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "see 'msgq --help')",
         )
         return EXIT_USAGE
+    if command is not None:
+        module = load_command(command)
+        if isinstance(module, ImportError):  # before its options, which it would register
+            print_error(command, str(module) if isinstance(module, MissingExtraError)
+                        else f"this command cannot be loaded: {module}")
+            return EXIT_FAILURE
+    parser = build_parser(only=command or "")
     try:
         args, unknown = parser.parse_known_args(argv)
         if unknown:  # said by the subcommand's parser, so the error names the subcommand
@@ -250,6 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as e:
         print_error(args.command, str(e))
         return EXIT_USAGE if isinstance(e, UsageError) else EXIT_FAILURE
+    except MissingExtraError as e:  # msgq.extras.require: one line naming the extra
+        print_error(args.command, str(e))
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:

@@ -8,6 +8,7 @@ import sys
 import threading
 from typing import Any
 
+from msgq.bridge import DEFAULT_PORT, Inbound, Outbound
 from msgq.cli.output import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -114,10 +115,6 @@ def _vision_specs(specs: list[str]) -> list[tuple[str, list[int]]]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs one side until Ctrl-C, SIGTERM or --duration."""
-    # Here, not at the top: the bridge loads pyzmq, VisionIPC and numpy (0.2 s), which
-    # every other command and `msgq --help` would pay for at start-up.
-    from msgq.bridge import DEFAULT_PORT, Inbound, Outbound
-
     refused: list[str] = []
     port = DEFAULT_PORT if args.port is None else args.port
     if not 1 <= port < 65535:

@@ -10,6 +10,11 @@ from typing import Any
 
 from msgq.cli.output import EXIT_FAILURE, EXIT_OK, CommandError, UsageError, number, print_json
 from msgq.cli.services import check_services
+from msgq.logs import segment_paths
+from msgq.logs.index import IndexCache
+from msgq.schemas import schema_in_force
+from msgq.viz import MissingExtraError, require
+from msgq.viz.mcap_export import default_jobs, export_mcap, first_mono_ns
 
 DESCRIPTION = """\
 Export a recording to MCAP: each event becomes a message on the channel /<service>,
@@ -73,12 +78,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Exports; prints the counts and any damage found."""
-    # mcap and the schema (pycapnp) are loaded here, not at CLI start-up
-    from msgq.logs import segment_paths
-    from msgq.schemas import schema_in_force
-    from msgq.viz import MissingExtraError, require
-    from msgq.viz.mcap_export import default_jobs, export_mcap, first_mono_ns
-
     try:
         require("mcap")
     except MissingExtraError as e:
@@ -144,11 +143,8 @@ def _progress(paths: list[str]) -> Any:
     when its index knows it (sealed entries for every segment)."""
     if not sys.stderr.isatty():
         return None
-    # tqdm and the log index: only for a bar on a terminal
+    # start-up cost: tqdm, only for a bar on a terminal
     from tqdm import tqdm
-
-    # (the index gives the bar its total)
-    from msgq.logs.index import IndexCache
 
     indexes = IndexCache()
     entries = [indexes.entry(p) for p in paths]

@@ -8,7 +8,10 @@ from typing import Any
 
 from msgq.cli.output import EXIT_OK, CommandError, UsageError, number
 from msgq.cli.services import check_services
+from msgq.schemas import schema_in_force
 from msgq.tables import plural
+from msgq.viz import MissingExtraError
+from msgq.viz.live import LiveServer
 
 DESCRIPTION = """\
 Serve every service of the current namespace (or --services) live to Foxglove, over
@@ -83,16 +86,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Serves until Ctrl-C or --duration."""
-    # foxglove-sdk and pycapnp are loaded here, not at CLI start-up
-    from msgq.schemas import schema_in_force
-    from msgq.viz import MissingExtraError
-
     schema = schema_in_force()
     services = check_services([args.services], schema.services) if args.services else None
     try:
-        # foxglove-sdk's server and pycapnp: loaded when the command runs
-        from msgq.viz.live import LiveServer
-
         server = LiveServer(services, host=args.host, port=args.port,
                             max_rate=args.max_rate, health_rate=args.health_rate,
                             backlog=args.backlog, cameras=args.cameras,

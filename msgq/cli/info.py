@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from msgq.cli.output import EXIT_OK, CommandError, human_bytes, print_json, print_table
-from msgq.logs import segment_paths
+from msgq.logs import LogReader, segment_paths
 from msgq.logs.index import INDEX_NAME, IndexCache
-from msgq.schemas import SCHEMA_DIR, schema_fingerprint, spec_in_force
+from msgq.logs.schema_check import SchemaMismatchError, check_paths
+from msgq.schemas import SCHEMA_DIR, schema_fingerprint, schema_in_force, spec_in_force
 from msgq.tables import plural
 
 __all__ = ["BOOKKEEPING_SERVICES", "RecordingInfo", "SegmentInfo", "add_parser",
@@ -203,11 +204,7 @@ def recording_info(source: str) -> RecordingInfo:
             info.segments.append(segment)
             to_read.append(segment)
     if to_read:
-        # the one schema check of every reader (msgq.logs.schema_check), before a read
-        from msgq.logs.schema_check import SchemaMismatchError, check_paths
-        from msgq.schemas import schema_in_force
-
-        try:
+        try:  # the one schema check of every reader (msgq.logs.schema_check)
             check_paths([s.file for s in to_read], schema_in_force())
         except SchemaMismatchError as e:
             raise CommandError(f"{plural(len(to_read), 'segment')} must be read: {e}"
@@ -226,9 +223,6 @@ def _size(path: str) -> int:
 def _read_segments(segments: list[SegmentInfo], problems: list[str]) -> None:
     """Counts the events of each segment file by reading it (damage is listed in
     ``problems``, never raised)."""
-    # pycapnp and the schema: loaded only when a segment has to be read
-    from msgq.logs import LogReader
-
     by_path = {s.file: s for s in segments}
     try:
         reader = LogReader(list(by_path), skip_corrupt=True, warn=False, check_schema=False)

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from msgq.cli.output import EXIT_OK, CommandError, print_json, print_table
+from msgq.zmq.security import create_keys, load_keys
 
 __all__ = ["add_parser", "run"]
 
@@ -75,9 +76,6 @@ def _reads(grant: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``msgq keys ACTION``."""
-    # Here, not at the top: the ZMQ backend loads pyzmq, which other commands need not pay.
-    from msgq.zmq.security import create_keys, load_keys
-
     try:
         if args.action == "list":
             keys = load_keys(args.directory)

@@ -16,9 +16,12 @@ from msgq.cli.output import (
     paint,
     print_json,
     print_table,
-    require_extra,
 )
-from msgq.version import DISTRIBUTION
+from msgq.extras import require
+
+# pyspark-free at their top (the spark extra is imported when Spark is used)
+from msgq.spark import lake
+from msgq.spark.session import ExecutorPythonError, JavaMissingError, spark_session
 
 DESCRIPTION = """\
 The route lake: Spark's columnar copy of recordings, one Parquet table per service, for
@@ -129,16 +132,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--duration must be positive")
     if args.lake_command == "sql" and args.limit < 0:
         raise UsageError("--limit must be 0 or more")
-    require_extra("spark", "pyspark")
-    try:
-        # imports pyspark: loaded when the command runs, not at CLI start-up
-        from msgq.spark import lake
-
-        # imports pyspark: loaded when the command runs, not at CLI start-up
-        from msgq.spark.session import ExecutorPythonError, JavaMissingError, spark_session
-    except ImportError as e:
-        raise CommandError(f"{e}; install the spark extra: "
-                           f"pip install '{DISTRIBUTION}[spark]'") from None
+    require("spark", "pyspark")
     try:  # the paths first: a bad one is said before Spark starts
         if args.lake_command == "build":
             lake.lake_sources(args.sources)

@@ -17,13 +17,30 @@ from msgq.cli.output import (
     paint,
     print_json,
     print_table,
-    require_extra,
 )
 from msgq.cli.services import check_services
+from msgq.extras import require
+
+# msgq.cli imports this module only when the command runs, after checking that pyspark
+# (the spark extra) is installed: the Spark pipeline is imported here, at the top.
 from msgq.logs import SchemaMismatchError, check_schema, segment_paths
 from msgq.schemas import default_schema
+from msgq.spark import read_logs
+from msgq.spark.analyses import GAP_FACTOR, expected_rates, log_stats
+from msgq.spark.connect import ENV_REMOTE, RemoteError, remote_url
+from msgq.spark.datasource import local_path
+from msgq.spark.hadoop import split_paths
+from msgq.spark.lake import LakeError, is_lake, open_lake
+from msgq.spark.plot import plot_rates
+from msgq.spark.session import (
+    DEFAULT_MASTER,
+    ExecutorPythonError,
+    JavaMissingError,
+    probed_executors,
+    spark_session,
+)
+from msgq.spark.streaming import follow_stats
 from msgq.tables import plural
-from msgq.version import DISTRIBUTION
 
 DESCRIPTION = """\
 Read msgq log segments with Spark (the msgqlog data source) and print, per service:
@@ -153,15 +170,6 @@ def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
     """(the local segment files the paths name, the paths read through Hadoop): local
     ones are listed and checked against the schema in force here, before Spark starts;
     Spark lists the others."""
-    # imports pyspark: loaded when the command runs, not at CLI start-up
-    from msgq.spark.datasource import local_path
-
-    # imports pyspark: loaded when the command runs, not at CLI start-up
-    from msgq.spark.hadoop import split_paths
-
-    # imports pyspark: loaded when the command runs, not at CLI start-up
-    from msgq.spark.lake import LakeError, is_lake, open_lake
-
     if len(paths) == 1 and is_lake(paths[0]):  # a lake (msgq lake build): its tables
         try:
             open_lake(None, paths[0])  # built under the schema in force, or refused
@@ -215,9 +223,6 @@ def start_session(master: str | None = None, conf: dict[str, str] | None = None,
     A later command in the same process runs on that session (what ./run.sh's demo does
     to start the JVM early). Without ``master`` and ``remote``, $MSGQ_SPARK_REMOTE names
     a Spark Connect server to attach to."""
-    # imports pyspark: loaded when the command runs, not at CLI start-up
-    from msgq.spark.session import spark_session
-
     return spark_session(master, app_name="msgq logstats", config=conf,
                          java_options=_JAVA_OPTIONS, class_cache=True, remote=remote)
 
@@ -226,9 +231,6 @@ def _remote(args: argparse.Namespace) -> str | None:
     """The Spark Connect server the command attaches to (--remote, else
     $MSGQ_SPARK_REMOTE when no --master is given), or None; a malformed URL or --remote
     with --master is a usage error."""
-    # stdlib only: no pyspark imported here
-    from msgq.spark.connect import RemoteError, remote_url
-
     if args.remote is not None and args.master:
         raise UsageError("--remote and --master: give one or the other")
     try:
@@ -248,28 +250,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-gaps must be 0 or more")
     start, end = _window(args.start, args.end)
     conf = _spark_conf(args.conf)
-    require_extra("spark", "pyspark")
+    require("spark", "pyspark")
     if args.follow:
         return _follow(args, conf)
     server = _remote(args)
     where = server or args.master or "local[*]"
     files, remote = _check_paths(args.paths, args.via)
     services = _check_services(args.services)
-    try:
-        # imports pyspark: loaded when the command runs, not at CLI start-up
-        from msgq.spark import read_logs
-
-        # imports pyspark: loaded when the command runs, not at CLI start-up
-        from msgq.spark.analyses import GAP_FACTOR, expected_rates, log_stats
-
-        # stdlib only
-        from msgq.spark.connect import RemoteError
-
-        # imports pyspark: loaded when the command runs, not at CLI start-up
-        from msgq.spark.session import ExecutorPythonError, JavaMissingError, probed_executors
-    except ImportError as e:
-        raise CommandError(f"{e}; install the spark extra: "
-                           f"pip install '{DISTRIBUTION}[spark]'") from None
     if sys.stderr.isatty() and not args.json:
         what = [plural(len(files), "segment file")] if files else []
         what += [f"{plural(len(remote), 'path')} through Hadoop"] if remote else []
@@ -335,21 +322,12 @@ def _follow(args: argparse.Namespace, conf: dict[str, str]) -> int:
                         ("--master", args.master), ("--remote", args.remote)):
         if given:
             raise UsageError(f"--follow reads on local Spark with no {flag}")
-    # stdlib only
-    from msgq.spark.connect import ENV_REMOTE
-
     if os.environ.get(ENV_REMOTE, "").strip():
         # its micro-batches are collected into this process (foreachBatch), which a Spark
         # Connect server would run in its own Python instead
         print(f"msgq logstats: --follow runs on a local session ({ENV_REMOTE} is not used: "
               "a Connect server cannot hand each micro-batch back to this process)",
               file=sys.stderr)
-    # imports pyspark: loaded when the command runs, not at CLI start-up
-    from msgq.spark.session import DEFAULT_MASTER, JavaMissingError, spark_session
-
-    # imports pyspark: loaded when the command runs, not at CLI start-up
-    from msgq.spark.streaming import follow_stats
-
     try:
         spark = spark_session(DEFAULT_MASTER, app_name="msgq logstats --follow",
                               config=conf, java_options=_JAVA_OPTIONS, class_cache=True)
@@ -408,12 +386,6 @@ def _first_line(error: Exception) -> str:
 
 def _write_plot(stats: Any, result: dict[str, Any], path: str,
                 bin_seconds: float | None) -> dict[str, Any]:
-    # imports pyspark: loaded when the command runs, not at CLI start-up
-    from msgq.spark.analyses import expected_rates
-
-    # imports pyspark: loaded when the command runs, not at CLI start-up
-    from msgq.spark.plot import plot_rates
-
     bin_seconds = bin_seconds or _auto_bin(result["services"])
     timeline = [r.asDict() for r in stats.timeline(bin_seconds).collect()
                 if r["service"] not in BOOKKEEPING]

@@ -211,8 +211,6 @@ def run(args: argparse.Namespace) -> int:
         if shm:
             # Subscribing makes a queue: watch only services that already have one (a
             # publisher started since the last sample is picked up here).
-            from msgq.queues import queue_path
-
             watcher.watch([s for s in services if os.path.exists(queue_path(s))])
         else:
             watcher.watch(services)

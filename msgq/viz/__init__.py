@@ -6,7 +6,8 @@ derived from the Cap'n Proto schema in force (:mod:`msgq.viz.json_schema`);
 scripts).
 
 Needs the ``viz`` extra (``pip install msgq-shm[viz]``: the ``mcap`` and ``foxglove-sdk``
-libraries); :func:`require` says so in one line when they are missing.
+libraries); :func:`require` loads them through :func:`msgq.extras.require`, which says so
+in one line when they are missing.
 
 Layer: tools — over logs, messaging, VisionIPC and the Event layer; imported by the CLI
 and the benchmarks.
@@ -14,23 +15,15 @@ and the benchmarks.
 
 from __future__ import annotations
 
-import importlib
+from types import ModuleType
+
+from msgq import extras
+from msgq.extras import MissingExtraError
 
 __all__ = ["MissingExtraError", "require"]
 
-#: What to install when a library of the extra is missing.
-INSTALL_HINT = "install msgq-shm[viz] (pip install 'msgq-shm[viz]')"
 
-
-class MissingExtraError(ImportError):
-    """A library of the ``viz`` extra is not installed."""
-
-
-def require(module: str) -> object:
-    """Imports ``module`` (``mcap`` or ``foxglove``); a missing one raises
-    :class:`MissingExtraError` saying what to install, in one line."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise MissingExtraError(f"{module} is missing ({e.name or module}): "
-                                f"{INSTALL_HINT}") from None
+def require(module: str) -> ModuleType:
+    """Imports ``module`` (``mcap`` or ``foxglove``), a library of the ``viz`` extra; a
+    missing one raises :class:`msgq.extras.MissingExtraError` saying what to install."""
+    return extras.require("viz", module)
