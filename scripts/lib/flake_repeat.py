@@ -26,35 +26,27 @@ def _repeat() -> int:
     return count
 
 
-# Where each collected item lies among its parent's items, taken before -k/-m deselect
-# any (a fresh collection of the parent lists the same items in the same order; node ids
-# cannot be compared, the second collection escapes some parameter ids twice).
-_positions: dict[int, int] = {}
+def _identity(item: pytest.Item) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """What names an item across collections: its function and its parameters (node ids
+    cannot be compared: a second collection escapes some parameter ids twice)."""
+    callspec = getattr(item, "callspec", None)
+    params = () if callspec is None else tuple(
+        sorted((key, repr(value)) for key, value in callspec.params.items()))
+    return item.name.split("[")[0], params
 
 
 def _fresh_copies(item: pytest.Item, count: int) -> list[pytest.Item]:
     parent = item.parent
     assert parent is not None
-    position = _positions.get(id(item))
+    wanted = _identity(item)
     copies: list[pytest.Item] = []
     for _ in range(count):
-        siblings = [c for c in parent.collect() if isinstance(c, pytest.Item)]
-        if position is None or position >= len(siblings) or siblings[position].name.split(
-                "[")[0] != item.name.split("[")[0]:
+        same = [c for c in parent.collect()
+                if isinstance(c, pytest.Item) and _identity(c) == wanted]
+        if len(same) != 1:
             raise pytest.UsageError(f"flake_repeat: cannot collect {item.nodeid} again")
-        copies.append(siblings[position])
+        copies.append(same[0])
     return copies
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
-                                  items: list[pytest.Item]) -> None:
-    """Notes each item's place among its parent's items (before any deselection)."""
-    seen: dict[int, int] = {}
-    for item in items:
-        key = id(item.parent)
-        _positions[id(item)] = seen.get(key, 0)
-        seen[key] = seen.get(key, 0) + 1
 
 
 class _Repeater:
