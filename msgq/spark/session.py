@@ -342,7 +342,12 @@ def probe_executors(spark: Any, timeout_s: float = 120.0) -> list[tuple[str, str
     """Runs a task per executor core that imports msgq's reader; returns (host, python,
     version) of each. ExecutorPythonError, one line naming the interpreter that failed
     and what to set, when a worker cannot start or cannot import msgq, or when no
-    executor ran the tasks within ``timeout_s`` (no free cores on the cluster)."""
+    executor ran the tasks within ``timeout_s`` (no free cores on the cluster). A Spark
+    Connect session has no SparkContext to run it with: ValueError."""
+    if msgq.spark.connect.is_connect(spark):
+        raise ValueError("probe_executors needs a classic session (SparkContext jobs); a "
+                         "Spark Connect server runs its own Python: the one it was started "
+                         "with (msgq spark serve: this msgq's)")
     sc = spark.sparkContext
     python = sc.pythonExec
     hint = ("set spark.pyspark.python (msgq logstats --conf spark.pyspark.python=PATH) or "
