@@ -5,7 +5,6 @@ human forms of sizes (msgq.tables.human_bytes, re-exported) and ages."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -14,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from msgq.tables import format_table, human_bytes
-from msgq.version import DISTRIBUTION
 
 __all__ = [
     "EXIT_OK",
@@ -29,7 +27,6 @@ __all__ = [
     "print_table",
     "print_json",
     "print_error",
-    "require_extra",
     "human_bytes",
     "human_age",
     "number",
@@ -105,15 +102,6 @@ def print_json(data: Any, stream: TextIO | None = None) -> None:
     stream = sys.stdout if stream is None else stream
     json.dump(data, stream, indent=2)
     stream.write("\n")
-
-
-def require_extra(extra: str, *modules: str) -> None:
-    """Raises :class:`CommandError` in one line naming the extra to install when one of
-    ``modules`` (e.g. ``pyspark``) is not installed; looked up without importing it."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        raise CommandError(f"{', '.join(missing)} is not installed; this needs the {extra} "
-                           f"extra: pip install '{DISTRIBUTION}[{extra}]'")
 
 
 def print_error(command: str, message: str) -> None:

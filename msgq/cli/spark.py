@@ -15,8 +15,13 @@ from msgq.cli.output import (
     UsageError,
     human_bytes,
     paint,
-    require_extra,
 )
+from msgq.extras import require
+
+# pyspark-free at their top: --status, --stop and pack-env run without the spark extra
+from msgq.spark import connect
+from msgq.spark.pack import ARCHIVE_ROOT, pack_env
+from msgq.spark.session import ExecutorPythonError, JavaMissingError
 
 DESCRIPTION = """\
 Helpers for running msgq's Spark pipeline (msgq logstats, msgq.spark): a warm Spark server,
@@ -122,8 +127,6 @@ def run(args: argparse.Namespace) -> int:
     """Runs the chosen action."""
     if args.spark_command == "serve":
         return _serve(args)
-    # loaded when the command runs, not at CLI start-up
-    from msgq.spark.pack import ARCHIVE_ROOT, pack_env
 
     def progress(text: str) -> None:
         if sys.stderr.isatty():
@@ -142,9 +145,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     """msgq spark serve: in the foreground, detached, --stop or --status."""
-    # stdlib only until the server starts (pyspark: the spark extra)
-    from msgq.spark import connect
-
     port = connect.DEFAULT_PORT if args.port is None else args.port
     if not 0 < port < 65536:
         raise UsageError(f"--port {port} is out of range (1-65535)")
@@ -157,7 +157,7 @@ def _serve(args: argparse.Namespace) -> int:
         return _stop(connect, port) if args.stop else _status(connect, port)
     host = args.host or connect.DEFAULT_HOST
     conf = _conf(args.conf)
-    require_extra("spark", "pyspark")
+    require("spark", "pyspark")
     if args.detach:
         return _detach(connect, args, port, host)
 
@@ -167,9 +167,6 @@ def _serve(args: argparse.Namespace) -> int:
               f"--remote {url} or {connect.ENV_REMOTE}={url}; Ctrl-C or 'msgq spark serve "
               f"--stop{'' if port == connect.DEFAULT_PORT else f' --port {port}'}' "
               "stops it", file=sys.stderr, flush=True)
-
-    # the session's errors: pyspark and Java are there once the extra is
-    from msgq.spark.session import ExecutorPythonError, JavaMissingError
 
     try:
         code = connect.serve(host, port, args.master, conf, warm_up=not args.no_warm_up,
