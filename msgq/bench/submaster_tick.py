@@ -13,6 +13,11 @@ that environment) — so that both sides run the very same code on the same byte
   time (``time.process_time``) and wall time over them, the messages read per service.
   With ``--phases``: the thread CPU µs of each part of a tick instead (median, mean).
 * ``--role sizes``: the size of each service's message, in bytes.
+* ``--role count --ticks N``: the tick without a clock, for instruction counts
+  (``scripts/bench-ab.sh``'s submaster count row runs it under callgrind with N and 3N
+  ticks): one process publishes what is due at each tick itself (the rates above), then
+  runs the measured tick (``update(0)``, the reads, one message sent). Every message
+  arrives before the update that takes it, so every run of N ticks does the same work.
 """
 
 from __future__ import annotations
@@ -186,10 +191,37 @@ def measure(messaging: Any, seconds: float, warmup: float,
             "all_alive": bool(sm.all_alive()), "sink": sink}
 
 
+def count(messaging: Any, ticks: int) -> None:
+    """``ticks`` ticks of the measured loop, publishing in this process (``--role
+    count``); the same work at every run, so that instruction counts repeat."""
+    data = payloads(messaging)
+    services = [s for s, _, _ in SERVICES]
+    readers = {s: _reader(path) for s, _, path in SERVICES}
+    every = {s: max(1, round(TICK_HZ / hz)) for s, hz, _ in SERVICES}
+    sm = messaging.SubMaster(services, poll="carState")
+    pm = messaging.PubMaster([OUTPUT, *services])
+    time.sleep(0.05)  # the ZMQ backend's slow joiners (the shared ring needs none)
+    sink = 0.0
+    for tick in range(ticks):
+        for service in services:
+            if tick % every[service] == 0:
+                pm.send(service, data[service])
+        sm.update(0)
+        for service in services:
+            if sm.updated[service]:
+                sink += 1.0 if readers[service](sm[service]) else 0.0
+        msg = messaging.new_message(OUTPUT)
+        msg.carOutput.actuatorsOutput.accel = 0.5
+        pm.send(OUTPUT, msg)
+    if sink == 0.0:
+        raise SystemExit("no message was read")
+
+
 def main() -> int:
     """Entry point: ``python -P submaster_tick.py --role pub|sub [--seconds S]``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--role", choices=("pub", "sub", "sizes"), required=True)
+    parser.add_argument("--role", choices=("pub", "sub", "sizes", "count"), required=True)
+    parser.add_argument("--ticks", type=int, default=1000, help="count: ticks to run")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--phases", action="store_true",
@@ -200,6 +232,8 @@ def main() -> int:
 
     if args.role == "pub":
         publish(messaging)
+    elif args.role == "count":
+        count(messaging, args.ticks)
     elif args.role == "sizes":
         print(json.dumps({s: len(d) for s, d in payloads(messaging).items()}))
     else:
