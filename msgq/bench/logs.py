@@ -60,6 +60,7 @@ from typing import Any
 
 import msgq
 from msgq.bench.fixtures import pycapnp_loop
+from msgq.bench.spark import make_recording  # the Spark suite's recording (no pyspark)
 from msgq.logs import LogReader, LogWriter
 from msgq.logs.recorder import Recorder
 from msgq.logs.replayer import Replayer
@@ -425,8 +426,6 @@ def bench_read(workdir: str, seconds: float, compressions: Sequence[str], repeat
     for compression in compressions:
         _write(os.path.join(workdir, f"read-{compression}"), events, compression)
     if controller_seconds > 0:
-        from msgq.bench.spark import make_recording  # the Spark suite's recording
-
         make_recording(os.path.join(workdir, "read-controller"), controller_seconds, 60.0)
     results = []
     for recording, compression, folder in _recordings(workdir):

@@ -56,6 +56,11 @@ from msgq.cli.output import EXIT_FAILURE, print_error
 from msgq.extras import MissingExtraError, require
 from msgq.logs import LogReader, LogWriter, read_index
 from msgq.schemas import SERVICE_LIST, use_schema
+
+# pyspark-free at their top (pyspark, the spark extra, is imported when a session starts)
+from msgq.spark import class_cache, read_logs
+from msgq.spark.session import _java_runtime, spark_session
+from msgq.spark.standalone import start_cluster
 from msgq.tables import format_table
 
 __all__ = ["main", "make_recording", "make_routes"]
@@ -169,12 +174,6 @@ def _spark_reads(folder: str, cores: int, services: Sequence[str],
                  repeat: int) -> dict[str, tuple[int, float]]:
     """(events, best seconds) of materialising the raw and the typed DataFrame, and the
     seconds the session took to start (JVM included)."""
-    # imports pyspark: only the Spark rows need it
-    from msgq.spark import read_logs
-
-    # imports pyspark: only the Spark rows need it
-    from msgq.spark.session import spark_session
-
     t0 = time.perf_counter()
     spark = spark_session(f"local[{cores}]", app_name="msgq spark bench")
     results = {"session": (0, time.perf_counter() - t0)}
@@ -216,12 +215,6 @@ def run_pushdown(seconds: float, rotate_seconds: float, repeat: int, routes: int
                  cores: int = 2) -> dict[str, Any]:
     """The rows of issue 28, in one ``local[cores]`` session; each query's variants are
     timed alternately, best of ``repeat``."""
-    # imports pyspark: only the Spark rows need it
-    from msgq.spark import read_logs
-
-    # imports pyspark: only the Spark rows need it
-    from msgq.spark.session import spark_session
-
     load_before = os.getloadavg()
     rare = "gpsLocation"
     rows: list[dict[str, Any]] = []
@@ -349,10 +342,6 @@ def _fixed_part(folder: str) -> dict[str, Any]:
     recording. Returns {"class_archive": in use, "events": that segment's events,
     "seconds": that command's}. With the archive off (MSGQ_SPARK_CLASS_CACHE=0) there is
     nothing to warm: one command."""
-    # imports pyspark: only the Spark rows need it
-    from msgq.spark import class_cache
-    from msgq.spark.session import _java_runtime
-
     first = os.path.join(folder, sorted(n for n in os.listdir(folder)
                                         if n.startswith("segment-"))[0])
     in_use = False
@@ -399,9 +388,6 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cluster: bool = True
             stats[f"local[{cores}]"] = _logstats(folder, f"local[{cores}]")
         cluster_start = None
         if cluster:
-            # imports pyspark: only the Spark rows need it
-            from msgq.spark.standalone import start_cluster
-
             t0 = time.perf_counter()
             running = start_cluster(os.path.join(tmp, "cluster"), workers=2, cores=1)
             cluster_start = time.perf_counter() - t0
