@@ -123,7 +123,10 @@ def _patterns(value: Any, where: str) -> tuple[str, ...]:
 
 
 def _read_permissions(path: str, known: dict[str, bytes]) -> dict[bytes, ClientGrant]:
-    import tomllib  # only a process with a permissions file parses TOML
+    try:
+        import tomllib  # only a process with a permissions file parses TOML
+    except ImportError:  # Python 3.10: the backport, a dependency there
+        import tomli as tomllib
 
     try:
         with open(path, "rb") as f:
