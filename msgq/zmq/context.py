@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -71,8 +72,17 @@ _live_publishers: weakref.WeakSet[PubSocket] = weakref.WeakSet()
 _exit_flush_pid = 0
 
 
+#: While the process exits: when every publisher's wait for its readers ends (one
+#: linger for all of them, not one each in turn).
+exit_deadline: float | None = None
+
+
 def _flush_at_exit() -> None:
-    for publisher in list(_live_publishers):  # each waits for its readers first
+    global exit_deadline
+    publishers = [p for p in list(_live_publishers) if p._pid == os.getpid()]
+    lingers = [p.linger for p in publishers]
+    exit_deadline = time.monotonic() + max(lingers, default=0) / 1000
+    for publisher in publishers:  # each waits for its readers first
         try:
             publisher.close()
         except Exception:

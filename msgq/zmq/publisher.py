@@ -459,8 +459,10 @@ class PubSocket:
             # then came while the socket was open), reading their acknowledgements.
             self._sock, self._monitor = sock, monitor
             try:
-                self._wait_for_joins(time.monotonic() + self.linger / 1000,
-                                     condition=self._all_read)
+                deadline = time.monotonic() + self.linger / 1000
+                if _context.exit_deadline is not None:  # exiting: one linger for all
+                    deadline = min(deadline, _context.exit_deadline)
+                self._wait_for_joins(deadline, condition=self._all_read)
             except zmq.ZMQError:
                 pass
             finally:
