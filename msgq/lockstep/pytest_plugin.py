@@ -31,6 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+# msgq.lockstep loads its harness and diff on first use of their names (the package's
+# __getattr__), so importing the plugin (in every pytest run of a project that installs
+# msgq) stays cheap
+import msgq.lockstep as api
+
 if TYPE_CHECKING:
     from msgq.lockstep.diff import OutputDiff
     from msgq.lockstep.harness import LockstepProcess, LockstepResult
@@ -49,35 +54,27 @@ class Lockstep:
     def run(self, target: Callable[..., Any] | Sequence[str], inputs: Any, trigger: str,
             outputs: Iterable[str], **kwargs: Any) -> LockstepResult:
         """:func:`msgq.lockstep.run_lockstep` with the fixture's defaults."""
-        from msgq.lockstep.harness import run_lockstep  # lazy: see the module doc
-
-        return run_lockstep(target, inputs, trigger, outputs, **{**self.defaults, **kwargs})
+        return api.run_lockstep(target, inputs, trigger, outputs, **{**self.defaults, **kwargs})
 
     def start(self, target: Callable[..., Any] | Sequence[str], trigger: str,
               outputs: Iterable[str] = (), **kwargs: Any) -> LockstepProcess:
         """A started :class:`msgq.lockstep.LockstepProcess` (closed at teardown); what
         it published before its first receive is in ``process.startup``."""
-        from msgq.lockstep.harness import LockstepProcess  # lazy: see the module doc
-
         options = {**self.defaults, **kwargs}
         options.pop("max_steps", None)
         options.pop("input_services", None)
-        process = LockstepProcess(target, trigger, outputs, **options)
+        process = api.LockstepProcess(target, trigger, outputs, **options)
         self._processes.append(process)
         process.start()
         return process
 
     def diff(self, a: Any, b: Any, **kwargs: Any) -> OutputDiff:
         """:func:`msgq.lockstep.diff_outputs`."""
-        from msgq.lockstep.diff import diff_outputs  # lazy: see the module doc
-
-        return diff_outputs(a, b, **kwargs)
+        return api.diff_outputs(a, b, **kwargs)
 
     def assert_equal(self, a: Any, b: Any, **kwargs: Any) -> None:
         """:func:`msgq.lockstep.assert_outputs_equal`."""
-        from msgq.lockstep.diff import assert_outputs_equal  # lazy: see the module doc
-
-        assert_outputs_equal(a, b, **kwargs)
+        api.assert_outputs_equal(a, b, **kwargs)
 
     def close(self) -> None:
         """Stops every process started through :meth:`start` that is still running."""
