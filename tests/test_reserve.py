@@ -146,3 +146,30 @@ def test_a_buffer_held_at_commit_neither_loses_the_message_nor_blocks_the_socket
     del held, held2, arr
     pub.close()  # type: ignore[attr-defined]
     sub.close()  # type: ignore[attr-defined]
+
+
+#: A reservation, its socket and a slice of its view in one garbage cycle: the collector
+#: empties the reservation (tp_clear) before the slice lets go of its buffer, and the
+#: release must not count on a socket that is gone (it wrote through None: a segfault
+#: in a later collection; found by tests/test_api_sequences.py).
+_GARBAGE_CYCLE = """
+import gc
+import msgq
+for _ in range(300):
+    pub = msgq.pub_sock("cycle", segment_size=0x4000)
+    res = pub.reserve(10)
+    with res as buf:
+        keep = buf[:5]
+    cycle = [keep, res, pub]
+    cycle.append(cycle)
+    del keep, res, pub, buf, cycle
+    gc.collect()
+print("collected")
+"""
+
+
+def test_a_reservation_collected_in_a_cycle_with_its_buffer() -> None:
+    child = subprocess.run([sys.executable, "-c", _GARBAGE_CYCLE], capture_output=True,
+                           text=True, timeout=60)
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    assert child.stdout.strip() == "collected"

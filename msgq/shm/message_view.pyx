@@ -82,4 +82,7 @@ cdef class MessageView:
         self.sock.exports += 1
 
     def __releasebuffer__(self, Py_buffer *buffer):
-        self.sock.exports -= 1
+        # None only when the garbage collector broke a cycle holding this view, its
+        # socket and a buffer of it (tp_clear empties self.sock first).
+        if self.sock is not None:
+            self.sock.exports -= 1

@@ -23,7 +23,11 @@ cdef class RingReservation(Reservation):
         self.pub.exports += 1
 
     def __releasebuffer__(self, Py_buffer *buffer):
-        self.pub.exports -= 1
+        # None only when the garbage collector broke a cycle holding this reservation,
+        # its socket and a buffer of it (tp_clear empties self.pub first): the socket is
+        # garbage too, and nothing is left to count.
+        if self.pub is not None:
+            self.pub.exports -= 1
 
     cpdef _publish(self):
         cdef int r = msgq_pub_commit(self.pub.pub)
