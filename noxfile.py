@@ -107,7 +107,14 @@ def quick(session: nox.Session) -> None:
     # PYTHONSAFEPATH (3.11+): `python -m msgq` run from the unpacked tree imports the
     # installed msgq, not the tree's sources.
     python = str(Path(session.virtualenv.location) / "bin" / "python")
+    # `tests` importable as a package (a test imports tests.schema_profiles, as from a
+    # checkout's root), without the tree's sources: a folder holding only a link to it.
+    importable = Path(session.create_tmp()) / "importable"
+    importable.mkdir(exist_ok=True)
+    if not (importable / "tests").exists():
+        (importable / "tests").symlink_to(tree / "tests")
     session.run("pytest", str(tree / "tests"), "-m", QUICK, "-q", "-p", "no:cacheprovider",
                 *(["-n", workers, "--dist", "loadfile", "--no-loadscope-reorder"]
                   if workers != "1" else []), *session.posargs,
-                env={"MSGQ_TEST_WORKERS": workers, "PYTHON": python, "PYTHONSAFEPATH": "1"})
+                env={"MSGQ_TEST_WORKERS": workers, "PYTHON": python, "PYTHONSAFEPATH": "1",
+                     "PYTHONPATH": str(importable)})
