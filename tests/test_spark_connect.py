@@ -180,7 +180,7 @@ def test_serve_status_and_a_second_server_on_the_port(server: str) -> None:
 
 def _state_folder() -> str:
     # stdlib only: where the state files live
-    from msgq.spark.connect import state_folder
+    from msgq.spark.server import state_folder
 
     return state_folder()
 

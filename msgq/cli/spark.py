@@ -19,7 +19,7 @@ from msgq.cli.output import (
 from msgq.extras import require
 
 # pyspark-free at their top: --status, --stop and pack-env run without the spark extra
-from msgq.spark import connect
+from msgq.spark import connect, server
 from msgq.spark.pack import ARCHIVE_ROOT, pack_env
 from msgq.spark.session import ExecutorPythonError, JavaMissingError
 
@@ -154,12 +154,12 @@ def _serve(args: argparse.Namespace) -> int:
             if given:
                 raise UsageError(f"{flag} goes with starting a server, not with "
                                  f"{'--stop' if args.stop else '--status'}")
-        return _stop(connect, port) if args.stop else _status(connect, port)
+        return _stop(port) if args.stop else _status(port)
     host = args.host or connect.DEFAULT_HOST
     conf = _conf(args.conf)
     require("spark", "pyspark")
     if args.detach:
-        return _detach(connect, args, port, host)
+        return _detach(args, port, host)
 
     def ready(url: str) -> None:
         print(url, flush=True)
@@ -169,8 +169,8 @@ def _serve(args: argparse.Namespace) -> int:
               "stops it", file=sys.stderr, flush=True)
 
     try:
-        code = connect.serve(host, port, args.master, conf, warm_up=not args.no_warm_up,
-                             ready=ready)
+        code = server.serve(host, port, args.master, conf, warm_up=not args.no_warm_up,
+                            ready=ready)
     except (connect.RemoteError, JavaMissingError, ExecutorPythonError, ValueError) as e:
         raise CommandError(str(e)) from None
     if code != 0:  # it ended on its own: its output above says why
@@ -189,16 +189,16 @@ def _conf(items: list[str]) -> dict[str, str]:
     return conf
 
 
-def _stop(connect: Any, port: int) -> int:
-    state = connect.stop_server(port)
+def _stop(port: int) -> int:
+    state = server.stop_server(port)
     if state is None:
         raise CommandError(f"no msgq spark serve runs on port {port}")
     print(f"stopped the Spark Connect server at {state['url']} (pid {state['pid']})")
     return EXIT_OK
 
 
-def _status(connect: Any, port: int) -> int:
-    state = connect.server_state(port)
+def _status(port: int) -> int:
+    state = server.server_state(port)
     if state is None:
         raise CommandError(f"no msgq spark serve runs on port {port}")
     log = f", log {state['log']}" if state.get("log") else ""
@@ -207,7 +207,7 @@ def _status(connect: Any, port: int) -> int:
     return EXIT_OK
 
 
-def _detach(connect: Any, args: argparse.Namespace, port: int, host: str) -> int:
+def _detach(args: argparse.Namespace, port: int, host: str) -> int:
     """Starts this command again in the foreground, in a session of its own, its output
     in a log file; waits for its URL (its first line on stdout) and prints it."""
     argv = ["spark", "serve", "--port", str(port), "--host", host]
@@ -217,8 +217,8 @@ def _detach(connect: Any, args: argparse.Namespace, port: int, host: str) -> int
         argv += ["--conf", item]
     if args.no_warm_up:
         argv.append("--no-warm-up")
-    os.makedirs(connect.state_folder(), mode=0o700, exist_ok=True)
-    log = os.path.join(connect.state_folder(), f"{port}.log")
+    os.makedirs(server.state_folder(), mode=0o700, exist_ok=True)
+    log = os.path.join(server.state_folder(), f"{port}.log")
     with open(log, "wb") as out:
         child = subprocess.Popen([sys.executable, "-m", "msgq", *argv],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -31,6 +31,7 @@ from typing import Any
 import msgq.spark
 import msgq.spark.class_cache
 import msgq.spark.connect
+from msgq.spark.worker_daemon import installed_first
 
 __all__ = ["DEFAULT_MASTER", "INCUBATOR_NOTICE", "ExecutorPythonError", "JavaMissingError",
            "check_java", "probe_executors", "probed_executors", "server_settings",
@@ -274,9 +275,6 @@ def _installed_pyspark_first(python: str) -> str:
         import pyspark
     except ImportError:
         return python
-    # small, but only local sessions need it
-    from msgq.spark.worker_daemon import installed_first
-
     lib = os.path.join(msgq.spark.class_cache.spark_home(), "python", "lib")
     zips = sorted(glob.glob(os.path.join(lib, "*.zip")))
     if not zips or installed_first(zips):
@@ -478,7 +476,7 @@ def _absolute(entry: str) -> str:
 def server_settings(master: str | None = None, config: Mapping[str, str] | None = None,
                     java_options: Sequence[str] = ()) -> tuple[dict[str, str], dict[str, str]]:
     """(Spark settings, environment) of a Spark Connect server's driver
-    (:func:`msgq.spark.connect.serve`): a local session's settings (``master``, default
+    (:func:`msgq.spark.server.serve`): a local session's settings (``master``, default
     ``local[*]``) with msgq's interpreter for every Python worker (the data source's
     planners too), the default parallelism of the master's cores set (a Connect client has
     no SparkContext to ask), quiet logging and the class archive mapped when there is one
