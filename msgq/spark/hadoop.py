@@ -146,7 +146,7 @@ class _HadoopFiles:
         return self.documents.get(folder)
 
     def segments(self, paths: list[str]) -> dict[str, Any]:
-        from pyspark.sql import functions
+        from pyspark.sql import functions  # optional extra: pyspark, when Spark reads
 
         files = self.files
         rows = (files.where(files.path.isin(paths))
