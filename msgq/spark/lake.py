@@ -43,9 +43,9 @@ with the table's schema from the schema in force: partition pruning on ``date`` 
 names read. A lake built under another schema is refused in one line; a schema that
 only adds fields reads older files with those fields null.
 
-Layer: part of the Spark tool, over the msgqlog source; pyspark is imported by the
-functions that use it. Only DataFrame and SQL calls (no RDD, no SparkContext): the same
-code runs on a Spark Connect session.
+Layer: part of the Spark tool, over the msgqlog source (whose module, imported at the
+top, imports pyspark: the spark extra). Only DataFrame and SQL calls (no RDD, no
+SparkContext): the same code runs on a Spark Connect session.
 """
 
 from __future__ import annotations
@@ -63,7 +63,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from msgq.schemas import SchemaSpec, spec_in_force
+import msgq.spark
+from msgq.logs import segment_paths
+from msgq.schemas import Schema, SchemaSpec, spec_in_force
+from msgq.schemas.services import unknown_service_error
+from msgq.spark.capnp_types import member_plan
+from msgq.spark.datasource import local_path, read_spec, spec_option, uri_scheme
 
 __all__ = [
     "LAKE_FILE",
@@ -148,14 +153,8 @@ def table_schema(service: str, schema: Any = None) -> Any:
         fields = [f for f in _event_fields() if f.name in _PROBLEM_COLUMNS]
         return StructType([*sorted(fields, key=lambda f: _PROBLEM_COLUMNS.index(f.name)),
                            *_partition_fields()])
-    # imports pyspark: the type plan of the msgqlog source
-    from msgq.spark.capnp_types import member_plan
-
     loaded = _schema_of(schema)
     if service not in loaded.union_fields:
-        # the registry's words for an unknown service
-        from msgq.schemas.services import unknown_service_error
-
         raise unknown_service_error(service, loaded.union_fields)
     plan = member_plan(loaded.event.schema, service)
     kind = None if plan is None else _storable(plan.spark_type)
@@ -201,8 +200,6 @@ def _stored(column: Any, kind: Any, stored: Any) -> Any:
 
 
 def _schema_of(schema: Any) -> Any:
-    from msgq.schemas import Schema
-
     if schema is None:
         return spec_in_force().load()
     if isinstance(schema, SchemaSpec):
@@ -213,9 +210,6 @@ def _schema_of(schema: Any) -> Any:
 
 
 def _spec_of(schema: Any) -> SchemaSpec:
-    # imports pyspark: the spec rules of the msgqlog source
-    from msgq.spark.datasource import read_spec
-
     return read_spec(schema)
 
 
@@ -246,16 +240,10 @@ class Lake:
 
 
 def _is_remote(path: str) -> bool:
-    # imports pyspark: the URI rule of the msgqlog source
-    from msgq.spark.datasource import uri_scheme
-
     return uri_scheme(path) not in (None, "file")
 
 
 def _local(path: str) -> str:
-    # imports pyspark: the path rule of the msgqlog source
-    from msgq.spark.datasource import local_path
-
     return local_path(os.fspath(path))
 
 
@@ -390,8 +378,6 @@ def _opened(spark: Any, path: str | os.PathLike[str], spec: SchemaSpec) -> Lake:
 def _open_for_build(path: str, spec: SchemaSpec) -> Lake:
     """The lake to build into: made when ``path`` is missing or an empty folder;
     widened to ``spec`` when the lake's schema is an older version of it."""
-    from msgq.spark.datasource import spec_option
-
     schema = spec.load()
     if _is_remote(path):
         raise LakeError(f"{path}: a lake is built in a local folder (or storage mounted as "
@@ -423,8 +409,6 @@ def _open_for_build(path: str, spec: SchemaSpec) -> Lake:
 def _is_recording(folder: str) -> bool:
     """A msgq recording (segment files or an index), or a folder of loggerd route
     segments (``<route>--<n>`` folders)."""
-    from msgq.logs import segment_paths
-
     try:
         paths = segment_paths(folder)
     except (FileNotFoundError, NotADirectoryError):
@@ -617,9 +601,6 @@ class _BatchWriter:
 
 def _stream(spark: Any, source: str, spec: SchemaSpec) -> Any:
     """The msgqlog stream of ``source`` with every service decoded."""
-    import msgq.spark
-    from msgq.spark.datasource import spec_option
-
     msgq.spark.register(spark, spec)
     return (spark.readStream.format("msgqlog").option("decode", "true")
             .option("data", "false").option("schemaSpec", spec_option(spec))
@@ -659,15 +640,35 @@ def build(spark: Any, sources: Iterable[str | os.PathLike[str]], lake: str | os.
     opened = _open_for_build(os.fspath(lake), spec)
     reports: list[BatchReport] = []
     for source in found:
-        query, writer = _start(spark, opened, source, spec, {"availableNow": True}, on_batch)
-        try:
-            query.awaitTermination()
-        finally:
-            query.stop()
-        if query.exception() is not None:
-            raise RuntimeError(f"building from {source} failed: {query.exception()}")
-        reports += writer.reports
+        # A batch a killed run left unfinished is run again first, with its offsets, and
+        # then Spark (4.3) ends the availableNow query there: a second query reads the
+        # rest.
+        for _ in range(2 if _unfinished_batch(opened, source) else 1):
+            query, writer = _start(spark, opened, source, spec, {"availableNow": True},
+                                   on_batch)
+            try:
+                query.awaitTermination()
+            finally:
+                query.stop()
+            if query.exception() is not None:
+                raise RuntimeError(f"building from {source} failed: {query.exception()}")
+            reports += writer.reports
     return reports
+
+
+def _unfinished_batch(lake: Lake, source: str) -> bool:
+    """Whether the checkpoint of ``source`` has a batch planned and not committed (its
+    offsets logged, no commit: a run killed or stopped while writing it)."""
+    checkpoint = os.path.join(lake.path, CHECKPOINTS, source_key(source))
+
+    def batches(log: str) -> set[int]:
+        try:
+            return {int(n) for n in os.listdir(os.path.join(checkpoint, log)) if n.isdigit()}
+        except OSError:
+            return set()
+
+    planned = batches("offsets")
+    return bool(planned) and max(planned) not in batches("commits")
 
 
 def follow(spark: Any, source: str | os.PathLike[str], lake: str | os.PathLike[str],
