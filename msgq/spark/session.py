@@ -498,10 +498,6 @@ def server_settings(master: str | None = None, config: Mapping[str, str] | None 
         settings["spark.default.parallelism"] = str(_local_cores(master))
         python = _installed_pyspark_first(python)
         flags += msgq.spark.class_cache.jvm_flags(java, version, write=False)
-    # Connect sessions share the server's artifacts (msgq's clients add none): with them
-    # isolated, every session gets Python workers of its own (the data source's planners
-    # and the task workers are started again for each command, and never stopped)
-    settings["spark.sql.artifact.isolation.enabled"] = "false"
     if not os.path.isabs(python) and "/" in python:
         raise ExecutorPythonError(
             f"spark.pyspark.python {python} is relative (a packed venv of spark.archives): "
