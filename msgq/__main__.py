@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(f"msgq: error: {problem}", file=sys.stderr)
         return 1
-    # Imported after the check: a mixed installation may not import cleanly.
+    # another msgq: imported after the check, as a mixed installation may not import cleanly
     from msgq.cli import main as cli_main
 
     return cli_main(argv)

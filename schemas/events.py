@@ -86,7 +86,7 @@ def new_message(service: str | None = None, size: int | None = None,
         except Exception:
             unknown = [name for name in kwargs if name not in schema.event.schema.fields]
             if unknown:  # pycapnp's error names no struct; this one does
-                # imports pycapnp's error type: loaded on this error path only
+                # start-up cost: pycapnp's error type, loaded on this error path only
                 from msgq.schemas.field_errors import unknown_field_error
 
                 raise unknown_field_error(schema.event.schema, unknown[0]) from None

@@ -97,7 +97,7 @@ def _capnp() -> Any:
     import capnp  # loaded on first use: importing msgq stays cheap (about 30 ms saved)
 
     capnp.remove_import_hook()
-    from msgq.schemas import field_errors  # imports pycapnp: loaded with it
+    from msgq.schemas import field_errors  # start-up cost: imports pycapnp, loaded with it
 
     field_errors.install(_loaded_roots)  # misspelled fields said in one line
     return capnp

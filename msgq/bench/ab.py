@@ -261,6 +261,8 @@ def _submaster_sides(sides: list[Side], row: Row, cereal: str, cereal_python: st
                      round_: int) -> list[tuple[str, str, dict[str, str]]]:
     """(label, Python, environment) of each SubMaster side that can run the tick: ours
     through msgq.compat.cereal's shim over each side's tree, then cereal's."""
+    # another msgq: this file also runs as a script under the other side's tree (--count),
+    # which may lack these modules
     from msgq.bench.messaging import _side_env, cereal_over_upstream
     from msgq.compat.cereal import write_shim
 
@@ -294,7 +296,7 @@ def _drop_prefix(env: dict[str, str]) -> None:
 def submaster_count(sides: list[Side], rows: dict[str, Row], cereal: str, cereal_python: str,
                     python: str, scratch: str) -> None:
     """Instructions per SubMaster tick (submaster_tick.py --role count) of each side."""
-    from msgq.bench.messaging import TICK_PROGRAM
+    from msgq.bench.messaging import TICK_PROGRAM  # another msgq: as in _submaster_sides
 
     name = "SubMaster tick (count)"
     row = rows.setdefault(name, Row(name, "instr/tick", higher_is_better=False))
@@ -311,7 +313,7 @@ def submaster_count(sides: list[Side], rows: dict[str, Row], cereal: str, cereal
 def submaster_round(sides: list[Side], rows: dict[str, Row], cereal: str, cereal_python: str,
                     seconds: float, python: str, scratch: str, round_: int) -> None:
     """One run of the SubMaster tick on each side that can run it, then cereal's."""
-    from msgq.bench.messaging import _tick_run
+    from msgq.bench.messaging import _tick_run  # another msgq: as in _submaster_sides
 
     name = "SubMaster CPU per tick"
     row = rows.setdefault(name, Row(name, "µs/tick", higher_is_better=False))
@@ -348,7 +350,7 @@ def logs_round(side: Side, rows: dict[str, Row], python: str) -> None:
 def count_loop(size: int, subs: int, n: int) -> None:
     """The counted Python loop: one publisher and ``subs`` subscribers in this process,
     ``n`` messages of ``size`` bytes, each sent, then received by every subscriber."""
-    import msgq
+    import msgq  # another msgq: the side's tree, first on PYTHONPATH of this --count run
 
     backend = msgq.select_backend("msgq")
     context = backend.Context()

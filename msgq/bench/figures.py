@@ -100,7 +100,8 @@ class Block:
 
 
 def _core_rows() -> set[str]:
-    # (each suite is imported when its rows are asked for: --check loads only its own)
+    # start-up cost: each suite is imported when its rows are asked for (--check loads
+    # only its own)
     from msgq.bench.peers import DEFAULT_SIZES, DEFAULT_SUBS, INTO_SIZES, RTT_SIZES
 
     rows = {f"throughput/{s}/{n}" for s in DEFAULT_SIZES for n in DEFAULT_SUBS}
@@ -161,7 +162,7 @@ LOG_ROWS = ("pycapnp counted/controller/zstd", "raw counted/controller/zstd",
 
 
 def _log_rows() -> set[str]:
-    # (imported when its rows are asked for, as above)
+    # start-up cost: imported when its rows are asked for, as above
     from msgq.bench.logs import COMPRESSIONS, READ_MODES
 
     return {f"{mode}/{recording}/{c}" for mode in READ_MODES
@@ -171,7 +172,7 @@ def _log_rows() -> set[str]:
 def _render_logs(doc: dict[str, Any]) -> str:
     reads = {f"{r['mode']}/{r['recording']}/{r['compression']}": r
              for r in doc["read"] + doc["read_loops"]}
-    from msgq.bench.logs import READ_MODES  # (imported when rendered, as above)
+    from msgq.bench.logs import READ_MODES  # start-up cost: imported when rendered
 
     lines = ["| loop | recording | events/s | × the pycapnp loop |", "|---|---|---|---|"]
     for row in LOG_ROWS:
@@ -195,7 +196,7 @@ UPSTREAM_ROWS = ("inproc/8", "inproc/1024", "inproc/65536", "inproc/1048576", "r
 
 
 def _upstream_rows() -> set[str]:
-    from msgq.bench.upstream import RTT_SIZE, SIZES  # (imported when asked, as above)
+    from msgq.bench.upstream import RTT_SIZE, SIZES  # start-up cost: imported when asked
 
     return {f"inproc/{s}" for s in SIZES} | {f"rtt/{RTT_SIZE}"}
 

@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from msgq.bench.fixtures import SERVICES, filled_message
+from msgq.compat.cereal import write_shim
 from msgq.messaging import PubMaster, SubMaster, decode_event
 from msgq.queues import queue_dir
 from msgq.schemas import SERVICE_LIST
@@ -236,8 +237,6 @@ def compare_with_cereal(checkout: str, cereal_python: str, rounds: int,
     checkout = os.path.abspath(checkout)
     if not os.path.isfile(os.path.join(checkout, "log.capnp")):
         raise SystemExit(f"{checkout} has no log.capnp: --cereal takes a cereal checkout")
-    from msgq.compat.cereal import write_shim  # tools layer, for this comparison only
-
     scratch = tempfile.mkdtemp(prefix="msgq-cereal-bench-")
     try:
         ours_path = write_shim(checkout, os.path.join(scratch, "ours"))

@@ -23,6 +23,7 @@ import zmq
 
 import msgq
 from msgq.version import DISTRIBUTION
+from msgq.zmq.security import create_keys
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -344,8 +345,6 @@ class MsgqZmqCurveBackend(MsgqZmqBackend):
 
     def __init__(self, run_dir: str, prefix: str) -> None:
         super().__init__(run_dir, prefix)
-        from msgq.zmq.security import create_keys  # only these rows make keys
-
         # One key directory per run, shared by its publisher and subscriber processes:
         # made aside and renamed into place (the first process to finish wins).
         self.keys = os.path.join(run_dir, "curve-keys")

@@ -112,7 +112,7 @@ def _round_trip_p50_us(msgq: object, size: int, count: int, run: int) -> float:
 
 def measure(repeat: int, quick: bool) -> dict[str, object]:
     """Both measurements with the ``msgq`` on the path; medians of ``repeat`` runs."""
-    import msgq  # (whichever msgq the path has: this side's, upstream's or ours)
+    import msgq  # another msgq: whichever the path has (this side's, upstream's or ours)
 
     scale = 10 if quick else 1
     results: dict[str, object] = {}

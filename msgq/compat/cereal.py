@@ -150,8 +150,8 @@ def _visionipc_module(path: list[str]) -> types.ModuleType:
 
     def __getattr__(name: str) -> Any:  # noqa: N807 (the module attribute hook)
         if name in VISIONIPC_NAMES:
-            # imported at first use: msgq.visionipc loads numpy, which messaging code
-            # does not need
+            # start-up cost: msgq.visionipc loads numpy, which messaging code does not
+            # need (imported at first use)
             import msgq.visionipc
 
             value = getattr(msgq.visionipc, name)

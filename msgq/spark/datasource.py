@@ -80,6 +80,7 @@ from msgq.schemas.services import unknown_service_error
 from msgq.spark.capnp_types import member_plan
 from msgq.spark.compact import COMPACT_SCHEMA, compact_batches, loggerd_route
 from msgq.spark.pushdown import EventFilter, push
+from msgq.spark.streaming import MsgqLogStreamReader
 
 __all__ = [
     "BASE_COLUMNS",
@@ -600,9 +601,6 @@ class MsgqLogDataSource(DataSource):
     def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - Spark's name
         """``spark.readStream.format("msgqlog").load(folder)``: the events a recorder
         writes, micro-batch by micro-batch (:mod:`msgq.spark.streaming`)."""
-        # the stream reader: only streaming queries need it
-        from msgq.spark.streaming import MsgqLogStreamReader
-
         options = self._options()
         ours = output_schema(options)
         if schema != ours:

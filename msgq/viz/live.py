@@ -41,6 +41,7 @@ from msgq import clock
 from msgq.errors import MessageDecodeError
 from msgq.messaging import SubMaster
 from msgq.schemas import Schema, schema_in_force
+from msgq.visionipc import VisionIpcClient
 from msgq.viz import MissingExtraError, require
 from msgq.viz.json_schema import encode_json, event_converter
 
@@ -314,9 +315,6 @@ class _Cameras:
     most ``camera_rate`` a second, JPEG-compressed."""
 
     def __init__(self, server: LiveServer) -> None:
-        # VisionIPC: only a server with cameras needs its client
-        from msgq.visionipc import VisionIpcClient
-
         self.server = server
         self.clients = {c: VisionIpcClient(c[0], c[1], True) for c in server.cameras}
         self.next_due = dict.fromkeys(server.cameras, 0.0)
