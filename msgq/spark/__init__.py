@@ -24,6 +24,10 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+# the standard library only at its top: no SparkContext on Spark Connect, the parallelism
+# is asked of the session
+from msgq.spark.connect import default_parallelism
+
 __all__ = ["PUSHDOWN_CONF", "events", "problems", "pushdown_enabled", "read_logs", "register"]
 
 #: Spark's switch of filter pushdown into Python data sources (PySpark 4.1+; off by
@@ -52,7 +56,7 @@ def register(spark: Any, schema: Any = None) -> None:
     takes filters with its option ``pushdown=true`` (a DataFrame of such a read must then
     be queried with a pushable filter every time, as :func:`read_logs` does: see
     :func:`msgq.spark.datasource.source_class`)."""
-    # imports pyspark: importing msgq.spark alone must not
+    # optional extra: the source imports pyspark, which importing msgq.spark alone must not
     from msgq.spark.datasource import source_class
 
     if spark.conf.get(PUSHDOWN_CONF, None) is None:
@@ -117,32 +121,23 @@ def read_logs(
     its Parquet tables instead (:func:`msgq.spark.lake.read_lake`: the same columns,
     ``data`` null; ``compact`` gives event rows, which log_stats takes as well).
     """
-    # no SparkContext on Spark Connect: the parallelism asked of the session
-    from msgq.spark.connect import default_parallelism
-
-    # imports pyspark: importing msgq.spark alone must not
-    from msgq.spark.datasource import check_local_logs, read_spec, spec_option, where_option
-
-    # imports pyspark: importing msgq.spark alone must not
-    from msgq.spark.hadoop import read_segment_files, split_paths
-
-    # imports pyspark: importing msgq.spark alone must not
-    from msgq.spark.lake import is_lake, read_lake
+    # optional extra: these modules import pyspark, which importing msgq.spark alone must not
+    from msgq.spark import datasource, hadoop, lake
 
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     paths = list(paths)
-    lakes = [p for p in paths if is_lake(p)]
+    lakes = [p for p in paths if lake.is_lake(p)]
     if lakes:  # a lake (msgq.spark.lake): its tables, with the same columns
         if len(paths) > 1:
             raise ValueError(f"{lakes[0]} is a lake: read it alone (one lake, no raw logs "
                              "beside it)")
-        return read_lake(spark, lakes[0], services=services, decode=decode,
-                         schema=read_spec(schema, schema_file), start=start, end=end,
-                         keep_problems=keep_problems or compact)
-    local, remote = split_paths([os.fspath(p) for p in paths], via)
+        return lake.read_lake(spark, lakes[0], services=services, decode=decode,
+                              schema=datasource.read_spec(schema, schema_file), start=start,
+                              end=end, keep_problems=keep_problems or compact)
+    local, remote = hadoop.split_paths([os.fspath(p) for p in paths], via)
     if local:  # logs of another schema: one line here, before Spark plans the read
-        check_local_logs(local, read_spec(schema, schema_file))
+        datasource.check_local_logs(local, datasource.read_spec(schema, schema_file))
     options = {"problems": problems, "data": "true" if data else "false",
                "cwd": os.getcwd()}
     if services is not None:
@@ -151,12 +146,12 @@ def read_logs(
     if compact:
         options["compact"] = "true"
     if keep_problems and (services is not None or start is not None or end is not None):
-        options["where"] = where_option(services, start, end)
+        options["where"] = datasource.where_option(services, start, end)
     if decode is True:
         options["decode"] = "true"
     elif decode is not False:
         options["decode"] = ",".join(decode)
-    options["schemaSpec"] = spec_option(read_spec(schema, schema_file))
+    options["schemaSpec"] = datasource.spec_option(datasource.read_spec(schema, schema_file))
     frames = []
     if local or not remote:  # no paths at all: the source says what is missing
         register(spark)
@@ -170,7 +165,7 @@ def read_logs(
         reader = spark.read.format("msgqlog").options(**options)
         frames.append(reader.load(local[0] if len(local) == 1 else local))
     if remote:
-        frames.append(read_segment_files(spark, remote, options))
+        frames.append(hadoop.read_segment_files(spark, remote, options))
     df = frames[0] if len(frames) == 1 else frames[0].union(frames[1])
     if pushdown and local and not compact:
         # Spark (4.1-4.3) reuses the reader of a DataFrame's last query that pushed a
