@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgq.spark
+from msgq.schemas import new_message, registry_in_force
 from msgq.spark import session
 from msgq.spark.class_cache import cache_folder, spark_home
 from msgq.spark.connect import (
@@ -163,20 +164,45 @@ def server_command(host: str, port: int, master: str | None = None,
     return argv, env
 
 
-def _warm_up(url: str) -> float:
-    """One msgqlog read and ``log_stats`` through the server, of a recording that holds
-    only the ``logStart`` event msgq's writer begins a segment with (none under a schema
-    without it): the server's Python planners and workers start here, not in the first
-    command. Returns its seconds."""
-    # start-up cost: msgq.logs (numpy) and the analyses (pyspark, the optional extra),
-    # for the warm-up only, not for --status or --stop
+def _warm_up_recording(folder: str) -> None:
+    """A small recording of the schema in force: three of its periodic services, 60
+    events each, one outage making a gap (so that every stage of ``log_stats`` runs:
+    Spark skips the stages of empty inputs); only the ``logStart`` event msgq's writer
+    begins a segment with when the schema has no such services."""
+    # start-up cost: msgq.logs (numpy), for the warm-up only, not for --status or --stop
     from msgq.logs import LogWriter
+
+    registry = registry_in_force()
+    services = [name for name, service in registry.items() if service.frequency > 0][:3]
+    with LogWriter(folder) as writer:
+        events = []
+        for number, name in enumerate(services):
+            period = int(1e9 / registry[name].frequency)
+            for i in range(60):
+                if i != 30:  # the outage
+                    events.append((10**9 + i * period + number, name))
+        for mono_time, name in sorted(events):
+            try:
+                message = new_message(name)
+            except Exception:  # a member the builder cannot make: left out
+                continue
+            message.logMonoTime = mono_time
+            writer.write(message.to_bytes())
+
+
+def _warm_up(url: str) -> float:
+    """One msgqlog read and ``log_stats`` through the server, of a small recording
+    (:func:`_warm_up_recording`): the server's Python planners and workers start, and its
+    JVM plans and compiles that query's stages, here rather than in the first command
+    (with one ``logStart`` event only, the first command still cost the server about 1.5
+    CPU-s more than the next). Returns its seconds."""
+    # start-up cost: the analyses (pyspark, the optional extra), for the warm-up only,
+    # not for --status or --stop
     from msgq.spark.analyses import expected_rates, log_stats
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="msgq-connect-warm-up-") as folder:
-        with LogWriter(folder):
-            pass
+        _warm_up_recording(folder)
         spark = connect_session(url, app_name="msgq spark serve warm-up", announce=False)
         df = msgq.spark.read_logs(spark, folder, data=False, compact=True,
                                   keep_problems=True)
