@@ -42,7 +42,7 @@ from msgq.errors import MessageDecodeError
 from msgq.messaging import SubMaster
 from msgq.schemas import Schema, schema_in_force
 from msgq.visionipc import VisionIpcClient
-from msgq.viz import MissingExtraError, require
+from msgq.viz import require
 from msgq.viz.json_schema import encode_json, event_converter
 
 __all__ = ["HEALTH_TOPIC", "LiveServer", "LiveStats", "health_json_schema"]
@@ -118,11 +118,7 @@ class LiveServer:
         foxglove = require("foxglove")
         self._foxglove: Any = foxglove
         if cameras:
-            try:
-                import PIL.Image  # noqa: F401
-            except ImportError:
-                raise MissingExtraError("--cameras needs Pillow to compress frames to JPEG: "
-                                        "pip install pillow (or msgq-shm[viz])") from None
+            require("PIL.Image")  # Pillow compresses the camera frames to JPEG
         self.schema = schema_in_force(schema)
         registry = self.schema.services
         self.services = list(dict.fromkeys(services if services is not None else registry))
