@@ -146,3 +146,70 @@ def test_logstats_follow_prints_the_tables_of_what_arrived(tmp_path: Path) -> No
     assert sum(c for c, _ in got.values()) == len(events)
     can = next(r for r in last["services"] if r["service"] == "can")
     assert abs(can["measured_hz"] - 100) < 1e-6 and can["gaps"] == 0
+
+
+LOGGERD_WRITER = textwrap.dedent("""
+    import os, sys, time
+    import zstandard
+    from msgq.messaging import new_message
+
+    root, segments = sys.argv[1], int(sys.argv[2])
+    route = "dongle|2026-11-28--10-00-00"
+    i = 0
+    for n in range(segments):
+        folder = os.path.join(root, f"{route}--{n}")
+        os.makedirs(folder)
+        lock = os.path.join(folder, "rlog.lock")
+        open(lock, "w").close()  # loggerd's: the segment is being written
+        with open(os.path.join(folder, "rlog.zst"), "wb") as f:
+            writer = zstandard.ZstdCompressor(level=3).stream_writer(f)
+            for _ in range(6):  # the file grows in pieces: an unfinished zstd stream
+                for _ in range(50):
+                    for service in ("vehicleState", "can"):
+                        writer.write(new_message(service, valid=True,
+                                                 logMonoTime=10**9 + i * 10**6).to_bytes())
+                    i += 1
+                writer.flush(zstandard.FLUSH_BLOCK)
+                f.flush()
+                time.sleep(0.3)
+            writer.flush(zstandard.FLUSH_FRAME)
+        os.remove(lock)
+""")
+
+
+def test_a_stream_follows_loggerd_route_segments_as_they_close(
+        spark: Any, tmp_path: Path) -> None:
+    """Issue 43: ``<route>--<n>/rlog.zst`` folders appearing one by one, each written as
+    one zstd stream with loggerd's ``rlog.lock`` beside it: the stream takes each segment
+    once it is closed, whole (no problem row from a half-written file), every event once,
+    with the route and segment columns of a batch read."""
+    import msgq.spark
+    from msgq.spark import read_logs
+
+    root = tmp_path / "routes"
+    root.mkdir()
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+    writer = subprocess.Popen([sys.executable, "-c", LOGGERD_WRITER, str(root), "4"])
+    try:
+        _wait_for(lambda: any(root.glob("*--0/rlog.zst")), 30, "the first segment")
+        msgq.spark.register(spark)
+        rows = (spark.readStream.format("msgqlog").option("data", "false").load(str(root))
+                .select("file", "offset", "route", "segment", "service", "problem"))
+        query = (rows.writeStream.format("parquet").option("path", str(sink))
+                 .option("checkpointLocation", str(checkpoint))
+                 .trigger(processingTime="1 second").start())
+        assert writer.wait(timeout=120) == 0
+        _wait_for(lambda: not list(root.glob("*/rlog.lock")), 10, "the last segment closed")
+        query.processAllAvailable()
+        query.stop()
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    got = spark.read.parquet(str(sink))
+    batch = read_logs(spark, str(root), data=False)
+    assert got.where("problem IS NOT NULL").count() == 0
+    assert got.count() == batch.count() == 4 * 6 * 50 * 2
+    columns = ["file", "offset", "route", "segment", "service"]
+    assert sorted(got.select(*columns).collect()) == \
+        sorted(batch.select(*columns).collect())
+    assert {r.segment for r in got.select("segment").collect()} == {0, 1, 2, 3}
