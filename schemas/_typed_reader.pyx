@@ -588,6 +588,7 @@ cdef object _unknown_field(object reader, object name, object label, object erro
         return error
     if getattr(error, "field_name", None) != name and "no such member" not in str(error):
         return error  # not a missing field (str() of pycapnp's own AttributeError is cheap)
+    # start-up cost: pycapnp's error type, loaded on this error path only
     from msgq.schemas.field_errors import unknown_field_error
     try:
         return unknown_field_error(reader.schema, name, label if isinstance(label, str)

@@ -60,8 +60,11 @@ UNIT_LAYER = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}
 #: (pyspark, mcap, foxglove-sdk, a benchmark peer), directly or through the msgq module
 #: it names; "start-up cost": it would slow the start of a program that does not need it;
 #: "plugin": the module is loaded into other programs (pytest's plugin), which pay for
-#: what it imports. A library of an extra itself is loaded with msgq.extras.require.
-LOCAL_IMPORT_REASONS = ("optional extra", "start-up cost", "plugin")
+#: what it imports; "another msgq": the code runs where msgq may be another tree or
+#: installation (bench.ab's --count run under the other side's tree, bench.upstream
+#: under upstream's, __main__ before its check of a mixed installation). A library of
+#: an extra itself is loaded with msgq.extras.require.
+LOCAL_IMPORT_REASONS = ("optional extra", "start-up cost", "plugin", "another msgq")
 
 #: At most this many function-local imports of msgq's own modules: the rest sit at the
 #: top, where a reader (and this file's cycle check) sees them. The CLI imports a
@@ -125,11 +128,15 @@ def _comment(lines: list[str], line: int) -> str | None:
     if "#" in lines[line - 1]:
         return lines[line - 1].split("#", 1)[1].strip()
     i = line - 2
+    if i >= 0 and re.match(r"\s*except ImportError:\s*#", lines[i]):  # a try-import's fallback
+        return lines[i].split("#", 1)[1].strip()
     while i >= 0 and re.match(r"\s*(import |from \S+ import )", lines[i]):
         i -= 1
-    if i >= 0 and lines[i].strip().startswith("#"):
-        return lines[i].strip().lstrip("#").strip()
-    return None
+    block: list[str] = []  # the comment lines right above, first line first
+    while i >= 0 and lines[i].strip().startswith("#"):
+        block.insert(0, lines[i].strip().lstrip("#").strip())
+        i -= 1
+    return " ".join(block) if block else None
 
 
 def _commented(lines: list[str], line: int) -> bool:
