@@ -8,12 +8,14 @@ cdef class Poller:
     cdef msgq_sub **subs
     cdef uint8_t *ready
     cdef int capacity
+    cdef int polling  # poll calls in progress (their handles are in subs, used without the GIL)
 
     def __cinit__(self):
         self.sockets = []
         self.subs = NULL
         self.ready = NULL
         self.capacity = 0
+        self.polling = 0
 
     def __dealloc__(self):
         PyMem_Free(self.subs)
@@ -28,6 +30,9 @@ cdef class Poller:
             if s is sock:
                 return
         cdef int n = len(self.sockets) + 1
+        if self.polling:  # growing would free the arrays a poll is using
+            raise IpcError("another thread is polling this Poller; register sockets "
+                           "before or after its poll")
         if n > self.capacity:
             new_cap = max(8, self.capacity * 2)
             subs = <msgq_sub **>PyMem_Malloc(new_cap * sizeof(msgq_sub *))
@@ -71,12 +76,14 @@ cdef class Poller:
                     slice_ns = 0
                 if slice_ns > SIGNAL_CHECK_NS:
                     slice_ns = SIGNAL_CHECK_NS
-            for s in self.sockets:
-                (<SubSocket>s).busy += 1
+            for i in range(n):
+                (<SubSocket>self.sockets[i]).busy += 1
+            self.polling += 1
             with nogil:
                 r = msgq_sub_poll(self.subs, n, slice_ns, self.ready)
-            for s in self.sockets:
-                (<SubSocket>s).busy -= 1
+            self.polling -= 1
+            for i in range(n):
+                (<SubSocket>self.sockets[i]).busy -= 1
             if r > 0:
                 return [self.sockets[i] for i in range(n) if self.ready[i]]
             if r < 0 and r != -EINTR:

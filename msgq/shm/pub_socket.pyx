@@ -63,6 +63,13 @@ cdef class PubSocket:
         cdef msgq_pub *opened = NULL
         self._check_idle()
         _open_queue(endpoint, segment_size, _open_flags(checksum), &opened)
+        try:
+            # The open ran without the GIL: another thread may have started a send or a
+            # reservation on the old handle meanwhile (see SubSocket.connect).
+            self._check_idle()
+        except BaseException:
+            msgq_pub_close(opened)
+            raise
         self._disconnect()
         self.pub = opened
         self.endpoint = endpoint

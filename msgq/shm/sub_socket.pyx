@@ -92,6 +92,13 @@ cdef class SubSocket:
             raise TypeError(f"address must be str or bytes, not {type(address).__name__}")
         self._check_idle()
         _open_queue(endpoint, segment_size, _open_flags(None, conflate), &opened)
+        try:
+            # The open ran without the GIL: another thread may have started a call on
+            # the old handle meanwhile, which closing it now would pull away under it.
+            self._check_idle()
+        except BaseException:
+            msgq_sub_close(opened)
+            raise
         self._disconnect()
         self.sub = opened
         self.conflate_flag = conflate
