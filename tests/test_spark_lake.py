@@ -341,3 +341,24 @@ def test_a_later_schema_that_adds_fields_adds_columns(spark: Any, tmp_path: Path
     with pytest.raises(lake.LakeError, match="point.y is gone"):  # the older schema
         lake.read_table(spark, tmp_path / "lake", "point", schema=v1)
     shutil.rmtree(tmp_path / "lake")
+
+
+def test_a_lake_reads_through_a_hadoop_path(spark: Any,
+                                            built: tuple[str, str, dict[str, Any]]) -> None:
+    """The tables are Spark's Parquet source: a Hadoop URI reads them (viewfs mounting
+    the lake folder, set at run time), with the same rows as the local path."""
+    from msgq.spark import lake
+
+    _, folder, _ = built
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    link = "fs.viewfs.mounttable.msgqlake.link./lake"
+    conf.set(link, "file://" + folder)
+    try:
+        uri = "viewfs://msgqlake/lake"
+        query = "SELECT count(*) AS n, sum(offset) AS s FROM can WHERE logMonoTime > 5e9"
+        assert lake.sql(spark, uri, query).first() == lake.sql(spark, folder, query).first()
+        assert lake.read_lake(spark, uri).count() == lake.read_lake(spark, folder).count()
+        with pytest.raises(lake.LakeError, match="is not a lake"):
+            lake.read_lake(spark, "viewfs://msgqlake/lake/can")
+    finally:
+        conf.unset(link)

@@ -5,7 +5,7 @@ The raw log (what ``msgq record`` and openpilot's loggerd write) stays the recor
 the lake is a columnar copy of it made for queries, which can always be built again from
 it. Under a lake folder ``LAKE``::
 
-    LAKE/_lake.json                       the schema the lake was built under (its tables'
+    LAKE/msgq-lake.json                   the schema the lake was built under (its tables'
                                           columns), written once, widened by a later
                                           schema that only adds fields
     LAKE/<service>/date=<d>/route=<r>/*.parquet   one table per service
@@ -68,6 +68,7 @@ from msgq.logs import segment_paths
 from msgq.schemas import Schema, SchemaSpec, spec_in_force
 from msgq.schemas.services import unknown_service_error
 from msgq.spark.capnp_types import member_plan
+from msgq.spark.connect import default_parallelism
 from msgq.spark.datasource import local_path, read_spec, spec_option, uri_scheme
 
 __all__ = [
@@ -88,8 +89,10 @@ __all__ = [
     "table_schema",
 ]
 
-#: The file that makes a folder a lake: its format and the schema it was built under.
-LAKE_FILE = "_lake.json"
+#: The file that makes a folder a lake: its format and the schema it was built under
+#: (no leading "_": Spark's file listing, which reads it from Hadoop paths, hides such
+#: names).
+LAKE_FILE = "msgq-lake.json"
 #: The table of the damage found in the logs (file, segment, offset, problem).
 PROBLEMS_TABLE = "_problems"
 #: Where each source's streaming checkpoint lives, under the lake.
@@ -811,7 +814,10 @@ def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] 
     out = frames[0]
     for frame in frames[1:]:
         out = out.unionByName(frame)
-    return out
+    # a union of a scan per table is a task per table file at least: dozens of small
+    # tasks for a small lake, each starting the Python work of a later mapInArrow
+    # (log_stats: measured 4.4 s -> 2.9 s on 1 M events in 21 tables, 2 cores)
+    return out.coalesce(2 * default_parallelism(spark))
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
