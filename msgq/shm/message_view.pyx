@@ -14,16 +14,18 @@ cdef class MessageView:
     cdef const void *payload
     cdef size_t size
     cdef object view
+    cdef bint entered  # a message was taken: the view is entered once
 
     def __cinit__(self, SubSocket sock, bint non_blocking):
         self.sock = sock
         self.non_blocking = non_blocking
         self.holding = False
         self.view = None
+        self.entered = False
 
     def __enter__(self):
         cdef SubSocket sock = self.sock
-        if self.holding or self.view is not None:
+        if self.holding or self.entered:
             raise RuntimeError("a message view is entered once")
         sock._check_connected()
         sock._check_no_view()
@@ -36,6 +38,7 @@ cdef class MessageView:
             sock.view_open = False
             raise
         self.holding = True
+        self.entered = True
         self.view = memoryview(self)
         return self.view
 
@@ -45,8 +48,14 @@ cdef class MessageView:
         if not self.holding:
             return False
         self.holding = False
+        # The block's own view ends here (slices taken from it stay valid) and is let go
+        # of either way: it exports this object, so keeping it would make a reference
+        # cycle, which CPython's collector cannot clear while something still holds a
+        # buffer of the view (3.11 crashes: memoryview's tp_clear drops its buffer
+        # although exported, then the holder's release reads it).
+        view, self.view = self.view, None
         try:
-            self.view.release()  # the block's own view; slices taken from it stay valid
+            view.release()
         except BufferError:
             pass  # something (numpy, say) holds a buffer of it: it keeps the ring mapped
         msgq_sub_get_stats(self.sock.sub, &before)
