@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from msgq.logs.sources import segment_paths
 from msgq.schemas import default_schema
 from msgq.schemas.events import new_message
 
@@ -88,9 +89,6 @@ def pycapnp_loop(folder: str, counted: bool = True) -> int:
     """The loop an openpilot user writes over a recording, the bar of the log and Spark
     rows: each segment decompressed, ``read_multiple_bytes``, ``which()`` per event and,
     ``counted``, events and valid ones counted per service. Returns the events read."""
-    # start-up cost: msgq.logs, which the messaging rows (importing this module) do not need
-    from msgq.logs.sources import segment_paths
-
     event = default_schema().event
     n = valid = 0
     counts: dict[str, int] = {}

@@ -32,8 +32,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from msgq.bench.spark import make_recording
 from msgq.cli.output import EXIT_FAILURE, CommandError, print_error
 from msgq.extras import MissingExtraError, require
+from msgq.logs import read_index
+from msgq.spark import read_logs
+from msgq.spark.analyses import log_stats
+from msgq.spark.session import spark_session
 from msgq.tables import format_table
 
 __all__ = ["main", "run"]
@@ -87,13 +92,8 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cores: int | None,
         keep: str | None = None) -> dict[str, Any]:
     """The rows (see the module docstring); ``keep``: a folder to write the recording and
     the lake to and leave there (default: a temporary one)."""
-    # pyspark: the spark extra, imported when the benchmark runs
-    from msgq.bench.spark import make_recording
-    from msgq.logs import read_index
-    from msgq.spark import lake, read_logs
-    from msgq.spark.analyses import log_stats
-    from msgq.spark.datasource import ReadOptions, plan_segments, where_option
-    from msgq.spark.session import spark_session
+    # optional extra: these modules import pyspark (the spark extra) at their tops
+    from msgq.spark import datasource, lake
 
     load_before = os.getloadavg()
     root = keep or tempfile.mkdtemp(prefix="msgq-lake-bench-")
@@ -157,11 +157,11 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cores: int | None,
                 raise RuntimeError(f"the lake and the raw logs disagree: {answers}")
             _, lake_read = _input_bytes(spark, lake_query)
             _, raw_metric = _input_bytes(spark, raw_query)
-            options = ReadOptions.parse(_Options({
+            options = datasource.ReadOptions.parse(_Options({
                 "path": recording, "services": RARE,
-                "where": where_option([RARE], low, high)}))
+                "where": datasource.where_option([RARE], low, high)}))
             raw_read = raw_metric or sum(os.path.getsize(p.path) for p in
-                                         plan_segments(options))
+                                         datasource.plan_segments(options))
             stats_times, stats_docs = _best({"lake": lake_stats, "raw": raw_stats}, repeat)
             same = json.loads(json.dumps(stats_docs["lake"])) == \
                 json.loads(json.dumps(stats_docs["raw"]))
