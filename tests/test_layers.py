@@ -42,9 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("socket factory", ("msgq.sockets",)),
     ("package", ("msgq",)),
     ("services", ("msgq.messaging", "msgq.logs", "msgq.visionipc")),
-    # msgq.zmq_backend: the deprecated alias of msgq.zmq, as old code imports it
-    ("tools", ("msgq.lockstep", "msgq.bridge", "msgq.spark", "msgq.compat", "msgq.viz",
-               "msgq.zmq_backend")),
+    ("tools", ("msgq.lockstep", "msgq.bridge", "msgq.spark", "msgq.compat", "msgq.viz")),
     ("program output", ("msgq.cli.output",)),
     ("programs", ("msgq.bench", "msgq.cflags")),
     ("command line", ("msgq.cli",)),
@@ -342,7 +340,7 @@ def test_every_folder_says_what_it_may_import(folder: Path):
 
 def test_the_layout_picture_follows_the_layer_list():
     """docs/layout.md's picture lists the layers top down, in LAYERS' order, and each row
-    names every unit of its layer (by its last name: ``zmq_backend``, ``lockstep``), so
+    names every unit of its layer (by its last name: ``zmq``, ``lockstep``), so
     the map a newcomer reads is the one this file checks."""
     text = (ROOT / "docs" / "layout.md").read_text()
     block = text.split("```\n", 2)[1]
