@@ -16,6 +16,7 @@ from msgq.cli.output import (
     paint,
     print_json,
     print_table,
+    spark_conf,
 )
 from msgq.extras import require
 
@@ -104,15 +105,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _spark_conf(items: list[str]) -> dict[str, str]:
-    conf = {}
-    for item in items:
-        key, equals, value = item.partition("=")
-        if not equals or not key.strip():
-            raise UsageError(f"--conf takes KEY=VALUE, not {item!r}")
-        conf[key.strip()] = value
-    return conf
-
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
@@ -125,7 +117,7 @@ def _first_line(error: BaseException) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``msgq lake ACTION``."""
-    conf = _spark_conf(args.conf)
+    conf = spark_conf(args.conf)
     if args.lake_command == "follow" and not args.every > 0:
         raise UsageError("--every must be positive")
     if args.lake_command == "follow" and args.duration is not None and not args.duration > 0:

@@ -17,6 +17,7 @@ from msgq.cli.output import (
     paint,
     print_json,
     print_table,
+    spark_conf,
 )
 from msgq.cli.services import check_services
 from msgq.extras import require
@@ -155,16 +156,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _spark_conf(items: list[str]) -> dict[str, str]:
-    """--conf KEY=VALUE ... as a dict (a malformed one is a usage error)."""
-    conf = {}
-    for item in items:
-        key, equals, value = item.partition("=")
-        if not equals or not key.strip():
-            raise UsageError(f"--conf takes KEY=VALUE, not {item!r}")
-        conf[key.strip()] = value
-    return conf
-
 
 def _check_paths(paths: list[str], via: str) -> tuple[list[str], list[str]]:
     """(the local segment files the paths name, the paths read through Hadoop): local
@@ -249,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_gaps < 0:
         raise UsageError("--max-gaps must be 0 or more")
     start, end = _window(args.start, args.end)
-    conf = _spark_conf(args.conf)
+    conf = spark_conf(args.conf)
     require("spark", "pyspark")
     if args.follow:
         return _follow(args, conf)

@@ -30,6 +30,7 @@ __all__ = [
     "human_bytes",
     "human_age",
     "number",
+    "spark_conf",
 ]
 
 #: The command did what was asked.
@@ -139,3 +140,15 @@ def number(kind: type[float] | type[int], minimum: float, what: str,
         return value
 
     return parse
+
+
+def spark_conf(items: list[str]) -> dict[str, str]:
+    """The ``--conf KEY=VALUE`` options of the Spark commands as a dict (a malformed one
+    is a usage error)."""
+    conf = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise UsageError(f"--conf takes KEY=VALUE, not {item!r}")
+        conf[key.strip()] = value
+    return conf

@@ -15,6 +15,7 @@ from msgq.cli.output import (
     UsageError,
     human_bytes,
     paint,
+    spark_conf,
 )
 from msgq.extras import require
 
@@ -156,7 +157,7 @@ def _serve(args: argparse.Namespace) -> int:
                                  f"{'--stop' if args.stop else '--status'}")
         return _stop(port) if args.stop else _status(port)
     host = args.host or connect.DEFAULT_HOST
-    conf = _conf(args.conf)
+    conf = spark_conf(args.conf)
     require("spark", "pyspark")
     if args.detach:
         return _detach(args, port, host)
@@ -178,15 +179,6 @@ def _serve(args: argparse.Namespace) -> int:
     print("msgq spark serve: stopped", file=sys.stderr, flush=True)
     return EXIT_OK
 
-
-def _conf(items: list[str]) -> dict[str, str]:
-    conf = {}
-    for item in items:
-        key, equals, value = item.partition("=")
-        if not equals or not key.strip():
-            raise UsageError(f"--conf takes KEY=VALUE, not {item!r}")
-        conf[key.strip()] = value
-    return conf
 
 
 def _stop(port: int) -> int:
