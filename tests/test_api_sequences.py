@@ -325,12 +325,6 @@ class Runner:
         self.subs[slot] = None
 
     def op_poll(self, i: int, slot: int) -> None:
-        if self.forked and os.environ.get("MSGQ_BACKEND") == "zmq":
-            # KNOWN DEFECT (reported to the ZMQ backend's owner, not fixed here): a ZMQ
-            # Poller used in a fork()ed child spins forever instead of raising as the
-            # sockets' own calls do ("cannot be used after fork"). Remove this skip with
-            # the fix: the sequences then check it.
-            return
         if self.poller is None:
             self.poller = self.msgq.Poller()
         if self.subs[slot] is not None:

@@ -160,3 +160,27 @@ def test_the_backend_is_the_package_msgq_zmq_and_no_module_stands_beside_it() ->
 
     assert importlib.util.find_spec("msgq.zmq_backend") is None
     assert importlib.util.find_spec("msgq.zmq.security") is not None
+
+
+def test_a_poller_in_a_forked_child_refuses_the_parents_sockets(endpoint: str) -> None:
+    # It spun forever polling a libzmq context the child cannot use.
+    import subprocess
+    import sys
+
+    code = ("import os, msgq\n"
+            f"sub = msgq.sub_sock({endpoint!r}, timeout=10)\n"
+            "poller = msgq.Poller(); poller.registerSocket(sub)\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    try:\n"
+            "        poller.poll(50)\n"
+            "    except msgq.IpcError as e:\n"
+            "        print('refused:', e, flush=True); os._exit(0)\n"
+            "    os._exit(3)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "print('child', os.waitstatus_to_exitcode(status), flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "cannot be used after fork" in done.stdout
+    assert "child 0" in done.stdout

@@ -29,6 +29,7 @@ class Poller:
             raise TypeError(f"a ZMQ Poller takes ZMQ SubSockets, not {type(sock).__name__}")
         if sock._sock is None:
             raise IpcError("register a connected SubSocket")
+        sock._check_connected()  # refuses a socket of the parent after fork
         if any(s is sock for s in self._sockets):
             return
         self._sockets.append(sock)
@@ -42,6 +43,9 @@ class Poller:
         for s in self._sockets:
             if s._sock is None:
                 raise IpcError("a socket registered with this Poller was closed")
+            # a fork()ed child polling its parent's sockets would spin on a libzmq
+            # context it cannot use: it is refused as the sockets' own calls are
+            s._check_connected()
         stashed = [s for s in self._sockets if s._stash is not None]
         if stashed:
             timeout = 0
