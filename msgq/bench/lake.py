@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from msgq.bench.spark import make_recording
+from msgq.bench.spark import add_recording_arguments, make_recording
 from msgq.cli.output import EXIT_FAILURE, CommandError, print_error
 from msgq.extras import MissingExtraError, require
 from msgq.logs import read_index
@@ -228,10 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m msgq.bench.lake",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=1300.0,
-                        help="simulated seconds of recording (1300: about 1 M events)")
-    parser.add_argument("--rotate", type=float, default=60.0,
-                        help="segment length, simulated seconds (default 60)")
+    add_recording_arguments(parser)
     parser.add_argument("--repeat", type=int, default=3, help="best of N (default 3)")
     parser.add_argument("--cores", type=int, default=None,
                         help="local Spark cores (default every core)")

@@ -488,15 +488,21 @@ def _table(result: dict[str, Any]) -> str:
     ])
 
 
+def add_recording_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the recording :func:`make_recording` writes (``--seconds``,
+    ``--rotate``), shared by the Spark and lake benchmarks."""
+    parser.add_argument("--seconds", type=float, default=1300.0,
+                        help="simulated seconds of recording (default 1300: ~1 M events)")
+    parser.add_argument("--rotate", type=float, default=60.0,
+                        help="segment length in simulated seconds (default 60)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: prints the table (or JSON)."""
     parser = argparse.ArgumentParser(prog="python -m msgq.bench.spark",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=1300.0,
-                        help="simulated seconds of recording (default 1300: ~1 M events)")
-    parser.add_argument("--rotate", type=float, default=60.0,
-                        help="segment length in simulated seconds (default 60)")
+    add_recording_arguments(parser)
     parser.add_argument("--repeat", type=int, default=1,
                         help="best of N runs of the loop and of the reads (default 1)")
     parser.add_argument("--no-cluster", action="store_true",
