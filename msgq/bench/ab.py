@@ -165,15 +165,23 @@ def _size_name(size: int) -> str:
 # --------------------------------------------------------------------------- row groups
 
 
-def core_round(side: Side, rows: dict[str, Row], duration: float, python: str) -> None:
-    """One run of every core row on ``side``."""
+def _core_document(side: Side, python: str, duration: float, selection: list[str],
+                   timeout: float) -> dict:
+    """The JSON document of one ``python -m msgq.bench`` run of msgq's rows in
+    ``selection`` (its --sizes/--subs/--tests options) on ``side``."""
     with tempfile.TemporaryDirectory(prefix="msgq-ab-") as tmp:
         out = os.path.join(tmp, "core.json")
-        run([python, "-m", "msgq.bench", "--backends", "msgq", "--sizes", "8,1K,64K",
-             "--subs", "1,4", "--tests", "throughput", "--repeat", "1", "--duration",
-             str(duration), "--json", out], side, timeout=120 + 12 * duration)
+        run([python, "-m", "msgq.bench", "--backends", "msgq", *selection, "--repeat", "1",
+             "--duration", str(duration), "--json", out], side, timeout=timeout)
         with open(out, encoding="utf-8") as f:
-            document = json.load(f)
+            return json.load(f)
+
+
+def core_round(side: Side, rows: dict[str, Row], duration: float, python: str) -> None:
+    """One run of every core row on ``side``."""
+    document = _core_document(side, python, duration, ["--sizes", "8,1K,64K", "--subs",
+                                                       "1,4", "--tests", "throughput"],
+                              timeout=120 + 12 * duration)
     for result in document["results"]:
         m = result["median"]
         if m["error"] is not None or m["drops"] or m["bad"]:
@@ -185,13 +193,9 @@ def core_round(side: Side, rows: dict[str, Row], duration: float, python: str) -
 
 def large_round(side: Side, rows: dict[str, Row], duration: float, python: str) -> None:
     """One run of the 1 MiB x 1 copying and view rows on ``side``, with both bounds."""
-    with tempfile.TemporaryDirectory(prefix="msgq-ab-") as tmp:
-        out = os.path.join(tmp, "large.json")
-        run([python, "-m", "msgq.bench", "--backends", "msgq", "--sizes", "1M",
-             "--subs", "1", "--tests", "recv_into,view", "--repeat", "1", "--duration",
-             str(duration), "--json", out], side, timeout=120 + 6 * duration)
-        with open(out, encoding="utf-8") as f:
-            document = json.load(f)
+    document = _core_document(side, python, duration, ["--sizes", "1M", "--subs", "1",
+                                                       "--tests", "recv_into,view"],
+                              timeout=120 + 6 * duration)
     for result in document["results"]:
         m = result["median"]
         if m["error"] is not None:
