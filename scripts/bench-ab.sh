@@ -108,7 +108,7 @@ fi
 if [[ ",$rows," == *,submaster,* ]]; then
   cereal="${CEREAL_DIR:-$ab_dir/cereal}"
   venv="${MSGQ_CEREAL_BENCH_VENV:-$HOME/.cache/msgq/cereal-bench-venv}"
-  if [ ! -f "$cereal/log.capnp" ] || ! "$venv/bin/python" -P -c "import msgq.ipc_pyx, capnp" \
+  if [ ! -f "$cereal/log.capnp" ] || ! "$venv/bin/python" -I -c "import msgq.ipc_pyx, capnp" \
        2> /dev/null; then
     echo "bench-ab: the submaster rows need a cereal checkout in \$CEREAL_DIR (now: $cereal)" \
       "and cereal's environment (run scripts/cereal-bench.sh CEREAL_DIR once): left out" >&2

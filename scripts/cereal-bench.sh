@@ -19,7 +19,7 @@ cereal="$(checkout_dir "usage: $0 CEREAL_DIR [BENCH_ARGS...]  (a cereal checkout
 shift
 use_project_python
 venv="${MSGQ_CEREAL_BENCH_VENV:-$HOME/.cache/msgq/cereal-bench-venv}"
-if ! "$venv/bin/python" -P -c "import msgq.ipc_pyx, capnp" 2>/dev/null; then
+if ! "$venv/bin/python" -I -c "import msgq.ipc_pyx, capnp" 2>/dev/null; then
   echo "making cereal's environment in $venv (msgq-ipc, pycapnp)" >&2
   base="$("$python" -c 'import sys; print(sys._base_executable)')"
   "$base" -m venv "$venv"
@@ -29,7 +29,7 @@ fi
 use_scratch
 "$python" -c 'import sys; from msgq.bench.messaging import cereal_over_upstream as c
 c(sys.argv[1], sys.argv[2])' "$cereal" "$scratch"
-if ! (cd "$scratch" && PYTHONPATH="$scratch" "$venv/bin/python" -P -c "import cereal.messaging"); then
+if ! (cd "$scratch" && PYTHONPATH="$scratch" "$venv/bin/python" -c "import cereal.messaging"); then
   echo "cereal.messaging of $cereal does not import over upstream msgq in $venv" >&2
   exit 1
 fi

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from msgq.bench import ab
+from msgq.bench.messaging import script_command
 
 
 def _row(ref: list[float], new: list[float], higher_is_better: bool = True,
@@ -47,9 +49,30 @@ def test_large_payloads_are_counted_over_fewer_messages() -> None:
 
 
 def test_the_counted_loop_sends_and_receives_every_message(prefix: str) -> None:
-    done = subprocess.run([sys.executable, "-P", ab.__file__, "--count", "64", "2", "50"],
+    done = subprocess.run(script_command(sys.executable, ab.__file__, "--count", "64", "2", "50"),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_program_run_by_path_imports_neither_its_folder_nor_the_current_one(
+        tmp_path: Path) -> None:
+    """script_command: python -P's sys.path on every Python (-P itself is 3.11+), the
+    arguments passed on and the exit status kept."""
+    program, cwd = tmp_path / "program", tmp_path / "cwd"
+    program.mkdir()
+    cwd.mkdir()
+    (program / "beside_the_program.py").write_text("")
+    (cwd / "in_the_current_folder.py").write_text("")
+    (program / "main.py").write_text(
+        "import importlib.util, sys\n"
+        "found = [m for m in ('beside_the_program', 'in_the_current_folder')\n"
+        "         if importlib.util.find_spec(m)]\n"
+        "print(__name__, sys.argv[1:], found)\n"
+        "sys.exit(int(sys.argv[1]))\n")
+    done = subprocess.run(script_command(sys.executable, str(program / "main.py"), "3", "x"),
+                          capture_output=True, text=True, timeout=60, cwd=cwd)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.strip() == "__main__ ['3', 'x'] []"
 
 
 def test_unknown_row_groups_are_refused() -> None:

@@ -503,3 +503,19 @@ def test_a_build_leaves_out_only_the_extensions_it_is_told_to() -> None:
     # What ./run.sh leaves out is one of setup.py's extensions.
     assert '"msgq.viz._json_writer"' in (ROOT / "setup.py").read_text()
     assert 'skip="msgq.viz._json_writer"' in (ROOT / "scripts" / "ensure_env.sh").read_text()
+
+
+def test_nothing_runs_python_with_an_option_newer_than_requires_python() -> None:
+    """requires-python is 3.10: ``python -P`` (and PYTHONSAFEPATH) are 3.11+, where 3.10
+    fails on -P ("unknown option") or ignores the variable; programs run by path go
+    through msgq.bench.messaging.script_command instead."""
+    newer = {".py": re.compile(r"""["'](-P|PYTHONSAFEPATH)["']"""),
+             ".sh": re.compile(r"""^\s*[^#\s].*(python\S*"? -P\b|PYTHONSAFEPATH=)""")}
+    found = [f"{path.relative_to(ROOT)}:{n}"
+             for folder in ("msgq", "tests", "scripts")
+             for path in sorted((ROOT / folder).rglob("*"))
+             if path.suffix in newer and path.name != Path(__file__).name
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if newer[path.suffix].search(line)]
+    assert "3.10" in (ROOT / "pyproject.toml").read_text().split("requires-python")[1][:12]
+    assert not found, found

@@ -245,6 +245,8 @@ def per_message(cmd: Callable[[int], list[str]], side: Side, count: int,
 
 def count_rows(side: Side, rows: dict[str, Row], python: str) -> None:
     """Instructions per message of the C core and of the Python loop on ``side``."""
+    from msgq.bench.messaging import script_command  # another msgq: as in _submaster_sides
+
     for size, subs in CORE_ROWS:
         if side.count_bin:
             name = f"C core {_size_name(size)} x{subs}"
@@ -255,8 +257,8 @@ def count_rows(side: Side, rows: dict[str, Row], python: str) -> None:
         name = f"Python {_size_name(size)} x{subs}"
         row = rows.setdefault(name, Row(name, "instr/msg", higher_is_better=False))
         row.add(side.label, per_message(
-            lambda n, s=size, k=subs: [python, "-P", os.path.abspath(__file__), "--count",
-                                       str(s), str(k), str(n)], side,
+            lambda n, s=size, k=subs: script_command(python, os.path.abspath(__file__),
+                                                     "--count", str(s), str(k), str(n)), side,
             count_of(size, subs, COUNT_PY)))
 
 
@@ -300,7 +302,8 @@ def _drop_prefix(env: dict[str, str]) -> None:
 def submaster_count(sides: list[Side], rows: dict[str, Row], cereal: str, cereal_python: str,
                     python: str, scratch: str) -> None:
     """Instructions per SubMaster tick (submaster_tick.py --role count) of each side."""
-    from msgq.bench.messaging import TICK_PROGRAM  # another msgq: as in _submaster_sides
+    # another msgq: as in _submaster_sides
+    from msgq.bench.messaging import TICK_PROGRAM, script_command
 
     name = "SubMaster tick (count)"
     row = rows.setdefault(name, Row(name, "instr/tick", higher_is_better=False))
@@ -308,8 +311,9 @@ def submaster_count(sides: list[Side], rows: dict[str, Row], cereal: str, cereal
                                             scratch, 0):
         try:
             row.add(label, per_message(
-                lambda n, exe=exe: [exe, "-P", TICK_PROGRAM, "--role", "count", "--ticks",
-                                    str(n)], Side(label, ""), COUNT_TICKS, env, scratch))
+                lambda n, exe=exe: script_command(exe, TICK_PROGRAM, "--role", "count",
+                                                  "--ticks", str(n)),
+                Side(label, ""), COUNT_TICKS, env, scratch))
         finally:
             _drop_prefix(env)
 

@@ -162,6 +162,21 @@ def run(ticks: int) -> list[tuple[str, ...]]:
 
 #: The standalone program both sides of the cereal comparison run.
 TICK_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "submaster_tick.py")
+#: What :func:`script_command` has Python run: the program at argv[1] as ``__main__``,
+#: with sys.path as ``python -P PROGRAM`` leaves it (3.11+ only): neither the program's
+#: folder (msgq/bench, whose modules would shadow others) nor the current folder on it.
+_RUN_BY_PATH = ("import runpy, sys\n"
+                "if not getattr(sys.flags, 'safe_path', False):\n"
+                "    del sys.path[0]  # '' (the current folder), which -c put there\n"
+                "sys.argv = sys.argv[1:]\n"
+                "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def script_command(python: str, program: str, *args: str) -> list[str]:
+    """The command that runs ``program`` (a path) with ``args`` under ``python`` the way
+    ``python -P program args`` does, on every Python (``-P`` is 3.11+): the program's
+    imports find only what PYTHONPATH and the environment have."""
+    return [python, "-c", _RUN_BY_PATH, program, *args]
 #: cereal's compiled messaging module, made of upstream msgq's (msgq-ipc) for the checkout.
 _CEREAL_MESSAGING_PYX = '''"""cereal.messaging's compiled module, from upstream msgq (msgq-ipc):
 written by msgq.bench.messaging for the comparison; nothing of cereal's is copied."""
@@ -209,11 +224,12 @@ def _tick_run(python: str, env: dict[str, str], cwd: str, seconds: float,
               phases: bool = False) -> dict[str, Any]:
     """One measured run: a publisher process and the measured SubMaster process (with
     ``phases``: its µs per part of a tick instead of its CPU per tick)."""
-    publisher = subprocess.Popen([python, "-P", TICK_PROGRAM, "--role", "pub"], env=env,
+    publisher = subprocess.Popen(script_command(python, TICK_PROGRAM, "--role", "pub"), env=env,
                                  cwd=cwd, stdout=subprocess.DEVNULL)
     try:
-        done = subprocess.run([python, "-P", TICK_PROGRAM, "--role", "sub", "--seconds",
-                               str(seconds), *(["--phases"] if phases else [])], env=env,
+        done = subprocess.run(script_command(python, TICK_PROGRAM, "--role", "sub", "--seconds",
+                                             str(seconds), *(["--phases"] if phases else [])),
+                              env=env,
                               cwd=cwd, capture_output=True, text=True, timeout=seconds + 60)
     finally:
         publisher.send_signal(signal.SIGTERM)
@@ -243,7 +259,7 @@ def compare_with_cereal(checkout: str, cereal_python: str, rounds: int,
         theirs_path = cereal_over_upstream(checkout, os.path.join(scratch, "cereal"))
         sides = {"ours": (sys.executable, ours_path), "cereal": (cereal_python, theirs_path)}
         sizes = json.loads(subprocess.run(
-            [sys.executable, "-P", TICK_PROGRAM, "--role", "sizes"],
+            script_command(sys.executable, TICK_PROGRAM, "--role", "sizes"),
             env=_side_env("ours", ours_path, f"cb_sizes_{os.getpid()}"), cwd=scratch,
             capture_output=True, text=True, check=True).stdout)
         per_tick: dict[str, list[float]] = {"ours": [], "cereal": []}

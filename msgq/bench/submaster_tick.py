@@ -1,7 +1,8 @@
 """One side of the SubMaster-vs-cereal comparison (``msgq bench messaging --cereal``).
 
-A standalone program, run by path with ``python -P``: it imports only the standard
-library and ``cereal.messaging`` — msgq's (the shim of :mod:`msgq.compat.cereal`, with the
+A standalone program, run by path as ``python -P`` would run it, on 3.10 too
+(``msgq.bench.messaging.script_command``): it imports only the standard library and
+``cereal.messaging`` — msgq's (the shim of :mod:`msgq.compat.cereal`, with the
 checkout's schema) or cereal's own over upstream msgq (``scripts/cereal-bench.sh`` builds
 that environment) — so that both sides run the very same code on the same bytes.
 
@@ -218,7 +219,7 @@ def count(messaging: Any, ticks: int) -> None:
 
 
 def main() -> int:
-    """Entry point: ``python -P submaster_tick.py --role pub|sub [--seconds S]``."""
+    """Entry point: ``submaster_tick.py --role pub|sub [--seconds S]`` (run by path)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--role", choices=("pub", "sub", "sizes", "count"), required=True)
     parser.add_argument("--ticks", type=int, default=1000, help="count: ticks to run")
