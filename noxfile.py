@@ -103,18 +103,12 @@ def quick(session: nox.Session) -> None:
     workers = os.environ.get("MSGQ_TEST_WORKERS", "3")
     session.run("python", "-c", "import msgq, sys; assert 'site-packages' in msgq.__file__, "
                 "msgq.__file__; print('msgq from', msgq.__file__, 'on', sys.version.split()[0])")
-    # PYTHON: the interpreter scripts/*.sh run foreign tests with (else .venv's);
-    # PYTHONSAFEPATH (3.11+): `python -m msgq` run from the unpacked tree imports the
-    # installed msgq, not the tree's sources.
+    # PYTHON: the interpreter scripts/*.sh run foreign tests with (else .venv's). Nothing
+    # puts the unpacked tree on sys.path (the tests run programs by module name or with
+    # msgq.bench.messaging.script_command, never from inside the tree), so every Python
+    # imports the installed msgq alike; `-P`/PYTHONSAFEPATH (3.11+) is not needed.
     python = str(Path(session.virtualenv.location) / "bin" / "python")
-    # `tests` importable as a package (a test imports tests.schema_profiles, as from a
-    # checkout's root), without the tree's sources: a folder holding only a link to it.
-    importable = Path(session.create_tmp()) / "importable"
-    importable.mkdir(exist_ok=True)
-    if not (importable / "tests").exists():
-        (importable / "tests").symlink_to(tree / "tests")
     session.run("pytest", str(tree / "tests"), "-m", QUICK, "-q", "-p", "no:cacheprovider",
                 *(["-n", workers, "--dist", "loadfile", "--no-loadscope-reorder"]
                   if workers != "1" else []), *session.posargs,
-                env={"MSGQ_TEST_WORKERS": workers, "PYTHON": python, "PYTHONSAFEPATH": "1",
-                     "PYTHONPATH": str(importable)})
+                env={"MSGQ_TEST_WORKERS": workers, "PYTHON": python})

@@ -15,10 +15,10 @@ from typing import Any
 
 import capnp
 import pytest
+from schema_profiles import robot_schema
 
 from msgq.schemas import Schema, default_schema, log_from_bytes, new_message
 from msgq.schemas._event_builder import StaleBuilderError, StructBuilder, built_bytes
-from tests.schema_profiles import robot_schema
 
 _INT_RANGES = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}
 _UINT_RANGES = {"uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}

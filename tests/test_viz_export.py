@@ -29,7 +29,6 @@ try:  # the viz extra is part of the test set-up: missing, it is a broken set-up
 except ImportError as e:
     pytest.fail(f"{e}: install msgq-shm[viz] (the test extra includes it)", pytrace=False)
 
-REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 # --- events with every kind of value --------------------------------------------------------
@@ -448,7 +447,7 @@ def run_msgq(*args: str, env: dict[str, str] | None = None, code: str | None = N
     command = [PYTHON, "-c", code or "import sys; from msgq.cli import main; "
                                      "sys.exit(main(sys.argv[1:]))", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})}, cwd=REPO)
+                          env={**os.environ, **(env or {})})
 
 
 def test_cli_export_robot_route(robot: Schema, tmp_path: Path) -> None:
@@ -506,7 +505,7 @@ def test_export_benchmark_prints_its_table() -> None:
     100 % and the export row a share of it."""
     result = subprocess.run([PYTHON, "-m", "msgq.bench.export", "--seconds", "2",
                              "--repeat", "1", "--jobs", "2"], capture_output=True, text=True,
-                            timeout=120, cwd=REPO)
+                            timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     rows = {line.split("  ")[0]: line for line in lines[2:-1]}

@@ -28,7 +28,6 @@ try:  # the viz extra is part of the test set-up: missing, it is a broken set-up
 except ImportError as e:
     pytest.fail(f"{e}: install msgq-shm[viz] (the test extra includes it)", pytrace=False)
 
-REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 # --- publishers in other processes ------------------------------------------------------------
@@ -144,7 +143,7 @@ def flood_rate(seconds: float, size: int, during: Callable[[], None] | None = No
     is not counted."""
     process = subprocess.Popen([PYTHON, "-c", FLOOD, str(seconds), str(size)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd=REPO)
+                               stderr=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None and process.stdin is not None
         assert process.stdout.readline().strip() == "ready"
@@ -299,7 +298,7 @@ def test_cameras_arrive_as_jpeg() -> None:
     from msgq.viz.live import LiveServer
 
     camera = subprocess.Popen([PYTHON, "-c", "from msgq.demo.robot import run_camera; "
-                               "run_camera(15.0)"], cwd=REPO, stderr=subprocess.PIPE)
+                               "run_camera(15.0)"], stderr=subprocess.PIPE)
     server = LiveServer(["roadCameraState"], port=0, cameras=[("camerad", 0)],
                         camera_rate=5.0, camera_width=320).start()
     viewer = FoxgloveClient(server.port)
@@ -341,7 +340,7 @@ def test_cli_serves_the_schema_in_force() -> None:
     process = subprocess.Popen(
         [PYTHON, "-m", "msgq", "foxglove", "--schema", ROBOT_SCHEMA, "--registry",
          ROBOT_SERVICES, "--services", "armState,imu", "--port", "0", "--duration", "3"],
-        stderr=subprocess.PIPE, text=True, cwd=REPO)
+        stderr=subprocess.PIPE, text=True)
     try:
         assert process.stderr is not None
         line = process.stderr.readline()
@@ -378,8 +377,7 @@ def test_a_replayed_recording_shows_live(tmp_path: Path) -> None:
     viewer.subscribe("/vehicleState")
     replay = subprocess.Popen([PYTHON, "-m", "msgq", "replay", str(tmp_path / "rec"),
                                "--services", "vehicleState", "--speed", "2"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=REPO)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         shown = []
         health_times = []
@@ -419,7 +417,7 @@ def test_cli_port_in_use_is_a_one_line_error() -> None:
     try:
         result = subprocess.run([PYTHON, "-m", "msgq", "foxglove", "--port", str(port),
                                  "--services", "vehicleState", "--duration", "1"],
-                                capture_output=True, text=True, timeout=60, cwd=REPO)
+                                capture_output=True, text=True, timeout=60)
     finally:
         server.stop()
     lines = result.stderr.strip().splitlines()
