@@ -49,8 +49,9 @@ def test_large_payloads_are_counted_over_fewer_messages() -> None:
 
 
 def test_the_counted_loop_sends_and_receives_every_message(prefix: str) -> None:
-    done = subprocess.run(script_command(sys.executable, ab.__file__, "--count", "64", "2", "50"),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        script_command(sys.executable, ab.__file__, "--count", "64", "2", "50"),
+        capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
 

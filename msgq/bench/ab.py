@@ -268,9 +268,8 @@ def _submaster_sides(sides: list[Side], row: Row, cereal: str, cereal_python: st
     """(label, Python, environment) of each SubMaster side that can run the tick: ours
     through msgq.compat.cereal's shim over each side's tree, then cereal's."""
     # another msgq: this file also runs as a script under the other side's tree (--count),
-    # which may lack these modules
-    from msgq.bench.messaging import _side_env, cereal_over_upstream
-    from msgq.compat.cereal import write_shim
+    # which may lack these modules (write_shim: msgq.compat.cereal's, as messaging has it)
+    from msgq.bench.messaging import _side_env, cereal_over_upstream, write_shim
 
     theirs = os.path.join(scratch, "cereal")
     if not os.path.isdir(theirs):
