@@ -362,12 +362,6 @@ class Runner:
             asyncio.run(run())
 
     def op_thread_close(self, i: int, slot: int, reconnect: bool) -> None:
-        if os.environ.get("MSGQ_BACKEND") == "zmq":
-            # KNOWN DEFECT (reported to the ZMQ backend's owner, not fixed here): closing
-            # or reconnecting a ZMQ SubSocket while another thread receives on it can
-            # trip a libzmq assertion (SIGABRT, "src/object.cpp:448"); the shared-memory
-            # socket refuses with IpcError. Remove this skip with the fix.
-            return
         sock = self.subs[slot]
         sock.setTimeout(2)
 

@@ -19,6 +19,7 @@ class Poller:
 
     def __init__(self) -> None:
         self._sockets: list[SubSocket] = []
+        self._registered: list[zmq.Socket] = []  # the ZMQ socket each one had then
         self._poller = zmq.Poller()
         self._next_handshake_check = 0.0
 
@@ -33,6 +34,7 @@ class Poller:
         if any(s is sock for s in self._sockets):
             return
         self._sockets.append(sock)
+        self._registered.append(sock._sock)
         self._poller.register(sock._sock, zmq.POLLIN)
 
     def poll(self, timeout: int | None) -> list[SubSocket]:
@@ -40,12 +42,29 @@ class Poller:
         no limit). Empty list on timeout."""
         if not self._sockets:
             return []
-        for s in self._sockets:
-            if s._sock is None:
-                raise IpcError("a socket registered with this Poller was closed")
-            # a fork()ed child polling its parent's sockets would spin on a libzmq
-            # context it cannot use: it is refused as the sockets' own calls are
-            s._check_connected()
+        # Each socket is taken for the whole poll, as a receive takes it: close or
+        # reconnect from another thread meanwhile raises IpcError instead of closing the
+        # ZMQ socket under zmq_poll (a libzmq abort).
+        taken: list[SubSocket] = []
+        try:
+            for s in self._sockets:
+                if s._sock is None:
+                    raise IpcError("a socket registered with this Poller was closed")
+                # a fork()ed child polling its parent's sockets would spin on a libzmq
+                # context it cannot use: it is refused as the sockets' own calls are
+                s._enter()
+                taken.append(s)
+            return self._poll(timeout)
+        finally:
+            for s in taken:
+                s._busy.release()
+
+    def _poll(self, timeout: int | None) -> list[SubSocket]:
+        for i, s in enumerate(self._sockets):
+            if s._sock is not self._registered[i]:  # reconnected since it was registered
+                self._poller.unregister(self._registered[i])
+                self._registered[i] = s._sock
+                self._poller.register(s._sock, zmq.POLLIN)
         stashed = [s for s in self._sockets if s._stash is not None]
         if stashed:
             timeout = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from functools import partial
 from typing import Any
@@ -13,6 +14,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from msgq.aio import await_until, next_message, wait_for_result
+from msgq.errors import IpcError
 from msgq.zmq.context import _close_monitor, _new_socket, _open_monitor, _usable, _wait_monitor
 from msgq.zmq.options import (
     _RECONNECT_IVL_MAX_MS,
@@ -93,6 +95,11 @@ class SubSocket:
         # the port later.
         self._foreign_link = False
         self._next_relink = 0.0
+        # Held by the one thread inside a call that uses the ZMQ socket (a receive, a
+        # Poller's poll, connect, close): libzmq sockets are not thread-safe, and closing
+        # one while another thread sleeps in it aborts the process in libzmq. Taken without
+        # waiting; a call that finds it held raises IpcError (see _enter).
+        self._busy = threading.Lock()
 
     def connect(
         self,
@@ -114,8 +121,16 @@ class SubSocket:
         keys = load_keys(self.keys_dir, self.client) if self.keys_dir else None
         if keys is not None:
             keys.client_keys_or_raise()
+        self._claim()
+        try:
+            self._connect(context, endpoint, address, conflate, segment_size, keys)
+        finally:
+            self._busy.release()
+
+    def _connect(self, context: Any, endpoint: str, address: str, conflate: bool,
+                 segment_size: int, keys: Any) -> None:
         name, port, sock = _new_socket(context, endpoint, segment_size, zmq.SUB, self.linger)
-        self.close()
+        self._close_socket()
         monitor = None
         self.failed_handshakes = 0
         self._handshake_said = False
@@ -178,6 +193,35 @@ class SubSocket:
 
     def _check_connected(self) -> zmq.Socket:
         return _usable(self._sock, self._pid, self.endpoint, "subscriber")
+
+    def _enter(self) -> zmq.Socket:
+        """Takes the socket for a call from this thread (release ``_busy`` after it):
+        its ZMQ socket, or IpcError when it is not connected or another thread is
+        inside a call on it."""
+        if not self._busy.acquire(False):
+            self._check_connected()  # a copy inherited through fork() says so first
+            raise IpcError(f"endpoint {self.endpoint!r}: another thread is inside a call "
+                           "on this socket (a receive, a Poller's poll, connect or close); "
+                           "a ZMQ socket serves one thread at a time")
+        try:
+            return self._check_connected()
+        except BaseException:
+            self._busy.release()
+            raise
+
+    def _claim(self) -> None:
+        """Takes the socket for close or connect, or raises IpcError while another
+        thread is inside a call on it (closing a ZMQ socket under a thread that sleeps in
+        it aborts the process in libzmq). A copy inherited through fork() is never busy:
+        the thread that held it did not come along."""
+        if self._pid and self._pid != os.getpid():
+            self._sock = self._monitor = None  # the parent's: not ours to close
+            self._stash = self._unacked = None  # (_lent stays: a decoder may point in)
+            self._busy = threading.Lock()
+        if not self._busy.acquire(False):
+            raise IpcError(f"endpoint {self.endpoint!r}: another thread is receiving or "
+                           "polling on this socket; close or reconnect it when that call "
+                           "has returned")
 
     def _handshake_failed(self, event: int, value: int) -> None:
         self.failed_handshakes += 1
@@ -266,10 +310,9 @@ class SubSocket:
             if self._foreign_link:
                 self._relink(sock)
 
-    def _next(self, non_blocking: bool) -> bytes | zmq.Frame | None:
+    def _next(self, sock: zmq.Socket, non_blocking: bool) -> bytes | zmq.Frame | None:
         """The next message: a stashed one (bytes) or a received frame; None when there
-        is none (non-blocking) or the timeout passed."""
-        sock = self._check_connected()
+        is none (non-blocking) or the timeout passed. (Callers hold ``_busy``.)"""
         if self._stash is not None:
             msg, self._stash = self._stash, None
             if self._conflate:  # a newer message may have come after the stashed one
@@ -291,15 +334,14 @@ class SubSocket:
             if non_blocking or self._timeout_ms == 0 or not self._wait(sock, deadline):
                 return None
 
-    def _read(self, msg: bytes | zmq.Frame) -> None:
+    def _read(self, sock: zmq.Socket, msg: bytes | zmq.Frame) -> None:
         """Notes ``msg`` as read by the caller; once nothing more is queued the
         publisher is told (a read acknowledgement: see ``ACK_TOPIC``). Whether more is
         queued is learnt by taking the next message ahead into the stash: free while
         messages stream (the next receive takes it from there), one look at an empty
         queue otherwise."""
         self._unacked = msg
-        sock = self._sock
-        if sock is None or self._stash is not None:
+        if self._stash is not None:
             return
         ahead = self._recv_one(sock)
         if ahead is None:
@@ -323,11 +365,16 @@ class SubSocket:
 
     def receive(self, non_blocking: bool = False) -> bytes | None:
         """Returns the next message as ``bytes``, or None when there is none
-        (non-blocking) or the timeout passed."""
-        msg = self._next(non_blocking)
-        if msg is None:
-            return None
-        self._read(msg)
+        (non-blocking) or the timeout passed. A ZMQ socket serves one thread at a time:
+        IpcError while another thread is inside a call on it."""
+        sock = self._enter()
+        try:
+            msg = self._next(sock, non_blocking)
+            if msg is None:
+                return None
+            self._read(sock, msg)
+        finally:
+            self._busy.release()
         return msg if isinstance(msg, bytes) else msg.bytes
 
     async def receive_async(self) -> bytes | None:
@@ -368,26 +415,41 @@ class SubSocket:
             raise TypeError("receive_into() needs a writable contiguous buffer") from None
         if view.readonly or not view.contiguous:
             raise TypeError("receive_into() needs a writable contiguous buffer")
-        frame = self._next(non_blocking)
-        if frame is None:
-            return None
-        msg = frame if isinstance(frame, bytes) else frame.bytes
         view = view.cast("B")
-        if len(msg) > len(view):
-            self._stash = msg
-            raise ValueError(f"message of {len(msg)} bytes does not fit a buffer of "
-                             f"{len(view)} bytes; the message stays queued")
-        view[: len(msg)] = msg
-        self._read(msg)
+        sock = self._enter()
+        try:
+            frame = self._next(sock, non_blocking)
+            if frame is None:
+                return None
+            msg = frame if isinstance(frame, bytes) else frame.bytes
+            if len(msg) > len(view):
+                self._stash = msg
+                raise ValueError(f"message of {len(msg)} bytes does not fit a buffer of "
+                                 f"{len(view)} bytes; the message stays queued")
+            view[: len(msg)] = msg
+            self._read(sock, msg)
+        finally:
+            self._busy.release()
         return len(msg)
 
     def has_data(self) -> bool:
         """True when a message is waiting (it may still be dropped as invalid)."""
-        sock = self._check_connected()
-        return self._stash is not None or bool(sock.poll(0, zmq.POLLIN))
+        sock = self._enter()
+        try:
+            return self._stash is not None or bool(sock.poll(0, zmq.POLLIN))
+        finally:
+            self._busy.release()
 
     def close(self) -> None:
-        """Closes the socket; it can connect again."""
+        """Closes the socket; it can connect again. Raises IpcError while another thread
+        is inside a call on it (a receive, a Poller's poll)."""
+        self._claim()
+        try:
+            self._close_socket()
+        finally:
+            self._busy.release()
+
+    def _close_socket(self) -> None:
         sock, self._sock = self._sock, None
         monitor, self._monitor = self._monitor, None
         self._stash = None
@@ -457,10 +519,15 @@ class FrameView:
         self._view: memoryview | None = None
 
     def __enter__(self) -> memoryview | None:
-        self._msg = self._sock._next(self._non_blocking)
-        if self._msg is None:
-            return None
-        self._sock._read(self._msg)
+        owner = self._sock
+        sock = owner._enter()
+        try:
+            self._msg = owner._next(sock, self._non_blocking)
+            if self._msg is None:
+                return None
+            owner._read(sock, self._msg)
+        finally:
+            owner._busy.release()
         msg = self._msg
         if not isinstance(msg, bytes) and _address(msg.buffer) % 8:
             # Cap'n Proto readers need word-aligned bytes, libzmq frames need not be: an
