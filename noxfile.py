@@ -1,6 +1,8 @@
 """Every Python that ``requires-python`` claims, tested: nox sessions that build msgq's
 sdist, install it (with the ``test`` extra) into a fresh virtual environment of each
-Python, and run ``./test.sh --quick``'s pytest selection against that installation.
+Python, and run ``./test.sh --quick``'s pytest selection against that installation, plus
+the tests marked ``pythons`` (tests/conftest.py: the Spark data source, pyspark and py4j
+on that Python, too slow for the quick tier itself).
 
     ./test.sh --pythons                  all four, one after the other (nox from PyPI in
                                          build/nox-venv, environments in build/nox)
@@ -28,8 +30,8 @@ import nox
 ROOT = Path(__file__).resolve().parent
 #: The Pythons that requires-python claims and this machine tests.
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
-#: ./test.sh --quick's pytest selection.
-QUICK = "quick or not slow"
+#: ./test.sh --quick's pytest selection, and the tests each Python adds to it.
+QUICK = "quick or not slow or pythons"
 
 nox.options.sessions = ["quick"]
 nox.options.envdir = str(ROOT / "build" / "nox")

@@ -39,8 +39,22 @@ HEAVY_MARKERS = ("spark", "chaos", "fuzz", "packaging")
 #: parametrized test is named with its parameters): the Spark data source on a small
 #: recording (the session start is most of its time), and the bridge end to end.
 LAYER_REPRESENTATIVES = (
-    "tests/test_spark.py::test_rows_are_the_events_of_the_log_reader",
     "tests/test_bridge.py::test_bridge_carries_services_and_frames[none]",
+)
+#: Tests that the per-Python sessions (noxfile.py: ``-m "quick or not slow or pythons"``)
+#: add to the quick tier, marked ``pythons``: the Spark data source on a small recording
+#: (pyspark and py4j on that Python). Too slow for ``./test.sh --quick`` itself: the
+#: session's start is most of its 100 s at a load average of 12.
+PYTHONS_REPRESENTATIVES = (
+    "tests/test_spark.py::test_rows_are_the_events_of_the_log_reader",
+)
+#: Tests of files the quick tier keeps that take too long for it, marked ``slow`` here
+#: (the full suite runs them): each took 25-60 s of a 340 s quick tier at a load average
+#: of 12, where most take under one. The quick tier keeps test_crash.py's other crash
+#: tests and test_api_sequences.py's other sequences.
+SLOW_TESTS = (
+    "tests/test_crash.py::test_killed_publisher_never_tears_a_payload",  # 8 rounds of kills
+    "tests/test_api_sequences.py::test_no_sequence_of_calls_kills_the_process",  # fuzzing
 )
 
 
@@ -56,9 +70,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before -m/-k deselect anything
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks the tests of :data:`HEAVY_FILES` (and any test carrying a heavy marker)
-    ``slow``, and :data:`LAYER_REPRESENTATIVES` ``quick``; a quick-tier run fails when a
-    representative's file was collected without it (renamed or removed: name another)."""
+    """Marks the tests of :data:`HEAVY_FILES` (and any test carrying a heavy marker) and
+    :data:`SLOW_TESTS` ``slow``, :data:`LAYER_REPRESENTATIVES` ``quick`` and
+    :data:`PYTHONS_REPRESENTATIVES` ``pythons``; a run that selects by those markers fails
+    when a named test's file was collected without it (renamed or removed: name another)."""
     tests_dir = Path(__file__).resolve().parent
     files: set[str] = set()
     found: set[str] = set()
@@ -76,19 +91,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         base = item.nodeid.split("[", 1)[0]
         files.add(base.split("::", 1)[0])
         for nodeid in (item.nodeid, base):
-            if nodeid in LAYER_REPRESENTATIVES:
-                item.add_marker("quick")
-                found.add(nodeid)
+            for named, marker in ((LAYER_REPRESENTATIVES, "quick"),
+                                  (PYTHONS_REPRESENTATIVES, "pythons"), (SLOW_TESTS, "slow")):
+                if nodeid in named:
+                    item.add_marker(marker)
+                    found.add(nodeid)
     # Heavy files first (their order and each file's own order kept): pytest-xdist hands
     # out files in this order (test.sh: --dist loadfile --no-loadscope-reorder), so the
     # minutes-long Spark, packaging and chaos files start while the small ones wait to
     # fill the gaps, instead of running last, one per worker, while the other idles.
     items.sort(key=lambda item: str(item.path) not in heavy_files)
-    missing = [n for n in LAYER_REPRESENTATIVES
+    missing = [n for n in (*LAYER_REPRESENTATIVES, *PYTHONS_REPRESENTATIVES, *SLOW_TESTS)
                if n.split("::", 1)[0] in files and n not in found]
-    if missing and "quick" in (config.getoption("markexpr") or ""):
-        raise pytest.UsageError(f"quick-tier representative {missing[0]} no longer exists: "
-                                "name another test of its layer in tests/conftest.py")
+    markexpr = config.getoption("markexpr") or ""
+    if missing and ("quick" in markexpr or "slow" in markexpr):
+        raise pytest.UsageError(f"{missing[0]}, named in tests/conftest.py for the quick "
+                                "tier, no longer exists: name another test there")
 
 
 @pytest.fixture(autouse=True)
