@@ -59,6 +59,7 @@ from msgq.queues import fnv1a_64, process_alive, queue_dir, queue_file_mode, val
 __all__ = [
     "Event",
     "SocketEventHandle",
+    "cereal_fake_event_handle",
     "delete_fake_prefix",
     "fake_event_handle",
     "get_fake_prefix",
@@ -143,27 +144,35 @@ class Event:
         self._state: _State | None = None
         self._which = 0
         self._owner: Any = None
+        self._absent_fd = -1  # what ``fd`` reads while there is no event
 
     @classmethod
-    def _of(cls, state: _State | None, which: int, owner: Any) -> Event:
+    def _of(cls, state: _State | None, which: int, owner: Any, absent_fd: int = -1) -> Event:
         event = cls(-1)
         event._state, event._which = state, which
         event._owner = owner  # keeps the handle (and so the descriptor) alive
+        event._absent_fd = absent_fd
         return event
 
-    @property
-    def fd(self) -> int:
-        """The pollable file descriptor (readable while set); -1 when there is no event."""
+    def _own_fd(self) -> int:
+        """The event's descriptor; -1 when there is no event."""
         if self._state is not None:
             return self._state.fifo_fds[self._which] if not self._state.released else -1
         return self._fd
 
+    @property
+    def fd(self) -> int:
+        """The pollable file descriptor (readable while set); -1 when there is no event
+        (0 for the events of :func:`cereal_fake_event_handle`, as cereal reports them)."""
+        fd = self._own_fd()
+        return fd if fd >= 0 else self._absent_fd
+
     def is_valid(self) -> bool:
         """True when the event has a file descriptor."""
-        return self.fd >= 0
+        return self._own_fd() >= 0
 
     def _check(self) -> int:
-        fd = self.fd
+        fd = self._own_fd()  # never the 0 shown for cereal: that is stdin
         if fd < 0:
             raise RuntimeError(
                 "event has no file descriptor: no fake event state exists for its endpoint; "
@@ -542,8 +551,11 @@ class SocketEventHandle:
                 f"{self.identifier!r}); create it with fake_event_handle(endpoint) first")
         state.enabled = bool(value)
 
+    #: What the events' ``fd`` reads while no state exists (see cereal_fake_event_handle).
+    _absent_fd = -1
+
     def _event(self, which: int) -> Event:
-        return Event._of(self._state(), which, self)
+        return Event._of(self._state(), which, self, self._absent_fd)
 
     @property
     def recv_called_event(self) -> Event:
@@ -589,11 +601,32 @@ def fake_event_handle(
 ) -> SocketEventHandle:
     """A handle of ``endpoint``'s fake events (``identifier`` default: the fake prefix);
     with ``override`` the handle makes the events and sets ``enabled`` to ``enable``."""
-    identifier = identifier or get_fake_prefix()
-    handle = SocketEventHandle(endpoint, identifier, override)
+    return _new_handle(SocketEventHandle, endpoint, identifier, override, enable)
+
+
+def _new_handle(cls: type[SocketEventHandle], endpoint: str, identifier: str | None,
+                override: bool, enable: bool) -> SocketEventHandle:
+    handle = cls(endpoint, identifier or get_fake_prefix(), override)
     if override:
         handle.enabled = enable
     return handle
+
+
+class _CerealSocketEventHandle(SocketEventHandle):
+    _absent_fd = 0
+
+
+def cereal_fake_event_handle(
+    endpoint: str, identifier: str | None = None, override: bool = True, enable: bool = False
+) -> SocketEventHandle:
+    """:func:`fake_event_handle` as cereal's messaging module (before msgq was split out
+    of it) reports it, for code written against cereal (``msgq.compat.cereal``): where no
+    state exists (an ``override=False`` handle of an endpoint nobody manages) the events'
+    ``fd`` reads 0, not -1, because cereal mapped a zero-filled state file and returned
+    its descriptor fields as they were (upstream msgq 1.0 says -1). Only the number
+    differs: such an event still refuses ``set``/``clear``/``wait`` (RuntimeError), so
+    nothing is ever written to or read from descriptor 0."""
+    return _new_handle(_CerealSocketEventHandle, endpoint, identifier, override, enable)
 
 
 class SocketEventGate:

@@ -178,6 +178,42 @@ def test_handle_of_unowned_endpoint(endpoint: str) -> None:
     assert fake_files(endpoint) == []
 
 
+def test_cereal_handle_of_unowned_endpoint_reads_fd_0_and_touches_no_descriptor(
+        endpoint: str, tmp_path) -> None:
+    # cereal's test_fake.py (before msgq was split out of cereal) expects fd 0 where no
+    # state exists (it mapped a zero-filled state); upstream msgq 1.0 expects -1. The
+    # cereal variant reads 0 but must never use descriptor 0 (standard input).
+    from msgq.compat import cereal
+
+    assert cereal.MESSAGING_NAMES["fake_event_handle"] is fake_events.cereal_fake_event_handle
+    msgq.pub_sock(endpoint)
+    handle = fake_events.cereal_fake_event_handle(endpoint, override=False)
+    assert not handle.enabled
+    assert handle.recv_called_event.fd == 0
+    assert handle.recv_ready_event.fd == 0
+    assert not handle.recv_called_event.is_valid()
+    stdin = tmp_path / "stdin"
+    stdin.write_bytes(b"untouched")
+    saved = os.dup(0)
+    try:
+        with open(stdin, "r+b") as f:
+            os.dup2(f.fileno(), 0)  # descriptor 0 is a file: a write or read would show
+        for call in (handle.recv_called_event.set, handle.recv_ready_event.clear,
+                     handle.recv_called_event.peek, lambda: handle.recv_ready_event.wait(0)):
+            with pytest.raises(RuntimeError, match="no file descriptor"):
+                call()
+        assert os.lseek(0, 0, os.SEEK_CUR) == 0
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+    assert stdin.read_bytes() == b"untouched"
+    assert fake_files(endpoint) == []
+    owner = fake_events.cereal_fake_event_handle(endpoint, enable=True)  # managed: real fds
+    assert owner.recv_called_event.fd > 0 and owner.recv_called_event.is_valid()
+    assert handle.enabled and handle.recv_called_event.fd > 0  # follows the new state
+    owner.close()
+
+
 def test_sockets_do_not_change_a_managed_state(endpoint: str) -> None:
     handle = msgq.fake_event_handle(endpoint)
     handle.enabled = True

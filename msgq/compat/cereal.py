@@ -54,6 +54,7 @@ from typing import Any
 
 import msgq
 import msgq.messaging
+from msgq.fake_events import cereal_fake_event_handle
 from msgq.schemas import use_schema
 from msgq.schemas.schema import load_module
 
@@ -78,7 +79,7 @@ MESSAGING_NAMES: dict[str, Any] = {
     "wait_for_one_event": msgq.wait_for_one_event,
     "MultiplePublishersError": msgq.MultiplePublishersError,
     "MessagingError": msgq.IpcError,
-    "fake_event_handle": msgq.fake_event_handle,
+    "fake_event_handle": cereal_fake_event_handle,
     "NO_TRAVERSAL_LIMIT": msgq.NO_TRAVERSAL_LIMIT,
     "context": msgq.context,
     "pub_sock": msgq.messaging.pub_sock,
