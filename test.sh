@@ -8,8 +8,9 @@
 # ./test.sh --quick: the tier to run after each change (a few minutes): the plain C unit
 # tests, ruff, and the pytest tests not marked slow plus one per layer that only slow
 # tests reach (-m "quick or not slow"; tests/conftest.py says how tests get marked).
-# ./test.sh --pythons [NOX ARGS]: that pytest tier on Python 3.10, 3.11, 3.12 and 3.13,
-# each from the sdist in a fresh environment (noxfile.py; -s quick-3.12: one of them).
+# ./test.sh --pythons [NOX ARGS]: that pytest tier (and the tests marked pythons: Spark's
+# data source) on Python 3.10, 3.11, 3.12 and 3.13, each from the sdist in a fresh
+# environment (noxfile.py; -s quick-3.12: one of them; .ci/run runs quick-3.10).
 #
 # pytest runs in MSGQ_TEST_WORKERS processes (pytest-xdist, default 3: most tests wait on
 # other processes — on two cores, three workers ran the suite in 649 s where two took
