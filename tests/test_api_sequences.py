@@ -692,6 +692,55 @@ def test_registering_with_a_poller_another_thread_polls_is_refused(endpoint: str
     second.close()
 
 
+KEPT_PAST_REPLACEMENT = r"""
+import subprocess, sys
+import msgq
+from msgq import shm_backend
+
+ep, kind = sys.argv[1], sys.argv[2]
+pub = msgq.pub_sock(ep, segment_size=0x4000)
+sub = msgq.sub_sock(ep, segment_size=0x4000, timeout=0)
+if kind == "reserve":
+    with pub.reserve(1000) as buf:
+        buf[:4] = b"abcd"
+        kept = buf[:16]
+else:
+    pub.send(b"abcd" * 4)
+    with sub.receive_view() as view:
+        kept = view[:16]
+# Another process damages the queue file; its next opener renames a new queue into place.
+code = (f"import msgq; from msgq import shm_backend\n"
+        f"with open(shm_backend.queue_path({ep!r}), 'r+b') as f: f.write(bytes(8))\n"
+        f"msgq.pub_sock({ep!r}, segment_size=0x4000)\n")
+subprocess.run([sys.executable, "-c", code], check=True)
+for _ in range(3):  # O6: the socket follows the endpoint to the new file
+    try:
+        pub.send(b"after") if kind == "reserve" else sub.receive()
+    except msgq.IpcError:
+        pass
+if kind == "reserve":
+    kept[0:4] = b"zzzz"
+print("kept buffer still usable:", bytes(kept[:4]), flush=True)
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="KNOWN DEFECT: following a replaced queue file (O6) "
+                   "unmaps the old ring under a buffer kept past its block; the C core "
+                   "would have to keep that mapping, as msgq_sub_close_keep_mapping does")
+@pytest.mark.parametrize("kind", ["reserve", "view"])
+def test_a_buffer_kept_past_its_block_survives_its_queue_file_being_replaced(
+        prefix: str, endpoint: str, kind: str) -> None:
+    # A slice of a reserve() block (or of a receive_view view) kept past the block holds
+    # the ring mapped against close and reconnect; but when another process replaces
+    # the queue file, the socket's next send (receive) follows the endpoint to the new
+    # file and unmaps the old ring under the slice: the next use is a segfault.
+    done = subprocess.run([sys.executable, "-c", KEPT_PAST_REPLACEMENT, endpoint, kind],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode >= 0, f"killed by signal {signal.Signals(-done.returncode).name}"
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "kept buffer still usable" in done.stdout
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "child":
         sys.exit(_child(int(sys.argv[2]), int(sys.argv[3])))
