@@ -28,10 +28,11 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 BASE = 5_000_000_000
 
 
-def _msgq(*argv: str, cwd: Path | None = None, timeout: float = 300
-          ) -> subprocess.CompletedProcess[str]:
+def _msgq(*argv: str, cwd: Path | None = None, timeout: float = 300,
+          env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.pop("PYSPARK_PYTHON", None)  # as a user's shell has it
+    env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "msgq", *argv], capture_output=True,
                           text=True, env=env, timeout=timeout, cwd=cwd)
 
@@ -362,3 +363,19 @@ def test_a_lake_reads_through_a_hadoop_path(spark: Any,
             lake.read_lake(spark, "viewfs://msgqlake/lake/can")
     finally:
         conf.unset(link)
+
+
+def test_partition_folders_are_named_as_sparks_writer_names_them(
+        spark: Any, tmp_path: Path) -> None:
+    """The build's tasks write the partition folders themselves (lake_files): their names
+    must be the ones Spark's writer gives and its reader parses back."""
+    from msgq.spark.lake_files import partition_folder
+
+    values = ["drive", "a:b=c%d [x]^{y}'z*?", "tab\there", "2024-01-02--03-04-05", None]
+    df = spark.createDataFrame([(v, i) for i, v in enumerate(values)], "route string, i int")
+    df.write.partitionBy("route").parquet(str(tmp_path / "t"))
+    written = {n for n in os.listdir(tmp_path / "t") if n.startswith("route=")}
+    assert written == {partition_folder("route", v) for v in values}
+    back = spark.read.schema("i int, route string").parquet(str(tmp_path / "t")).collect()
+    assert sorted((r.i, r.route) for r in back) == list(enumerate(values))
+

@@ -92,6 +92,7 @@ __all__ = [
     "ReadOptions",
     "SegmentPartition",
     "local_path",
+    "member_decoder",
     "output_schema",
     "pack_segments",
     "plan_segments",
@@ -100,6 +101,7 @@ __all__ = [
     "source_class",
     "spec_from_option",
     "spec_option",
+    "undecodable",
     "uri_scheme",
 ]
 
@@ -748,6 +750,45 @@ class _Decoder:
         value = decode_event(data, schema)._get_by_field(self.field)
         return value if self.convert is None else self.convert(value)
 
+    def values(self, buffer: Any, starts: list[int], lengths: list[int], schema: Any
+               ) -> tuple[list[int], list[Any], dict[int, str]]:
+        """The column values of the events at ``starts``/``lengths`` of ``buffer``
+        (bytes-like): (the positions decoded, their values, position -> problem of each
+        event that could not be: ``undecodable: ...``)."""
+        view = memoryview(buffer).cast("B")  # an Arrow buffer's is of signed bytes
+        layout = self.layout
+        decoded: list[int] = []
+        values: list[Any] = []
+        failed: dict[int, str] = {}
+        for i, (a, n) in enumerate(zip(starts, lengths, strict=True)):
+            try:
+                value = FALLBACK if layout is None else read_member(view[a:a + n], layout)
+                if value is FALLBACK:
+                    value = self.from_pycapnp(bytes(view[a:a + n]), schema)
+            except Exception as e:  # pycapnp raises KjException, ValueError, ...
+                failed[i] = undecodable(e)
+                continue
+            decoded.append(i)
+            values.append(value)
+        return decoded, values, failed
+
+
+def undecodable(error: BaseException) -> str:
+    """The ``problem`` of an event whose typed decoding failed with ``error``."""
+    return f"undecodable: {' '.join(str(error).split())}"
+
+
+@functools.lru_cache(maxsize=256)
+def member_decoder(spec: SchemaSpec, service: str) -> _Decoder | None:
+    """How to fill the typed column of ``service`` under ``spec`` (None: a member with
+    nothing to decode), built once per process."""
+    root = spec.load().event.schema
+    plan = member_plan(root, service)
+    if plan is None:
+        return None
+    layout = None if plan.layout is None else compile_member(plan.layout)
+    return _Decoder(0, root.fields[service], plan.convert, layout)
+
 
 _decoders: dict[tuple[SchemaSpec | None, tuple[str, ...]], dict[str, _Decoder]] = {}
 
@@ -757,14 +798,12 @@ def _decoders_for(options: ReadOptions) -> dict[str, _Decoder]:
     key = (options.spec, options.decode)
     decoders = _decoders.get(key)
     if decoders is None:
-        root = options.schema.event.schema
+        assert options.spec is not None  # set by ReadOptions.__post_init__
         decoders = {}
         for service in options.decode:
-            plan = member_plan(root, service)
-            if plan is not None:
-                layout = None if plan.layout is None else compile_member(plan.layout)
-                decoders[service] = _Decoder(len(decoders), root.fields[service], plan.convert,
-                                             layout)
+            decoder = member_decoder(options.spec, service)
+            if decoder is not None:
+                decoders[service] = replace(decoder, column=len(decoders))
         _decoders[key] = decoders
     return decoders
 
@@ -1096,7 +1135,7 @@ class _SegmentRead:
         try:
             value = decoder.value(event.data, self.schema)
         except Exception as e:  # pycapnp raises KjException, ValueError, ...
-            self.rows.problems[row] = f"undecodable: {' '.join(str(e).split())}"
+            self.rows.problems[row] = undecodable(e)
             return
         self.rows.typed_rows[decoder.column].append(row)
         self.rows.typed_values[decoder.column].append(value)
@@ -1125,28 +1164,20 @@ class _SegmentRead:
 
     def _add_batch_typed(self, batch: MessageBatch, picked: Any, first: int) -> None:
         services = batch.service[picked]
-        view = memoryview(batch.data)
         for index in np.unique(services).tolist():  # the services present only
             decoder = self.decoders.get(batch.services[index])
             if decoder is None:
                 continue
-            rows = self.rows.typed_rows[decoder.column]
-            values = self.rows.typed_values[decoder.column]
-            layout = decoder.layout
             at = np.flatnonzero(services == index)
             chosen = picked[at]
-            for i, a, n in zip(at.tolist(), batch.offset[chosen].tolist(),
-                               batch.length[chosen].tolist(), strict=True):
-                try:
-                    value = FALLBACK if layout is None else read_member(view[a:a + n], layout)
-                    if value is FALLBACK:
-                        value = decoder.from_pycapnp(batch.data[a:a + n], self.schema)
-                except Exception as e:  # pycapnp raises KjException, ValueError, ...
-                    self.rows.problems[first + i] = \
-                        f"undecodable: {' '.join(str(e).split())}"
-                    continue
-                rows.append(first + i)
-                values.append(value)
+            decoded, values, failed = decoder.values(
+                batch.data, batch.offset[chosen].tolist(), batch.length[chosen].tolist(),
+                self.schema)
+            rows = at.tolist()
+            for i, problem in failed.items():
+                self.rows.problems[first + rows[i]] = problem
+            self.rows.typed_rows[decoder.column].extend(first + rows[i] for i in decoded)
+            self.rows.typed_values[decoder.column].extend(values)
 
     def _readable(self) -> bool:
         """Whether the partition's path is a file here; a problem row when not (on a

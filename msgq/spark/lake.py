@@ -21,21 +21,24 @@ column named after the service holding its typed value (the plan of
 enums as names, structs as structs, lists as arrays, Data as binary), and the partition
 columns ``date`` (the route's date, ``YYYY-MM-DD`` from its name, where it has one) and
 ``route`` (a loggerd route's name, or the name of a msgq recording's folder). Rows are
-sorted by logMonoTime within a file; a file holds one route of one batch, at most about
-:data:`TARGET_FILE_BYTES` of events.
+sorted by logMonoTime within a file; a file holds one route of one task of a batch (a
+task per core), at most about :data:`TARGET_FILE_BYTES` of events.
 
 Building (:func:`build`) is a Structured Streaming query per source over the msgqlog
 stream reader (:mod:`msgq.spark.streaming`): trigger ``availableNow`` reads what is
 there and stops; :func:`follow` runs the same query every few seconds. Its checkpoint
 (Spark's offset and commit logs) makes it incremental and exactly once: a run reads only
 the bytes after the last committed offset, and a batch that was cut short (kill -9) is
-run again from the same offsets by the next run. Each batch is written by Spark's
-Parquet writer to a staging folder, then moved into the tables file by file under names
-made of the source and the batch id (write-then-rename: a reader never sees a partial
-file; a batch run again first removes what an interrupted run of it had moved, and
-replaces the rest under the same names, so no row is doubled). The lake has no
-transaction log of its own: a reader that lists a table while a batch is being moved
-in may see some of that batch's files and not yet the others.
+run again from the same offsets by the next run. A batch is one Spark job: the stream's
+narrow rows (the events' bytes, no typed column) go through ``mapInArrow`` into
+:mod:`msgq.spark.lake_files`, whose tasks (one per core) decode each event once and
+write every service's Parquet files into a staging folder; the files the tasks report
+are then moved into the tables file by file under names made of the source and the
+batch id (write-then-rename: a reader never sees a partial file; a batch run again
+first removes what an interrupted run of it had moved, and replaces the rest under the
+same names, so no row is doubled). The lake has no transaction log of its own: a reader
+that lists a table while a batch is being moved in may see some of that batch's files
+and not yet the others.
 
 Reading (:func:`read_table`, :func:`read_lake`, :func:`sql`) is Spark's Parquet source
 with the table's schema from the schema in force: partition pruning on ``date`` and
@@ -45,7 +48,8 @@ only adds fields reads older files with those fields null.
 
 Layer: part of the Spark tool, over the msgqlog source (whose module, imported at the
 top, imports pyspark: the spark extra). Only DataFrame and SQL calls (no RDD, no
-SparkContext): the same code runs on a Spark Connect session.
+SparkContext): the reading runs on a Spark Connect session too; building needs a local
+(or cluster) session, as its foreachBatch function runs in this process.
 """
 
 from __future__ import annotations
@@ -53,13 +57,11 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +72,13 @@ from msgq.schemas.services import unknown_service_error
 from msgq.spark.capnp_types import member_plan
 from msgq.spark.connect import default_parallelism
 from msgq.spark.datasource import local_path, read_spec, spec_option, uri_scheme
+from msgq.spark.lake_files import (
+    LISTED_PROBLEMS,
+    PROBLEMS_TABLE,
+    SUMMARY_SCHEMA,
+    TARGET_FILE_BYTES,
+    TableFiles,
+)
 
 __all__ = [
     "LAKE_FILE",
@@ -93,23 +102,16 @@ __all__ = [
 #: (no leading "_": Spark's file listing, which reads it from Hadoop paths, hides such
 #: names).
 LAKE_FILE = "msgq-lake.json"
-#: The table of the damage found in the logs (file, segment, offset, problem).
-PROBLEMS_TABLE = "_problems"
 #: Where each source's streaming checkpoint lives, under the lake.
 CHECKPOINTS = "_checkpoints"
 #: Where a batch is written before its files are moved into the tables.
 STAGING = "_staging"
-#: The size a table file is cut at, in bytes of events (the files are smaller: Parquet).
-TARGET_FILE_BYTES = 128 << 20
-#: The table writes of a batch in flight at once.
-_WRITERS = 8
 _FORMAT = "msgq-lake"
 _VERSION = 1
 #: The event columns of every service table, before the service's own column.
 EVENT_COLUMNS = ("logMonoTime", "valid", "segment", "file", "offset", "size", "problem")
 PARTITION_COLUMNS = ("date", "route")
 _PROBLEM_COLUMNS = ("file", "segment", "offset", "problem")
-_DATE = r"(\d{4}-\d{2}-\d{2})"
 _ROUTE_SEGMENT = re.compile(r"^(.+)--(\d+)$")
 
 
@@ -180,26 +182,6 @@ def _storable(kind: Any) -> Any:
         element = _storable(kind.elementType)
         return None if element is None else ArrayType(element, kind.containsNull)
     return kind
-
-
-def _stored(column: Any, kind: Any, stored: Any) -> Any:
-    """The value of ``column`` (of Spark type ``kind``) as type ``stored``
-    (:func:`_storable` of ``kind``): the fields Parquet cannot hold left out."""
-    # pyspark: the optional spark extra, imported when Spark is used
-    from pyspark.sql import functions as sf
-    from pyspark.sql.types import ArrayType, StructType
-
-    if kind == stored:
-        return column
-    if isinstance(kind, StructType):
-        wanted = {f.name: f.dataType for f in stored.fields}
-        inner = sf.struct(*[_stored(column[f.name], f.dataType, wanted[f.name]).alias(f.name)
-                            for f in kind.fields if f.name in wanted])
-        return sf.when(column.isNotNull(), inner)
-    if isinstance(kind, ArrayType):
-        return sf.transform(column, lambda x: _stored(x, kind.elementType,
-                                                       stored.elementType))
-    return column
 
 
 def _schema_of(schema: Any) -> Any:
@@ -484,28 +466,23 @@ class BatchReport:
                 "seconds": self.seconds, "newest_age_s": self.newest_age_s}
 
 
-def _route_and_date(batch: Any) -> Any:
-    """The batch with its partition columns: the loggerd route, else the recording
-    folder's name; the date in it, else null."""
-    # pyspark: the optional spark extra, imported when Spark is used
-    from pyspark.sql import functions as sf
-
-    folder = sf.regexp_extract(sf.col("file"), r"([^/]+)/[^/]*$", 1)
-    route = sf.coalesce(sf.col("route"), folder)
-    date = sf.regexp_extract(route, _DATE, 1)
-    return batch.withColumn("route", route) \
-        .withColumn("date", sf.when(date != "", date))
-
-
 class _BatchWriter:
     """The foreachBatch function of a source's streaming query (module docstring)."""
 
-    def __init__(self, lake: Lake, source: str, schemas: dict[str, Any],
+    def __init__(self, lake: Lake, source: str, spec: SchemaSpec, schemas: dict[str, Any],
                  on_batch: Callable[[BatchReport], None] | None) -> None:
+        # pyspark: the optional spark extra, imported when Spark is used
+        from pyspark.sql.types import StructType
+
         self.lake = lake
         self.source = source
         self.key = source_key(source)
         self.schemas = schemas
+        self.spec = spec_option(spec)
+        # the stored columns of each table: its schema without the partition columns
+        self.stored = {t: StructType([f for f in kind.fields
+                                      if f.name not in PARTITION_COLUMNS]).json()
+                       for t, kind in schemas.items()}
         self.on_batch = on_batch
         self.reports: list[BatchReport] = []
 
@@ -513,88 +490,57 @@ class _BatchWriter:
         return f"part-{self.key}-{batch_id:010d}"
 
     def __call__(self, batch: Any, batch_id: int) -> None:
-        # pyspark: the optional spark extra, imported when Spark is used
-        from pyspark import StorageLevel
-        from pyspark.sql import functions as sf
-
         began = time.monotonic()
         staging = os.path.join(self.lake.path, STAGING, f"{self.key}-{batch_id}")
         shutil.rmtree(staging, ignore_errors=True)  # an interrupted run of this batch
-        batch = _route_and_date(batch).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            counts = batch.groupBy("service").agg(
-                sf.count(sf.lit(1)).alias("rows"),
-                sf.sum(sf.coalesce(sf.col("size"), sf.lit(0))).alias("bytes"),
-                sf.max("logMonoTime").alias("newest")).collect()
-            newest = max((r["newest"] for r in counts if r["newest"] is not None),
-                         default=None)
-            rows: dict[str, int] = {}
-            problems: list[dict[str, Any]] = []
-            writes = []
-            for row in counts:
-                service = row["service"]
-                table = PROBLEMS_TABLE if service is None else service
-                if table not in self.schemas:  # a member this schema lacks: never here
-                    raise LakeError(f"events of {service!r}, which the schema lacks")
-                columns = [_stored(sf.col(f.name), batch.schema[f.name].dataType,
-                                   f.dataType).alias(f.name)
-                           for f in self.schemas[table].fields]
-                if service is None:
-                    frame = batch.where(sf.col("service").isNull())
-                    problems = [r.asDict() for r in frame.select(*_PROBLEM_COLUMNS)
-                                .orderBy("file", "offset").limit(20).collect()]
-                    order = ["date", "route", "file", "offset"]
-                else:
-                    frame = batch.where(sf.col("service") == service)
-                    order = ["date", "route", "logMonoTime", "file", "offset"]
-                files = max(1, math.ceil((row["bytes"] or 0) / TARGET_FILE_BYTES))
-                per_file = max(1, TARGET_FILE_BYTES * row["rows"] // max(1, row["bytes"] or 0))
-                writer = (frame.select(*columns).coalesce(files).sortWithinPartitions(*order)
-                          .write.mode("append").partitionBy(*PARTITION_COLUMNS)
-                          .option("compression", "zstd")
-                          .option("maxRecordsPerFile", per_file))
-                writes.append((writer, os.path.join(staging, table)))
-                rows[table] = int(row["rows"])
-            # One Spark job per table: submitted together, so that their fixed costs
-            # (planning, scheduling, the commit) overlap instead of adding up.
-            with ThreadPoolExecutor(_WRITERS) as pool:
-                for done in [pool.submit(w.parquet, folder) for w, folder in writes]:
-                    done.result()
-            self._commit(staging, batch_id)
-        finally:
-            batch.unpersist()
+        # One job: each task decodes and writes every service of its segments
+        # (lake_files); a task per core, so that a file holds many segments.
+        tasks = max(1, default_parallelism(batch.sparkSession))
+        files = TableFiles(self.spec, staging, self.stored)
+        written = batch.coalesce(tasks).mapInArrow(files, SUMMARY_SCHEMA).collect()
+        rows: dict[str, int] = {}
+        problems: list[dict[str, Any]] = []
+        newest = None
+        for f in written:
+            rows[f.table] = rows.get(f.table, 0) + int(f.rows)
+            if f.problems:
+                problems += json.loads(f.problems)
+            if f.newest is not None and (newest is None or f.newest > newest):
+                newest = f.newest
+        problems.sort(key=lambda p: (p["file"], p["offset"] is None, p["offset"] or 0))
+        self._commit(staging, batch_id, [f.path for f in written])
         problem_count = rows.pop(PROBLEMS_TABLE, 0)
         age = None if newest is None else (time.monotonic_ns() - int(newest)) / 1e9
-        report = BatchReport(self.source, batch_id, rows, problems, problem_count,
-                             time.monotonic() - began, age)
+        report = BatchReport(self.source, batch_id, rows, problems[:LISTED_PROBLEMS],
+                             problem_count, time.monotonic() - began, age)
         self.reports.append(report)
         if self.on_batch is not None:
             self.on_batch(report)
 
-    def _commit(self, staging: str, batch_id: int) -> None:
-        """Moves the batch's files from ``staging`` into the tables, under names of the
-        source and batch (an interrupted earlier run of this batch: its files in the
-        same partitions removed first), and records new tables in the lake file."""
+    def _commit(self, staging: str, batch_id: int, paths: list[str]) -> None:
+        """Moves the batch's files (``paths`` under ``staging``: ``table/date=…/route=…/
+        file``) into the tables, under names of the source and batch (an interrupted
+        earlier run of this batch: its files in the same partitions removed first), and
+        records new tables in the lake file. Only the files the tasks reported are
+        moved: a failed task attempt's stay in staging, which is removed."""
         name = self._name(batch_id)
+        folders: dict[str, list[str]] = {}
+        for path in paths:
+            folders.setdefault(os.path.dirname(path), []).append(path)
         moves: list[tuple[str, str]] = []
-        if os.path.isdir(staging):
-            for table in sorted(os.listdir(staging)):
-                top = os.path.join(staging, table)
-                for folder, _, files in os.walk(top):
-                    parts = sorted(f for f in files if f.endswith(".parquet")
-                                   and not f.startswith((".", "_")))
-                    target = os.path.join(self.lake.path, table, os.path.relpath(folder, top))
-                    for k, part in enumerate(parts):
-                        moves.append((os.path.join(folder, part),
-                                      os.path.join(target, f"{name}-{k:05d}.parquet")))
-        new_tables = {os.path.relpath(dst, self.lake.path).split(os.sep)[0]
-                      for _, dst in moves} - set(self.lake.tables)
+        for folder, parts in sorted(folders.items()):
+            target = os.path.join(self.lake.path, folder)
+            for k, part in enumerate(sorted(parts)):
+                moves.append((os.path.join(staging, part),
+                              os.path.join(target, f"{name}-{k:05d}.parquet")))
+        new_tables = {folder.split(os.sep)[0] for folder in folders} - set(self.lake.tables)
         if new_tables:  # listed before their files appear: readers know their columns
             for table in new_tables:
                 self.lake.tables[table] = self.schemas[table].json()
             _save(self.lake)
-        for folder in {os.path.dirname(dst) for _, dst in moves}:
-            for stale in glob.glob(os.path.join(glob.escape(folder), f"{name}-*.parquet")):
+        for folder in folders:
+            target = os.path.join(self.lake.path, folder)
+            for stale in glob.glob(os.path.join(glob.escape(target), f"{name}-*.parquet")):
                 os.remove(stale)
         for src, dst in moves:
             os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -603,10 +549,11 @@ class _BatchWriter:
 
 
 def _stream(spark: Any, source: str, spec: SchemaSpec) -> Any:
-    """The msgqlog stream of ``source`` with every service decoded."""
+    """The msgqlog stream of ``source``: narrow rows with the events' bytes (decoded
+    by the writing tasks, :mod:`msgq.spark.lake_files`)."""
     msgq.spark.register(spark, spec)
-    return (spark.readStream.format("msgqlog").option("decode", "true")
-            .option("data", "false").option("schemaSpec", spec_option(spec))
+    return (spark.readStream.format("msgqlog")
+            .option("data", "true").option("schemaSpec", spec_option(spec))
             .option("cwd", os.getcwd()).load(source))
 
 
@@ -615,7 +562,7 @@ def _start(spark: Any, lake: Lake, source: str, spec: SchemaSpec, trigger: dict[
     schema = spec.load()
     schemas = {s: table_schema(s, schema) for s in schema.union_fields}
     schemas[PROBLEMS_TABLE] = table_schema(PROBLEMS_TABLE)
-    writer = _BatchWriter(lake, source, schemas, on_batch)
+    writer = _BatchWriter(lake, source, spec, schemas, on_batch)
     checkpoint = os.path.join(lake.path, CHECKPOINTS, writer.key)
     os.makedirs(checkpoint, exist_ok=True)
     with open(os.path.join(lake.path, CHECKPOINTS, writer.key + ".source"), "w",

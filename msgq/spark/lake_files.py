@@ -1,0 +1,263 @@
+"""The executor side of a lake build: one Spark task turns the event rows of its segments
+into the lake's Parquet files, every service at once.
+
+A micro-batch of the build (:mod:`msgq.spark.lake`) is the msgqlog stream's rows with the
+events' bytes and no typed column (``decode`` off, ``data`` on: narrow rows, cheap to
+move). :class:`TableFiles` runs in ``mapInArrow`` over them: it splits each Arrow batch
+by service and partition (date, route), decodes each service's events into its typed
+column with the msgqlog source's own decoder (:func:`msgq.spark.datasource.member_decoder`:
+one copy of the decoding), and writes one Parquet file per table and partition (sorted by
+``logMonoTime``; cut at :data:`TARGET_FILE_BYTES` of events) into the batch's staging
+folder. It yields one row per file written (:data:`SUMMARY_SCHEMA`); the driver moves
+exactly those files into the tables (write-then-rename), so the files of a task attempt
+that failed are never moved.
+
+Each event is decoded once and written once, in the task that read it: no per-service
+Spark job rescanning the batch, no JVM row per event of a wide typed schema (measured in
+docs/spark.md, "The lake's benchmark").
+
+Layer: part of the Spark tool (imported by msgq.spark.lake; runs in executors' Python
+workers, which import pyarrow and pyspark: the spark extra).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql.pandas.types import to_arrow_schema, to_arrow_type
+from pyspark.sql.types import StructType
+
+from msgq.spark.capnp_types import member_plan
+from msgq.spark.datasource import member_decoder, spec_from_option
+
+__all__ = ["PROBLEMS_TABLE", "SUMMARY_SCHEMA", "TARGET_FILE_BYTES", "TableFiles",
+           "partition_folder"]
+
+#: The table of the damage found in the logs (file, segment, offset, problem).
+PROBLEMS_TABLE = "_problems"
+#: The size a table file is cut at, in bytes of events (the files are smaller: Parquet).
+TARGET_FILE_BYTES = 128 << 20
+#: The event bytes a task holds before it writes its largest tables early (memory).
+_TASK_BYTES = 512 << 20
+#: A row per file written: its table, its path under the staging folder, its rows, its
+#: newest logMonoTime, and for a problems file the first problems (JSON).
+SUMMARY_SCHEMA = "table string, path string, rows bigint, newest bigint, problems string"
+#: The problems a summary row lists at most (all are counted).
+LISTED_PROBLEMS = 20
+# How files are written: zstd (level 3, Spark's default level), no dictionaries (zstd
+# does their work: measured 1.7x smaller files) and the sorted time and offset columns
+# delta-encoded (a further 1.3x), no Arrow schema in the footer (Spark reads its own).
+_PARQUET_OPTIONS: dict[str, Any] = {
+    "compression": "zstd", "compression_level": 3, "use_dictionary": False,
+    "store_schema": False,
+    "column_encoding": {"logMonoTime": "DELTA_BINARY_PACKED", "offset": "DELTA_BINARY_PACKED"}}
+#: The null value of a partition column in a folder name (Spark's).
+_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+# The characters Spark escapes in a partition value (%XX) on POSIX file systems.
+_ESCAPED = frozenset([*map(chr, range(1, 32)), '"', "#", "%", "'", "*", "/", ":", "=", "?",
+                      "\\", "\x7f", "{", "[", "]", "^"])
+
+
+def partition_folder(column: str, value: str | None) -> str:
+    """The folder of a partition value, as Spark's writer names it and its reader parses
+    it (``route=a%3Ab``; null: ``__HIVE_DEFAULT_PARTITION__``)."""
+    if value is None or value == "":
+        return f"{column}={_NULL_PARTITION}"
+    return column + "=" + "".join(f"%{ord(c):02X}" if c in _ESCAPED else c for c in value)
+
+
+_DATE = re.compile(r"(\d{4}-\d{2}-\d{2})")
+
+
+def _date_of(route: str) -> str | None:
+    """The date in a route's name (``YYYY-MM-DD``), else None."""
+    found = _DATE.search(route)
+    return found.group(1) if found else None
+
+
+def _without_empty(array: Any, kind: Any) -> Any:
+    """``array`` as Arrow type ``kind``: its type with the structs of no fields (which
+    Parquet cannot hold) left out, and fields and lists of them."""
+    if array.type == kind:
+        return array
+    if pa.types.is_struct(kind):
+        names = [array.type.field(i).name for i in range(array.type.num_fields)]
+        children = [_without_empty(array.field(names.index(f.name)), f.type) for f in kind]
+        return pa.StructArray.from_arrays(children, fields=list(kind),
+                                          mask=array.is_null() if array.null_count else None)
+    if pa.types.is_list(kind):
+        values = _without_empty(array.values, kind.value_type)
+        return pa.ListArray.from_arrays(array.offsets, values, type=kind,
+                                        mask=array.is_null() if array.null_count else None)
+    raise TypeError(f"cannot store {array.type} as {kind}")
+
+
+class TableFiles:
+    """The ``mapInArrow`` function of a build's batch (module docstring). ``spec``: the
+    schema's ``schemaSpec`` option; ``staging``: the batch's staging folder; ``tables``:
+    table -> Spark schema JSON of its stored columns (partition columns left out)."""
+
+    def __init__(self, spec: str, staging: str, tables: dict[str, str]) -> None:
+        self.spec = spec
+        self.staging = staging
+        self.tables = tables
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        return _TaskFiles(self).run(batches)
+
+
+class _TaskFiles:
+    """The files of one task: events gathered per (table, date, route), written when a
+    table's events reach TARGET_FILE_BYTES, when the task holds _TASK_BYTES, and at
+    the end."""
+
+    def __init__(self, plan: TableFiles) -> None:
+        self.plan = plan
+        self.spec = spec_from_option(plan.spec)
+        self.schema = self.spec.load()
+        self.task = uuid.uuid4().hex[:16]
+        self.pending: dict[tuple[str, str | None, str], list[Any]] = {}
+        self.sizes: dict[tuple[str, str | None, str], int] = {}
+        self.held = 0
+        self.written = 0
+        self._arrow: dict[str, Any] = {}
+        self._typed: dict[str, tuple[Any, Any, Any] | None] = {}
+        self.summary = pa.schema([pa.field(n, pa.string() if k == "string" else pa.int64())
+                                  for n, k in (c.split() for c in SUMMARY_SCHEMA.split(", "))])
+
+    def run(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            if batch.num_rows:
+                yield from self._add(batch)
+        for key in list(self.pending):
+            yield self._write(key)
+
+    # -- gathering ---------------------------------------------------------------------
+
+    def _stored(self, table: str) -> Any:
+        arrow = self._arrow.get(table)
+        if arrow is None:
+            kind = StructType.fromJson(json.loads(self.plan.tables[table]))
+            arrow = self._arrow[table] = to_arrow_schema(kind, timezone="UTC")
+        return arrow
+
+    def _typed_plan(self, service: str) -> tuple[Any, Any, Any] | None:
+        """(decoder, Arrow type of the decoded values, Arrow type stored) of a service's
+        typed column; None when it has none (a Void member, or nothing Parquet holds)."""
+        if service not in self._typed:
+            stored = self._stored(service)
+            decoder = member_decoder(self.spec, service)
+            plan = member_plan(self.schema.event.schema, service)
+            if decoder is None or plan is None or service not in stored.names:
+                self._typed[service] = None
+            else:
+                self._typed[service] = (decoder, to_arrow_type(plan.spark_type),
+                                        stored.field(service).type)
+        return self._typed[service]
+
+    def _add(self, batch: Any) -> Iterator[Any]:
+        services = batch.column("service").dictionary_encode()
+        files = batch.column("file").dictionary_encode()
+        file_codes = files.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        routes = batch.column("route")
+        places = []  # (date, route) of each file of the batch
+        for j, path in enumerate(files.dictionary.to_pylist()):
+            route = routes[int(np.argmax(file_codes == j))].as_py()
+            if route is None:  # a msgq recording: its folder's name
+                route = os.path.basename(os.path.dirname(path))
+            places.append((_date_of(route), route))
+        codes = services.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        names = services.dictionary.to_pylist()
+        group = (codes + 1) * len(places) + file_codes
+        order = np.argsort(group, kind="stable")
+        bounds = np.flatnonzero(np.diff(group[order])) + 1
+        for rows in np.split(order, bounds):
+            first = int(rows[0])
+            service = None if codes[first] < 0 else names[codes[first]]
+            table = PROBLEMS_TABLE if service is None else service
+            if table not in self.plan.tables:  # a member this schema lacks: never here
+                raise ValueError(f"events of {service!r}, which the schema lacks")
+            date, route = places[file_codes[first]]
+            key = (table, date, route)
+            columns = self._columns(table, service, batch, rows)
+            self.pending.setdefault(key, []).append(columns)
+            size = int(pc.sum(columns.column("size")).as_py() or 0) if service else 0
+            self.sizes[key] = self.sizes.get(key, 0) + size
+            self.held += size
+            if self.sizes[key] >= TARGET_FILE_BYTES:
+                yield self._write(key)
+        while self.held >= _TASK_BYTES:
+            yield self._write(max(self.sizes, key=self.sizes.__getitem__))
+
+    def _columns(self, table: str, service: str | None, batch: Any, rows: Any) -> Any:
+        """The stored columns of a table's rows ``rows`` (numpy indices into ``batch``:
+        events of one service, or problem rows)."""
+        stored = self._stored(table)
+        at = pa.array(rows)
+        if service is None:
+            return pa.record_batch([batch.column(f.name).take(at) for f in stored],
+                                   schema=stored)
+        typed = self._typed_plan(service)
+        columns = {name: batch.column(name).take(at) for name in
+                   ("logMonoTime", "valid", "segment", "file", "offset", "size", "problem")}
+        if typed is not None:
+            decoder, decoded_type, stored_type = typed
+            data = batch.column("data")  # the events' bytes, read where they are
+            width = np.int64 if pa.types.is_large_binary(data.type) else np.int32
+            offsets = np.frombuffer(data.buffers()[1], width, len(data) + 1,
+                                    data.offset * np.dtype(width).itemsize)
+            starts = offsets[rows]
+            lengths = (offsets[rows + 1] - starts).tolist()
+            buffer = data.buffers()[2] or b""
+            decoded, values, failed = decoder.values(buffer, starts.tolist(), lengths,
+                                                     self.schema)
+            n = len(rows)
+            if len(decoded) == n:
+                column = values
+            else:
+                column = [None] * n
+                for i, value in zip(decoded, values, strict=True):
+                    column[i] = value
+            columns[service] = _without_empty(pa.array(column, type=decoded_type), stored_type)
+            if failed:
+                problems = columns["problem"].to_pylist()
+                for i, problem in failed.items():
+                    problems[i] = problem
+                columns["problem"] = pa.array(problems, type=pa.string())
+        return pa.record_batch([columns[f.name] for f in stored], schema=stored)
+
+    # -- writing -----------------------------------------------------------------------
+
+    def _write(self, key: tuple[str, str | None, str]) -> Any:
+        table, date, route = key
+        rows = pa.Table.from_batches(self.pending.pop(key), schema=self._stored(table))
+        self.held -= self.sizes.pop(key, 0)
+        if table == PROBLEMS_TABLE:
+            rows = rows.sort_by([("file", "ascending"), ("offset", "ascending")])
+            listed = rows.slice(0, LISTED_PROBLEMS).to_pylist()
+            problems = json.dumps(listed)
+            newest = None
+        else:
+            rows = rows.sort_by([("logMonoTime", "ascending"), ("file", "ascending"),
+                                 ("offset", "ascending")])  # nulls (out of range) last
+            problems = None
+            newest = pc.max(rows.column("logMonoTime")).as_py()
+        folder = os.path.join(table, partition_folder("date", date),
+                              partition_folder("route", route))
+        path = os.path.join(folder, f"{self.task}-{self.written:05d}.parquet")
+        self.written += 1
+        os.makedirs(os.path.join(self.plan.staging, folder), exist_ok=True)
+        pq.write_table(rows, os.path.join(self.plan.staging, path), **_PARQUET_OPTIONS)
+        return pa.record_batch([pa.array([table]), pa.array([path]),
+                                pa.array([rows.num_rows], pa.int64()),
+                                pa.array([newest], pa.int64()), pa.array([problems])],
+                               schema=self.summary)
