@@ -379,3 +379,28 @@ def test_partition_folders_are_named_as_sparks_writer_names_them(
     back = spark.read.schema("i int, route string").parquet(str(tmp_path / "t")).collect()
     assert sorted((r.i, r.route) for r in back) == list(enumerate(values))
 
+
+def test_build_under_a_connect_server_runs_locally_and_says_so(
+        tmp_path: Path) -> None:
+    """msgq lake build with $MSGQ_SPARK_REMOTE set (here a server that is not there) runs
+    on a local session and says so in one line; sql attaches to the server (and says in
+    one line that it does not answer)."""
+    import socket
+
+    from msgq.bench.spark import make_recording
+
+    make_recording(str(tmp_path / "rec"), 3.0, 2.0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"sc://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there
+    done = _msgq("lake", "build", str(tmp_path / "rec"), "--to", str(tmp_path / "lake"),
+                 "--json", env_extra={"MSGQ_SPARK_REMOTE": url})
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if url in line]
+    assert len(said) == 1 and "runs on a local Spark session" in said[0], done.stderr
+    assert json.loads(done.stdout)["events"] == sum(
+        1 for _ in LogReader(str(tmp_path / "rec")).raw())
+    done = _msgq("lake", "sql", "SELECT count(*) FROM can", str(tmp_path / "lake"),
+                 "--remote", url)
+    assert done.returncode == 1 and url in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

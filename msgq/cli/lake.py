@@ -22,7 +22,13 @@ from msgq.extras import require
 
 # pyspark-free at their top (the spark extra is imported when Spark is used)
 from msgq.spark import lake
-from msgq.spark.session import ExecutorPythonError, JavaMissingError, spark_session
+from msgq.spark.connect import RemoteError, remote_url
+from msgq.spark.session import (
+    DEFAULT_MASTER,
+    ExecutorPythonError,
+    JavaMissingError,
+    spark_session,
+)
 
 DESCRIPTION = """\
 The route lake: Spark's columnar copy of recordings, one Parquet table per service, for
@@ -47,7 +53,12 @@ reads them); the lake can always be built again from them.
                            valid, segment, file, offset, size, problem, the service's
                            typed column, date and route (partitions).
 
-msgq logstats LAKE and msgq.spark.read_logs(spark, LAKE) read a lake too. The lake is
+build and follow run on a local Spark session (--master may name a cluster), also when
+--remote or $MSGQ_SPARK_REMOTE names a Spark Connect server (said on stderr): each
+micro-batch is written by a function of this process (foreachBatch), which a Connect
+server would run in its own Python, away from this machine's lake and output. sql
+attaches to the server. msgq logstats LAKE and msgq.spark.read_logs(spark, LAKE) read a
+lake too. The lake is
 built under the schema in force (--schema/--registry, else MSGQ_SCHEMA/MSGQ_REGISTRY,
 else msgq's own) and records it: read with another, it is refused in one line; a later
 version of the schema that only adds fields adds columns (null in older rows). Damaged
@@ -79,6 +90,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
         sub.add_argument("--master", metavar="URL",
                          help="Spark master (default local[*]: this machine, every core)")
+        sub.add_argument("--remote", metavar="sc://HOST:PORT",
+                         help="a Spark Connect server (msgq spark serve; default "
+                              "$MSGQ_SPARK_REMOTE unless --master is given): sql runs on "
+                              "it; build and follow run locally and say so")
         sub.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                          help="a Spark setting (repeatable)")
         sub.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -124,6 +139,20 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--duration must be positive")
     if args.lake_command == "sql" and args.limit < 0:
         raise UsageError("--limit must be 0 or more")
+    if args.remote is not None and args.master:
+        raise UsageError("--remote and --master: give one or the other")
+    try:
+        server = remote_url(args.remote) if args.remote is not None or not args.master \
+            else None
+    except RemoteError as e:
+        raise UsageError(str(e)) from None
+    master = args.master
+    if server is not None and args.lake_command != "sql":
+        # foreachBatch's function would run in the server's Python, not here
+        print(f"msgq lake {args.lake_command}: runs on a local Spark session ({DEFAULT_MASTER}), "
+              f"not on {server}: each micro-batch is written by this process (foreachBatch)",
+              file=sys.stderr)
+        server, master = None, DEFAULT_MASTER
     require("spark", "pyspark")
     try:  # the paths first: a bad one is said before Spark starts
         if args.lake_command == "build":
@@ -135,9 +164,9 @@ def run(args: argparse.Namespace) -> int:
     except (lake.LakeError, ValueError) as e:
         raise CommandError(str(e)) from None
     try:
-        spark = spark_session(args.master, app_name=f"msgq lake {args.lake_command}",
-                              config=conf)
-    except (JavaMissingError, ExecutorPythonError) as e:
+        spark = spark_session(master, app_name=f"msgq lake {args.lake_command}",
+                              config=conf, remote=server)
+    except (JavaMissingError, ExecutorPythonError, RemoteError) as e:
         raise CommandError(str(e)) from None
     except Exception as e:  # a bad master URL or setting: the JVM's reason, one line
         raise CommandError(f"cannot start Spark: {_first_line(e)}") from None

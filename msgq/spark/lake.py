@@ -70,7 +70,7 @@ from msgq.logs import segment_paths
 from msgq.schemas import Schema, SchemaSpec, spec_in_force
 from msgq.schemas.services import unknown_service_error
 from msgq.spark.capnp_types import member_plan
-from msgq.spark.connect import default_parallelism
+from msgq.spark.connect import default_parallelism, is_connect
 from msgq.spark.datasource import local_path, read_spec, spec_option, uri_scheme
 from msgq.spark.lake_files import (
     LISTED_PROBLEMS,
@@ -585,6 +585,7 @@ def build(spark: Any, sources: Iterable[str | os.PathLike[str]], lake: str | os.
     force; a lake built under an older version of it that only lacked fields is widened,
     any other is refused: LakeError). ``on_batch`` is called with each batch's
     :class:`BatchReport`; returns them all."""
+    _check_local(spark, "msgq lake build")
     spec = _spec_of(schema)
     found = lake_sources(sources)
     opened = _open_for_build(os.fspath(lake), spec)
@@ -604,6 +605,15 @@ def build(spark: Any, sources: Iterable[str | os.PathLike[str]], lake: str | os.
                 raise RuntimeError(f"building from {source} failed: {query.exception()}")
             reports += writer.reports
     return reports
+
+
+def _check_local(spark: Any, what: str) -> None:
+    """Refuses a Spark Connect session: the build's foreachBatch function would run in
+    the server's Python, its reports never reaching this process."""
+    if is_connect(spark):
+        raise LakeError(f"{what} runs on a local (or cluster) Spark session, not on Spark "
+                        "Connect: each micro-batch is written by a function of this process "
+                        "(foreachBatch)")
 
 
 def _unfinished_batch(lake: Lake, source: str) -> bool:
@@ -630,6 +640,7 @@ def follow(spark: Any, source: str | os.PathLike[str], lake: str | os.PathLike[s
     (the same checkpoint as :func:`build`'s). Returns the batch reports."""
     if not every_s > 0:
         raise ValueError(f"every_s must be positive, not {every_s}")
+    _check_local(spark, "msgq lake follow")
     spec = _spec_of(schema)
     found = lake_sources([source])
     if len(found) != 1:
