@@ -23,6 +23,7 @@ cdef extern from "src/msgq.h" nogil:
     int msgq_pub_reopen(msgq_pub *pub, const char *endpoint, uint64_t segment_size,
                         unsigned open_flags)
     void msgq_pub_close(msgq_pub *pub)
+    void msgq_pub_hold_mappings(msgq_pub *pub, int hold)
     int msgq_pub_send(msgq_pub *pub, const void *data, size_t size)
     int msgq_pub_reserve(msgq_pub *pub, size_t size, void **payload)
     int msgq_pub_commit(msgq_pub *pub)
@@ -57,6 +58,7 @@ cdef extern from "src/msgq.h" nogil:
     int msgq_sub_poll_until(msgq_sub *const *subs, int n, int64_t timeout_ns,
                             uint8_t *ready, msgq_wake *wake, uint32_t seen)
     void msgq_sub_close_keep_mapping(msgq_sub *sub)
+    void msgq_sub_hold_mappings(msgq_sub *sub, int hold)
     void msgq_sub_get_stats(const msgq_sub *sub, msgq_sub_stats *out)
     uint32_t msgq_sub_segment_size(const msgq_sub *sub)
     int msgq_sub_checksum(const msgq_sub *sub)

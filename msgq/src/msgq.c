@@ -25,10 +25,19 @@ _Static_assert(MSGQ_ENDPOINT_NAME_MAX == MSGQ_MAX_NAME_LEN, "msgq.h and queue_fi
  * (only a process replacing the file in a loop gets there). */
 #define MAX_FOLLOWS 8
 
+/* A mapping given up while its handle held its mappings (msgq_pub_hold_mappings): still
+ * mapped, unmapped when the hold ends. */
+typedef struct kept_mapping {
+  msgq_ring ring;
+  struct kept_mapping *next;
+} kept_mapping;
+
 struct msgq_pub {
   msgq_publisher core;
   bool open;            /* core.ring is mapped and core is initialised */
   pid_t owner_pid;      /* process that opened it (O4) */
+  bool hold;            /* mappings given up are kept (O8) */
+  kept_mapping *kept;   /* ... here, until the hold ends */
   uint64_t segment_size; /* arguments of the last open, for following (O6) */
   unsigned open_flags;
   char endpoint[MSGQ_MAX_NAME_LEN + 1];
@@ -40,10 +49,40 @@ struct msgq_sub {
   bool viewing; /* a view is out: msgq_sub_view_end is due */
   _Atomic int waiters; /* threads inside a wait or poll on this handle (O6) */
   pid_t owner_pid;
+  bool hold; /* as msgq_pub's */
+  kept_mapping *kept;
   uint64_t segment_size;
   unsigned open_flags;
   char endpoint[MSGQ_MAX_NAME_LEN + 1];
 };
+
+/* Gives up the mapping of ring (a close, a reopen or a follow of O6): unmapped, or, while
+ * the handle holds its mappings (O8), put on *kept. When even the note of it cannot be
+ * allocated it stays mapped for the life of the process: never unmapped under a holder. */
+static void give_up_mapping(msgq_ring *ring, bool hold, kept_mapping **kept) {
+  if (!hold) {
+    msgq_queue_unmap(ring);
+    return;
+  }
+  kept_mapping *k = malloc(sizeof *k);
+  if (k != NULL) {
+    k->ring = *ring;
+    k->next = *kept;
+    *kept = k;
+  }
+  memset(ring, 0, sizeof *ring);
+}
+
+/* Forgets the kept mappings, unmapping them when unmap (else they stay mapped for the
+ * life of the process). */
+static void drop_kept(kept_mapping **kept, bool unmap) {
+  while (*kept != NULL) {
+    kept_mapping *k = *kept;
+    *kept = k->next;
+    if (unmap) msgq_queue_unmap(&k->ring);
+    free(k);
+  }
+}
 
 /* The MSGQ_FLAG_* of a queue an open creates. */
 static int create_flags(unsigned open_flags, uint32_t *out) {
@@ -84,7 +123,7 @@ static void pub_disconnect(msgq_pub *pub) {
   if (!pub->open) return;
   msgq_publisher_abort(&pub->core);
   if (getpid() == pub->owner_pid) msgq_publisher_release(&pub->core);
-  msgq_queue_unmap(&pub->core.ring);
+  give_up_mapping(&pub->core.ring, pub->hold, &pub->kept);
   pub->open = false;
 }
 
@@ -140,7 +179,14 @@ int msgq_pub_open(const char *endpoint, uint64_t segment_size, unsigned open_fla
 void msgq_pub_close(msgq_pub *pub) {
   if (pub == NULL) return;
   pub_disconnect(pub);
+  drop_kept(&pub->kept, !pub->hold);
   free(pub);
+}
+
+void msgq_pub_hold_mappings(msgq_pub *pub, int hold) {
+  if (pub == NULL) return;
+  pub->hold = hold != 0;
+  if (!hold) drop_kept(&pub->kept, true);
 }
 
 /* O6: the file was replaced under its name; go on in the endpoint's current one. */
@@ -206,7 +252,7 @@ int msgq_pub_is_open(const msgq_pub *pub) { return pub != NULL && pub->open; }
 static void sub_disconnect_mapped(msgq_sub *sub, bool unmap) {
   if (!sub->open) return;
   if (getpid() == sub->owner_pid) msgq_subscriber_release(&sub->core);
-  if (unmap) msgq_queue_unmap(&sub->core.ring);
+  if (unmap) give_up_mapping(&sub->core.ring, sub->hold, &sub->kept);
   sub->open = false;
   sub->viewing = false;
 }
@@ -259,13 +305,21 @@ int msgq_sub_open(const char *endpoint, uint64_t segment_size, unsigned open_fla
 void msgq_sub_close(msgq_sub *sub) {
   if (sub == NULL) return;
   sub_disconnect(sub);
+  drop_kept(&sub->kept, !sub->hold);
   free(sub);
 }
 
 void msgq_sub_close_keep_mapping(msgq_sub *sub) {
   if (sub == NULL) return;
   sub_disconnect_mapped(sub, false);
+  drop_kept(&sub->kept, false);
   free(sub);
+}
+
+void msgq_sub_hold_mappings(msgq_sub *sub, int hold) {
+  if (sub == NULL) return;
+  sub->hold = hold != 0;
+  if (!hold) drop_kept(&sub->kept, true);
 }
 
 int msgq_sub_view(msgq_sub *sub, const void **data, size_t *size) {

@@ -62,6 +62,13 @@
  *  O7 Opening waits at most 50 ms for another process holding the queue file's lock
  *     (creating or registering); then it returns -EAGAIN: call it again (a C program
  *     simply loops; the Python binding checks for Ctrl-C in between).
+ *  O8 A handle may hold its mappings (msgq_pub_hold_mappings, msgq_sub_hold_mappings):
+ *     while held, a queue it gives up (a follow of O6, a reopen) stays mapped, so that
+ *     memory of O5 the caller still points into (a reservation or view kept past its
+ *     end) stays valid: stale or unpublished bytes of a replaced file, never unmapped
+ *     memory. Ending the hold unmaps them; closing a held handle leaves every mapping it
+ *     had mapped for the life of the process. Not held by default; nothing is kept on
+ *     the send and receive paths, only where a queue is given up.
  *
  * Safety of received bytes. The ring is a seqlock (docs/ring.md, invariants I1-I7 in
  * msgq_ring.h): the publisher may overwrite a message while a slow subscriber reads it.
@@ -123,8 +130,12 @@ int msgq_pub_open(const char *endpoint, uint64_t segment_size, unsigned open_fla
 int msgq_pub_reopen(msgq_pub *pub, const char *endpoint, uint64_t segment_size,
                     unsigned open_flags);
 
-/* Gives up ownership (O4: only in the process that opened it), unmaps, frees. */
+/* Gives up ownership (O4: only in the process that opened it), unmaps (not while held,
+ * O8), frees. */
 void msgq_pub_close(msgq_pub *pub);
+/* O8: hold != 0 keeps every queue pub gives up mapped from now on; 0 unmaps the ones
+ * kept (not the current one) and stops keeping them. NULL is ignored. */
+void msgq_pub_hold_mappings(msgq_pub *pub, int hold);
 
 /* Copies size bytes into the ring and publishes them. Returns 0, MSGQ_ETOOLARGE (more
  * than msgq_pub_max_message_size), MSGQ_ENOTOWNER, -EBUSY (a reservation is open),
@@ -168,12 +179,15 @@ int msgq_sub_open(const char *endpoint, uint64_t segment_size, unsigned open_fla
  * queue fails (MSGQ_ENOSLOT) the old one is already given up and sub is closed-state. */
 int msgq_sub_reopen(msgq_sub *sub, const char *endpoint, uint64_t segment_size,
                     unsigned open_flags);
-/* Gives the reader slot back (O4), unmaps, frees. Any view ends. */
+/* Gives the reader slot back (O4), unmaps (not while held, O8), frees. Any view ends. */
 void msgq_sub_close(msgq_sub *sub);
 /* msgq_sub_close that leaves the queue mapped for the life of the process: for a
  * subscriber whose messages were read in place by code that may keep raw pointers into
  * them after the view ended (a decoder's readers); stale bytes, never unmapped memory. */
 void msgq_sub_close_keep_mapping(msgq_sub *sub);
+/* O8: hold != 0 keeps every queue sub gives up mapped from now on; 0 unmaps the ones
+ * kept (not the current one) and stops keeping them. NULL is ignored. */
+void msgq_sub_hold_mappings(msgq_sub *sub, int hold);
 
 /* Receives the next message into buf (capacity cap), waiting up to timeout_ns.
  * Returns 1 with *size set, 0 when none came in time, MSGQ_EBUFFER when cap is too
