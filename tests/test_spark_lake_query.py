@@ -1,0 +1,140 @@
+"""Reading the route lake (:mod:`msgq.spark.lake`'s read side) and the analyses on it:
+``log_stats`` on a lake gives the raw logs' answers with either engine (the Python
+stages and the SQL aggregates), on recordings built to reach the corners (test_spark_stats':
+jitter, equal timestamps, events out of time order across segment files, two
+recordings with overlapping clocks, a truncated segment); the SQL engine equals the
+first implementation's reference on the raw rows too; ``read_logs`` of a lake (one
+Parquet scan of every table) gives each row the service and route of its table and
+partition, an escaped route name included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from test_spark_stats import RATES, _assert_equal, _events, _reference_stats, _write  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def recordings_and_lake(spark: Any, tmp_path_factory: pytest.TempPathFactory
+                        ) -> tuple[list[str], str]:
+    """test_spark_stats' two recordings (the second one's folder named with characters
+    Spark escapes in a partition folder) and a lake built from them."""
+    import os
+    import random
+
+    from msgq.spark import lake
+
+    rng = random.Random(2024)
+    root = tmp_path_factory.mktemp("lake-query")
+    a, b = root / "drive-a", root / "drive b:1+2%"
+    _write(a, _events(rng, 10_000_000_000, 4.5), rng)
+    events = [e for e in _events(rng, 10_500_000_000, 2.5) if e[1] != "deviceState"]
+    events += [(11_000_000_000, "deviceState", False), (11_100_000_000, "clocks", True),
+               (11_100_000_000, "clocks", True)]
+    _write(b, events, rng)
+    last = sorted(n for n in os.listdir(b) if n.startswith("segment-"))[-1]
+    with open(b / last, "r+b") as f:  # a crash: the last segment ends mid-frame
+        f.truncate(os.path.getsize(b / last) // 2)
+    lake.build(spark, [str(a), str(b)], str(root / "lake"))
+    return [str(a), str(b)], str(root / "lake")
+
+
+def _stats(df: Any, **options: Any) -> dict[str, Any]:
+    from msgq.spark.analyses import log_stats
+
+    stats = log_stats(df, RATES, **options)
+    try:
+        return dict(json.loads(json.dumps(stats.to_dict())))
+    finally:
+        stats.unpersist()
+
+
+def test_the_sql_engine_equals_the_reference(
+        spark: Any, recordings_and_lake: tuple[list[str], str]) -> None:
+    from msgq.spark import read_logs
+    from msgq.spark.analyses import log_stats
+
+    recordings, _ = recordings_and_lake
+    df = read_logs(spark, recordings, data=False)
+    want, events = _reference_stats(df, RATES, 2.5)
+    assert {g["service"] for g in want["gaps"]} >= {"can", "vehicleState"}
+    stats = log_stats(df, RATES, cache=True, engine="sql")
+    try:
+        got = stats.to_dict()
+        _assert_equal(got, want)
+        # the frames hold what to_dict() collected
+        for table, frame in (("gaps", stats.gaps), ("segments", stats.segments),
+                             ("problems", stats.problems)):
+            assert sorted((r.asDict() for r in frame.collect()), key=repr) == \
+                sorted(got[table], key=repr), table
+        assert sorted((r.asDict() for r in stats.services.collect()), key=repr) == \
+            sorted(got["services"], key=repr)
+        assert stats.events.count() == events.count()
+    finally:
+        stats.unpersist()
+
+
+def test_log_stats_on_the_lake_equal_the_raw_logs_with_both_engines(
+        spark: Any, recordings_and_lake: tuple[list[str], str]) -> None:
+    from msgq.spark import read_logs
+
+    recordings, lake = recordings_and_lake
+    raw = _stats(read_logs(spark, recordings, data=False))
+    assert raw["problems"] and raw["gaps"]
+    assert _stats(read_logs(spark, lake)) == raw
+    assert _stats(read_logs(spark, lake), engine="sql") == raw
+    # what msgq logstats reads (compact=True): on a lake, event rows, the same answers
+    assert _stats(read_logs(spark, lake, compact=True)) == raw
+    # a service subset and a window, the damage kept
+    window = dict(services=["can", "gpsLocation"], start=11_500_000_000, end=14_000_000_000)
+    want = _stats(read_logs(spark, recordings, data=False, keep_problems=True, **window))
+    got = read_logs(spark, lake, keep_problems=True, **window)
+    assert _stats(got) == want and _stats(got, engine="sql") == want
+    assert want["problems"] and {s["service"] for s in want["services"]} == \
+        {"can", "gpsLocation"}
+
+
+def test_rows_of_a_lake_carry_their_table_and_partition(
+        spark: Any, recordings_and_lake: tuple[list[str], str]) -> None:
+    from msgq.spark import lake as lakes
+    from msgq.spark import read_logs
+
+    recordings, lake = recordings_and_lake
+    got = {(r.service, r.route, r.file, r.offset) for r in
+           read_logs(spark, lake).select("service", "route", "file", "offset").collect()}
+    want = set()
+    for service in lakes.open_lake(spark, lake).table_names():
+        want |= {(service, r.route, r.file, r.offset) for r in
+                 lakes.read_table(spark, lake, service)
+                 .select("route", "file", "offset").collect()}
+    problems = {(None, r.route, r.file, r.offset) for r in
+                lakes.read_table(spark, lake, lakes.PROBLEMS_TABLE).collect()}
+    assert problems and got == want | problems
+    assert {route for _, route, _, _ in got} == {Path(r).name for r in recordings}
+    raw = {(r.service, r.file, r.offset) for r in
+           read_logs(spark, recordings, data=False).select("service", "file", "offset")
+           .collect()}
+    assert {(s, f, o) for s, _, f, o in got} == raw
+
+
+def test_the_engine_is_checked(spark: Any, recordings_and_lake: tuple[list[str], str]
+                               ) -> None:
+    from msgq.spark import read_logs
+    from msgq.spark.analyses import log_stats
+
+    recordings, _ = recordings_and_lake
+    with pytest.raises(ValueError, match="engine is 'python' or 'sql'"):
+        log_stats(read_logs(spark, recordings, data=False), engine="java")
+    with pytest.raises(ValueError, match="compact read"):
+        log_stats(read_logs(spark, recordings, compact=True), engine="sql")
+    with pytest.raises(ValueError, match="exact percentiles"):
+        log_stats(read_logs(spark, recordings, data=False), engine="sql",
+                  approx_percentiles=True)
