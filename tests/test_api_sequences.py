@@ -724,16 +724,13 @@ print("kept buffer still usable:", bytes(kept[:4]), flush=True)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN DEFECT: following a replaced queue file (O6) "
-                   "unmaps the old ring under a buffer kept past its block; the C core "
-                   "would have to keep that mapping, as msgq_sub_close_keep_mapping does")
 @pytest.mark.parametrize("kind", ["reserve", "view"])
 def test_a_buffer_kept_past_its_block_survives_its_queue_file_being_replaced(
         prefix: str, endpoint: str, kind: str) -> None:
     # A slice of a reserve() block (or of a receive_view view) kept past the block holds
-    # the ring mapped against close and reconnect; but when another process replaces
-    # the queue file, the socket's next send (receive) follows the endpoint to the new
-    # file and unmaps the old ring under the slice: the next use is a segfault.
+    # the ring mapped against close and reconnect; but when another process replaced
+    # the queue file, the socket's next send (receive) followed the endpoint to the new
+    # file and unmapped the old ring under the slice: its next use was a segfault.
     done = subprocess.run([sys.executable, "-c", KEPT_PAST_REPLACEMENT, endpoint, kind],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode >= 0, f"killed by signal {signal.Signals(-done.returncode).name}"
