@@ -283,3 +283,43 @@ def test_recv_view_raises_when_lapped(endpoint: str) -> None:
             assert event.which() == "vehicleState"
             for _ in range(100):
                 pub.send(new_message("gyroscope").to_bytes())
+
+
+#: A slice of a receive_view view kept while another process damages the queue file and
+#: its next opener renames a new queue into place: the socket's next receive follows the
+#: endpoint (msgq.h O6), and the old ring stays mapped under the slice until the slice is
+#: released (O8), then is unmapped (counted in /proc/self/maps).
+_REPLACED_UNDER_A_KEPT_VIEW = """
+import os, subprocess, sys
+import msgq
+from msgq import shm_backend
+ep = sys.argv[1]
+def old_mappings():  # of the first queue file, by its inode
+    with open("/proc/self/maps") as f:
+        return sum(line.split()[4] == str(first) for line in f)
+sub = msgq.sub_sock(ep, segment_size=0x4000, timeout=0)
+first = os.stat(shm_backend.queue_path(ep)).st_ino
+pub = msgq.pub_sock(ep, segment_size=0x4000)
+pub.send(b"kept" * 4)
+pub.close()  # only the subscriber maps the file now
+with sub.receive_view() as view:
+    kept = view[:16]
+code = (f"import msgq; from msgq import shm_backend\\n"
+        f"with open(shm_backend.queue_path({ep!r}), 'r+b') as f: f.write(bytes(8))\\n"
+        f"msgq.pub_sock({ep!r}, segment_size=0x4000).close()\\n")
+subprocess.run([sys.executable, "-c", code], check=True)
+assert sub.receive() is None  # follows to the new file
+print(old_mappings(), bytes(kept[:4]).decode())
+del kept
+print(old_mappings())
+sub.close()
+print("closed")
+"""
+
+
+def test_a_queue_file_replaced_under_a_kept_view_stays_mapped_until_it_goes(
+        prefix: str, endpoint: str) -> None:
+    child = subprocess.run([sys.executable, "-c", _REPLACED_UNDER_A_KEPT_VIEW, endpoint],
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    assert child.stdout.splitlines() == ["1 kept", "0", "closed"]

@@ -173,3 +173,42 @@ def test_a_reservation_collected_in_a_cycle_with_its_buffer() -> None:
                            text=True, timeout=60)
     assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
     assert child.stdout.strip() == "collected"
+
+
+#: A slice of a reserve() block kept while another process damages the queue file and
+#: its next opener renames a new queue into place: the socket's next send follows the
+#: endpoint to the new file (msgq.h O6), and the old ring stays mapped under the slice
+#: until the slice is released (O8), then is unmapped (counted in /proc/self/maps).
+_REPLACED_UNDER_A_KEPT_SLICE = """
+import os, subprocess, sys
+import msgq
+from msgq import shm_backend
+ep = sys.argv[1]
+def old_mappings():  # of the first queue file, by its inode
+    with open("/proc/self/maps") as f:
+        return sum(line.split()[4] == str(first) for line in f)
+pub = msgq.pub_sock(ep, segment_size=0x4000)
+first = os.stat(shm_backend.queue_path(ep)).st_ino
+with pub.reserve(100) as buf:
+    kept = buf[:16]
+code = (f"import msgq; from msgq import shm_backend\\n"
+        f"with open(shm_backend.queue_path({ep!r}), 'r+b') as f: f.write(bytes(8))\\n"
+        f"msgq.pub_sock({ep!r}, segment_size=0x4000).close()\\n")
+subprocess.run([sys.executable, "-c", code], check=True)
+pub.send(b"after")  # follows to the new file
+kept[:4] = b"zzzz"  # lands in the old, unlinked file
+print(old_mappings(), bytes(kept[:4]).decode())
+del kept
+print(old_mappings())
+pub.send(b"again")
+pub.close()
+print("closed")
+"""
+
+
+def test_a_queue_file_replaced_under_a_kept_slice_stays_mapped_until_it_goes(
+        prefix: str, endpoint: str) -> None:
+    child = subprocess.run([sys.executable, "-c", _REPLACED_UNDER_A_KEPT_SLICE, endpoint],
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    assert child.stdout.splitlines() == ["1 zzzz", "0", "closed"]

@@ -81,6 +81,7 @@ cdef class MessageView:
         after ``close``, for a decoder that keeps raw pointers into them without holding
         a buffer (pycapnp's readers): the socket's mapping is then never unmapped."""
         self.sock.lent_views = True
+        self.sock._hold()  # and a replaced queue file followed later stays mapped too
 
     def __getbuffer__(self, Py_buffer *buffer, int flags):
         if flags & PyBUF_WRITABLE:
@@ -88,6 +89,8 @@ cdef class MessageView:
         if not self.holding:
             raise BufferError("the message view is not open")
         PyBuffer_FillInfo(buffer, self, <void *>self.payload, self.size, 1, flags)
+        if self.sock.exports == 0:
+            self.sock._hold()
         self.sock.exports += 1
 
     def __releasebuffer__(self, Py_buffer *buffer):
@@ -95,3 +98,5 @@ cdef class MessageView:
         # socket and a buffer of it (tp_clear empties self.sock first).
         if self.sock is not None:
             self.sock.exports -= 1
+            if self.sock.exports == 0:
+                self.sock._let_go()

@@ -8,6 +8,7 @@ cdef class PubSocket:
     cdef object reservation  # the open Reservation, if any
     cdef int busy  # calls in progress without the GIL (other threads may run)
     cdef int exports  # buffers exported by this socket's reservations (the ring is in them)
+    cdef bint held  # the handle holds its mappings (msgq.h O8) for those buffers
     cdef readonly object endpoint
 
     def __cinit__(self):
@@ -15,16 +16,41 @@ cdef class PubSocket:
         self.reservation = None
         self.busy = 0
         self.exports = 0
+        self.held = False
         self.endpoint = None
 
     def __dealloc__(self):
+        # No buffer of a reservation outlives its socket (each holds the socket through
+        # its reservation) but in a garbage cycle freed along with it: nothing left can
+        # use the mappings kept for them (O8), so they go with the socket.
+        if self.held:
+            msgq_pub_hold_mappings(self.pub, 0)
         self._disconnect()
 
     cdef void _disconnect(self) noexcept:
         # msgq_pub_close gives up ownership only in the process that connected (a copy
         # inherited through fork() leaves it to its parent).
+        # A held handle (a buffer of a reservation still alive: only a garbage-collected
+        # cycle gets here then) leaves its mappings mapped for the life of the process.
         msgq_pub_close(self.pub)
         self.pub = NULL
+        self.held = False
+
+    cdef void _hold(self) noexcept:
+        """A buffer of a reservation is out: from now on a queue file the handle gives up
+        (following a replaced one inside send or reserve, msgq.h O6) stays mapped under it
+        (O8) until the last such buffer is released (_let_go)."""
+        if not self.held and self.pub != NULL:
+            msgq_pub_hold_mappings(self.pub, 1)
+            self.held = True
+
+    cdef void _let_go(self) noexcept:
+        """No buffer of a reservation is out any more: the queues kept for them are
+        unmapped, unless another thread is inside a send without the GIL (it may be
+        following the file right now): then that send lets go when it returns."""
+        if self.held and not self.busy:
+            msgq_pub_hold_mappings(self.pub, 0)
+            self.held = False
 
     cdef int _check_idle(self) except -1:
         """Before the mapping goes away: no other thread may be inside a call, an open
@@ -123,6 +149,8 @@ cdef class PubSocket:
                     with nogil:
                         r = msgq_pub_send(self.pub, ptr, <size_t>n)
                     self.busy -= 1
+                    if self.held and not self.exports:
+                        self._let_go()  # the last buffer went while this call ran
                 else:
                     r = msgq_pub_send(self.pub, ptr, <size_t>n)
                 if r != -EAGAIN:  # following waited 50 ms for a file lock: check signals

@@ -11,7 +11,8 @@ cdef class RingReservation(Reservation):
     Its view is a buffer exported by the reservation itself, counted on the socket: a
     slice, memoryview or numpy array taken from it keeps that count up until it is
     released, and the socket refuses to close or reconnect (to unmap the ring) meanwhile,
-    as for receive_view's views."""
+    as for receive_view's views; a queue file replaced meanwhile is followed by the
+    socket, but its ring stays mapped until that count is back at 0 (msgq.h O8)."""
     cdef PubSocket pub
     cdef char *data  # the room in the ring
     cdef Py_ssize_t size
@@ -20,6 +21,8 @@ cdef class RingReservation(Reservation):
         if self.done:
             raise BufferError("the reservation was committed or aborted")
         PyBuffer_FillInfo(buffer, self, <void *>self.data, self.size, 0, flags)
+        if self.pub.exports == 0:
+            self.pub._hold()
         self.pub.exports += 1
 
     def __releasebuffer__(self, Py_buffer *buffer):
@@ -28,6 +31,8 @@ cdef class RingReservation(Reservation):
         # garbage too, and nothing is left to count.
         if self.pub is not None:
             self.pub.exports -= 1
+            if self.pub.exports == 0:
+                self.pub._let_go()
 
     cpdef _publish(self):
         cdef int r = msgq_pub_commit(self.pub.pub)

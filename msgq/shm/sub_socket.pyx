@@ -12,6 +12,7 @@ cdef class SubSocket:
     cdef int exports  # buffers exported by this socket's message views (the ring is in them)
     cdef bint view_open  # a receive_view block holds the next message
     cdef bint lent_views  # the current mapping was lent to a decoder (see _disconnect)
+    cdef bint held  # the handle holds its mappings (msgq.h O8): views or lent_views
     cdef int async_busy  # a loop's waiter thread sleeps on this queue (see _LoopWaiter)
     cdef object async_waiter  # that waiter, while it has this socket in its set
     cdef int64_t timeout_ns
@@ -27,12 +28,17 @@ cdef class SubSocket:
         self.exports = 0
         self.view_open = False
         self.lent_views = False
+        self.held = False
         self.async_busy = 0
         self.async_waiter = None
         self.timeout_ns = -1
         self.endpoint = None
 
     def __dealloc__(self):
+        # As PubSocket's: the views' kept mappings go with the socket (not those lent to
+        # a decoder, which _disconnect keeps).
+        if self.held and not self.lent_views:
+            msgq_sub_hold_mappings(self.sub, 0)
         self._disconnect()
 
     cdef void _disconnect(self) noexcept:
@@ -47,9 +53,27 @@ cdef class SubSocket:
                 # reader misused after its block reads stale bytes, never unmapped memory.
                 msgq_sub_close_keep_mapping(self.sub)
             else:
+                # (held: a buffer of a view is still alive, only in a garbage-collected
+                # cycle or a failed follow; the mappings then stay, O8)
                 msgq_sub_close(self.sub)
             self.sub = NULL
             self.lent_views = False
+            self.held = False
+
+    cdef void _hold(self) noexcept:
+        """A buffer of a view is out (or the mapping was lent to a decoder): from now on a
+        queue file the handle gives up (following a replaced one inside a receive, msgq.h
+        O6) stays mapped under it (O8). Follows run only with the GIL held, as this."""
+        if not self.held and self.sub != NULL:
+            msgq_sub_hold_mappings(self.sub, 1)
+            self.held = True
+
+    cdef void _let_go(self) noexcept:
+        """No buffer of a view is out any more: the queues kept for them are unmapped
+        (never those lent to a decoder, which stay for the life of the process)."""
+        if self.held and not self.lent_views:
+            msgq_sub_hold_mappings(self.sub, 0)
+            self.held = False
 
     cdef int _check_idle(self) except -1:
         if self.busy:
