@@ -57,7 +57,7 @@ class Poller:
             return self._poll(timeout)
         finally:
             for s in taken:
-                s._busy.release()
+                s._turn.append(True)
 
     def _poll(self, timeout: int | None) -> list[SubSocket]:
         for i, s in enumerate(self._sockets):

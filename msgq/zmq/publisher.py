@@ -19,8 +19,8 @@ from msgq.zmq.context import (
     _close_monitor,
     _live_publishers,
     _new_socket,
+    _OneThreadAtATime,
     _open_monitor,
-    _usable,
 )
 from msgq.zmq.options import (
     DEFAULT_BIND_ADDRESS,
@@ -79,7 +79,7 @@ class BufferReservation(Reservation):
         self._pub._reservation = None
 
 
-class PubSocket:
+class PubSocket(_OneThreadAtATime):
     """The publisher of one endpoint: an XPUB socket bound on the endpoint's port.
 
     Options (keyword arguments, else the environment, else the default): ``sndhwm``
@@ -124,6 +124,11 @@ class PubSocket:
         self._last_data: Any = None  # the last message, while its fingerprint is not made
         self._ack_readers: dict[str, _ReaderState] = {}
         self._named_ends = 0
+        # Held by the one thread inside a send, a wait for readers, connect or close.
+        self._init_guard()
+
+    _role = "publisher"
+    _busy_doing = "sending or waiting for readers"
 
     def connect(self, context: Any, endpoint: str, segment_size: int = 0) -> None:
         """Binds the endpoint's port and becomes its publisher.
@@ -135,8 +140,15 @@ class PubSocket:
         keys = load_keys(self.keys_dir) if self.keys_dir else None
         if keys is not None:
             keys.server_secret_or_raise()
+        self._claim()
+        try:
+            self._connect(context, endpoint, segment_size, keys)
+        finally:
+            self._turn.append(True)
+
+    def _connect(self, context: Any, endpoint: str, segment_size: int, keys: Any) -> None:
         name, port, sock = _new_socket(context, endpoint, segment_size, zmq.XPUB, self.linger)
-        self.close()
+        self._close_socket()
         monitor = None
         decide = None
         try:
@@ -200,9 +212,6 @@ class PubSocket:
             return IpcError(f"{where}: cannot bind: {e.strerror}; check bind_address / "
                             "MSGQ_ZMQ_BIND (an address of this machine, or *)")
         return IpcError(f"{where}: cannot bind: {e.strerror}")
-
-    def _check_connected(self) -> zmq.Socket:
-        return _usable(self._sock, self._pid, self.endpoint, "publisher")
 
     def _update_peers(self) -> None:
         """Reads accepted/closed connections and (un)subscriptions that have arrived."""
@@ -357,40 +366,51 @@ class PubSocket:
         return reservation
 
     def _send(self, data: Any, copy: bool = True) -> None:
-        sock = self._check_connected()
-        # Reading peer events costs ~2 us per getsockopt(EVENTS), 5x a small send: do it
-        # at most once per PEER_CHECK_INTERVAL_S. libzmq itself only processes incoming
-        # subscriptions about once a millisecond while sending, so a subscriber joining a
-        # publisher that is streaming may miss up to that much, as with plain pyzmq; a
-        # publisher that was idle always checks, and waits for just-accepted joiners.
-        now = time.monotonic()
-        if now >= self._next_peer_check:
-            self._next_peer_check = now + PEER_CHECK_INTERVAL_S
-            self._update_peers()
-            if self._joining() and self.join_wait_ms > 0:
-                deadline = self._last_accept + self.join_wait_ms / 1000
-                if now < deadline:
-                    self._wait_for_joins(deadline)
+        turn = self._turn  # (_enter inline: a send is 0.7 us, each call counts)
         try:
-            sock.send(data, zmq.NOBLOCK, copy=copy)
-        except zmq.Again:
-            pass  # XPUB drops at the high-water mark instead of blocking; so do we
-        except zmq.ZMQError as e:
-            raise IpcError(f"endpoint {self.endpoint!r}: send failed: {e.strerror}") from None
-        self._sent += 1
-        if self._ack_readers:  # what a reader's acknowledgement is compared with:
-            if type(data) is bytes or not copy:  # unchanging: fingerprinted when asked
-                self._last_data, self._last_sent = data, None
-            else:  # the caller may change it once send returns
-                self._last_data, self._last_sent = None, fingerprint(data)
+            turn.pop()
+        except IndexError:
+            self._refuse()
+        try:
+            sock = self._check_connected()
+            # Reading peer events costs ~2 us per getsockopt(EVENTS), 5x a small send: do it
+            # at most once per PEER_CHECK_INTERVAL_S. libzmq itself only processes incoming
+            # subscriptions about once a millisecond while sending, so a subscriber joining a
+            # publisher that is streaming may miss up to that much, as with plain pyzmq; a
+            # publisher that was idle always checks, and waits for just-accepted joiners.
+            now = time.monotonic()
+            if now >= self._next_peer_check:
+                self._next_peer_check = now + PEER_CHECK_INTERVAL_S
+                self._update_peers()
+                if self._joining() and self.join_wait_ms > 0:
+                    deadline = self._last_accept + self.join_wait_ms / 1000
+                    if now < deadline:
+                        self._wait_for_joins(deadline)
+            try:
+                sock.send(data, zmq.NOBLOCK, copy=copy)
+            except zmq.Again:
+                pass  # XPUB drops at the high-water mark instead of blocking; so do we
+            except zmq.ZMQError as e:
+                raise IpcError(f"endpoint {self.endpoint!r}: send failed: {e.strerror}") from None
+            self._sent += 1
+            if self._ack_readers:  # what a reader's acknowledgement is compared with:
+                if type(data) is bytes or not copy:  # unchanging: fingerprinted when asked
+                    self._last_data, self._last_sent = data, None
+                else:  # the caller may change it once send returns
+                    self._last_data, self._last_sent = None, fingerprint(data)
+        finally:
+            turn.append(True)
 
     def all_readers_updated(self) -> bool:
         """True when at least one subscriber is connected and every connection this
         publisher accepted has subscribed (a message sent now reaches every connected
         subscriber). ZMQ cannot report what subscribers have read."""
-        self._check_connected()
-        self._update_peers()
-        return self._ready()
+        self._enter()
+        try:
+            self._update_peers()
+            return self._ready()
+        finally:
+            self._turn.append(True)
 
     def _ready(self) -> bool:
         if self._subscriptions == 0 or self._joining():
@@ -410,9 +430,12 @@ class PubSocket:
         """Blocks until ``all_readers_updated()`` (True) or ``timeout`` seconds (False;
         None waits forever). ``poll_interval`` is accepted for the protocol's sake: this
         wait sleeps on the socket's events, not in steps."""
-        self._check_connected()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        return self._wait_for_joins(deadline, at_least_one=True)
+        self._enter()
+        try:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            return self._wait_for_joins(deadline, at_least_one=True)
+        finally:
+            self._turn.append(True)
 
     def wait_for_readers(self, timeout: float = 1.0, interval: float = 0.001) -> None:
         """Upstream's wait (seconds): returns once ``all_readers_updated()``, raises
@@ -423,22 +446,41 @@ class PubSocket:
     @property
     def num_readers(self) -> int:
         """Connected subscribers (connections subscribed to every message)."""
-        self._check_connected()
-        self._update_peers()
-        return self._readers
+        self._enter()
+        try:
+            self._update_peers()
+            return self._readers
+        finally:
+            self._turn.append(True)
 
     @property
     def refused_connections(self) -> int:
         """Connections refused since ``connect``: failed CURVE handshakes (no keys, another
         server key, not ZMQ) and clients its permissions refuse."""
-        if self._sock is not None and self._pid == _context._process_id:
-            self._update_peers()
+        if self._sock is not None and self._pid == _context._process_id and self._turn:
+            try:  # (while another thread has the turn: the count as it stands)
+                self._turn.pop()
+            except IndexError:
+                return self._refused
+            try:
+                if self._sock is not None:
+                    self._update_peers()
+            finally:
+                self._turn.append(True)
         return self._refused
 
     def close(self) -> None:
         """Closes the publisher. Messages already sent still go out (for at most
         ``linger`` ms); a new publisher of the endpoint in this process can bind at once
-        (it waits for ZMQ to release the port)."""
+        (it waits for ZMQ to release the port). Raises IpcError while another thread is
+        inside a call on it (a send, a wait for readers)."""
+        self._claim()
+        try:
+            self._close_socket()
+        finally:
+            self._turn.append(True)
+
+    def _close_socket(self) -> None:
         if self._reservation is not None:
             self._reservation.abort()
         sock, monitor = self._sock, self._monitor

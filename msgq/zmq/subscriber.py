@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 from functools import partial
 from typing import Any
@@ -14,8 +13,13 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from msgq.aio import await_until, next_message, wait_for_result
-from msgq.errors import IpcError
-from msgq.zmq.context import _close_monitor, _new_socket, _open_monitor, _usable, _wait_monitor
+from msgq.zmq.context import (
+    _close_monitor,
+    _new_socket,
+    _OneThreadAtATime,
+    _open_monitor,
+    _wait_monitor,
+)
 from msgq.zmq.options import (
     _RECONNECT_IVL_MAX_MS,
     _RECONNECT_IVL_MS,
@@ -38,7 +42,7 @@ from msgq.zmq.security import (
 )
 
 
-class SubSocket:
+class SubSocket(_OneThreadAtATime):
     """One subscriber of an endpoint: a SUB socket connected to the publisher's port.
 
     Options: ``rcvhwm`` (messages queued before newer ones are dropped), ``linger`` (ms),
@@ -95,11 +99,8 @@ class SubSocket:
         # the port later.
         self._foreign_link = False
         self._next_relink = 0.0
-        # Held by the one thread inside a call that uses the ZMQ socket (a receive, a
-        # Poller's poll, connect, close): libzmq sockets are not thread-safe, and closing
-        # one while another thread sleeps in it aborts the process in libzmq. Taken without
-        # waiting; a call that finds it held raises IpcError (see _enter).
-        self._busy = threading.Lock()
+        # Held by the one thread inside a receive, a Poller's poll, connect or close.
+        self._init_guard()
 
     def connect(
         self,
@@ -125,7 +126,7 @@ class SubSocket:
         try:
             self._connect(context, endpoint, address, conflate, segment_size, keys)
         finally:
-            self._busy.release()
+            self._turn.append(True)
 
     def _connect(self, context: Any, endpoint: str, address: str, conflate: bool,
                  segment_size: int, keys: Any) -> None:
@@ -191,37 +192,12 @@ class SubSocket:
         """Timeout of a blocking ``receive`` in milliseconds; negative or None: forever."""
         self._timeout_ms = -1 if timeout is None or timeout < 0 else int(timeout)
 
-    def _check_connected(self) -> zmq.Socket:
-        return _usable(self._sock, self._pid, self.endpoint, "subscriber")
+    _role = "subscriber"
+    _busy_doing = "receiving or polling"
 
-    def _enter(self) -> zmq.Socket:
-        """Takes the socket for a call from this thread (release ``_busy`` after it):
-        its ZMQ socket, or IpcError when it is not connected or another thread is
-        inside a call on it."""
-        if not self._busy.acquire(False):
-            self._check_connected()  # a copy inherited through fork() says so first
-            raise IpcError(f"endpoint {self.endpoint!r}: another thread is inside a call "
-                           "on this socket (a receive, a Poller's poll, connect or close); "
-                           "a ZMQ socket serves one thread at a time")
-        try:
-            return self._check_connected()
-        except BaseException:
-            self._busy.release()
-            raise
-
-    def _claim(self) -> None:
-        """Takes the socket for close or connect, or raises IpcError while another
-        thread is inside a call on it (closing a ZMQ socket under a thread that sleeps in
-        it aborts the process in libzmq). A copy inherited through fork() is never busy:
-        the thread that held it did not come along."""
-        if self._pid and self._pid != os.getpid():
-            self._sock = self._monitor = None  # the parent's: not ours to close
-            self._stash = self._unacked = None  # (_lent stays: a decoder may point in)
-            self._busy = threading.Lock()
-        if not self._busy.acquire(False):
-            raise IpcError(f"endpoint {self.endpoint!r}: another thread is receiving or "
-                           "polling on this socket; close or reconnect it when that call "
-                           "has returned")
+    def _forget_parent(self) -> None:
+        super()._forget_parent()
+        self._stash = self._unacked = None  # (_lent stays: a decoder may point into it)
 
     def _handshake_failed(self, event: int, value: int) -> None:
         self.failed_handshakes += 1
@@ -312,7 +288,7 @@ class SubSocket:
 
     def _next(self, sock: zmq.Socket, non_blocking: bool) -> bytes | zmq.Frame | None:
         """The next message: a stashed one (bytes) or a received frame; None when there
-        is none (non-blocking) or the timeout passed. (Callers hold ``_busy``.)"""
+        is none (non-blocking) or the timeout passed. (Callers hold the turn.)"""
         if self._stash is not None:
             msg, self._stash = self._stash, None
             if self._conflate:  # a newer message may have come after the stashed one
@@ -367,14 +343,19 @@ class SubSocket:
         """Returns the next message as ``bytes``, or None when there is none
         (non-blocking) or the timeout passed. A ZMQ socket serves one thread at a time:
         IpcError while another thread is inside a call on it."""
-        sock = self._enter()
+        turn = self._turn  # (_enter inline: the hot path)
         try:
+            turn.pop()
+        except IndexError:
+            self._refuse()
+        try:
+            sock = self._check_connected()
             msg = self._next(sock, non_blocking)
             if msg is None:
                 return None
             self._read(sock, msg)
         finally:
-            self._busy.release()
+            turn.append(True)
         return msg if isinstance(msg, bytes) else msg.bytes
 
     async def receive_async(self) -> bytes | None:
@@ -429,7 +410,7 @@ class SubSocket:
             view[: len(msg)] = msg
             self._read(sock, msg)
         finally:
-            self._busy.release()
+            self._turn.append(True)
         return len(msg)
 
     def has_data(self) -> bool:
@@ -438,7 +419,7 @@ class SubSocket:
         try:
             return self._stash is not None or bool(sock.poll(0, zmq.POLLIN))
         finally:
-            self._busy.release()
+            self._turn.append(True)
 
     def close(self) -> None:
         """Closes the socket; it can connect again. Raises IpcError while another thread
@@ -447,7 +428,7 @@ class SubSocket:
         try:
             self._close_socket()
         finally:
-            self._busy.release()
+            self._turn.append(True)
 
     def _close_socket(self) -> None:
         sock, self._sock = self._sock, None
@@ -527,7 +508,7 @@ class FrameView:
                 return None
             owner._read(sock, self._msg)
         finally:
-            owner._busy.release()
+            owner._turn.append(True)
         msg = self._msg
         if not isinstance(msg, bytes) and _address(msg.buffer) % 8:
             # Cap'n Proto readers need word-aligned bytes, libzmq frames need not be: an
