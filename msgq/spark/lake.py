@@ -696,7 +696,8 @@ def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] 
     columns: file, segment, offset, logMonoTime, service, valid, size, data (null: the
     raw bytes stay in the logs), problem, route, then the typed columns of ``decode``):
     the rows of the tables of ``services`` (default all), and the problem rows. Each
-    table is read apart, with only the columns asked for, and unioned.
+    table is read apart, with only the columns asked for, and unioned; without
+    ``decode``, every table in one Parquet scan (:func:`_narrow`).
 
     ``start``/``end`` (logMonoTime, ns, ``start <= t < end``) and ``services`` filter
     the events as read_logs's do; as there, filtered reads leave out the problem rows
@@ -737,6 +738,10 @@ def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] 
                 if n in plan.fieldNames():
                     typed_columns[n] = plan[n].dataType
     typed_order = [n for n in names if n in typed_columns]
+    filtered = services is not None or start is not None or end is not None
+    if not typed:
+        return _narrow(spark, opened, tables, schemas[PROBLEMS_TABLE], start, end,
+                       not filtered or keep_problems)
     frames = []
     for name in tables:
         df = _read(spark, opened, name, schemas[name])
@@ -752,7 +757,6 @@ def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] 
             problem.alias("problem"), "route",
             *[(sf.col(t) if t == name else sf.lit(None).cast(typed_columns[t])).alias(t)
               for t in typed_order]))
-    filtered = services is not None or start is not None or end is not None
     if not filtered or keep_problems:
         df = _read(spark, opened, PROBLEMS_TABLE, schemas[PROBLEMS_TABLE])
         frames.append(df.select(
@@ -775,6 +779,64 @@ def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] 
     # a union of a scan per table is a task per table file at least: dozens of small
     # tasks for a small lake, each starting the Python work of a later mapInArrow
     # (log_stats: measured 4.4 s -> 2.9 s on 1 M events in 21 tables, 2 cores)
+    return out.coalesce(2 * default_parallelism(spark))
+
+
+def _narrow(spark: Any, lake: Lake, tables: list[str], problems_schema: Any,
+            start: int | None, end: int | None, problems: bool) -> Any:
+    """read_lake's rows with no typed column: the event columns of every table of
+    ``tables`` in one Parquet scan (their columns are the same), and the problem rows
+    when ``problems``. One scan instead of a union of a scan per table: one plan to
+    analyse and one file listing, however many tables (21 tables, 100 k events: 0.05 s
+    to plan instead of 0.7-3.8 s, and the job 3x quicker). Spark's partition discovery
+    cannot take the tables' folders as one table (their names are no ``key=value``), so
+    the files are listed whole and each row's service and route come from its file's
+    path (``<table>/date=<d>/route=<r>/<name>``, URL-encoded, the route's folder name
+    escaped as Spark's writer escapes it)."""
+    # pyspark: the optional spark extra, imported when Spark is used
+    from pyspark.sql import functions as sf
+    from pyspark.sql.types import StructType
+
+    def problem_rows() -> Any:
+        return _read(spark, lake, PROBLEMS_TABLE, problems_schema).select(
+            "file", "segment", "offset", sf.lit(None).cast("long").alias("logMonoTime"),
+            sf.lit(None).cast("string").alias("service"),
+            sf.lit(None).cast("boolean").alias("valid"),
+            sf.lit(None).cast("int").alias("size"),
+            sf.lit(None).cast("binary").alias("data"), "problem", "route")
+
+    def unescaped(text: Any) -> Any:  # %XX sequences (a "+" is itself)
+        return sf.when(sf.instr(text, "%") > 0,
+                       sf.url_decode(sf.replace(text, sf.lit("+"), sf.lit("%2B")))) \
+            .otherwise(text)
+
+    out = None
+    if tables:
+        events = spark.read.schema(StructType(_event_fields())) \
+            .option("recursiveFileLookup", "true") \
+            .parquet(*[_table_path(lake, t) for t in tables])
+        if start is not None:
+            events = events.where(sf.col("logMonoTime") >= start)
+        if end is not None:
+            events = events.where(sf.col("logMonoTime") < end)
+        path = sf.col("_metadata.file_path")
+        depth = len(PARTITION_COLUMNS) + 2
+        table = sf.substring_index(sf.substring_index(path, "/", -depth), "/", 1)
+        folder = sf.substring_index(sf.substring_index(path, "/", -2), "/", 1)
+        route = unescaped(unescaped(sf.substring(folder, len("route=") + 1, 1 << 20)))
+        out = events.select(
+            "file", "segment", "offset", "logMonoTime", table.alias("service"), "valid",
+            "size", sf.lit(None).cast("binary").alias("data"),
+            sf.when(~sf.col("problem").startswith("undecodable:"), sf.col("problem"))
+            .alias("problem"),
+            sf.when(route != "__HIVE_DEFAULT_PARTITION__", route).alias("route"))
+    if problems or out is None:
+        rows = problem_rows()
+        if out is None:
+            out = rows if problems else rows.limit(0)
+        else:
+            out = out.unionByName(rows)
+    # a scan is a task per table file at least: dozens of small tasks for a small lake
     return out.coalesce(2 * default_parallelism(spark))
 
 
