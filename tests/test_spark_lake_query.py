@@ -3,7 +3,8 @@
 stages and the SQL aggregates), on recordings built to reach the corners (test_spark_stats':
 jitter, equal timestamps, events out of time order across segment files, two
 recordings with overlapping clocks, a truncated segment); the SQL engine equals the
-first implementation's reference on the raw rows too; ``read_logs`` of a lake (one
+first implementation's reference on the raw rows too, and so does a compact read of a
+lake (its files packed by pyarrow in the workers); ``read_logs`` of a lake (one
 Parquet scan of every table) gives each row the service and route of its table and
 partition, an escaped route name included."""
 
@@ -91,13 +92,14 @@ def test_log_stats_on_the_lake_equal_the_raw_logs_with_both_engines(
     assert raw["problems"] and raw["gaps"]
     assert _stats(read_logs(spark, lake)) == raw
     assert _stats(read_logs(spark, lake), engine="sql") == raw
-    # what msgq logstats reads (compact=True): on a lake, event rows, the same answers
+    # what msgq logstats reads (compact=True): the tables' files packed by pyarrow
     assert _stats(read_logs(spark, lake, compact=True)) == raw
     # a service subset and a window, the damage kept
     window = dict(services=["can", "gpsLocation"], start=11_500_000_000, end=14_000_000_000)
     want = _stats(read_logs(spark, recordings, data=False, keep_problems=True, **window))
     got = read_logs(spark, lake, keep_problems=True, **window)
     assert _stats(got) == want and _stats(got, engine="sql") == want
+    assert _stats(read_logs(spark, lake, compact=True, **window)) == want
     assert want["problems"] and {s["service"] for s in want["services"]} == \
         {"can", "gpsLocation"}
 

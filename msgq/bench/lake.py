@@ -125,7 +125,9 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cores: int | None,
                     stats.unpersist()
 
             def lake_stats(engine: str = "python") -> dict[str, Any]:
-                stats = log_stats(read_logs(spark, lake_path), engine=engine)
+                # as msgq logstats reads: compact (the Python engine's input)
+                stats = log_stats(read_logs(spark, lake_path, compact=engine == "python"),
+                                  engine=engine)
                 try:
                     return stats.to_dict()
                 finally:

@@ -119,7 +119,8 @@ def read_logs(
 
     A lake folder (:mod:`msgq.spark.lake`, ``msgq lake build``) given alone is read from
     its Parquet tables instead (:func:`msgq.spark.lake.read_lake`: the same columns,
-    ``data`` null; ``compact`` gives event rows, which log_stats takes as well).
+    ``data`` null; ``compact`` packs them as here, reading the tables' files with
+    pyarrow).
     """
     # optional extra: these modules import pyspark, which importing msgq.spark alone must not
     from msgq.spark import datasource, hadoop, lake
@@ -134,7 +135,8 @@ def read_logs(
                              "beside it)")
         return lake.read_lake(spark, lakes[0], services=services, decode=decode,
                               schema=datasource.read_spec(schema, schema_file), start=start,
-                              end=end, keep_problems=keep_problems or compact)
+                              end=end, keep_problems=keep_problems or compact,
+                              compact=compact)
     local, remote = hadoop.split_paths([os.fspath(p) for p in paths], via)
     if local:  # logs of another schema: one line here, before Spark plans the read
         datasource.check_local_logs(local, datasource.read_spec(schema, schema_file))

@@ -70,8 +70,10 @@ from msgq.logs import segment_paths
 from msgq.schemas import Schema, SchemaSpec, spec_in_force
 from msgq.schemas.services import unknown_service_error
 from msgq.spark.capnp_types import member_plan
+from msgq.spark.compact import COMPACT_SCHEMA
 from msgq.spark.connect import default_parallelism, is_connect
 from msgq.spark.datasource import local_path, read_spec, spec_option, uri_scheme
+from msgq.spark.lake_compact import FILES_SCHEMA, ReadCompact
 from msgq.spark.lake_files import (
     LISTED_PROBLEMS,
     PROBLEMS_TABLE,
@@ -691,7 +693,7 @@ def read_table(spark: Any, lake: str | os.PathLike[str], service: str,
 def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] | None = None,
               decode: bool | Iterable[str] = False, schema: Any = None,
               start: int | None = None, end: int | None = None,
-              keep_problems: bool = False) -> Any:
+              keep_problems: bool = False, compact: bool = False) -> Any:
     """The lake as the msgqlog source's DataFrame (:func:`msgq.spark.read_logs`'s
     columns: file, segment, offset, logMonoTime, service, valid, size, data (null: the
     raw bytes stay in the logs), problem, route, then the typed columns of ``decode``):
@@ -703,7 +705,13 @@ def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] 
     the events as read_logs's do; as there, filtered reads leave out the problem rows
     unless ``keep_problems``. Without ``decode`` the rows are those of a read with no
     typed decoding: a typed decoding that failed while the lake was built is not a
-    problem of theirs (``problem`` null), as in read_logs(decode=False)."""
+    problem of theirs (``problem`` null), as in read_logs(decode=False).
+
+    ``compact=True`` (no ``decode``): the same rows packed as the msgqlog source's
+    compact read packs them (:mod:`msgq.spark.compact`, the input of ``log_stats``),
+    the tables' files read by pyarrow in the executors' Python workers
+    (:mod:`msgq.spark.lake_compact`): the events never become Spark rows. A lake on a
+    Hadoop path gives event rows instead (which log_stats takes as well)."""
     # pyspark: the optional spark extra, imported when Spark is used
     from pyspark.sql import functions as sf
 
@@ -739,6 +747,10 @@ def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] 
                     typed_columns[n] = plan[n].dataType
     typed_order = [n for n in names if n in typed_columns]
     filtered = services is not None or start is not None or end is not None
+    if compact and typed:
+        raise ValueError("a compact read has no typed columns: leave out decode")
+    if compact and not _is_remote(opened.path):
+        return _compact(spark, opened, tables, start, end, not filtered or keep_problems)
     if not typed:
         return _narrow(spark, opened, tables, schemas[PROBLEMS_TABLE], start, end,
                        not filtered or keep_problems)
@@ -838,6 +850,28 @@ def _narrow(spark: Any, lake: Lake, tables: list[str], problems_schema: Any,
             out = out.unionByName(rows)
     # a scan is a task per table file at least: dozens of small tasks for a small lake
     return out.coalesce(2 * default_parallelism(spark))
+
+
+def _compact(spark: Any, lake: Lake, tables: list[str], start: int | None, end: int | None,
+             problems: bool) -> Any:
+    """read_lake(compact=True) of a local lake: a (table, file) row per Parquet file of
+    ``tables`` (and of the problems table when ``problems``), spread over the tasks by
+    size, each task reading its files with pyarrow (:class:`ReadCompact`)."""
+    names = [*tables, *([PROBLEMS_TABLE] if problems and PROBLEMS_TABLE in lake.tables
+                        else [])]
+    found = []
+    for table in names:
+        for folder, dirs, files in os.walk(os.path.join(lake.path, table)):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+            found += [(os.path.getsize(os.path.join(folder, f)), table, os.path.join(folder, f))
+                      for f in sorted(files)
+                      if f.endswith(".parquet") and not f.startswith((".", "_"))]
+    # createDataFrame slices the rows in order: every slice gets big and small files
+    slices = max(1, min(len(found), default_parallelism(spark)))
+    ordered = sorted(found, key=lambda f: (-f[0], f[2]))
+    rows = [(table, path) for k in range(slices) for _, table, path in ordered[k::slices]]
+    return spark.createDataFrame(rows, FILES_SCHEMA) \
+        .mapInArrow(ReadCompact(PROBLEMS_TABLE, start, end), COMPACT_SCHEMA)
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
