@@ -323,3 +323,34 @@ def test_a_queue_file_replaced_under_a_kept_view_stays_mapped_until_it_goes(
                            capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
     assert child.stdout.splitlines() == ["1 kept", "0", "closed"]
+
+
+def test_recv_view_reader_used_after_its_queue_file_was_replaced() -> None:
+    # A decoder's reader keeps raw pointers into the ring (keep_readable): the mapping it
+    # reads stays mapped for good, also when the socket follows a replaced queue file
+    # (msgq.h O6, O8; the follow unmapped it: a segfault at the reader's next use).
+    code = textwrap.dedent("""
+        import subprocess, sys
+        from msgq import shm_backend
+        from msgq.messaging import new_message, pub_sock, recv_view, sub_sock
+        sock = sub_sock("vehicleState", timeout=5000)
+        pub = pub_sock("vehicleState")
+        pub.wait_for_readers(timeout=5)
+        msg = new_message("vehicleState")
+        msg.vehicleState.speed = 4.25
+        pub.send(msg.to_bytes())
+        pub.close()
+        with recv_view(sock) as event:
+            pass
+        path = shm_backend.queue_path("vehicleState")
+        replace = (f"import msgq\\nwith open({path!r}, 'r+b') as f: f.write(bytes(8))\\n"
+                   "msgq.pub_sock('vehicleState').close()\\n")
+        subprocess.run([sys.executable, "-c", replace], check=True)
+        sock.setTimeout(0)
+        assert sock.receive() is None  # follows to the new file
+        print(event.vehicleState.speed)  # misuse: stale, but mapped
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip() == "4.25"
