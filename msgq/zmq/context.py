@@ -193,6 +193,19 @@ class _OneThreadAtATime:
                            f"{self._busy_doing} on this socket; close or reconnect it when "
                            "that call has returned") from None
 
+    def close(self) -> None:
+        """Closes the socket (see the class's own notes for what a close lets go out);
+        it can connect again. Raises IpcError while another thread is inside a call on
+        it (a send or receive, a wait, a Poller's poll)."""
+        self._claim()
+        try:
+            self._close_socket()
+        finally:
+            self._turn.append(True)
+
+    def _close_socket(self) -> None:
+        raise NotImplementedError
+
     def _forget_parent(self) -> None:
         """Drops the parent's ZMQ state in a forked child (not ours to close)."""
         self._sock = self._monitor = None

@@ -86,6 +86,7 @@ class PubSocket(_OneThreadAtATime):
     (messages queued per subscriber), ``linger`` (ms), ``bind_address``, ``join_wait_ms``,
     ``keys`` (a key directory, ``MSGQ_ZMQ_KEYS``: the publisher is then a CURVE server
     that admits the client keys its permissions let read this endpoint; ``""``: none).
+    ``close()`` lets messages already sent go out for at most ``linger`` ms.
     """
 
     def __init__(
@@ -469,18 +470,9 @@ class PubSocket(_OneThreadAtATime):
                 self._turn.append(True)
         return self._refused
 
-    def close(self) -> None:
-        """Closes the publisher. Messages already sent still go out (for at most
-        ``linger`` ms); a new publisher of the endpoint in this process can bind at once
-        (it waits for ZMQ to release the port). Raises IpcError while another thread is
-        inside a call on it (a send, a wait for readers)."""
-        self._claim()
-        try:
-            self._close_socket()
-        finally:
-            self._turn.append(True)
-
     def _close_socket(self) -> None:
+        # A new publisher of the endpoint in this process can bind at once after close():
+        # this waits for ZMQ to release the port.
         if self._reservation is not None:
             self._reservation.abort()
         sock, monitor = self._sock, self._monitor

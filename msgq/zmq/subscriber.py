@@ -421,15 +421,6 @@ class SubSocket(_OneThreadAtATime):
         finally:
             self._turn.append(True)
 
-    def close(self) -> None:
-        """Closes the socket; it can connect again. Raises IpcError while another thread
-        is inside a call on it (a receive, a Poller's poll)."""
-        self._claim()
-        try:
-            self._close_socket()
-        finally:
-            self._turn.append(True)
-
     def _close_socket(self) -> None:
         sock, self._sock = self._sock, None
         monitor, self._monitor = self._monitor, None
