@@ -353,3 +353,18 @@ def run_logstats(*argv: str) -> tuple[int, str]:
     with contextlib.redirect_stdout(out):
         code = main(["logstats", *argv])
     return code, out.getvalue()
+
+
+def run_msgq_here(*argv: str) -> tuple[int, str, str]:
+    """``msgq ARGV`` in this process, on the run's Spark session where the command uses
+    Spark (no JVM of its own to start: an active session is returned as it is):
+    (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from msgq.cli import main  # the command layer: loaded by the tests that run it only
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
