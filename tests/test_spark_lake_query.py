@@ -18,7 +18,12 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from test_spark_stats import RATES, _assert_equal, _events, _reference_stats, _write  # noqa: E402
+from test_spark_stats import (  # noqa: E402
+    RATES,
+    _assert_equal,
+    _reference_stats,
+    write_corner_recordings,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -28,22 +33,11 @@ def recordings_and_lake(spark: Any, tmp_path_factory: pytest.TempPathFactory
                         ) -> tuple[list[str], str]:
     """test_spark_stats' two recordings (the second one's folder named with characters
     Spark escapes in a partition folder) and a lake built from them."""
-    import os
-    import random
-
     from msgq.spark import lake
 
-    rng = random.Random(2024)
     root = tmp_path_factory.mktemp("lake-query")
     a, b = root / "drive-a", root / "drive b:1+2%"
-    _write(a, _events(rng, 10_000_000_000, 4.5), rng)
-    events = [e for e in _events(rng, 10_500_000_000, 2.5) if e[1] != "deviceState"]
-    events += [(11_000_000_000, "deviceState", False), (11_100_000_000, "clocks", True),
-               (11_100_000_000, "clocks", True)]
-    _write(b, events, rng)
-    last = sorted(n for n in os.listdir(b) if n.startswith("segment-"))[-1]
-    with open(b / last, "r+b") as f:  # a crash: the last segment ends mid-frame
-        f.truncate(os.path.getsize(b / last) // 2)
+    write_corner_recordings(a, b)
     lake.build(spark, [str(a), str(b)], str(root / "lake"))
     return [str(a), str(b)], str(root / "lake")
 

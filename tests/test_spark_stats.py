@@ -70,11 +70,9 @@ def _write(folder: Path, events: list[tuple[int, str, bool]], shuffle: random.Ra
             writer.write(msg.to_bytes())
 
 
-@pytest.fixture(scope="module")
-def recordings(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+def write_corner_recordings(a: Path, b: Path) -> list[str]:
+    """The two recordings the log_stats tests read (also test_spark_lake_query's)."""
     rng = random.Random(2024)
-    root = tmp_path_factory.mktemp("stats")
-    a, b = root / "drive-a", root / "drive-b"
     _write(a, _events(rng, 10_000_000_000, 4.5), rng)
     # drive b: another clock (overlapping times), one deviceState event only, and a
     # service whose two events share a timestamp (intervals summing to zero)
@@ -86,6 +84,12 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     with open(b / last, "r+b") as f:  # a crash: the last segment ends mid-frame
         f.truncate(os.path.getsize(b / last) // 2)
     return [str(a), str(b)]
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    root = tmp_path_factory.mktemp("stats")
+    return write_corner_recordings(root / "drive-a", root / "drive-b")
 
 
 # -- the reference: log_stats as first written (window functions, Spark's percentile) ------
