@@ -28,6 +28,9 @@ from msgq.logs import LogReader  # noqa: E402
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 RUNS = int(os.environ.get("MSGQ_LAKE_CRASH_RUNS", "2"))
+#: How long the last follow (not killed) runs while the writer writes: its batches say
+#: how fresh the lake is kept.
+FOLLOW_SECONDS = 30
 
 
 def _env() -> dict[str, str]:
@@ -80,7 +83,17 @@ def _assert_once(rows: list[tuple[str, int]], raw: set[tuple[str, int]]) -> None
     assert set(rows) <= raw, "an event that is not in the logs"
 
 
-def test_build_killed_at_random_moments_loses_and_doubles_nothing(tmp_path: Path) -> None:
+def _finish(sources: Path, lake: Path) -> None:
+    """The last ``msgq lake build``, not killed: in this process, on the run's Spark
+    session (the killed runs were processes of their own; a JVM less to start)."""
+    from helpers import run_msgq_here
+
+    code, _, err = run_msgq_here("lake", "build", str(sources), "--to", str(lake), "--json")
+    assert code == 0, err
+
+
+def test_build_killed_at_random_moments_loses_and_doubles_nothing(spark: object,
+                                                                   tmp_path: Path) -> None:
     from msgq.bench.spark import make_recording
 
     fleet = tmp_path / "fleet"
@@ -107,10 +120,7 @@ def test_build_killed_at_random_moments_loses_and_doubles_nothing(tmp_path: Path
             took = max(5.0, time.monotonic() - began)
         if lake.is_dir():
             _assert_once(_lake_rows(lake), raw)
-    done = subprocess.run([sys.executable, "-m", "msgq", "lake", "build", str(fleet), "--to",
-                           str(lake), "--json"], capture_output=True, text=True, env=_env(),
-                          timeout=900)
-    assert done.returncode == 0, done.stderr
+    _finish(fleet, lake)
     rows = _lake_rows(lake)
     _assert_once(rows, raw)
     assert set(rows) == raw
@@ -118,15 +128,16 @@ def test_build_killed_at_random_moments_loses_and_doubles_nothing(tmp_path: Path
 
 
 WRITER = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     from msgq.logs import LogWriter
     from msgq.messaging import new_message
 
-    folder, seconds = sys.argv[1], float(sys.argv[2])
+    # writes until the file sys.argv[3] exists (sys.argv[2] seconds at most)
+    folder, seconds, stop = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     with LogWriter(folder, rotate_seconds=3.0, flush_seconds=0.25) as writer:
         end = time.monotonic() + seconds
         i = 0
-        while time.monotonic() < end:
+        while time.monotonic() < end and not os.path.exists(stop):
             for service in ("vehicleState", "can"):
                 writer.write(new_message(service, valid=i % 9 != 0,
                                          logMonoTime=time.monotonic_ns()).to_bytes())
@@ -135,12 +146,14 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def test_follow_killed_at_random_moments_loses_and_doubles_nothing(tmp_path: Path) -> None:
+def test_follow_killed_at_random_moments_loses_and_doubles_nothing(spark: object,
+                                                                    tmp_path: Path) -> None:
     live = tmp_path / "live"
     lake = tmp_path / "lake"
+    stop = tmp_path / "stop-writing"
     rng = random.Random(int(os.environ.get("MSGQ_LAKE_CRASH_SEED", "7")))
-    seconds = 60.0 + 12.0 * RUNS  # still writing while the last follow runs
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(live), str(seconds)])
+    # it writes until the last follow has ended (told by the file stop)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(live), "900", str(stop)])
     kills = 0
     ages: list[float] = []
     try:
@@ -162,23 +175,22 @@ def test_follow_killed_at_random_moments_loses_and_doubles_nothing(tmp_path: Pat
                 _assert_once(_lake_rows(lake), _raw_rows([live]))
         # one that is not killed: its batches say how fresh the lake is
         proc = _start("lake", "follow", str(live), "--to", str(lake), "--every", "1",
-                      "--json", "--duration", "45")
+                      "--json", "--duration", str(FOLLOW_SECONDS))
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
         ages = [json.loads(line)["newest_age_s"] for line in out.splitlines() if line]
-        assert writer.wait(timeout=300) == 0
+        assert writer.poll() is None, "the writer stopped before the last follow ended"
+        stop.touch()
+        assert writer.wait(timeout=60) == 0
     finally:
         if writer.poll() is None:
             writer.kill()
-    done = subprocess.run([sys.executable, "-m", "msgq", "lake", "build", str(live), "--to",
-                           str(lake)], capture_output=True, text=True, env=_env(),
-                          timeout=900)
-    assert done.returncode == 0, done.stderr
+    _finish(live, lake)
     rows = _lake_rows(lake)
     raw = _raw_rows([live])
     _assert_once(rows, raw)
     assert set(rows) == raw
-    ages = sorted(a for a in ages if a is not None)  # none when a batch outlasts 45 s
+    ages = sorted(a for a in ages if a is not None)  # none when a batch outlasts the follow
     latency = f"median {ages[len(ages) // 2]:.2f} s, max {ages[-1]:.2f} s" if ages else "-"
     print(f"\n{RUNS} follows killed with SIGKILL ({kills}); {len(rows)} events, each "
           f"once; write -> queryable over {len(ages)} batches: {latency}")
