@@ -28,11 +28,10 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 BASE = 5_000_000_000
 
 
-def _msgq(*argv: str, cwd: Path | None = None, timeout: float = 300,
-          env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _msgq(*argv: str, cwd: Path | None = None,
+          timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.pop("PYSPARK_PYTHON", None)  # as a user's shell has it
-    env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "msgq", *argv], capture_output=True,
                           text=True, env=env, timeout=timeout, cwd=cwd)
 
@@ -233,19 +232,24 @@ def test_log_stats_on_the_lake_equal_the_raw_logs(
     assert sorted(got) == sorted(want) and want
 
 
-def test_msgq_logstats_and_sql_on_the_lake(built: tuple[str, str, dict[str, Any]],
+def test_msgq_logstats_and_sql_on_the_lake(spark: Any, built: tuple[str, str, dict[str, Any]],
                                            tmp_path: Path) -> None:
+    from helpers import run_msgq_here
+
     folder, lake, _ = built
-    done = _msgq("lake", "sql", "SELECT route, count(*) AS n, max(vehicleState.speed) AS top "
-                 "FROM vehicleState GROUP BY route", lake, "--json")
-    assert done.returncode == 0, done.stderr
-    rows = json.loads(done.stdout)
+    # the commands themselves, in this process on the run's session (a JVM each
+    # otherwise: the build fixture runs the command as a user does)
+    code, out, err = run_msgq_here("lake", "sql", "SELECT route, count(*) AS n, "
+                                   "max(vehicleState.speed) AS top FROM vehicleState "
+                                   "GROUP BY route", lake, "--json")
+    assert code == 0, err
+    rows = json.loads(out)
     events = [e for e in LogReader(folder).raw() if e.service == "vehicleState"]
     assert rows == [{"route": "drive", "n": len(events), "top": 0.0}]
-    raw = _msgq("logstats", folder, "--json")
-    on_lake = _msgq("logstats", lake, "--json")
-    assert raw.returncode == 0 and on_lake.returncode == 0, on_lake.stderr
-    want, got = json.loads(raw.stdout), json.loads(on_lake.stdout)
+    raw = run_msgq_here("logstats", folder, "--json")
+    on_lake = run_msgq_here("logstats", lake, "--json")
+    assert raw[0] == 0 and on_lake[0] == 0, on_lake[2]
+    want, got = json.loads(raw[1]), json.loads(on_lake[1])
     for table in ("services", "segments", "gaps", "problems"):
         assert got[table] == want[table], table
     # not a lake, and a missing path: one line each, exit 1
@@ -381,11 +385,13 @@ def test_partition_folders_are_named_as_sparks_writer_names_them(
 
 
 def test_build_under_a_connect_server_runs_locally_and_says_so(
-        tmp_path: Path) -> None:
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """msgq lake build with $MSGQ_SPARK_REMOTE set (here a server that is not there) runs
     on a local session and says so in one line; sql attaches to the server (and says in
     one line that it does not answer)."""
     import socket
+
+    from helpers import run_msgq_here
 
     from msgq.bench.spark import make_recording
 
@@ -393,12 +399,16 @@ def test_build_under_a_connect_server_runs_locally_and_says_so(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         url = f"sc://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there
-    done = _msgq("lake", "build", str(tmp_path / "rec"), "--to", str(tmp_path / "lake"),
-                 "--json", env_extra={"MSGQ_SPARK_REMOTE": url})
-    assert done.returncode == 0, done.stderr
-    said = [line for line in done.stderr.splitlines() if url in line]
-    assert len(said) == 1 and "runs on a local Spark session" in said[0], done.stderr
-    assert json.loads(done.stdout)["events"] == sum(
+    # the build in this process: the local session it runs on is the run's (no JVM to
+    # start); attached to the server, the command would fail
+    monkeypatch.setenv("MSGQ_SPARK_REMOTE", url)
+    code, out, err = run_msgq_here("lake", "build", str(tmp_path / "rec"), "--to",
+                                   str(tmp_path / "lake"), "--json")
+    monkeypatch.delenv("MSGQ_SPARK_REMOTE")
+    assert code == 0, err
+    said = [line for line in err.splitlines() if url in line]
+    assert len(said) == 1 and "runs on a local Spark session" in said[0], err
+    assert json.loads(out)["events"] == sum(
         1 for _ in LogReader(str(tmp_path / "rec")).raw())
     done = _msgq("lake", "sql", "SELECT count(*) FROM can", str(tmp_path / "lake"),
                  "--remote", url)
