@@ -3,7 +3,8 @@
 Random sequences of the calls a user can make on sockets (the shared-memory and ZMQ
 backends, and the fake layer over them), on receive_view views, on reservations and on
 VisionIPC buffers, in random order: close, reconnect, fork, threads, sockets dropped
-without a close, and objects kept past their blocks (slices, memoryviews, numpy arrays)
+without a close, queue files damaged and replaced under the sockets (as by another
+process), and objects kept past their blocks (slices, memoryviews, numpy arrays)
 used after everything they came from was closed. Exceptions are fine; a process killed
 by a signal is not. The sequences run in child processes (each runs many, one after the
 other); a child (or a grandchild it forked) that dies by a signal fails the test with the
@@ -106,6 +107,7 @@ def _ops(rng: random.Random, n: int, vipc: bool, fork_depth: int) -> list[Op]:
         (1, lambda: ("drain", sub())),
         (1, lambda: ("receive_async", sub(), rng.choice(("wait", "cancel", "close")))),
         (1, lambda: ("thread_close", sub(), rng.random() < 0.5)),
+        (4, lambda: ("replace_file", rng.choice(ENDPOINTS), rng.choice(SEGMENT_SIZES))),
         (5, lambda: ("use_kept", rng.randrange(8), rng.random() < 0.5)),
         (2, lambda: ("drop_kept", rng.randrange(8))),
         (1, lambda: ("gc",)),
@@ -381,6 +383,19 @@ class Runner:
                 sock.close()
         finally:
             thread.join()
+
+    def op_replace_file(self, i: int, ep: str, seg: int) -> None:
+        # As another process damaging a queue file: the next opener (a throwaway
+        # subscriber here) renames a new queue into its place, and every socket on the
+        # old one follows it at its next call (O6) while buffers may still point into
+        # the old ring. (On ZMQ it hits a file no socket uses, or none: FileNotFoundError.)
+        from msgq import shm_backend
+
+        with open(shm_backend.queue_path(ep), "r+b") as f:
+            f.write(bytes(8))
+        sock = shm_backend.SubSocket()
+        sock.connect(self.msgq.context, ep, segment_size=seg)
+        sock.close()
 
     def op_use_kept(self, i: int, k: int, write: bool) -> None:
         obj = self.kept[k]
