@@ -18,6 +18,7 @@ this process, with ``python tests/test_api_sequences.py replay SEED``.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import random
 import shutil
@@ -751,6 +752,116 @@ def test_a_buffer_kept_past_its_block_survives_its_queue_file_being_replaced(
     assert done.returncode >= 0, f"killed by signal {signal.Signals(-done.returncode).name}"
     assert done.returncode == 0, done.stderr[-2000:]
     assert "kept buffer still usable" in done.stdout
+
+
+# --------------------------------------------------------------------------- threads
+# Calls another thread makes on the same socket while a large copy runs without the GIL.
+
+RECEIVE_BESIDE_A_COPY = r"""
+import sys, threading
+import msgq
+from msgq import shm_backend
+
+ep, rounds = sys.argv[1], int(sys.argv[2])
+SEG, BIG = 0x1000000, 5 << 20
+into = bytearray(BIG)  # faulted in: copying into it is quicker than into fresh bytes
+refused = 0
+for n in range(rounds):
+    pub = msgq.pub_sock(ep, segment_size=SEG)
+    sub = msgq.sub_sock(ep, segment_size=SEG, timeout=1000)
+    pub.send(b"x" * BIG)
+    # Another opener replaces the damaged file; sub reads the old one to its end first.
+    with open(shm_backend.queue_path(ep), "r+b") as f:
+        f.write(bytes(8))
+    opener = shm_backend.SubSocket()
+    opener.connect(msgq.context, ep, segment_size=0x4000)
+    opener.close()
+    other = threading.Thread(target=sub.receive)
+    other.start()  # copies the message into new bytes without the GIL
+    try:
+        sub.receive_into(into, non_blocking=True)
+        sub.receive(non_blocking=True)  # the old file read: follows it (O6), unmapping it
+    except msgq.IpcError as e:
+        assert "another thread is receiving on this socket" in str(e), e
+        refused += 1
+    other.join()
+    pub.close()
+    sub.close()
+print("refused", refused, flush=True)
+"""
+
+
+def test_a_receive_beside_another_threads_copy_is_refused(prefix: str, endpoint: str) -> None:
+    # A receive copies a large message out of the ring without the GIL. A receive in
+    # another thread meanwhile took the same message, then followed the replaced queue
+    # file (O6) and unmapped the old ring under the first thread's copy: SIGSEGV in
+    # every child (2 of 2) before receive refused while another thread copies.
+    refused = 0
+    for run in range(2):
+        done = subprocess.run([sys.executable, "-c", RECEIVE_BESIDE_A_COPY, endpoint, "15"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode >= 0, (
+            f"child {run} killed by signal {signal.Signals(-done.returncode).name}")
+        assert done.returncode == 0, done.stderr[-2000:]
+        refused += int(done.stdout.split()[-1])
+    assert refused > 0, "the two threads never overlapped: the test proved nothing"
+
+
+SEND_BESIDE_A_SEND = r"""
+import json, sys, threading
+import msgq
+
+ep, rounds = sys.argv[1], int(sys.argv[2])
+SEG, BIG = 0x1000000, 5 << 20
+failed_sends, refused, other_errors = [], 0, []
+pub = msgq.pub_sock(ep, segment_size=SEG)
+sub = msgq.sub_sock(ep, segment_size=SEG, timeout=1000)
+
+
+def send() -> None:
+    try:
+        pub.send(b"x" * BIG)
+    except Exception as e:
+        failed_sends.append(repr(e))
+
+
+for n in range(rounds):
+    other = threading.Thread(target=send)
+    other.start()  # copies 5 MiB into the ring without the GIL
+    try:
+        if n % 2:
+            pub.send(b"small")
+        else:
+            pub.reserve(16).abort()
+    except msgq.IpcError as e:
+        if "another thread is sending on this socket" in str(e):
+            refused += 1
+        else:
+            other_errors.append(str(e))
+    other.join()
+    while sub.receive(non_blocking=True) is not None:
+        pass
+print(json.dumps({"refused": refused, "failed_sends": failed_sends,
+                  "other_errors": other_errors}), flush=True)
+"""
+
+
+def test_a_send_or_reserve_beside_another_threads_send_is_refused(
+        prefix: str, endpoint: str) -> None:
+    # A large send copies into the ring without the GIL, inside a reservation of the
+    # handle. A reserve or send in another thread meanwhile shared that one reservation:
+    # it failed with "Device or resource busy", or, when it got in first, the large
+    # send failed (EBUSY) or lost its message ("commit without a matching reserve");
+    # had it followed a replaced file (O6) it would have unmapped the ring under the
+    # copy. Both now raise IpcError at once while another thread sends.
+    done = subprocess.run([sys.executable, "-c", SEND_BESIDE_A_SEND, endpoint, "30"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode >= 0, f"killed by signal {signal.Signals(-done.returncode).name}"
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["failed_sends"] == [], result
+    assert result["other_errors"] == [], result
+    assert result["refused"] > 0, "the two threads never overlapped: the test proved nothing"
 
 
 if __name__ == "__main__":

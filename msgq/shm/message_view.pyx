@@ -28,7 +28,7 @@ cdef class MessageView:
         if self.holding or self.entered:
             raise RuntimeError("a message view is entered once")
         sock._check_connected()
-        sock._check_no_view()
+        sock._check_can_take()
         sock.view_open = True
         try:
             if not sock._next_message(&self.payload, &self.size, self.non_blocking):

@@ -68,6 +68,15 @@ cdef class PubSocket:
                            "reconnecting")
         return 0
 
+    cdef int _check_not_sending(self) except -1:
+        """Before a send or reserve: no other thread is inside a send without the GIL (the
+        two would share the handle's one reservation, and a replaced queue file followed
+        here, O6, would unmap the ring under its copy)."""
+        if self.busy:
+            raise IpcError(f"endpoint {self.endpoint!r}: another thread is sending on this "
+                           "socket; send or reserve again when that call has returned")
+        return 0
+
     cdef int _fail(self, int r) except -1:
         """Raises the error of a call; a handle that lost its queue (a failed follow of a
         replaced file, msgq.h O6) is dropped first, so the socket reads as closed."""
@@ -121,6 +130,7 @@ cdef class PubSocket:
         cdef int r
         cdef bint release = False
         self._check_connected()
+        self._check_not_sending()
         if self.reservation is not None:
             raise RuntimeError("a reservation is open on this socket; commit it first")
         if type(data) is bytes:
@@ -171,6 +181,7 @@ cdef class PubSocket:
         cdef void *dst
         cdef int r
         self._check_connected()
+        self._check_not_sending()
         if self.reservation is not None:
             raise RuntimeError("a reservation is already open on this socket")
         if size < 0:

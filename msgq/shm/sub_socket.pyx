@@ -9,6 +9,7 @@ cdef class SubSocket:
     cdef msgq_sub_stats last_stats  # counters of the last connection, once closed
     cdef bint conflate_flag
     cdef int busy  # calls in progress without the GIL (other threads may run)
+    cdef int copying  # of those, receives copying a message out of the ring (_copy_out)
     cdef int exports  # buffers exported by this socket's message views (the ring is in them)
     cdef bint view_open  # a receive_view block holds the next message
     cdef bint lent_views  # the current mapping was lent to a decoder (see _disconnect)
@@ -25,6 +26,7 @@ cdef class SubSocket:
         self.last_stats.corrupt_resets = 0
         self.last_stats.checksum_errors = 0
         self.busy = 0
+        self.copying = 0
         self.exports = 0
         self.view_open = False
         self.lent_views = False
@@ -90,10 +92,17 @@ cdef class SubSocket:
                            "reconnecting")
         return 0
 
-    cdef int _check_no_view(self) except -1:
+    cdef int _check_can_take(self) except -1:
+        """Before a receive takes a message: no receive_view block holds the next one, and
+        no other thread is copying one out of the ring without the GIL (this call would
+        end its view, O5, or follow a replaced queue file, O6, unmapping the ring under
+        its copy). A thread waiting or polling on the queue is no obstacle (O6)."""
         if self.view_open:
             raise RuntimeError(f"endpoint {self.endpoint!r}: a receive_view block holds "
                                "the next message; leave it before receiving again")
+        if self.copying:
+            raise IpcError(f"endpoint {self.endpoint!r}: another thread is receiving on "
+                           "this socket; receive again when that call has returned")
         return 0
 
     cdef int _fail(self, int r) except -1:
@@ -185,8 +194,10 @@ cdef class SubSocket:
         """The one copy out of the ring; large ones let other threads run."""
         if size >= <size_t>NOGIL_COPY_BYTES:
             self.busy += 1
+            self.copying += 1
             with nogil:
                 memcpy(dst, payload, size)
+            self.copying -= 1
             self.busy -= 1
         else:
             memcpy(dst, payload, size)
@@ -198,7 +209,7 @@ cdef class SubSocket:
         cdef size_t size
         cdef bytes msg
         self._check_connected()
-        self._check_no_view()
+        self._check_can_take()
         while self._next_message(&payload, &size, non_blocking):
             msg = PyBytes_FromStringAndSize(NULL, size)
             self._copy_out(PyBytes_AS_STRING(msg), payload, size)
@@ -215,7 +226,7 @@ cdef class SubSocket:
         cdef const void *payload
         cdef size_t size
         self._check_connected()
-        self._check_no_view()
+        self._check_can_take()
         try:
             PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE | PyBUF_WRITABLE)
         except (BufferError, ValueError) as e:
@@ -248,7 +259,7 @@ cdef class SubSocket:
         on this socket raise RuntimeError inside the block, and ``close`` raises
         IpcError while any memoryview of the message is alive."""
         self._check_connected()
-        self._check_no_view()
+        self._check_can_take()
         return MessageView(self, non_blocking)
 
     def has_data(self) -> bool:
