@@ -20,8 +20,7 @@ the benchmark no longer defines (:meth:`Block.current_rows`), and when a block n
 
 A suite becomes a block by adding a :class:`Block` to :data:`BLOCKS`: the command that
 runs it (writing JSON), the rows it cites, and how its text is rendered from that JSON.
-The lake's rows (:mod:`msgq.bench.lake`, once it writes ``--json``) are meant to come in
-that way.
+The lake's rows (:mod:`msgq.bench.lake`) come in that way, into docs/spark.md.
 
 Layer: programs (a benchmark driver); imports the suites' constants, runs them as
 subprocesses.
@@ -218,6 +217,29 @@ def _render_upstream(doc: dict[str, Any]) -> str:
             "32 MiB queues, medians of the repeats.\n\n" + "\n".join(lines) + "\n")
 
 
+LAKE_ROWS = ("window/bytes", "window/time", "window/beyond-job", "job", "log_stats",
+             "log_stats/sql", "log_stats/floor", "build", "size")
+
+
+def _lake_rows() -> set[str]:
+    from msgq.bench.lake import ROWS  # start-up cost: imported when its rows are asked for
+
+    return set(ROWS)
+
+
+def _render_lake(doc: dict[str, Any]) -> str:
+    from msgq.bench.lake import ROWS, headline, measured  # start-up cost: as above
+
+    cells = measured(doc)
+    lines = ["| row | measured | issue 42's target |", "|---|---|---|"]
+    for row in LAKE_ROWS:
+        label, target = ROWS[row]
+        lines.append(f"| {label.strip()} | {cells[row]} | {target} |")
+    return (f"The lake against the raw logs in one local Spark session ({headline(doc)}); "
+            "query times are the best of the repeats, alternating.\n\n"
+            + "\n".join(lines) + "\n")
+
+
 BLOCKS: tuple[Block, ...] = (
     Block("upstream", "README.md",
           lambda out, quick: [sys.executable, "-m", "msgq.bench.upstream", "--json", out,
@@ -231,6 +253,10 @@ BLOCKS: tuple[Block, ...] = (
           lambda out, quick: [sys.executable, "-m", "msgq.bench.logs", "--rates", "",
                               "--json", out, *(["--quick"] if quick else [])],
           LOG_ROWS, _log_rows, _render_logs),
+    Block("lake", "docs/spark.md",
+          lambda out, quick: [sys.executable, "-m", "msgq.bench.lake", "--json", out,
+                              *(["--seconds", "130", "--repeat", "1"] if quick else [])],
+          LAKE_ROWS, _lake_rows, _render_lake),
 )
 
 
