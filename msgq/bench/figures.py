@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from msgq.bench import lake_rows
+
 __all__ = ["BLOCKS", "Block", "FoundBlock", "checksum", "find_blocks", "main", "problems"]
 
 #: The repository (or unpacked sdist) whose pages the blocks live in.
@@ -222,21 +224,18 @@ LAKE_ROWS = ("window/bytes", "window/time", "window/beyond-job", "job", "log_sta
 
 
 def _lake_rows() -> set[str]:
-    from msgq.bench.lake import ROWS  # start-up cost: imported when its rows are asked for
-
-    return set(ROWS)
+    return set(lake_rows.ROWS)
 
 
 def _render_lake(doc: dict[str, Any]) -> str:
-    from msgq.bench.lake import ROWS, headline, measured  # start-up cost: as above
-
-    cells = measured(doc)
+    cells = lake_rows.measured(doc)
     lines = ["| row | measured | issue 42's target |", "|---|---|---|"]
     for row in LAKE_ROWS:
-        label, target = ROWS[row]
+        label, target = lake_rows.ROWS[row]
         lines.append(f"| {label.strip()} | {cells[row]} | {target} |")
-    return (f"The lake against the raw logs in one local Spark session ({headline(doc)}); "
-            "query times are the best of the repeats, alternating.\n\n"
+    return ("The lake against the raw logs in one local Spark session "
+            f"({lake_rows.headline(doc)}); query times are the best of the repeats, "
+            "alternating.\n\n"
             + "\n".join(lines) + "\n")
 
 

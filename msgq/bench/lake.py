@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from msgq.bench.lake_rows import ROWS, headline, measured
 from msgq.bench.spark import add_recording_arguments, make_recording
 from msgq.cli.output import EXIT_FAILURE, CommandError, print_error
 from msgq.extras import MissingExtraError, require
@@ -205,54 +206,6 @@ class _Options:
 
     def get(self, key: str) -> str | None:
         return self._options.get(key.lower())
-
-
-#: The table's rows by name (what :mod:`msgq.bench.figures` cites): label and target.
-ROWS: dict[str, tuple[str, str]] = {
-    "window/bytes": ("rare service over a 5 % window: bytes read, lake / raw", "<= 2 %"),
-    "window/time": ("  time: lake / raw with pushdown", ">= 5x"),
-    "window/beyond-job": ("  time beyond a Spark job's own fixed cost: lake / raw", ">= 5x"),
-    "job": ("  a Spark job's own fixed cost (apart)", ""),
-    "log_stats": ("full log_stats: lake / raw", ">= 3x"),
-    "log_stats/sql": ("  the same, SQL engine (engine='sql') / raw", ""),
-    "log_stats/floor": ("  one aggregate over the lake's narrow columns (apart)", ""),
-    "build": ("building the lake / one raw log_stats pass", "<= 1.5"),
-    "size": ("lake size / zstd logs", "<= 1.2"),
-}
-
-
-def _faster(lake_s: float, raw_s: float) -> str:
-    if lake_s <= 0:
-        return f"{max(lake_s, 0.0):.2f} / {raw_s:.2f} s: the lake's within the job's cost"
-    return f"{lake_s:.2f} / {raw_s:.2f} s = {raw_s / lake_s:.1f}x faster"
-
-
-def measured(r: dict[str, Any]) -> dict[str, str]:
-    """Each row of :data:`ROWS` as the table shows it, from :func:`run`'s result."""
-    mb = 1 << 20
-    return {
-        "window/bytes": f"{r['lake_read_bytes'] / mb:.2f} / {r['raw_read_bytes'] / mb:.1f} MiB"
-                        f" = {100 * r['lake_read_bytes'] / r['raw_read_bytes']:.2f} %",
-        "window/time": _faster(r["lake_query_s"], r["raw_query_s"]),
-        "window/beyond-job": _faster(r["lake_query_s"] - r["job_s"],
-                                     r["raw_query_s"] - r["job_s"]),
-        "job": f"{r['job_s']:.2f} s",
-        "log_stats": _faster(r["lake_stats_s"], r["raw_stats_best_s"]),
-        "log_stats/sql": _faster(r["lake_stats_sql_s"], r["raw_stats_best_s"]),
-        "log_stats/floor": f"{r['lake_floor_s']:.2f} s",
-        "build": f"{r['build_s']:.1f} / {r['raw_stats_s']:.1f} s = "
-                 f"{r['build_s'] / r['raw_stats_s']:.2f}",
-        "size": f"{r['lake_bytes'] / mb:.1f} / {r['zstd_bytes'] / mb:.1f} MiB = "
-                f"{r['lake_bytes'] / r['zstd_bytes']:.2f}",
-    }
-
-
-def headline(r: dict[str, Any]) -> str:
-    """The line above the table: the recording, the master, the load."""
-    return (f"{r['events']:,} events in {r['segments']} segments, {r['master']}; "
-            f"window: {r['window_events']} events; log_stats equal: {r['stats_equal']}; "
-            f"raw bytes from {r['raw_read_from']}; load {r['load_before'][0]:.1f} before, "
-            f"{r['load_after'][0]:.1f} after")
 
 
 def _table(r: dict[str, Any]) -> str:
