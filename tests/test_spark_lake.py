@@ -259,6 +259,44 @@ def test_msgq_logstats_and_sql_on_the_lake(spark: Any, built: tuple[str, str, di
         assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_the_compact_table_holds_the_raw_compact_reads_rows(
+        spark: Any, built: tuple[str, str, dict[str, Any]]) -> None:
+    """The build's compact table: for each segment file and service, the row the raw
+    logs' compact read makes of its events (one per file and service: each segment is
+    read whole by one task), the problem rows left to the problems table."""
+    import pyarrow.parquet as pq
+
+    from msgq.spark import lake, read_logs
+    from msgq.spark.compact import COMPACT_COLUMNS
+
+    folder, path, _ = built
+    assert lake.COMPACT_TABLE in lake.open_lake(spark, path).tables
+    files = [os.path.join(d, n) for d, _, names in os.walk(os.path.join(path, "_compact"))
+             for n in names]
+    assert files and all(n.endswith(".parquet") for n in files)
+    got = [row for f in files for row in pq.read_table(f).to_pylist()]
+    assert all(tuple(k for k in row if k not in ("date", "route")) == COMPACT_COLUMNS
+               for row in got)
+    keys = [(r["file"], r["service"]) for r in got]
+    assert len(set(keys)) == len(keys)
+
+    def packed(rows: list[Any]) -> dict[tuple[str, str], tuple[Any, ...]]:
+        out: dict[tuple[str, str], list[Any]] = {}
+        for r in rows:
+            o = out.setdefault((r["file"], r["service"]), [0, 0, 0, b""])
+            o[0] += r["count"]
+            o[1] += r["invalid"]
+            o[2] += r["size_sum"]
+            o[3] += r["monos"]
+        return {k: (c, i, s, sorted(memoryview(m).cast("q").tolist()))
+                for k, (c, i, s, m) in out.items()}
+
+    raw = [r.asDict() for r in read_logs(spark, folder, compact=True).collect()]
+    assert all(r["kind"] == "events" for r in got)
+    assert packed(got) == packed([r for r in raw if r["kind"] == "events"])
+    assert sum(r["count"] for r in got) == sum(1 for _ in LogReader(folder).raw())
+
+
 def test_a_second_build_adds_only_what_is_new(spark: Any, tmp_path: Path) -> None:
     from msgq.bench.spark import make_recording
     from msgq.spark import lake, read_logs

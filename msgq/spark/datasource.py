@@ -96,6 +96,7 @@ __all__ = [
     "output_schema",
     "pack_segments",
     "plan_segments",
+    "read_segment_range",
     "read_spec",
     "segment_number",
     "source_class",
@@ -608,7 +609,7 @@ class MsgqLogDataSource(DataSource):
         if schema != ours:
             raise ValueError("the msgqlog source defines its own schema (from the capnp "
                              "schema and the decode option): do not pass .schema(...)")
-        return MsgqLogStreamReader(options, ours, _SegmentRead, segment_number)
+        return MsgqLogStreamReader(options, ours, read_segment_range, segment_number)
 
 
 _checked: dict[Any, bool] = {}
@@ -1296,6 +1297,25 @@ class _SegmentRead:
         for problem in sorted(new, key=lambda p: p.offset):
             self._add_log_problem(problem)
         seen[0], seen[1] = len(reader.corrupt), len(reader.truncated)
+
+
+def read_segment_range(options: ReadOptions, schema: StructType, path: str,
+                       segment: int | None, start: int, end: int, stream: int
+                       ) -> Iterator[Any]:
+    """The rows of file bytes ``[start, end)`` of the segment file ``path`` (zstd frame
+    boundaries, or the whole file), whose uncompressed stream begins at ``stream`` there:
+    Arrow record batches of a read with ``options`` (DataFrame ``schema``), offsets
+    counted from the segment's start. What a streaming micro-batch reads of a segment
+    (:mod:`msgq.spark.streaming`), and a lake build's tasks (:mod:`msgq.spark.lake_files`):
+    one reading of a range for both."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        content = f.read(end - start)
+    read = _SegmentRead(options, schema, path, segment, content, stream_offset=stream,
+                        file_offset=start)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield from read.batches()
 
 
 def _picked(batch: MessageBatch, wanted: frozenset[str] | None, start: int | None) -> Any:

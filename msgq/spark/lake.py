@@ -10,6 +10,7 @@ it. Under a lake folder ``LAKE``::
                                           schema that only adds fields
     LAKE/<service>/date=<d>/route=<r>/*.parquet   one table per service
     LAKE/_problems/date=<d>/route=<r>/*.parquet   the damage found in the logs
+    LAKE/_compact/date=<d>/route=<r>/*.parquet    the compact rows of each segment range
     LAKE/_checkpoints/<source key>/       Spark's streaming checkpoint of each source
 
 A service table has the columns ``logMonoTime``, ``valid``, ``segment``, ``file`` (the raw
@@ -24,21 +25,32 @@ columns ``date`` (the route's date, ``YYYY-MM-DD`` from its name, where it has o
 sorted by logMonoTime within a file; a file holds one route of one task of a batch (a
 task per core), at most about :data:`TARGET_FILE_BYTES` of events.
 
+The compact table holds, for each segment range a batch read and each service in it,
+the row :func:`msgq.spark.compact.compact_batches` makes of the range's event rows (all
+of them in one batch: count, invalid count, byte sum, the logMonoTimes packed; and an
+event's own problem, a logMonoTime out of range, as its ``problem`` row), exactly the
+rows of the msgqlog source's compact read of those bytes less its problem rows, which
+are the problems table's; what ``log_stats`` on a lake reads instead of every event's
+row. A lake made before the table existed has none (it is listed in the lake file from
+a lake's first build on; its reader then packs the service tables' rows).
+
 Building (:func:`build`) is a Structured Streaming query per source over the msgqlog
-stream reader (:mod:`msgq.spark.streaming`): trigger ``availableNow`` reads what is
+stream's offsets (:mod:`msgq.spark.streaming`): trigger ``availableNow`` reads what is
 there and stops; :func:`follow` runs the same query every few seconds. Its checkpoint
 (Spark's offset and commit logs) makes it incremental and exactly once: a run reads only
 the bytes after the last committed offset, and a batch that was cut short (kill -9) is
-run again from the same offsets by the next run. A batch is one Spark job: the stream's
-narrow rows (the events' bytes, no typed column) go through ``mapInArrow`` into
-:mod:`msgq.spark.lake_files`, whose tasks (one per core) decode each event once and
-write every service's Parquet files into a staging folder; the files the tasks report
-are then moved into the tables file by file under names made of the source and the
-batch id (write-then-rename: a reader never sees a partial file; a batch run again
-first removes what an interrupted run of it had moved, and replaces the rest under the
-same names, so no row is doubled). The lake has no transaction log of its own: a reader
-that lists a table while a batch is being moved in may see some of that batch's files
-and not yet the others.
+run again from the same offsets by the next run. A micro-batch's rows are not events but
+the segment ranges it adds (:class:`SegmentRanges`: a row per segment file's new bytes,
+spread over a task per core by size, a file never split); it is one Spark job: the rows
+go through ``mapInArrow`` into :mod:`msgq.spark.lake_files`, whose tasks read their
+ranges with the msgqlog source's own reading, decode each event once and write every
+service's Parquet files (and the compact rows) into a staging folder: the events never
+become Spark rows. The files the tasks report are then moved into the tables file by
+file under names made of the source and the batch id (write-then-rename: a reader never
+sees a partial file; a batch run again first removes what an interrupted run of it had
+moved, and replaces the rest under the same names, so no row is doubled). The lake has
+no transaction log of its own: a reader that lists a table while a batch is being moved
+in may see some of that batch's files and not yet the others.
 
 Reading (:func:`read_table`, :func:`read_lake`, :func:`sql`) is Spark's Parquet source
 with the table's schema from the schema in force: partition pruning on ``date`` and
@@ -72,17 +84,29 @@ from msgq.schemas.services import unknown_service_error
 from msgq.spark.capnp_types import member_plan
 from msgq.spark.compact import COMPACT_SCHEMA
 from msgq.spark.connect import default_parallelism, is_connect
-from msgq.spark.datasource import local_path, read_spec, spec_option, uri_scheme
+from msgq.spark.datasource import (
+    MsgqLogDataSource,
+    check_local_logs,
+    local_path,
+    read_segment_range,
+    read_spec,
+    segment_number,
+    spec_option,
+    uri_scheme,
+)
 from msgq.spark.lake_compact import FILES_SCHEMA, ReadCompact
 from msgq.spark.lake_files import (
+    COMPACT_TABLE,
     LISTED_PROBLEMS,
     PROBLEMS_TABLE,
     SUMMARY_SCHEMA,
     TARGET_FILE_BYTES,
     TableFiles,
 )
+from msgq.spark.streaming import RANGE_SCHEMA, SegmentRangeStreamReader
 
 __all__ = [
+    "COMPACT_TABLE",
     "LAKE_FILE",
     "PROBLEMS_TABLE",
     "TARGET_FILE_BYTES",
@@ -115,6 +139,8 @@ EVENT_COLUMNS = ("logMonoTime", "valid", "segment", "file", "offset", "size", "p
 PARTITION_COLUMNS = ("date", "route")
 _PROBLEM_COLUMNS = ("file", "segment", "offset", "problem")
 _ROUTE_SEGMENT = re.compile(r"^(.+)--(\d+)$")
+#: The tables that are no service's.
+_OWN_TABLES = (PROBLEMS_TABLE, COMPACT_TABLE)
 
 
 class LakeError(ValueError):
@@ -125,6 +151,7 @@ class LakeError(ValueError):
 def _ddl(name: str, kind: str) -> Any:
     # pyspark: the optional spark extra, imported when Spark is used
     from pyspark.sql.types import (
+        BinaryType,
         BooleanType,
         IntegerType,
         LongType,
@@ -133,7 +160,7 @@ def _ddl(name: str, kind: str) -> Any:
     )
 
     types = {"long": LongType(), "int": IntegerType(), "boolean": BooleanType(),
-             "string": StringType()}
+             "string": StringType(), "binary": BinaryType()}
     return StructField(name, types[kind], True)
 
 
@@ -152,13 +179,19 @@ def table_schema(service: str, schema: Any = None) -> Any:
     """The Spark schema (StructType) of ``service``'s table under ``schema`` (a Schema or
     SchemaSpec; default the schema in force): the event columns, the service's typed
     column (none for a Void member) and the partition columns; :data:`PROBLEMS_TABLE`
-    for the problems table."""
+    for the problems table, :data:`COMPACT_TABLE` for the compact rows' table (the
+    columns of :data:`msgq.spark.compact.COMPACT_SCHEMA`)."""
     # pyspark: the optional spark extra, imported when Spark is used
     from pyspark.sql.types import StructField, StructType
 
     if service == PROBLEMS_TABLE:
         fields = [f for f in _event_fields() if f.name in _PROBLEM_COLUMNS]
         return StructType([*sorted(fields, key=lambda f: _PROBLEM_COLUMNS.index(f.name)),
+                           *_partition_fields()])
+    if service == COMPACT_TABLE:
+        kinds = {"bigint": "long", "int": "int", "string": "string", "binary": "binary"}
+        return StructType([*(_ddl(name, kinds[kind]) for name, kind in
+                             (c.split() for c in COMPACT_SCHEMA.split(", "))),
                            *_partition_fields()])
     loaded = _schema_of(schema)
     if service not in loaded.union_fields:
@@ -216,8 +249,9 @@ class Lake:
     tables: dict[str, str] = field(default_factory=dict)
 
     def table_names(self) -> list[str]:
-        """The service tables written so far (problems table left out), sorted."""
-        return sorted(t for t in self.tables if t != PROBLEMS_TABLE)
+        """The service tables written so far (problems and compact tables left out),
+        sorted."""
+        return sorted(t for t in self.tables if t not in _OWN_TABLES)
 
     def to_json(self) -> str:
         """The content of :data:`LAKE_FILE`."""
@@ -327,7 +361,7 @@ def _check_schema(lake: Lake, spec: SchemaSpec, tables: Iterable[str]) -> dict[s
     out = {}
     for table in tables:
         stored = lake.tables.get(table)
-        if table != PROBLEMS_TABLE and table not in schema.union_fields:
+        if table not in _OWN_TABLES and table not in schema.union_fields:
             if stored is None:
                 table_schema(table, schema)  # the registry's words for an unknown name
             raise LakeError(_mismatch(lake, schema, f"it has no service {table!r}"))
@@ -377,7 +411,10 @@ def _open_for_build(path: str, spec: SchemaSpec) -> Lake:
         if os.path.exists(local) and not os.path.isdir(local):
             raise LakeError(f"{path} is not a folder")
         os.makedirs(local, exist_ok=True)
-        lake = Lake(local, spec_option(spec), schema.fingerprint, schema.path, {})
+        # the compact table from the first batch on (a lake built before it had none:
+        # its reader packs the service tables' rows instead)
+        lake = Lake(local, spec_option(spec), schema.fingerprint, schema.path,
+                    {COMPACT_TABLE: table_schema(COMPACT_TABLE).json()})
         _save(lake)
         return lake
     lake = _load(None, local)
@@ -495,11 +532,11 @@ class _BatchWriter:
         began = time.monotonic()
         staging = os.path.join(self.lake.path, STAGING, f"{self.key}-{batch_id}")
         shutil.rmtree(staging, ignore_errors=True)  # an interrupted run of this batch
-        # One job: each task decodes and writes every service of its segments
-        # (lake_files); a task per core, so that a file holds many segments.
-        tasks = max(1, default_parallelism(batch.sparkSession))
+        # One job: the batch's rows are its segment ranges, spread over a task per core
+        # by size (the stream's partitions); each task reads its ranges, decodes and
+        # writes every service of them (lake_files).
         files = TableFiles(self.spec, staging, self.stored)
-        written = batch.coalesce(tasks).mapInArrow(files, SUMMARY_SCHEMA).collect()
+        written = batch.mapInArrow(files, SUMMARY_SCHEMA).collect()
         rows: dict[str, int] = {}
         problems: list[dict[str, Any]] = []
         newest = None
@@ -512,6 +549,7 @@ class _BatchWriter:
         problems.sort(key=lambda p: (p["file"], p["offset"] is None, p["offset"] or 0))
         self._commit(staging, batch_id, [f.path for f in written])
         problem_count = rows.pop(PROBLEMS_TABLE, 0)
+        rows.pop(COMPACT_TABLE, None)
         age = None if newest is None else (time.monotonic_ns() - int(newest)) / 1e9
         report = BatchReport(self.source, batch_id, rows, problems[:LISTED_PROBLEMS],
                              problem_count, time.monotonic() - began, age)
@@ -550,12 +588,45 @@ class _BatchWriter:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+#: The name of the stream of segment ranges a build follows (:class:`SegmentRanges`).
+RANGES_SOURCE = "msgqlog_ranges"
+
+
+class SegmentRanges(MsgqLogDataSource):
+    """``spark.readStream.format("msgqlog_ranges").load(folder)``: the stream a build
+    follows, the msgqlog stream's offsets and micro-batches with a row per segment
+    range instead of a row per event (:class:`msgq.spark.streaming.
+    SegmentRangeStreamReader`; option ``parallelism``: the tasks its ranges are spread
+    over). Segments of another schema are refused at ``load()``, as the msgqlog
+    stream refuses them."""
+
+    @classmethod
+    def name(cls) -> str:
+        return RANGES_SOURCE
+
+    def schema(self) -> str:
+        options = self._options()
+        assert options.spec is not None  # set by ReadOptions.__post_init__
+        check_local_logs(list(options.paths), options.spec)
+        return RANGE_SCHEMA
+
+    def reader(self, schema: Any) -> Any:
+        raise ValueError(f"{RANGES_SOURCE} is a stream: spark.readStream.format("
+                         f"{RANGES_SOURCE!r}); read events with format('msgqlog')")
+
+    def streamReader(self, schema: Any) -> Any:  # noqa: N802 - Spark's name
+        return SegmentRangeStreamReader(self._options(), schema, read_segment_range,
+                                        segment_number)
+
+
 def _stream(spark: Any, source: str, spec: SchemaSpec) -> Any:
-    """The msgqlog stream of ``source``: narrow rows with the events' bytes (decoded
-    by the writing tasks, :mod:`msgq.spark.lake_files`)."""
+    """The stream of ``source``'s segment ranges (:class:`SegmentRanges`), spread over a
+    task per core: the writing tasks read them (:mod:`msgq.spark.lake_files`)."""
     msgq.spark.register(spark, spec)
-    return (spark.readStream.format("msgqlog")
-            .option("data", "true").option("schemaSpec", spec_option(spec))
+    spark.dataSource.register(SegmentRanges)
+    return (spark.readStream.format(RANGES_SOURCE)
+            .option("schemaSpec", spec_option(spec))
+            .option("parallelism", str(max(1, default_parallelism(spark))))
             .option("cwd", os.getcwd()).load(source))
 
 
@@ -564,6 +635,8 @@ def _start(spark: Any, lake: Lake, source: str, spec: SchemaSpec, trigger: dict[
     schema = spec.load()
     schemas = {s: table_schema(s, schema) for s in schema.union_fields}
     schemas[PROBLEMS_TABLE] = table_schema(PROBLEMS_TABLE)
+    if COMPACT_TABLE in lake.tables:  # a lake made before it: none
+        schemas[COMPACT_TABLE] = table_schema(COMPACT_TABLE)
     writer = _BatchWriter(lake, source, spec, schemas, on_batch)
     checkpoint = os.path.join(lake.path, CHECKPOINTS, writer.key)
     os.makedirs(checkpoint, exist_ok=True)

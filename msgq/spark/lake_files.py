@@ -1,20 +1,24 @@
-"""The executor side of a lake build: one Spark task turns the event rows of its segments
-into the lake's Parquet files, every service at once.
+"""The executor side of a lake build: one Spark task reads its segment ranges and turns
+their events into the lake's Parquet files, every service at once.
 
-A micro-batch of the build (:mod:`msgq.spark.lake`) is the msgqlog stream's rows with the
-events' bytes and no typed column (``decode`` off, ``data`` on: narrow rows, cheap to
-move). :class:`TableFiles` runs in ``mapInArrow`` over them: it splits each Arrow batch
-by service and partition (date, route), decodes each service's events into its typed
-column with the msgqlog source's own decoder (:func:`msgq.spark.datasource.member_decoder`:
-one copy of the decoding), and writes one Parquet file per table and partition (sorted by
+A micro-batch of the build (:mod:`msgq.spark.lake`) is a row per segment range it adds
+(:data:`msgq.spark.streaming.RANGE_SCHEMA`: file, segment, bytes ``[start, end)``),
+spread over the tasks by size. :class:`TableFiles` runs in ``mapInArrow`` over them: it
+reads each range with the msgqlog source's own reading
+(:func:`msgq.spark.datasource.read_segment_range`: the narrow rows with the events'
+bytes, problem rows where the logs are damaged), splits each Arrow batch by service and
+partition (date, route), decodes each service's events into its typed column with the
+source's own decoder (:func:`msgq.spark.datasource.member_decoder`: one copy of the
+decoding), packs each range's event rows into compact rows
+(:func:`msgq.spark.compact.compact_batches`: the :data:`COMPACT_TABLE`, when the lake
+has one), and writes one Parquet file per table and partition (sorted by
 ``logMonoTime``; cut at :data:`TARGET_FILE_BYTES` of events) into the batch's staging
 folder. It yields one row per file written (:data:`SUMMARY_SCHEMA`); the driver moves
 exactly those files into the tables (write-then-rename), so the files of a task attempt
 that failed are never moved.
 
-Each event is decoded once and written once, in the task that read it: no per-service
-Spark job rescanning the batch, no JVM row per event of a wide typed schema (measured in
-docs/spark.md, "The lake's benchmark").
+Each event is read, decoded and written once, in one task: the events never become JVM
+rows (measured in docs/spark.md, "The lake's benchmark").
 
 Layer: part of the Spark tool (imported by msgq.spark.lake; runs in executors' Python
 workers, which import pyarrow and pyspark: the spark extra).
@@ -37,13 +41,25 @@ from pyspark.sql.pandas.types import to_arrow_schema, to_arrow_type
 from pyspark.sql.types import StructType
 
 from msgq.spark.capnp_types import member_plan
-from msgq.spark.datasource import member_decoder, spec_from_option
+from msgq.spark.compact import compact_batches
+from msgq.spark.datasource import (
+    ReadOptions,
+    member_decoder,
+    output_schema,
+    read_segment_range,
+    route_name,
+    spec_from_option,
+)
+from msgq.spark.streaming import RANGE_SCHEMA
 
-__all__ = ["PROBLEMS_TABLE", "SUMMARY_SCHEMA", "TARGET_FILE_BYTES", "TableFiles",
-           "partition_folder"]
+__all__ = ["COMPACT_TABLE", "PROBLEMS_TABLE", "SUMMARY_SCHEMA", "TARGET_FILE_BYTES",
+           "TableFiles", "partition_folder"]
 
 #: The table of the damage found in the logs (file, segment, offset, problem).
 PROBLEMS_TABLE = "_problems"
+#: The table of compact rows (:data:`msgq.spark.compact.COMPACT_SCHEMA`): what
+#: :func:`msgq.spark.compact.compact_batches` makes of each segment range's event rows.
+COMPACT_TABLE = "_compact"
 #: The size a table file is cut at, in bytes of events (the files are smaller: Parquet).
 TARGET_FILE_BYTES = 128 << 20
 #: The event bytes a task holds before it writes its largest tables early (memory).
@@ -60,6 +76,10 @@ _PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "zstd", "compression_level": 3, "use_dictionary": False,
     "store_schema": False,
     "column_encoding": {"logMonoTime": "DELTA_BINARY_PACKED", "offset": "DELTA_BINARY_PACKED"}}
+# The columns of a range's rows that its compact rows are made of.
+_COMPACT_INPUT = ["file", "segment", "offset", "logMonoTime", "service", "valid", "size",
+                  "problem"]
+_RANGE_COLUMNS = [column.split()[0] for column in RANGE_SCHEMA.split(", ")]
 #: The null value of a partition column in a folder name (Spark's).
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 # The characters Spark escapes in a partition value (%XX) on POSIX file systems.
@@ -84,6 +104,15 @@ def _date_of(route: str) -> str | None:
     return found.group(1) if found else None
 
 
+def _place(path: str) -> tuple[str | None, str]:
+    """The (date, route) partition of a segment file's rows: a loggerd route's name and
+    its date; for a msgq recording, its folder's name (and a date in it, if any)."""
+    route = route_name(path)
+    if route is None:
+        route = os.path.basename(os.path.dirname(path))
+    return _date_of(route), route
+
+
 def _without_empty(array: Any, kind: Any) -> Any:
     """``array`` as Arrow type ``kind``: its type with the structs of no fields (which
     Parquet cannot hold) left out, and fields and lists of them."""
@@ -102,9 +131,11 @@ def _without_empty(array: Any, kind: Any) -> Any:
 
 
 class TableFiles:
-    """The ``mapInArrow`` function of a build's batch (module docstring). ``spec``: the
-    schema's ``schemaSpec`` option; ``staging``: the batch's staging folder; ``tables``:
-    table -> Spark schema JSON of its stored columns (partition columns left out)."""
+    """The ``mapInArrow`` function of a build's batch (module docstring): segment ranges
+    (:data:`msgq.spark.streaming.RANGE_SCHEMA` rows) in, a row per file written out.
+    ``spec``: the schema's ``schemaSpec`` option; ``staging``: the batch's staging
+    folder; ``tables``: table -> Spark schema JSON of its stored columns (partition
+    columns left out); :data:`COMPACT_TABLE` among them: its rows are written too."""
 
     def __init__(self, spec: str, staging: str, tables: dict[str, str]) -> None:
         self.spec = spec
@@ -124,6 +155,10 @@ class _TaskFiles:
         self.plan = plan
         self.spec = spec_from_option(plan.spec)
         self.schema = self.spec.load()
+        # the msgqlog source's narrow rows with the events' bytes (no typed column)
+        self.options = ReadOptions(paths=(), spec=self.spec)
+        self.event_schema = output_schema(self.options)
+        self.compact = COMPACT_TABLE in plan.tables
         self.task = uuid.uuid4().hex[:16]
         self.pending: dict[tuple[str, str | None, str], list[Any]] = {}
         self.sizes: dict[tuple[str, str | None, str], int] = {}
@@ -136,10 +171,38 @@ class _TaskFiles:
 
     def run(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:
-            if batch.num_rows:
-                yield from self._add(batch)
+            columns = [batch.column(name).to_pylist() for name in _RANGE_COLUMNS]
+            for path, segment, start, end, stream in zip(*columns, strict=True):
+                yield from self._read(path, segment, start, end, stream)
         for key in list(self.pending):
             yield self._write(key)
+
+    def _read(self, path: str, segment: int | None, start: int, end: int,
+              stream: int) -> Iterator[Any]:
+        """Reads one segment range with the msgqlog source's reading and gathers its
+        rows (and, with the compact table, its compact rows)."""
+        narrow = []
+        for batch in read_segment_range(self.options, self.event_schema, path, segment,
+                                        start, end, stream):
+            if batch.num_rows:
+                yield from self._add(batch)
+                if self.compact:
+                    narrow.append(batch.select(_COMPACT_INPUT))
+        if narrow:
+            self._add_compact(path, narrow)
+
+    def _add_compact(self, path: str, narrow: list[Any]) -> None:
+        """The compact rows of a range's event rows (its problem rows, which have no
+        service, are the problems table's), all in one batch: a row per service."""
+        rows = pa.Table.from_batches(narrow).combine_chunks()
+        events = rows.filter(pc.is_valid(rows.column("service")))
+        if not events.num_rows:
+            return
+        stored = self._stored(COMPACT_TABLE)
+        for packed in compact_batches(events.to_batches()):
+            key = (COMPACT_TABLE, *_place(path))
+            self.pending.setdefault(key, []).append(
+                pa.RecordBatch.from_arrays(packed.columns, schema=stored))
 
     # -- gathering ---------------------------------------------------------------------
 
@@ -168,13 +231,7 @@ class _TaskFiles:
         services = batch.column("service").dictionary_encode()
         files = batch.column("file").dictionary_encode()
         file_codes = files.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        routes = batch.column("route")
-        places = []  # (date, route) of each file of the batch
-        for j, path in enumerate(files.dictionary.to_pylist()):
-            route = routes[int(np.argmax(file_codes == j))].as_py()
-            if route is None:  # a msgq recording: its folder's name
-                route = os.path.basename(os.path.dirname(path))
-            places.append((_date_of(route), route))
+        places = [_place(path) for path in files.dictionary.to_pylist()]
         codes = services.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         names = services.dictionary.to_pylist()
         group = (codes + 1) * len(places) + file_codes
@@ -246,6 +303,9 @@ class _TaskFiles:
             listed = rows.slice(0, LISTED_PROBLEMS).to_pylist()
             problems = json.dumps(listed)
             newest = None
+        elif table == COMPACT_TABLE:
+            rows = rows.sort_by([("file", "ascending"), ("service", "ascending")])
+            problems = newest = None
         else:
             rows = rows.sort_by([("logMonoTime", "ascending"), ("file", "ascending"),
                                  ("offset", "ascending")])  # nulls (out of range) last

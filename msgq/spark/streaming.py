@@ -31,12 +31,12 @@ Layer: part of the Spark tool, over :mod:`msgq.logs` (listing, index, segment re
 
 from __future__ import annotations
 
+import heapq
 import io
 import os
 import re
 import threading
 import time
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,7 +49,8 @@ from msgq.logs.sources import LOGGERD_NAME
 from msgq.spark.analyses import GAP_FACTOR, expected_rates, log_stats
 from msgq.spark.compact import COMPACT_SCHEMA
 
-__all__ = ["MsgqLogStreamReader", "StreamPartition", "follow_stats", "frames_end"]
+__all__ = ["RANGE_SCHEMA", "MsgqLogStreamReader", "RangesPartition", "SegmentRangeStreamReader",
+           "StreamPartition", "follow_stats", "frames_end", "spread_ranges"]
 
 _ZSTD_SUFFIX = ".zst"
 _ROUTE_SEGMENT = re.compile(r"^(.+)--(\d+)$")
@@ -98,7 +99,7 @@ class MsgqLogStreamReader(DataSourceStreamReader):
     """The stream of one recording folder (module docstring); rows as the batch
     source's (same options, same columns)."""
 
-    def __init__(self, options: Any, schema: Any, segment_read: Any,
+    def __init__(self, options: Any, schema: Any, read_range: Any,
                  segment_number: Any) -> None:
         if len(options.paths) != 1 or not os.path.isdir(options.paths[0]):
             raise ValueError("spark.readStream.format('msgqlog') follows one recording "
@@ -106,9 +107,9 @@ class MsgqLogStreamReader(DataSourceStreamReader):
         self.options = options
         self.schema = schema
         self.folder = options.paths[0]
-        # msgq.spark.datasource's _SegmentRead and segment_number (passed in: that
-        # module imports this one)
-        self._segment_read = segment_read
+        # msgq.spark.datasource's read_segment_range and segment_number (passed in:
+        # that module imports this one)
+        self._read_range = read_range
         self._segment_number = segment_number
 
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - Spark's name
@@ -215,18 +216,71 @@ class MsgqLogStreamReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """The rows of one byte range (Arrow batches, as the batch source's)."""
         assert isinstance(partition, StreamPartition)
-        with open(partition.path, "rb") as f:
-            f.seek(partition.start)
-            content = f.read(partition.end - partition.start)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield from self._segment_read(self.options, self.schema, partition.path,
-                                    partition.segment, content,
-                                    stream_offset=partition.stream,
-                                    file_offset=partition.start).batches()
+        return self._read_range(self.options, self.schema, partition.path,
+                                partition.segment, partition.start, partition.end,
+                                partition.stream)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the files stay as they are."""
+
+
+#: The rows of a stream of segment ranges (:class:`SegmentRangeStreamReader`): a segment
+#: file, its number, its file bytes ``[start, end)`` and where its uncompressed stream
+#: is at ``start``.
+RANGE_SCHEMA = "path string, segment int, start bigint, end bigint, stream bigint"
+
+
+class RangesPartition(InputPartition):
+    """The segment ranges one task of a micro-batch reads (StreamPartitions)."""
+
+    def __init__(self, ranges: list[StreamPartition]) -> None:
+        super().__init__([(r.path, r.start, r.end) for r in ranges])
+        self.ranges = ranges
+
+    def __repr__(self) -> str:
+        return f"RangesPartition({len(self.ranges)} ranges, first {self.ranges[0]!r})"
+
+
+def spread_ranges(ranges: list[StreamPartition], tasks: int) -> list[RangesPartition]:
+    """``ranges`` spread over at most ``tasks`` partitions by their bytes: the largest
+    first, each to the partition with the fewest bytes so far (a segment is never
+    split: it is one task's); each partition's ranges in stream order. No empty
+    partition (a micro-batch of an empty partition never finishes in Spark 4.3)."""
+    if not ranges:
+        return []
+    count = max(1, min(tasks, len(ranges)))
+    loads = [(0, k) for k in range(count)]
+    chosen: list[list[tuple[list[Any], StreamPartition]]] = [[] for _ in range(count)]
+    for r in sorted(ranges, key=lambda r: (-(r.end - r.start), _order(r.path), r.start)):
+        load, k = heapq.heappop(loads)
+        chosen[k].append(((_order(r.path), r.start), r))
+        heapq.heappush(loads, (load + r.end - r.start, k))
+    return [RangesPartition([r for _, r in sorted(part, key=lambda p: p[0])])
+            for part in chosen]
+
+
+class SegmentRangeStreamReader(MsgqLogStreamReader):
+    """The stream of a recording folder as the segment ranges each micro-batch adds,
+    not their events: a row per range (:data:`RANGE_SCHEMA`), the ranges spread by size
+    over ``options.parallelism`` partitions (:func:`spread_ranges`). Offsets, closed
+    segments and exactly-once are :class:`MsgqLogStreamReader`'s; whoever takes the
+    rows reads the ranges (a lake build's tasks: :mod:`msgq.spark.lake_files`, with the
+    source's own :func:`msgq.spark.datasource.read_segment_range`), so that the events
+    never become Spark rows."""
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]
+                   ) -> list[InputPartition]:
+        """The byte ranges between two offsets (:meth:`MsgqLogStreamReader.partitions`),
+        spread over the tasks."""
+        ranges = [r for r in super().partitions(start, end)
+                  if isinstance(r, StreamPartition)]
+        return list(spread_ranges(ranges, self.options.parallelism or 1))
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """A row per range of the partition."""
+        assert isinstance(partition, RangesPartition)
+        for r in partition.ranges:
+            yield (r.path, r.segment, r.start, r.end, r.stream)
 
 
 def follow_stats(spark: Any, folder: str, every_s: float, on_update: Any,
