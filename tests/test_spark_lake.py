@@ -297,6 +297,30 @@ def test_the_compact_table_holds_the_raw_compact_reads_rows(
     assert sum(r["count"] for r in got) == sum(1 for _ in LogReader(folder).raw())
 
 
+def test_table_files_are_sorted_by_log_mono_time(spark: Any, tmp_path: Path) -> None:
+    """Events recorded out of time order (and at the same time) land sorted by
+    logMonoTime, then file and offset, in the table's file; in order, as they came."""
+    import pyarrow.parquet as pq
+
+    from msgq.messaging import new_message
+    from msgq.spark import lake
+
+    times = [BASE + t for t in (5, 3, 3, 9, 1, 7, 7, 2)]
+    with LogWriter(str(tmp_path / "rec")) as writer:
+        for i, mono in enumerate(times):
+            writer.write(new_message("can", logMonoTime=mono).to_bytes())
+            writer.write(new_message("vehicleState", logMonoTime=BASE + 10 * i).to_bytes())
+    lake.build(spark, [tmp_path / "rec"], tmp_path / "lake")
+    for service, want in (("can", sorted(times)),
+                          ("vehicleState", [BASE + 10 * i for i in range(len(times))])):
+        files = list((tmp_path / "lake" / service).rglob("*.parquet"))
+        assert len(files) == 1
+        rows = pq.read_table(files[0], columns=["logMonoTime", "offset"]).to_pylist()
+        assert [r["logMonoTime"] for r in rows] == want
+        keys = [(r["logMonoTime"], r["offset"]) for r in rows]
+        assert keys == sorted(keys)
+
+
 def test_a_second_build_adds_only_what_is_new(spark: Any, tmp_path: Path) -> None:
     from msgq.bench.spark import make_recording
     from msgq.spark import lake, read_logs

@@ -76,6 +76,8 @@ _PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "zstd", "compression_level": 3, "use_dictionary": False,
     "store_schema": False,
     "column_encoding": {"logMonoTime": "DELTA_BINARY_PACKED", "offset": "DELTA_BINARY_PACKED"}}
+# The columns of a batch's rows that every table stores (a service's, the problems').
+_EVENT_COLUMNS = ["logMonoTime", "valid", "segment", "file", "offset", "size", "problem"]
 # The columns of a range's rows that its compact rows are made of.
 _COMPACT_INPUT = ["file", "segment", "offset", "logMonoTime", "service", "valid", "size",
                   "problem"]
@@ -128,6 +130,16 @@ def _without_empty(array: Any, kind: Any) -> Any:
         return pa.ListArray.from_arrays(array.offsets, values, type=kind,
                                         mask=array.is_null() if array.null_count else None)
     raise TypeError(f"cannot store {array.type} as {kind}")
+
+
+def _increasing(column: Any) -> bool:
+    """Whether a column of logMonoTimes has no null and rises strictly: then its rows are
+    in the order a table file's sort gives them (a service's events in a recording
+    almost always are), and sorting them, which moves every typed column, is skipped."""
+    if column.null_count:
+        return False
+    times = column.to_numpy()
+    return bool(np.all(times[1:] > times[:-1]))
 
 
 class TableFiles:
@@ -236,8 +248,12 @@ class _TaskFiles:
         names = services.dictionary.to_pylist()
         group = (codes + 1) * len(places) + file_codes
         order = np.argsort(group, kind="stable")
-        bounds = np.flatnonzero(np.diff(group[order])) + 1
-        for rows in np.split(order, bounds):
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(group[order])) + 1))
+        # the event columns of every group in one take, each group a slice of them
+        grouped = batch.select(_EVENT_COLUMNS).take(pa.array(order))
+        sizes = np.add.reduceat(grouped.column("size").fill_null(0).to_numpy(), starts)
+        for start, rows, size in zip(starts.tolist(), np.split(order, starts[1:]),
+                                     sizes.tolist(), strict=True):
             first = int(rows[0])
             service = None if codes[first] < 0 else names[codes[first]]
             table = PROBLEMS_TABLE if service is None else service
@@ -245,9 +261,10 @@ class _TaskFiles:
                 raise ValueError(f"events of {service!r}, which the schema lacks")
             date, route = places[file_codes[first]]
             key = (table, date, route)
-            columns = self._columns(table, service, batch, rows)
+            columns = self._columns(table, service, batch, rows,
+                                    grouped.slice(start, len(rows)))
             self.pending.setdefault(key, []).append(columns)
-            size = int(pc.sum(columns.column("size")).as_py() or 0) if service else 0
+            size = size if service else 0
             self.sizes[key] = self.sizes.get(key, 0) + size
             self.held += size
             if self.sizes[key] >= TARGET_FILE_BYTES:
@@ -255,17 +272,16 @@ class _TaskFiles:
         while self.held >= _TASK_BYTES:
             yield self._write(max(self.sizes, key=self.sizes.__getitem__))
 
-    def _columns(self, table: str, service: str | None, batch: Any, rows: Any) -> Any:
+    def _columns(self, table: str, service: str | None, batch: Any, rows: Any,
+                 grouped: Any) -> Any:
         """The stored columns of a table's rows ``rows`` (numpy indices into ``batch``:
-        events of one service, or problem rows)."""
+        events of one service, or problem rows), whose event columns are ``grouped``
+        (those rows of :data:`_EVENT_COLUMNS`, in that order)."""
         stored = self._stored(table)
-        at = pa.array(rows)
         if service is None:
-            return pa.record_batch([batch.column(f.name).take(at) for f in stored],
-                                   schema=stored)
+            return pa.record_batch([grouped.column(f.name) for f in stored], schema=stored)
         typed = self._typed_plan(service)
-        columns = {name: batch.column(name).take(at) for name in
-                   ("logMonoTime", "valid", "segment", "file", "offset", "size", "problem")}
+        columns = {name: grouped.column(name) for name in _EVENT_COLUMNS}
         if typed is not None:
             decoder, decoded_type, stored_type = typed
             data = batch.column("data")  # the events' bytes, read where they are
@@ -307,8 +323,9 @@ class _TaskFiles:
             rows = rows.sort_by([("file", "ascending"), ("service", "ascending")])
             problems = newest = None
         else:
-            rows = rows.sort_by([("logMonoTime", "ascending"), ("file", "ascending"),
-                                 ("offset", "ascending")])  # nulls (out of range) last
+            if not _increasing(rows.column("logMonoTime")):  # else sorted already
+                rows = rows.sort_by([("logMonoTime", "ascending"), ("file", "ascending"),
+                                     ("offset", "ascending")])  # nulls (out of range) last
             problems = None
             newest = pc.max(rows.column("logMonoTime")).as_py()
         folder = os.path.join(table, partition_folder("date", date),
