@@ -1,6 +1,6 @@
 """Typing stub of the extension ``msgq.schemas._typed_reader`` (schemas/_typed_reader.pyx):
 fields read straight from Cap'n Proto bytes, pycapnp the fallback: Spark's typed columns
-(read_member) and SubMaster's payload views (view_member)."""
+(read_member, read_member_arrow) and SubMaster's payload views (view_member)."""
 
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +37,12 @@ def compile_member(member: tuple[int, int, tuple[Any, ...]]) -> CompiledMember:
 def read_member(message: bytes | bytearray | memoryview, member: CompiledMember) -> Any:
     """The converted value of the member in ``message`` (one framed message), or
     FALLBACK when pycapnp should read it."""
+
+def read_member_arrow(buffer: Any, starts: Any, lengths: Any, member: CompiledMember,
+                      arrow_type: Any) -> tuple[Any, list[int]]:
+    """The member's values in the messages at ``starts``/``lengths`` of ``buffer`` as one
+    Arrow array of ``arrow_type`` (what ``pa.array`` makes of read_member's values), and
+    the positions of the messages left out of it (read_member's FALLBACK ones)."""
 
 class EnumValue:
     """An enum value as a view reads it, behaving as pycapnp's ``_DynamicEnum``."""

@@ -6,7 +6,10 @@ schemas/_event_builder.pyx). Two users of the reader: Spark's typed columns (:fu
 the values a union member of the root struct converts to, capnp_types.py's rules) and
 SubMaster's payload views
 (:func:`view_member`: a :class:`StructView` that reads each field when asked, and hands
-anything it does not follow to a pycapnp reader of the same struct).
+anything it does not follow to a pycapnp reader of the same struct). Spark's typed
+columns are also read a batch of messages at a time, straight into Arrow's buffers
+(:func:`read_member_arrow`: the same walk, appending values where read_member makes
+objects; the lake's build decodes with it).
 
 The bytes come from files: untrusted. Every pointer is checked against the segment, the
 words read are budgeted (8 times the message, as a traversal limit; a list of
@@ -30,7 +33,8 @@ that reading a field costs C struct accesses, not tuple lookups and conversions.
 
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.stdlib cimport free, realloc
+from libc.string cimport memcpy, memset
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject_GenericGetAttr
@@ -67,6 +71,18 @@ K_VOID = KIND_VOID
 FALLBACK = object()
 
 cdef int MAX_DEPTH = 64
+
+
+cdef inline Py_ssize_t framed_words(const uint8_t *message, Py_ssize_t n) noexcept nogil:
+    """The words of the segment of the ``n`` bytes at ``message`` when they are exactly
+    one framed message of one segment; -1 otherwise (other framings: pycapnp's)."""
+    cdef uint64_t w
+    if n < 16:
+        return -1
+    w = load64(message)
+    if (w & <uint64_t>0xFFFFFFFF) != 0 or 8 + 8 * <Py_ssize_t>(w >> 32) != n:
+        return -1
+    return <Py_ssize_t>(w >> 32)
 
 
 class _Unfollowed(Exception):
@@ -201,6 +217,311 @@ def compile_member(tuple member):
     return c
 
 
+# --- columns: the same walk, values appended to Arrow's buffers ---------------------------
+
+
+cdef struct Buf:
+    char *data
+    Py_ssize_t size  # bytes in use
+    Py_ssize_t cap
+    Py_ssize_t mark  # the size before the message being read (rolled back to on FALLBACK)
+
+
+cdef char *buf_add(Buf *b, Py_ssize_t n) except NULL:
+    """``n`` more bytes at the end of ``b`` (not initialised)."""
+    cdef Py_ssize_t need = b.size + n, cap
+    cdef char *p
+    if need > b.cap or b.data == NULL:  # allocated even for no bytes: NULL is the error
+        cap = 2 * b.cap if b.cap else 256
+        while cap < need:
+            cap *= 2
+        p = <char *>realloc(b.data, cap)
+        if p == NULL:
+            raise MemoryError()
+        b.data = p
+        b.cap = cap
+    p = b.data + b.size
+    b.size = need
+    return p
+
+
+cdef inline bint utf8_valid(const uint8_t *p, Py_ssize_t n) noexcept nogil:
+    """Whether the ``n`` bytes at ``p`` are well-formed UTF-8 (what Python's strict
+    decoder takes: no overlong forms, no surrogates, nothing past U+10FFFF)."""
+    cdef Py_ssize_t i = 0
+    cdef uint8_t c, c1
+    while i < n:
+        while i + 8 <= n and (load64(p + i) & <uint64_t>0x8080808080808080) == 0:
+            i += 8
+        if i >= n:
+            break
+        c = p[i]
+        if c < 0x80:
+            i += 1
+        elif c < 0xC2:
+            return False
+        elif c < 0xE0:
+            if i + 1 >= n or (p[i + 1] & 0xC0) != 0x80:
+                return False
+            i += 2
+        elif c < 0xF0:
+            if i + 2 >= n:
+                return False
+            c1 = p[i + 1]
+            if (c1 & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80:
+                return False
+            if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 >= 0xA0):
+                return False  # overlong, or a surrogate
+            i += 3
+        elif c < 0xF5:
+            if i + 3 >= n:
+                return False
+            c1 = p[i + 1]
+            if (c1 & 0xC0) != 0x80 or (p[i + 2] & 0xC0) != 0x80 or (p[i + 3] & 0xC0) != 0x80:
+                return False
+            if (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 >= 0x90):
+                return False  # overlong, or past U+10FFFF
+            i += 4
+        else:
+            return False
+    return True
+
+
+cdef inline int value_width(int kind) noexcept nogil:
+    """Bytes per value of a column of ``kind`` as Arrow holds it (capnp_types.py's
+    types: unsigned integers widened, UInt64 a decimal128; enums: their numbers)."""
+    if kind == KIND_BOOL or kind == KIND_INT8:
+        return 1
+    if kind == KIND_INT16 or kind == KIND_UINT8 or kind == KIND_ENUM:
+        return 2
+    if kind == KIND_INT32 or kind == KIND_UINT16 or kind == KIND_FLOAT32:
+        return 4
+    if kind == KIND_INT64 or kind == KIND_UINT32 or kind == KIND_FLOAT64:
+        return 8
+    if kind == KIND_UINT64:
+        return 16
+    return 0
+
+
+cdef inline void store_number(char *p, int kind, const Number *n) noexcept nogil:
+    """The number ``n`` of a field of ``kind`` at ``p``, as its column holds it."""
+    if kind == KIND_FLOAT64:
+        (<double *>p)[0] = n.as_float
+    elif kind == KIND_FLOAT32:
+        (<float *>p)[0] = <float>n.as_float  # widened from a float: exact
+    elif kind == KIND_INT8:
+        (<int8_t *>p)[0] = <int8_t>n.as_int
+    elif kind == KIND_INT16:
+        (<int16_t *>p)[0] = <int16_t>n.as_int
+    elif kind == KIND_INT32:
+        (<int32_t *>p)[0] = <int32_t>n.as_int
+    elif kind == KIND_INT64:
+        (<int64_t *>p)[0] = n.as_int
+    elif kind == KIND_UINT8 or kind == KIND_ENUM:
+        (<uint16_t *>p)[0] = <uint16_t>n.as_uint
+    elif kind == KIND_UINT16:
+        (<int32_t *>p)[0] = <int32_t>n.as_uint
+    elif kind == KIND_UINT32:
+        (<int64_t *>p)[0] = <int64_t>n.as_uint
+    else:  # UInt64: a decimal128, little-endian, never negative
+        (<uint64_t *>p)[0] = n.as_uint
+        (<uint64_t *>p)[1] = 0
+
+
+cdef class _Column:
+    """One Arrow array being built from a field's values, message after message: its
+    values (fixed-width values, or the bytes of text and data), its offsets (text, data,
+    lists), its validity (one byte per value, made bits at the end; only a column that
+    can hold nulls: a union member's, or inside one) and, for a struct, its children (the
+    fields, then ``which`` and the union's members: capnp_types.py's order), for a list
+    its elements. Enums and ``which`` hold their numbers and become names at the end."""
+    cdef int kind  # the field's kind (KIND_GROUP: a struct too)
+    cdef int width  # bytes per value in ``values``
+    cdef bint nullable
+    cdef Buf values, offsets, valid
+    cdef Py_ssize_t length, nulls, mark_length, mark_nulls
+    cdef tuple children
+    cdef _Column element
+    cdef object arrow_type
+    cdef dict names  # enum, which: number -> name
+
+    def __dealloc__(self):
+        free(self.values.data)
+        free(self.offsets.data)
+        free(self.valid.data)
+
+    cdef inline int end_value(self, bint valid) except -1:
+        """Closes the value just appended (its offset, its validity)."""
+        cdef Py_ssize_t end
+        if self.kind == KIND_TEXT or self.kind == KIND_DATA or self.kind == KIND_LIST:
+            end = self.values.size if self.kind != KIND_LIST else self.element.length
+            if end > 0x7FFFFFFF:
+                raise ValueError(f"{end} values in one Arrow array: over its 32-bit offsets")
+            (<int32_t *>buf_add(&self.offsets, 4))[0] = <int32_t>end
+        if self.nullable:
+            buf_add(&self.valid, 1)[0] = valid
+        self.length += 1
+        return 0
+
+    cdef int add_null(self) except -1:
+        cdef _Column child
+        if self.width:
+            memset(buf_add(&self.values, self.width), 0, self.width)
+        if self.kind == KIND_STRUCT or self.kind == KIND_GROUP:
+            for child in self.children:
+                child.add_null()
+        self.nulls += 1
+        return self.end_value(False)
+
+    cdef inline int add_number(self, const Number *n) except -1:
+        store_number(buf_add(&self.values, self.width), self.kind, n)
+        return self.end_value(True)
+
+    cdef int add_bytes(self, const uint8_t *p, Py_ssize_t n) except -1:
+        memcpy(buf_add(&self.values, n), p, n)
+        return self.end_value(True)
+
+    cdef void save(self) noexcept:
+        self.values.mark = self.values.size
+        self.offsets.mark = self.offsets.size
+        self.valid.mark = self.valid.size
+        self.mark_length = self.length
+        self.mark_nulls = self.nulls
+
+    cdef void restore(self) noexcept:
+        self.values.size = self.values.mark
+        self.offsets.size = self.offsets.mark
+        self.valid.size = self.valid.mark
+        self.length = self.mark_length
+        self.nulls = self.mark_nulls
+
+    cdef object finish(self, object pa, object np):
+        """The Arrow array of the values appended."""
+        cdef _Column child
+        cdef int kind = self.kind
+        validity = None
+        if self.nulls:
+            validity = pa.py_buffer(np.packbits(
+                np.frombuffer(_bytes(&self.valid), np.uint8), bitorder="little"))
+        if kind == KIND_STRUCT or kind == KIND_GROUP:
+            return pa.Array.from_buffers(self.arrow_type, self.length, [validity], self.nulls,
+                                         children=[child.finish(pa, np)
+                                                   for child in self.children])
+        if kind == KIND_LIST:
+            return pa.Array.from_buffers(self.arrow_type, self.length,
+                                         [validity, pa.py_buffer(_bytes(&self.offsets))],
+                                         self.nulls, children=[self.element.finish(pa, np)])
+        if kind == KIND_TEXT or kind == KIND_DATA:
+            return pa.Array.from_buffers(self.arrow_type, self.length,
+                                         [validity, pa.py_buffer(_bytes(&self.offsets)),
+                                          pa.py_buffer(_bytes(&self.values))], self.nulls)
+        if kind == KIND_ENUM:
+            return self.finish_names(pa, np, validity)
+        values = pa.py_buffer(_bytes(&self.values))
+        if kind == KIND_BOOL:
+            values = pa.py_buffer(np.packbits(np.frombuffer(values, np.uint8),
+                                              bitorder="little"))
+        return pa.Array.from_buffers(self.arrow_type, self.length, [validity, values],
+                                     self.nulls)
+
+    cdef object finish_names(self, object pa, object np, object validity):
+        """An enum's (or ``which``'s) names: a table of every number up to the largest
+        met (a number the schema does not know: itself, as text), taken by number; the
+        numbers met, when they are few and far apart."""
+        numbers = np.frombuffer(_bytes(&self.values), np.uint16)
+        top = int(numbers.max()) if len(numbers) else 0
+        names = self.names
+        if top < 4 * len(names) + 64:
+            met = range(top + 1)
+            codes = pa.Array.from_buffers(pa.uint16(), self.length,
+                                          [validity, pa.py_buffer(numbers)], self.nulls)
+        else:
+            met, inverse = np.unique(numbers, return_inverse=True)
+            met = met.tolist()
+            codes = pa.Array.from_buffers(pa.int64(), self.length, [
+                validity, pa.py_buffer(inverse.astype(np.int64))], self.nulls)
+        table = [names.get(number, None) for number in met]
+        table = [str(number) if name is None else name for number, name in zip(met, table)]
+        return pa.array(table, type=self.arrow_type).take(codes)
+
+
+cdef bytes _bytes(Buf *b):
+    return PyBytes_FromStringAndSize(b.data, b.size) if b.size else b""
+
+
+cdef dict _ARROW_KINDS = {}
+
+
+cdef object _arrow_of_kind(int kind, object pa):
+    """The Arrow type a column of ``kind`` has (capnp_types.py's Spark type, as Spark
+    makes it Arrow's); None for kinds with children."""
+    if not _ARROW_KINDS:
+        _ARROW_KINDS.update({
+            KIND_BOOL: pa.bool_(), KIND_INT8: pa.int8(), KIND_INT16: pa.int16(),
+            KIND_INT32: pa.int32(), KIND_INT64: pa.int64(), KIND_UINT8: pa.int16(),
+            KIND_UINT16: pa.int32(), KIND_UINT32: pa.int64(),
+            KIND_UINT64: pa.decimal128(20, 0), KIND_FLOAT32: pa.float32(),
+            KIND_FLOAT64: pa.float64(), KIND_TEXT: pa.string(), KIND_DATA: pa.binary(),
+            KIND_ENUM: pa.string()})
+    return _ARROW_KINDS.get(kind)
+
+
+cdef _Column _new_column(int kind, object arrow_type, bint nullable, list every):
+    cdef _Column c = _Column.__new__(_Column)
+    c.kind = kind
+    c.width = value_width(kind)
+    c.nullable = nullable
+    c.arrow_type = arrow_type
+    every.append(c)
+    if kind == KIND_TEXT or kind == KIND_DATA or kind == KIND_LIST:
+        (<int32_t *>buf_add(&c.offsets, 4))[0] = 0
+    return c
+
+
+cdef _Column _column_of(Field field, object arrow_type, bint nullable, list every, object pa):
+    """The column of ``field``'s values, of ``arrow_type`` (checked against the field's
+    layout: a layout and a type from different plans are refused)."""
+    cdef _Column c
+    cdef StructLayout layout
+    cdef Member m
+    cdef Py_ssize_t i
+    cdef int kind = field.kind
+    expected = _arrow_of_kind(kind, pa)
+    if expected is not None and arrow_type != expected:
+        raise ValueError(f"a field of kind {kind} is Arrow's {expected}, not {arrow_type}")
+    c = _new_column(kind, arrow_type, nullable, every)
+    if kind == KIND_ENUM:
+        c.names = field.names
+    elif kind == KIND_LIST:
+        if not pa.types.is_list(arrow_type):
+            raise ValueError(f"a list is an Arrow list, not {arrow_type}")
+        c.element = _column_of(field.element, arrow_type.value_type, False, every, pa)
+    elif kind == KIND_STRUCT or kind == KIND_GROUP:
+        layout = field.struct_
+        if not pa.types.is_struct(arrow_type) or arrow_type.num_fields != \
+                layout.n + (1 + layout.count if layout.has_union else 0):
+            raise ValueError(f"a struct of {layout.n} fields (and a union of {layout.count})"
+                             f" is not Arrow's {arrow_type}")
+        children = [_column_of(<Field>layout.fields[i], arrow_type.field(i).type, nullable,
+                               every, pa) for i in range(layout.n)]
+        if layout.has_union:
+            which = _new_column(KIND_ENUM, arrow_type.field(layout.n).type, nullable, every)
+            which.names = {d: (<Member>m).name for d, m in layout.members.items()}
+            children.append(which)
+            members = [None] * layout.count
+            for m in layout.members.values():
+                if m.at >= 0:
+                    members[m.at] = m.field
+            for i in range(layout.count):
+                children.append(_column_of(<Field>members[i],
+                                           arrow_type.field(layout.n + 1 + i).type, True,
+                                           every, pa))
+        c.children = tuple(children)
+    elif expected is None:
+        raise ValueError(f"no column for a field of kind {kind}")
+    return c
+
+
 cdef class _Walk:
     """One message: its segment's bounds, the word budget, the depth."""
     cdef const uint8_t *buf
@@ -331,10 +652,45 @@ cdef class _Walk:
         self.spend(words)
         return 0
 
+    cdef Py_ssize_t list_target(self, Py_ssize_t at, uint64_t w) except -1:
+        """Where the (non-null) list pointer ``w`` at byte ``at`` points: checked to be a
+        list pointer at or after the segment's start (what lies there is checked by
+        :meth:`blob`, :meth:`elements` or :meth:`composite`)."""
+        cdef Py_ssize_t target
+        if (w & 3) != 1:
+            raise _Unfollowed()
+        target = pointer_target(at, w)
+        if target < self.start:
+            raise _Unfollowed()
+        return target
+
+    cdef Py_ssize_t blob(self, Py_ssize_t target, uint64_t w, bint text) except -1:
+        """The length of the Text (without its NUL) or Data the list pointer ``w`` says
+        lies at ``target``, checked and charged."""
+        cdef Py_ssize_t n = blob_in(self.buf, w, target, self.end, text)
+        if n < 0:
+            raise _Unfollowed()  # not bytes, past the segment, or text without its NUL
+        self.spend((list_count(w) + 7) // 8)
+        return n
+
+    cdef Py_ssize_t elements(self, Py_ssize_t target, uint64_t w, Field element) except -1:
+        """The count of a list of ``element`` values (not structs) the list pointer ``w``
+        says lies at ``target``: checked to be encoded with the element's size and to lie
+        in the segment, and charged."""
+        cdef int size = list_size(w)
+        cdef Py_ssize_t count = list_count(w), words
+        if element.kind == KIND_GROUP or size != element_size(element.kind):
+            raise _Unfollowed()  # another encoding than the type's: pycapnp converts
+        words = list_words(size, count)
+        if target + 8 * words > self.end:
+            raise _Unfollowed()
+        self.spend(words if words else 1)
+        return count
+
     cdef object list_at(self, Py_ssize_t at, uint64_t w, Field field):
         """The value of a list pointer: text, data, or a list of the field's elements."""
-        cdef Py_ssize_t target, count, i, words, n
-        cdef int size, ekind, kind = field.kind
+        cdef Py_ssize_t target, count, i, n
+        cdef int ekind, kind = field.kind
         cdef Field element
         cdef Struct s
         cdef Composite c
@@ -344,18 +700,9 @@ cdef class _Walk:
         cdef double d
         cdef int32_t i32
         cdef int64_t i64
-        if (w & 3) != 1:
-            raise _Unfollowed()
-        target = pointer_target(at, w)
-        size = list_size(w)
-        count = list_count(w)
-        if target < self.start:
-            raise _Unfollowed()
+        target = self.list_target(at, w)
         if kind == KIND_TEXT or kind == KIND_DATA:
-            n = blob_in(self.buf, w, target, self.end, kind == KIND_TEXT)
-            if n < 0:
-                raise _Unfollowed()  # not bytes, past the segment, or text without its NUL
-            self.spend((count + 7) // 8)
+            n = self.blob(target, w, kind == KIND_TEXT)
             if kind == KIND_DATA:
                 return PyBytes_FromStringAndSize(<const char *>self.buf + target, n)
             try:
@@ -364,8 +711,6 @@ cdef class _Walk:
                 raise _Unfollowed()
         element = field.element
         ekind = element.kind
-        if ekind == KIND_GROUP or size != element_size(ekind):
-            raise _Unfollowed()  # another encoding than the type's: pycapnp converts
         if ekind == KIND_STRUCT:
             if self.views:
                 raise _Unfollowed()  # views: a StructListView, made by the view itself
@@ -382,13 +727,10 @@ cdef class _Walk:
                 Py_INCREF(value)
                 PyList_SET_ITEM(out, i, value)
             return out
-        words = list_words(size, count)
-        if target + 8 * words > self.end:
-            raise _Unfollowed()
-        self.spend(words if words else 1)
+        count = self.elements(target, w, element)
         out = PyList_New(count)
         p = self.buf + target
-        if size == SZ_POINTER:
+        if element_size(ekind) == SZ_POINTER:
             self.depth += 1
             if self.depth > MAX_DEPTH:
                 raise _Unfollowed()
@@ -402,7 +744,8 @@ cdef class _Walk:
             self.depth -= 1
             return out
         empty_struct(&s, target, self.start, self.end)
-        s.data_bytes = 8 * words  # the elements as a data section: primitive() reads them
+        s.data_bytes = 8 * list_words(element_size(ekind), count)  # the elements as a data
+        # section: primitive() reads them
         for i in range(count):  # the common lists without a call per element
             if ekind == KIND_FLOAT32:
                 memcpy(&f, p + 4 * i, 4)
@@ -426,25 +769,157 @@ cdef class _Walk:
         return out
 
 
+    # -- columns: the walk above, appending to Arrow buffers instead of making objects --
+
+    cdef int fill_struct(self, const Struct *s, StructLayout layout, _Column column) except -1:
+        """Appends the struct ``s`` to ``column``: read_struct's walk."""
+        cdef Py_ssize_t n = layout.n
+        cdef Py_ssize_t i
+        cdef uint16_t discriminant
+        cdef Member member
+        cdef tuple children = column.children
+        cdef Number which
+        for i in range(n):
+            self.fill_field(s, <Field>layout.fields[i], <_Column>children[i])
+        if layout.has_union:
+            discriminant = <uint16_t>data_bits(self.buf, s, 2 * layout.discriminant_offset, 2)
+            member = layout.members.get(discriminant)
+            if member is None:
+                raise _Unfollowed()  # a member of a newer schema: pycapnp says what it does
+            which.as_uint = discriminant
+            (<_Column>children[n]).add_number(&which)
+            for i in range(layout.count):
+                if i == member.at:
+                    self.fill_field(s, member.field, <_Column>children[n + 1 + i])
+                else:
+                    (<_Column>children[n + 1 + i]).add_null()
+        return column.end_value(True)
+
+    cdef int fill_field(self, const Struct *s, Field field, _Column column) except -1:
+        """Appends the value of ``field`` of ``s`` to ``column``: read_field's walk."""
+        cdef int kind = field.kind
+        cdef Py_ssize_t where = field.where
+        cdef Number n
+        if kind == KIND_BOOL:
+            buf_add(&column.values, 1)[0] = <char>(data_bit(self.buf, s, where) ^ field.default)
+            return column.end_value(True)
+        if kind <= KIND_FLOAT64 or kind == KIND_ENUM:
+            read_number(self.buf, s, kind, where, field.default, &n)
+            return column.add_number(&n)
+        if kind == KIND_GROUP:
+            return self.fill_struct(s, field.struct_, column)
+        if where >= s.ptr_count:
+            return self.fill_null(field, column)
+        return self.fill_pointer(s.ptrs + 8 * where, field, column)
+
+    cdef int fill_null(self, Field field, _Column column) except -1:
+        """Appends the value of a null pointer: null_value's."""
+        cdef Struct empty
+        if field.kind == KIND_STRUCT:
+            empty_struct(&empty, 0, self.start, self.end)
+            return self.fill_nested(&empty, field.struct_, column)
+        return column.end_value(True)  # empty text, data or list
+
+    cdef int fill_nested(self, const Struct *s, StructLayout layout, _Column column) except -1:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _Unfollowed()
+        self.fill_struct(s, layout, column)
+        self.depth -= 1
+        return 0
+
+    cdef int fill_pointer(self, Py_ssize_t at, Field field, _Column column) except -1:
+        """Appends the value of the pointer at byte ``at``: pointer_value's walk."""
+        cdef uint64_t w = load64(self.buf + at)
+        cdef Struct s
+        if w == 0:
+            return self.fill_null(field, column)
+        if field.kind == KIND_STRUCT:
+            self.struct_at(at, &s)
+            return self.fill_nested(&s, field.struct_, column)
+        return self.fill_list(at, w, field, column)
+
+    cdef int fill_list(self, Py_ssize_t at, uint64_t w, Field field, _Column column) except -1:
+        """Appends the value of a (non-null) list pointer: list_at's walk."""
+        cdef Py_ssize_t target, count, i, n
+        cdef int kind = field.kind, ekind
+        cdef Field element
+        cdef _Column elements
+        cdef Struct s
+        cdef Composite c
+        cdef Number number
+        cdef char *out
+        target = self.list_target(at, w)
+        if kind == KIND_TEXT or kind == KIND_DATA:
+            n = self.blob(target, w, kind == KIND_TEXT)
+            if kind == KIND_TEXT and not utf8_valid(self.buf + target, n):
+                raise _Unfollowed()  # pycapnp says what it makes of it
+            return column.add_bytes(self.buf + target, n)
+        element = field.element
+        ekind = element.kind
+        elements = column.element
+        if ekind == KIND_STRUCT:
+            self.composite(at, w, &c)
+            s.data_bytes = c.data_bytes
+            s.ptr_count = c.ptr_count
+            s.seg_start = self.start
+            s.seg_end = self.end
+            for i in range(c.count):
+                s.data = c.first + i * c.step
+                s.ptrs = s.data + c.data_bytes
+                self.fill_nested(&s, element.struct_, elements)
+            return column.end_value(True)
+        count = self.elements(target, w, element)
+        if element_size(ekind) == SZ_POINTER:
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise _Unfollowed()
+            for i in range(count):
+                if load64(self.buf + target + 8 * i) == 0:
+                    self.fill_null(element, elements)
+                else:
+                    self.fill_pointer(target + 8 * i, element, elements)
+            self.depth -= 1
+            return column.end_value(True)
+        if ekind == KIND_INT8 or ekind == KIND_INT16 or ekind == KIND_INT32 or \
+                ekind == KIND_INT64 or ekind == KIND_FLOAT32 or ekind == KIND_FLOAT64 or \
+                ekind == KIND_ENUM:
+            # stored as the column holds them: the elements' bytes, at once
+            memcpy(buf_add(&elements.values, count * elements.width), self.buf + target,
+                   count * elements.width)
+        else:
+            empty_struct(&s, target, self.start, self.end)
+            s.data_bytes = 8 * list_words(element_size(ekind), count)  # the elements as
+            # a data section: read_number reads them
+            out = buf_add(&elements.values, count * elements.width)
+            for i in range(count):
+                if ekind == KIND_BOOL:
+                    out[i] = <char>data_bit(self.buf, &s, i)
+                else:
+                    read_number(self.buf, &s, ekind, i, 0, &number)
+                    store_number(out + i * elements.width, ekind, &number)
+        elements.length += count  # elements are never null: no validity
+        return column.end_value(True)
+
 def read_member(const uint8_t[::1] message, CompiledMember member not None):
     """The converted value of a union member of the root struct in ``message`` (one
     framed message), or FALLBACK when pycapnp should read this message. ``member``: from
     :func:`compile_member`; a message whose root union holds another member is handed
     back too, as pycapnp fails on it."""
     cdef Py_ssize_t n = message.shape[0]
-    cdef uint32_t words
+    cdef Py_ssize_t words
     cdef _Walk walk
     cdef Struct root
-    if n < 16 or message[0] != 0 or message[1] != 0 or message[2] != 0 or message[3] != 0:
-        return FALLBACK  # not exactly one segment
-    words = message[4] | (message[5] << 8) | (message[6] << 16) | (<uint32_t>message[7] << 24)
-    if 8 + 8 * <Py_ssize_t>words != n:
+    if n < 16:
         return FALLBACK
+    words = framed_words(&message[0], n)
+    if words < 0:
+        return FALLBACK  # not exactly one segment
     walk = _Walk.__new__(_Walk)
     walk.buf = &message[0]
     walk.start = 8
     walk.end = n
-    walk.budget = 8 * <Py_ssize_t>words
+    walk.budget = 8 * words
     walk.depth = 0
     try:
         walk.struct_at(8, &root)
@@ -453,6 +928,68 @@ def read_member(const uint8_t[::1] message, CompiledMember member not None):
         return walk.read_field(&root, member.field)
     except _Unfollowed:
         return FALLBACK
+
+
+def read_member_arrow(buffer, starts, lengths, CompiledMember member not None, arrow_type):
+    """The values of ``member`` in the messages at ``starts``/``lengths`` (byte offsets
+    and sizes, framed messages) of ``buffer`` (bytes-like), as one Arrow array of
+    ``arrow_type`` (the member's Spark type as Arrow's), and the positions of the
+    messages left out of it: those :func:`read_member` hands back (FALLBACK), which the
+    caller converts with pycapnp. The array holds exactly what ``pa.array`` makes of
+    read_member's values, with no Python object per value: each message is walked as
+    read_member walks it (the same checks, budget and depth) and its values appended to
+    the array's buffers; a message the walk leaves is rolled back out of them."""
+    # numpy and pyarrow: Spark's (the spark extra), imported by this reader's Spark use only
+    import numpy as np
+    import pyarrow as pa
+    cdef const int64_t[::1] at = np.ascontiguousarray(starts, dtype=np.int64)
+    cdef const int64_t[::1] size = np.ascontiguousarray(lengths, dtype=np.int64)
+    cdef const uint8_t[::1] data
+    cdef const uint8_t *buf = NULL
+    cdef Py_ssize_t total, i, j, a, n, words, count = at.shape[0]
+    cdef list every = []
+    cdef tuple columns
+    cdef _Column column
+    cdef _Walk walk
+    cdef Struct root
+    if size.shape[0] != count:
+        raise ValueError(f"{count} starts but {size.shape[0]} lengths")
+    view = memoryview(buffer).cast("B")  # an Arrow buffer's is of signed bytes
+    total = len(view)
+    if total:
+        data = view
+        buf = &data[0]
+    column = _column_of(member.field, arrow_type, False, every, pa)
+    columns = tuple(every)
+    fallback = []
+    walk = _Walk.__new__(_Walk)
+    walk.buf = buf
+    for i in range(count):
+        a = at[i]
+        n = size[i]
+        if a < 0 or n < 0 or a > total - n:
+            raise ValueError(f"message {i} ({n} bytes at {a}) is not inside the buffer's "
+                             f"{total} bytes")
+        words = framed_words(buf + a, n) if n >= 16 else -1
+        if words < 0:
+            fallback.append(i)  # not exactly one segment
+            continue
+        for j in range(len(columns)):
+            (<_Column>columns[j]).save()
+        walk.start = a + 8
+        walk.end = a + n
+        walk.budget = 8 * words
+        walk.depth = 0
+        try:
+            walk.struct_at(a + 8, &root)
+            if data_bits(buf, &root, 2 * member.discriminant_offset, 2) != member.discriminant:
+                raise _Unfollowed()
+            walk.fill_field(&root, member.field, column)
+        except _Unfollowed:
+            for j in range(len(columns)):
+                (<_Column>columns[j]).restore()
+            fallback.append(i)
+    return column.finish(pa, np), fallback
 
 
 # --- views -------------------------------------------------------------------------------
@@ -661,7 +1198,7 @@ def view_member(bytes message, CompiledMember member not None, object decode,
     cdef _PycapnpBacked root_view
     cdef Py_ssize_t n = len(message)
     cdef const uint8_t *buf = <const uint8_t *>(<char *>message)
-    cdef uint32_t words
+    cdef Py_ssize_t words
     cdef _Walk walk
     cdef Struct root, payload
     cdef Py_ssize_t where = member.field.where
@@ -670,16 +1207,14 @@ def view_member(bytes message, CompiledMember member not None, object decode,
     cdef bint is_list = field.kind == KIND_LIST and field.element.kind == KIND_STRUCT
     if field.kind != KIND_STRUCT and not is_list:
         return FALLBACK
-    if n < 16 or load64(buf) & 0xFFFFFFFF != 0:
+    words = framed_words(buf, n)
+    if words < 0:
         return FALLBACK  # not exactly one segment
-    words = <uint32_t>(load64(buf) >> 32)
-    if 8 + 8 * <Py_ssize_t>words != n:
-        return FALLBACK
     walk = _Walk.__new__(_Walk)
     walk.buf = buf
     walk.start = 8
     walk.end = n
-    walk.limit = walk.budget = 8 * <Py_ssize_t>words
+    walk.limit = walk.budget = 8 * words
     walk.depth = 0
     walk.views = True
     try:
