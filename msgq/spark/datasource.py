@@ -73,7 +73,7 @@ from msgq.schemas import (
     ServiceRegistry,
     spec_in_force,
 )
-from msgq.schemas._typed_reader import FALLBACK, compile_member, read_member
+from msgq.schemas._typed_reader import FALLBACK, compile_member, read_member, read_member_arrow
 from msgq.schemas.events import decode_event
 from msgq.schemas.schema import spec_of
 from msgq.schemas.services import unknown_service_error
@@ -772,6 +772,48 @@ class _Decoder:
             decoded.append(i)
             values.append(value)
         return decoded, values, failed
+
+    def arrow(self, buffer: Any, starts: Any, lengths: Any, schema: Any, arrow_type: Any
+              ) -> tuple[Any, dict[int, str]]:
+        """The column of the events at ``starts``/``lengths`` of ``buffer`` (bytes-like)
+        as one Arrow array of ``arrow_type`` (the member's Spark type as Arrow's), and
+        position -> problem of each event that could not be decoded (null there): the
+        array :meth:`values`'s values make, read straight into Arrow's buffers
+        (:func:`~msgq.schemas._typed_reader.read_member_arrow`); the messages that reader
+        leaves are converted by pycapnp and put in their places."""
+        import pyarrow as pa  # the spark extra: executors only
+
+        count = len(starts)
+        if self.layout is not None:
+            array, left = read_member_arrow(buffer, starts, lengths, self.layout, arrow_type)
+        else:
+            array, left = pa.array([], type=arrow_type), range(count)
+        if not left:
+            return array, {}
+        view = memoryview(buffer).cast("B")  # an Arrow buffer's is of signed bytes
+        rows: list[int] = []
+        values: list[Any] = []
+        failed: dict[int, str] = {}
+        for i in left:
+            a, n = int(starts[i]), int(lengths[i])
+            try:
+                values.append(self.from_pycapnp(bytes(view[a:a + n]), schema))
+            except Exception as e:  # pycapnp raises KjException, ValueError, ...
+                failed[i] = undecodable(e)
+                continue
+            rows.append(i)
+        # each position's row in [the array read, the pycapnp rows]; failed ones null
+        index = np.zeros(count, np.int64)
+        walked = np.ones(count, bool)
+        walked[np.asarray(left, np.int64)] = False
+        index[walked] = np.arange(len(array))
+        index[np.asarray(rows, np.int64)] = len(array) + np.arange(len(rows))
+        mask = None
+        if failed:
+            mask = np.zeros(count, bool)
+            mask[list(failed)] = True
+        both = pa.concat_arrays([array, pa.array(values, type=arrow_type)])
+        return both.take(pa.array(index, mask=mask)), failed
 
 
 def undecodable(error: BaseException) -> str:

@@ -289,18 +289,11 @@ class _TaskFiles:
             offsets = np.frombuffer(data.buffers()[1], width, len(data) + 1,
                                     data.offset * np.dtype(width).itemsize)
             starts = offsets[rows]
-            lengths = (offsets[rows + 1] - starts).tolist()
+            lengths = offsets[rows + 1] - starts
             buffer = data.buffers()[2] or b""
-            decoded, values, failed = decoder.values(buffer, starts.tolist(), lengths,
-                                                     self.schema)
-            n = len(rows)
-            if len(decoded) == n:
-                column = values
-            else:
-                column = [None] * n
-                for i, value in zip(decoded, values, strict=True):
-                    column[i] = value
-            columns[service] = _without_empty(pa.array(column, type=decoded_type), stored_type)
+            # straight into Arrow's buffers: no Python object per value
+            column, failed = decoder.arrow(buffer, starts, lengths, self.schema, decoded_type)
+            columns[service] = _without_empty(column, stored_type)
             if failed:
                 problems = columns["problem"].to_pylist()
                 for i, problem in failed.items():
