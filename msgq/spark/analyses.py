@@ -28,9 +28,9 @@ listed apart in ``problems``.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from functools import partial
 from typing import Any
@@ -83,13 +83,17 @@ def _recording(sf: Any) -> Any:
 # rows instead of a million: what crosses the shuffle is the timestamps, not Spark rows.
 # On a compact read (read_logs(..., compact=True)) the source's Python worker has done it
 # already, so Spark never holds a row per event; on any other frame, mapInArrow does it.
-# Stage 2 (groupBy recording, service + applyInArrow): numpy sorts a recording's
-# timestamps of one service (ties: by file, as the first implementation's window order
-# did; equal times give equal intervals in any order) and computes everything per segment
-# file, the gaps, and a partial for the service (sums and the sorted intervals, or their
-# histogram with approximate percentiles). Stage 3 (groupBy service): partials of all
-# recordings merged. Stages 2 and 3 see small data; stage 2's output is cached (every
-# frame of LogStats is a selection of it), so the logs are read once.
+# Stage 2 (groupBy service + applyInArrow; with approximate percentiles groupBy recording,
+# service): numpy sorts a recording's timestamps of one service (ties: by file, as the
+# first implementation's window order did; equal times give equal intervals in any
+# order) and computes everything per segment file, the gaps, and a partial per recording
+# (sums and the sorted intervals, or their histogram). With exact percentiles the group
+# holds every recording of the service, so its row (the recordings' sorted intervals
+# merged) is made there too and no interval leaves the worker. Stage 3, on the driver:
+# stage 2's rows are collected as Arrow (one Spark job, the only one: a few rows per
+# segment file and service, per gap, per problem, and the histograms) and the services'
+# rows of approximate percentiles merged from the histograms. LogStats's frames are made
+# from the collected rows, so the logs are read once and nothing is cached.
 #
 # The functions below run in the executors' Python workers. They have no annotations:
 # pyspark reads a grouped function's type hints to choose its calling convention.
@@ -100,10 +104,6 @@ APPROX_RELATIVE_ERROR = 0.005
 _GAMMA = (1 + APPROX_RELATIVE_ERROR) / (1 - APPROX_RELATIVE_ERROR)
 _ZERO_BUCKET = -(1 << 62)
 
-# what stage 3 merges
-_AGGREGATES = ("expected_hz double, count bigint, segments bigint, first_mono_ns bigint, "
-               "last_mono_ns bigint, intervals bigint, dt_sum_ns bigint, dt_max_ns bigint, "
-               "gap_count bigint, invalid bigint, size_sum bigint")
 # what LogStats publishes per service and per segment, in this order
 _PUBLISHED = ("count bigint, segments bigint, expected_hz double, measured_hz double, "
               "rate_ratio double, dt_p50_ms double, dt_p99_ms double, dt_max_ms double, "
@@ -125,7 +125,6 @@ def _names(ddl):
 _PARTIAL_COLUMNS = _names(_PARTIAL_SCHEMA)
 _SERVICE_COLUMNS = _names(_SERVICE_SCHEMA)
 _PUBLISHED_COLUMNS = _names(_PUBLISHED)
-_AGGREGATE_COLUMNS = _names(_AGGREGATES)
 
 
 def _bucket_values(index):
@@ -232,28 +231,9 @@ def _missed(dt, hz):
     return int(Decimal(repr(dt * hz / 1e9)).quantize(Decimal(1), ROUND_HALF_UP)) - 1
 
 
-def _per_recording(params, table):
-    """Stage 2: the compact rows of one (recording, service) -> its segment rows, gap rows
-    and partial; problem rows pass through."""
-    # pyarrow: the optional spark extra, imported when Spark is used
-    import pyarrow as pa
-
-    rates, gap_factor, approx = params
-    schema = arrow_schema(_PARTIAL_SCHEMA)
-    out: dict[str, list[Any]] = {name: [] for name in _PARTIAL_COLUMNS}
-
-    def add(**values):
-        for name in _PARTIAL_COLUMNS:
-            out[name].append(values.get(name))
-
-    if table.num_rows and table.column("kind")[0].as_py() == "problem":
-        for row in table.select(["file", "segment", "offset", "service", "problem"]).to_pylist():
-            add(kind="problem", **row)
-        return pa.Table.from_pydict(out, schema=schema)
-    recording = table.column("recording")[0].as_py()
-    service = table.column("service")[0].as_py()
-    hz = rates.get(service)
-    hz = None if hz is None else float(hz)
+def _recording_rows(add, recording, service, hz, table, gap_factor, approx):
+    """The compact rows of one (recording, service): adds its segment rows, gap rows and
+    partial row; returns the partial (with its packed intervals, ``dts``)."""
     files = table.column("file").to_pylist()
     names = sorted(set(files))
     rank = {name: i for i, name in enumerate(names)}
@@ -290,10 +270,54 @@ def _per_recording(params, table):
             add(kind="gap", recording=recording, file=name, segment=segment_of[name],
                 service=service, expected_hz=hz, start_mono_ns=int(monos[k]),
                 end_mono_ns=int(monos[k + 1]), duration_ms=dt / 1e6, missed=_missed(dt, hz))
-    add(kind="partial", recording=recording, service=service, dts=packed,
-        **_published(dict(expected_hz=hz, count=int(counts.sum()), segments=len(names),
+    row = _published(dict(expected_hz=hz, count=int(counts.sum()), segments=len(names),
                           first_mono_ns=int(monos[0]), last_mono_ns=int(monos[-1]),
-                          invalid=int(invalid.sum()), size_sum=int(size_sum.sum()), **stats)))
+                          invalid=int(invalid.sum()), size_sum=int(size_sum.sum()), **stats))
+    # the exact intervals stay in the worker (the service's row is made here); a
+    # histogram is small and goes to the driver, which merges the recordings'
+    add(kind="partial", recording=recording, service=service,
+        dts=packed if approx else None, **row)
+    return {"service": service, "dts": packed, **row}
+
+
+def _partials(params, table):
+    """Stage 2: the compact rows of one group -> its segment rows, gap rows and a partial
+    per recording; problem rows pass through. Exact percentiles: the group is a service
+    (every recording of it), and its published row (kind ``service``) is made here, from
+    the recordings' sorted intervals. Approximate: the group is a (recording, service),
+    and the driver merges the partials' histograms."""
+    # pyarrow: the optional spark extra, imported when Spark is used
+    import pyarrow as pa
+
+    # pyarrow: the optional spark extra, imported when Spark is used
+    import pyarrow.compute as pc
+
+    rates, gap_factor, approx = params
+    schema = arrow_schema(_PARTIAL_SCHEMA)
+    out: dict[str, list[Any]] = {name: [] for name in _PARTIAL_COLUMNS}
+
+    def add(**values):
+        for name in _PARTIAL_COLUMNS:
+            out[name].append(values.get(name))
+
+    if table.num_rows and table.column("kind")[0].as_py() == "problem":
+        for row in table.select(["file", "segment", "offset", "service", "problem"]).to_pylist():
+            add(kind="problem", **row)
+        return pa.Table.from_pydict(out, schema=schema)
+    service = table.column("service")[0].as_py()
+    hz = rates.get(service)
+    hz = None if hz is None else float(hz)
+    recordings = table.column("recording")
+    names = sorted(set(recordings.to_pylist()))
+    partials = []
+    for recording in names:
+        mine = table if len(names) == 1 else table.filter(pc.equal(recordings, recording))
+        partials.append(_recording_rows(add, recording, service, hz, mine, gap_factor,
+                                        approx))
+    if not approx:
+        merged = _service_row({name: [p[name] for p in partials] for name in partials[0]},
+                              approx)
+        add(kind="service", **merged)
     return pa.Table.from_pydict(out, schema=schema)
 
 
@@ -310,8 +334,9 @@ def _service_row(rows, approx):
     elif len(rows["dts"]) == 1:  # one recording: its intervals are sorted already
         p50, p99 = _exact_percentiles(np.frombuffer(rows["dts"][0], dtype="<i8"))
     else:
-        p50, p99 = _exact_percentiles(np.sort(np.concatenate(
-            [np.frombuffer(b, dtype="<i8") for b in rows["dts"]])))
+        together = np.concatenate([np.frombuffer(b, dtype="<i8") for b in rows["dts"]])
+        together.sort()
+        p50, p99 = _exact_percentiles(together)
     sums = [s for s in rows["dt_sum_ns"] if s is not None]
     maxima = [m for m in rows["dt_max_ns"] if m is not None]
     row = _published({
@@ -326,37 +351,127 @@ def _service_row(rows, approx):
     return {"service": rows["service"][0], **{k: row[k] for k in _PUBLISHED_COLUMNS}}
 
 
-def _per_service(params, table):
-    # pyarrow: the optional spark extra, imported when Spark is used
-    import pyarrow as pa
-
-    row = _service_row(table.to_pydict(), params[2])
-    return pa.Table.from_pylist([row], schema=arrow_schema(_SERVICE_SCHEMA))
-
-
 def _sort_key(*values: Any) -> tuple[Any, ...]:
     """Spark's ascending order: nulls first (strings compare as their UTF-8 bytes do)."""
     return tuple((v is not None, v) for v in values)
 
 
-@dataclass
+# LogStats' frames and their columns
+_FRAME_SCHEMAS = {
+    "services": _SERVICE_SCHEMA,
+    "segments": "recording string, file string, segment int, service string, " + _PUBLISHED,
+    "gaps": "recording string, file string, segment int, service string, "
+            "start_mono_ns bigint, end_mono_ns bigint, start_s double, duration_ms double, "
+            "missed bigint",
+    "problems": "file string, segment int, offset bigint, service string, problem string",
+}
+
+
+def _document(gap_factor: float, services: list[dict[str, Any]],
+              segments: list[dict[str, Any]], gaps: list[dict[str, Any]],
+              problems: list[dict[str, Any]]) -> dict[str, Any]:
+    """What :meth:`LogStats.to_dict` returns: the rows in Spark's order, each with the
+    columns of its frame (the gaps' ``start_s`` from their recording's first event)."""
+    starts: dict[str, int] = {}
+    for s in segments:
+        start = starts.get(s["recording"])
+        if start is None or s["first_mono_ns"] < start:
+            starts[s["recording"]] = s["first_mono_ns"]
+    for g in gaps:
+        g["start_s"] = (g["start_mono_ns"] - starts[g["recording"]]) / 1e9
+    columns = {name: _names(ddl) for name, ddl in _FRAME_SCHEMAS.items()}
+    return {
+        "gap_factor": gap_factor,
+        "services": sorted(({k: r[k] for k in columns["services"]} for r in services),
+                           key=lambda r: _sort_key(r["service"])),
+        "segments": sorted(({k: r[k] for k in columns["segments"]} for r in segments),
+                           key=lambda r: _sort_key(r["recording"], r["segment"], r["file"],
+                                                   r["service"])),
+        "gaps": sorted(({k: g[k] for k in columns["gaps"]} for g in gaps),
+                       key=lambda r: _sort_key(r["recording"], r["start_mono_ns"],
+                                               r["service"])),
+        "problems": sorted(({k: r[k] for k in columns["problems"]} for r in problems),
+                           key=lambda r: _sort_key(r["file"], r["offset"])),
+    }
+
+
+def _finish(rows: list[dict[str, Any]], gap_factor: float, approx: bool) -> dict[str, Any]:
+    """Stage 3, on the driver: the collected rows of stage 2 -> :func:`_document`. With
+    exact percentiles each service's row was made in its group; approximate ones merge
+    the recordings' histograms here (:func:`_service_row`)."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_kind.setdefault(row["kind"], []).append(row)
+    if approx:
+        partials: dict[str, dict[str, list[Any]]] = {}
+        for row in by_kind.get("partial", []):
+            merged = partials.setdefault(row["service"], {})
+            for name, value in row.items():
+                merged.setdefault(name, []).append(value)
+        services = [_service_row(merged, approx) for merged in partials.values()]
+    else:
+        services = by_kind.get("service", [])
+    return _document(gap_factor, services, by_kind.get("segment", []),
+                     by_kind.get("gap", []), by_kind.get("problem", []))
+
+
 class LogStats:
-    """The analyses of one set of logs (Spark DataFrames; :meth:`to_dict` collects).
+    """The analyses of one set of logs: :meth:`to_dict` (plain rows) and Spark
+    DataFrames of the same rows.
 
     ``services``: one row per service; ``segments``: one row per segment file and
-    service; ``gaps``: one row per gap; ``problems``: damage found while reading. All
-    four come from ``partials``, computed in one pass over the rows and cached.
+    service; ``gaps``: one row per gap; ``problems``: damage found while reading.
+    ``events``: the narrow event rows (recording, file, segment, service, logMonoTime,
+    ...; None for a compact read), for :meth:`timeline`. The Python engine computes all
+    four in one Spark job and holds them on the driver (a row per segment file and
+    service, per gap, per problem; never a row per event): ``to_dict()`` runs nothing
+    and each frame is made from those rows (a local relation) when first asked for.
+    The SQL engine's are selections of its cached aggregates (``partials``).
     """
 
-    services: Any
-    segments: Any
-    gaps: Any
-    problems: Any
-    events: Any  # the event rows (narrow): recording, file, segment, service, logMonoTime...
-    # (None for a compact read)
-    gap_factor: float
-    partials: Any = None  # per segment, gap, recording and service: the cached pass
-    cached: tuple[Any, ...] = ()  # what unpersist() drops
+    def __init__(self, services: Any, segments: Any, gaps: Any, problems: Any, events: Any,
+                 gap_factor: float, partials: Any = None, cached: tuple[Any, ...] = (),
+                 collected: dict[str, Any] | None = None, spark: Any = None) -> None:
+        self._frames = {"services": services, "segments": segments, "gaps": gaps,
+                        "problems": problems}
+        self.events = events
+        self.gap_factor = gap_factor
+        self.partials = partials  # the SQL engine's cached aggregates
+        self.cached = cached  # what unpersist() drops
+        self._collected = collected  # the Python engine's rows (to_dict's document)
+        self._spark = spark
+
+    def _frame(self, name: str) -> Any:
+        frame = self._frames[name]
+        if frame is None:
+            # pyarrow: the optional spark extra, imported when Spark is used
+            import pyarrow as pa
+
+            assert self._collected is not None
+            frame = self._spark.createDataFrame(pa.Table.from_pylist(
+                self._collected[name], schema=arrow_schema(_FRAME_SCHEMAS[name])))
+            self._frames[name] = frame
+        return frame
+
+    @property
+    def services(self) -> Any:
+        """One row per service (a DataFrame)."""
+        return self._frame("services")
+
+    @property
+    def segments(self) -> Any:
+        """One row per segment file and service (a DataFrame)."""
+        return self._frame("segments")
+
+    @property
+    def gaps(self) -> Any:
+        """One row per gap (a DataFrame)."""
+        return self._frame("gaps")
+
+    @property
+    def problems(self) -> Any:
+        """One row per problem: damage found while reading (a DataFrame)."""
+        return self._frame("problems")
 
     def timeline(self, bin_seconds: float = 1.0) -> Any:
         """Rate over time: see :func:`rate_timeline` (reads the rows again unless
@@ -368,45 +483,10 @@ class LogStats:
         return rate_timeline(self.events, bin_seconds)
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything collected as plain lists of dicts (JSON-ready), sorted. One Spark
-        job, the cached pass without the intervals, and a second for the per-service
-        merge when a service is in more than one recording."""
-        rows = [r.asDict() for r in self.partials.drop("dts").collect()]
-        by_kind: dict[str, list[dict[str, Any]]] = {}
-        for row in rows:
-            by_kind.setdefault(row["kind"], []).append(row)
-        starts: dict[str, int] = {}
-        for row in by_kind.get("partial", []):
-            start = starts.get(row["recording"])
-            if start is None or row["first_mono_ns"] < start:
-                starts[row["recording"]] = row["first_mono_ns"]
-        segment_keys = ["recording", "file", "segment", "service", *_PUBLISHED_COLUMNS]
-        segments = [{k: r[k] for k in segment_keys} for r in by_kind.get("segment", [])]
-        gaps = [{"recording": r["recording"], "file": r["file"], "segment": r["segment"],
-                 "service": r["service"], "start_mono_ns": r["start_mono_ns"],
-                 "end_mono_ns": r["end_mono_ns"],
-                 "start_s": (r["start_mono_ns"] - starts[r["recording"]]) / 1e9,
-                 "duration_ms": r["duration_ms"], "missed": r["missed"]}
-                for r in by_kind.get("gap", [])]
-        problems = [{k: r[k] for k in ("file", "segment", "offset", "service", "problem")}
-                    for r in by_kind.get("problem", [])]
-        partials = by_kind.get("partial", [])
-        if len({r["service"] for r in partials}) == len(partials):
-            # One recording per service: its partial is the service's row (stage 3 on
-            # one partial computes the same numbers), so no job for the merge.
-            services = [{"service": r["service"], **{k: r[k] for k in _PUBLISHED_COLUMNS}}
-                        for r in partials]
-        else:
-            services = [r.asDict() for r in self.services.collect()]
-        return {
-            "gap_factor": self.gap_factor,
-            "services": sorted(services, key=lambda r: _sort_key(r["service"])),
-            "segments": sorted(segments, key=lambda r: _sort_key(
-                r["recording"], r["segment"], r["file"], r["service"])),
-            "gaps": sorted(gaps, key=lambda r: _sort_key(
-                r["recording"], r["start_mono_ns"], r["service"])),
-            "problems": sorted(problems, key=lambda r: _sort_key(r["file"], r["offset"])),
-        }
+        """Everything as plain lists of dicts (JSON-ready), sorted (a copy: computed when
+        log_stats ran)."""
+        assert self._collected is not None
+        return copy.deepcopy(self._collected)
 
     def unpersist(self) -> None:
         """Drops what was cached."""
@@ -627,24 +707,7 @@ class _SqlLogStats(LogStats):
             services.append({k: r[k] for k in _SERVICE_COLUMNS})
             segments += r["segment_list"]
             gaps += r["gap_list"]
-        starts: dict[str, int] = {}
-        for s in segments:
-            start = starts.get(s["recording"])
-            if start is None or s["first_mono_ns"] < start:
-                starts[s["recording"]] = s["first_mono_ns"]
-        for g in gaps:
-            g["start_s"] = (g["start_mono_ns"] - starts[g["recording"]]) / 1e9
-        gap_keys = ("recording", "file", "segment", "service", "start_mono_ns", "end_mono_ns",
-                    "start_s", "duration_ms", "missed")
-        return {
-            "gap_factor": self.gap_factor,
-            "services": sorted(services, key=lambda r: _sort_key(r["service"])),
-            "segments": sorted(segments, key=lambda r: _sort_key(
-                r["recording"], r["segment"], r["file"], r["service"])),
-            "gaps": sorted(({k: g[k] for k in gap_keys} for g in gaps), key=lambda r: _sort_key(
-                r["recording"], r["start_mono_ns"], r["service"])),
-            "problems": sorted(problems, key=lambda r: _sort_key(r["file"], r["offset"])),
-        }
+        return _document(self.gap_factor, services, segments, gaps, problems)
 
 
 def _sql_stats(df: Any, rates: Mapping[str, float | None], gap_factor: float,
@@ -695,8 +758,11 @@ def log_stats(
     force's (:func:`expected_rates`).
     ``approx_percentiles``: p50 and p99 from a logarithmic histogram, within
     :data:`APPROX_RELATIVE_ERROR` (0.5 %) of the exact values, in memory bounded per
-    service; exact percentiles (the default) hold 8 bytes per interval of a service in
-    one Python worker (a service of 100 M events: 800 MB).
+    (recording, service); exact percentiles (the default) hold every timestamp and
+    interval of a service in one Python worker: 16 bytes per event, and a few times 8
+    more per event of the recording being sorted (a service of 100 M events in one
+    recording: a few GB). What the driver holds is small either way: a row per segment
+    file and service, per gap and per problem, never a row per event.
     ``cache``: also keep the narrow event rows (memory and disk) for
     :meth:`LogStats.timeline`; the statistics never read the rows twice.
     :meth:`LogStats.unpersist` drops what was cached.
@@ -746,30 +812,20 @@ def log_stats(
             narrow = narrow.persist(StorageLevel.MEMORY_AND_DISK)
             cached.append(narrow)
         compact = narrow.mapInArrow(compact_batches, COMPACT_SCHEMA)
-    params = (rates, float(gap_factor), bool(approx_percentiles))
-    partials = compact.groupBy("kind", "recording", "service") \
-        .applyInArrow(partial(_per_recording, params), _PARTIAL_SCHEMA) \
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    cached.append(partials)
-
-    recording_partials = partials.where(sf.col("kind") == "partial")
-    services = recording_partials.select("service", *_AGGREGATE_COLUMNS, "dts") \
-        .groupBy("service").applyInArrow(partial(_per_service, params), _SERVICE_SCHEMA)
-    segments = partials.where(sf.col("kind") == "segment") \
-        .select("recording", "file", "segment", "service", *_PUBLISHED_COLUMNS)
-    starts = recording_partials.groupBy("recording") \
-        .agg(sf.min("first_mono_ns").alias("recording_start"))
-    gaps = partials.where(sf.col("kind") == "gap").join(starts, "recording").select(
-        "recording", "file", "segment", "service", "start_mono_ns", "end_mono_ns",
-        ((sf.col("start_mono_ns") - sf.col("recording_start")) / 1e9).alias("start_s"),
-        "duration_ms", "missed")
-    problems = partials.where(sf.col("kind") == "problem") \
-        .select("file", "segment", "offset", "service", "problem")
+    approx = bool(approx_percentiles)
+    params = (rates, float(gap_factor), approx)
+    # one job: stage 2 in the executors, its rows (a few per segment file and service,
+    # per gap, per problem; exact intervals stay in the workers) to the driver
+    keys = ("kind", "recording", "service") if approx else ("kind", "service")
+    stage = compact.groupBy(*keys).applyInArrow(partial(_partials, params), _PARTIAL_SCHEMA)
+    if not approx:
+        stage = stage.drop("dts")
+    collected = _finish(stage.toArrow().to_pylist(), gap_factor, approx)
     events = None if narrow is None else \
         narrow.where(sf.col("service").isNotNull() & sf.col("logMonoTime").isNotNull()) \
         .drop("problem").withColumn("recording", _recording(sf))
-    return LogStats(services, segments, gaps, problems, events, gap_factor, partials,
-                    tuple(cached))
+    return LogStats(None, None, None, None, events, gap_factor, None, tuple(cached),
+                    collected=collected, spark=df.sparkSession)
 
 
 def rate_timeline(events: Any, bin_seconds: float = 1.0) -> Any:
