@@ -7,6 +7,7 @@ was built under another schema, and read with a later schema that only adds fiel
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import random
@@ -20,7 +21,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from msgq.logs import LogReader, LogWriter  # noqa: E402
+from msgq.logs import LogReader, LogWriter, read_index  # noqa: E402
 from msgq.schemas import Schema  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -163,6 +164,11 @@ def test_every_field_of_every_service_equals_the_log_readers(
     seen = set()
     for seed in (1, 2):
         files = sorted(str(p) for p in (fleet / f"rec{seed}").glob("segment-*"))
+        # a msgq recording's date: the UTC day it began (its first segment's start)
+        start = (read_index(str(fleet / f"rec{seed}")) or [])[0].start
+        assert start is not None
+        began = datetime.datetime.fromtimestamp(start["wall_time_ns"] / 1e9,
+                                                datetime.timezone.utc).strftime("%Y-%m-%d")
         # the offsets are the msgqlog source's (raw reading): events in file order
         by_file: dict[str, list[Any]] = {}
         for key, value in rows.items():
@@ -176,7 +182,7 @@ def test_every_field_of_every_service_equals_the_log_readers(
                 assert service == event.which()
                 assert row.logMonoTime == event.logMonoTime and row.valid == event.valid
                 assert row.problem is None and row.segment is not None
-                assert row.route == f"rec{seed}" and row.date is None
+                assert row.route == f"rec{seed}" and row.date == began
                 if service in row.asDict():
                     _same(row[service], getattr(event, service), service)
                 seen.add(service)

@@ -20,8 +20,10 @@ the msgqlog source's ``offset``: ``LogReader`` reads the event back from there),
 column named after the service holding its typed value (the plan of
 :mod:`msgq.spark.capnp_types`, the msgqlog source's ``decode`` columns: scalars typed,
 enums as names, structs as structs, lists as arrays, Data as binary), and the partition
-columns ``date`` (the route's date, ``YYYY-MM-DD`` from its name, where it has one) and
-``route`` (a loggerd route's name, or the name of a msgq recording's folder). Rows are
+columns ``date`` (``YYYY-MM-DD``: a loggerd route's date, from its name; the UTC day a
+msgq recording began, from its first segment's logStart wall time, else its index's
+start of it, a date in the folder's name first; null when none says) and ``route`` (a
+loggerd route's name, or the name of a msgq recording's folder). Rows are
 sorted by logMonoTime within a file; a file holds one route of one task of a batch (a
 task per core), at most about :data:`TARGET_FILE_BYTES` of events.
 

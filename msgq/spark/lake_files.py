@@ -26,10 +26,12 @@ workers, which import pyarrow and pyspark: the spark extra).
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +42,8 @@ import pyarrow.parquet as pq
 from pyspark.sql.pandas.types import to_arrow_schema, to_arrow_type
 from pyspark.sql.types import StructType
 
+from msgq.logs import LogReader, read_index, segment_paths
+from msgq.schemas.events import decode_event
 from msgq.spark.capnp_types import member_plan
 from msgq.spark.compact import compact_batches
 from msgq.spark.datasource import (
@@ -106,13 +110,35 @@ def _date_of(route: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _place(path: str) -> tuple[str | None, str]:
-    """The (date, route) partition of a segment file's rows: a loggerd route's name and
-    its date; for a msgq recording, its folder's name (and a date in it, if any)."""
-    route = route_name(path)
-    if route is None:
-        route = os.path.basename(os.path.dirname(path))
-    return _date_of(route), route
+def _recording_date(folder: str, schema: Any) -> str | None:
+    """The UTC date (``YYYY-MM-DD``) a msgq recording began: the wall time of its first
+    segment's logStart (the first event of its first frame, there as soon as the
+    segment has a frame), else the start of its first index entry (schemas without a
+    logStart); None when neither says."""
+    wall = None
+    try:
+        first = segment_paths(folder)[:1]
+    except OSError:
+        first = []
+    if first:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                reader = LogReader(first[0], schema=schema, skip_corrupt=True, warn=False,
+                                   check_schema=False)
+                event = next(iter(reader.raw()), None)
+                if event is not None and event.service == "logStart":
+                    wall = int(decode_event(event.data, schema).logStart.wallTimeNs)
+            except Exception:  # damage, or no logStart of msgq's shape: the index says
+                wall = None
+    if not wall:
+        entries = sorted(read_index(folder) or [], key=lambda e: e.segment)
+        if entries and entries[0].start:
+            wall = int(entries[0].start.get("wall_time_ns") or 0)
+    if not wall:
+        return None
+    return datetime.datetime.fromtimestamp(wall / 1e9, datetime.timezone.utc) \
+        .strftime("%Y-%m-%d")
 
 
 def _without_empty(array: Any, kind: Any) -> Any:
@@ -171,6 +197,7 @@ class _TaskFiles:
         self.options = ReadOptions(paths=(), spec=self.spec)
         self.event_schema = output_schema(self.options)
         self.compact = COMPACT_TABLE in plan.tables
+        self._dates: dict[str, str | None] = {}  # a msgq recording's folder -> its date
         self.task = uuid.uuid4().hex[:16]
         self.pending: dict[tuple[str, str | None, str], list[Any]] = {}
         self.sizes: dict[tuple[str, str | None, str], int] = {}
@@ -212,11 +239,24 @@ class _TaskFiles:
             return
         stored = self._stored(COMPACT_TABLE)
         for packed in compact_batches(events.to_batches()):
-            key = (COMPACT_TABLE, *_place(path))
+            key = (COMPACT_TABLE, *self._place(path))
             self.pending.setdefault(key, []).append(
                 pa.RecordBatch.from_arrays(packed.columns, schema=stored))
 
     # -- gathering ---------------------------------------------------------------------
+
+    def _place(self, path: str) -> tuple[str | None, str]:
+        """The (date, route) partition of a segment file's rows: a loggerd route's name
+        and the date in it; for a msgq recording, its folder's name and the date it
+        began (:func:`_recording_date`; a date in the name first)."""
+        route = route_name(path)
+        if route is not None:
+            return _date_of(route), route
+        folder = os.path.dirname(path)
+        route = os.path.basename(folder)
+        if folder not in self._dates:
+            self._dates[folder] = _date_of(route) or _recording_date(folder, self.schema)
+        return self._dates[folder], route
 
     def _stored(self, table: str) -> Any:
         arrow = self._arrow.get(table)
@@ -243,7 +283,7 @@ class _TaskFiles:
         services = batch.column("service").dictionary_encode()
         files = batch.column("file").dictionary_encode()
         file_codes = files.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        places = [_place(path) for path in files.dictionary.to_pylist()]
+        places = [self._place(path) for path in files.dictionary.to_pylist()]
         codes = services.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         names = services.dictionary.to_pylist()
         group = (codes + 1) * len(places) + file_codes
