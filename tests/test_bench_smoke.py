@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from msgq.bench._bound import cache_bound, view_bound
+from msgq.bench._bound import cache_bound, fanout_bound, view_bound
 
 pytestmark = pytest.mark.multiprocess
 
@@ -83,3 +83,25 @@ def test_cache_bound_runs_the_model_and_refuses_an_empty_message(model) -> None:
     assert rate > 0
     with pytest.raises(ValueError, match="size must be >= 1"):
         model(0)
+
+
+def test_copying_rows_of_several_subscribers_are_shown_against_the_fanout_bound() -> None:
+    cmd = [sys.executable, "-m", "msgq.bench", "--backends", "msgq", "--tests", "recv_into",
+           "--sizes", "64K", "--subs", "2", "--repeat", "1", "--duration", "0.1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [re.split(r"\s{2,}", line.strip()) for line in proc.stdout.splitlines()]
+    row = [r for r in rows if r[:4] == ["recv_into", "64 KiB", "2 subs", "msgq"]]
+    assert len(row) == 1, proc.stdout
+    bound = re.search(r"× bound of copying rows with N subscribers: .*?64 KiB × 2: ([\d,]+) MB/s",
+                      " ".join(proc.stdout.split()))
+    assert bound, proc.stdout
+    bound_mb_s = float(bound.group(1).replace(",", ""))
+    assert row[0][-1] == f"{float(row[0][5].replace(',', '')) / bound_mb_s:.2f}", row[0]
+
+
+def test_fanout_bound_copies_for_each_subscriber_and_refuses_bad_counts() -> None:
+    assert fanout_bound(64 * 1024, 4, seconds=0.02, rounds=1) > 0
+    for bad in (0, 17):
+        with pytest.raises(ValueError, match="subscribers must be 1..16"):
+            fanout_bound(64 * 1024, bad)

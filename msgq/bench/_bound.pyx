@@ -21,6 +21,10 @@ cdef extern from "cache_bound.h":
     double msgq_bound_rate(msgq_bound *bound, unsigned window, long messages, int cpu_pub,
                            int cpu_sub, msgq_bound_copy pub_copy,
                            msgq_bound_copy sub_copy) nogil
+    double msgq_bound_fanout_rate(msgq_bound *bound, unsigned subscribers, unsigned window,
+                                  long messages, int cpu_pub, int cpu_other,
+                                  msgq_bound_copy pub_copy, msgq_bound_copy sub_copy) nogil
+    unsigned MSGQ_BOUND_MAX_SUBSCRIBERS
     void msgq_bound_read_ends(void *dst, const void *src, size_t n)
 
 cdef unsigned _SLOTS = 4, _WINDOW = 2
@@ -42,6 +46,19 @@ def cache_bound(Py_ssize_t size, double seconds=0.1, int rounds=5):
     return _best_rate(size, seconds, rounds, _SLOTS, _WINDOW, False)
 
 
+def fanout_bound(Py_ssize_t size, int subscribers, double seconds=0.1, int rounds=5):
+    """Messages per second of the copy model with ``subscribers`` subscriber threads, each
+    copying every message out into a freshly allocated buffer: subscribers + 1 copies of
+    each message on the first two CPUs this process may use (the publisher on the first,
+    the subscribers alternating from the second; with more threads than CPUs every wait
+    yields the CPU). The same slots and window as :func:`cache_bound`, which is this
+    model with one subscriber. ValueError also for subscribers outside 1..16."""
+    if subscribers < 1 or subscribers > <int>MSGQ_BOUND_MAX_SUBSCRIBERS:
+        raise ValueError(f"subscribers must be 1..{MSGQ_BOUND_MAX_SUBSCRIBERS}, "
+                         f"not {subscribers}")
+    return _best_rate(size, seconds, rounds, _SLOTS, _WINDOW, False, subscribers)
+
+
 def view_bound(Py_ssize_t size, double seconds=0.1, int rounds=5):
     """Messages per second of the one-copy model: the publisher copies each message into
     one of two warm slots, never the one it has just published (a reader may still hold
@@ -54,7 +71,7 @@ def view_bound(Py_ssize_t size, double seconds=0.1, int rounds=5):
 
 
 cdef double _best_rate(Py_ssize_t size, double seconds, int rounds, unsigned slots,
-                       unsigned window, bint view) except -1:
+                       unsigned window, bint view, unsigned subscribers=1) except -1:
     if size < 1:
         raise ValueError(f"size must be >= 1, not {size}")
     cpus = sorted(os.sched_getaffinity(0))
@@ -71,15 +88,16 @@ cdef double _best_rate(Py_ssize_t size, double seconds, int rounds, unsigned slo
     cdef long messages = 64
     try:
         with nogil:
-            rate = msgq_bound_rate(bound, window, messages, cpu_pub, cpu_sub, NULL, sub_copy)
+            rate = msgq_bound_fanout_rate(bound, subscribers, window, messages, cpu_pub,
+                                          cpu_sub, NULL, sub_copy)
         if rate <= 0:
             raise OSError("the model's threads could not run")
         # as many messages as take about `seconds` at the untimed run's rate
         messages = max(64, <long>(rate * seconds))
         for _ in range(rounds):
             with nogil:
-                rate = msgq_bound_rate(bound, window, messages, cpu_pub, cpu_sub, NULL,
-                                       sub_copy)
+                rate = msgq_bound_fanout_rate(bound, subscribers, window, messages,
+                                              cpu_pub, cpu_sub, NULL, sub_copy)
             if rate <= 0:
                 raise OSError("the model's threads could not run")
             best = max(best, rate)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import glob
 import importlib
 import importlib.metadata
@@ -51,7 +52,7 @@ from dataclasses import asdict
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from msgq.bench._bound import cache_bound, view_bound
+from msgq.bench._bound import cache_bound, fanout_bound, view_bound
 from msgq.bench.peers import (
     ASYNC_RTT_SIZES,
     BACKEND_ORDER,
@@ -256,14 +257,17 @@ def cache_bound_bandwidth(
     sizes: Sequence[int], model: Callable[[int], float] = cache_bound
 ) -> dict[int, float]:
     """MB/s of a cache bound's model (:func:`msgq.bench._bound.cache_bound` for copying
-    rows, :func:`~msgq.bench._bound.view_bound` for view rows) for each of ``sizes``;
+    rows, :func:`~msgq.bench._bound.fanout_bound` bound to a subscriber count for those of
+    several subscribers, :func:`~msgq.bench._bound.view_bound` for view rows) for each of
+    ``sizes``;
     empty where it cannot run (fewer than two CPUs, no memory or threads for the model),
     said on stderr, and the table then leaves those rows' column empty. It is measured
     after the runs, so it must never cost their results."""
     try:
         return {size: model(size) * size / 1e6 for size in sizes}
     except (ValueError, OSError, MemoryError) as e:
-        print(f"msgq-bench: no × bound column ({model.__name__}): {e}", file=sys.stderr)
+        name = getattr(model, "__name__", None) or repr(model)
+        print(f"msgq-bench: no × bound column ({name}): {e}", file=sys.stderr)
         return {}
 
 
@@ -374,8 +378,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     copying = {"throughput", "recv_into"} & set(tests)
     bound_mb_s = cache_bound_bandwidth(large) if copying else {}
     view_bound_mb_s = cache_bound_bandwidth(large, view_bound) if "view" in tests else {}
+    fanout_mb_s = {
+        (size, n): mb_s
+        for n in (sorted({n for n in subs_list if n > 1}) if copying else [])
+        for size, mb_s in cache_bound_bandwidth(
+            large, functools.partial(fanout_bound, subscribers=n)).items()
+    }
     table = render_table(cells, backends, skipped, geometry_note, memcpy_mb_s, bound_mb_s,
-                         view_bound_mb_s)
+                         view_bound_mb_s, fanout_mb_s)
     elapsed = time.monotonic() - began
     if args.json:
         document = {
@@ -392,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "memcpy_mb_s": memcpy_mb_s,
                 "cache_bound_mb_s": bound_mb_s,
                 "view_bound_mb_s": view_bound_mb_s,
+                "fanout_bound_mb_s": {f"{size}x{n}": v for (size, n), v in fanout_mb_s.items()},
                 "prefix": prefix,
             },
             "results": [

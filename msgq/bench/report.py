@@ -64,6 +64,7 @@ def render_table(
     memcpy_mb_s: dict[int, float] | None = None,
     bound_mb_s: dict[int, float] | None = None,
     view_bound_mb_s: dict[int, float] | None = None,
+    fanout_bound_mb_s: dict[tuple[int, int], float] | None = None,
 ) -> str:
     """The one table: a row per (test, payload, subs/CPUs, backend), then footnotes.
 
@@ -71,11 +72,13 @@ def render_table(
     machine) adds the ``× memcpy`` column to the throughput rows of those sizes;
     ``bound_mb_s`` (payload size -> MB/s of the copy model, :mod:`msgq.bench._bound`)
     the ``× bound`` column of the copying rows, ``view_bound_mb_s`` (of the one-copy
-    model) that of the view rows.
+    model) that of the view rows, ``fanout_bound_mb_s`` ((payload size, subscribers) ->
+    MB/s of the fan-out model) that of the copying rows of several subscribers.
     """
     memcpy_mb_s = memcpy_mb_s or {}
     bound_mb_s = bound_mb_s or {}
     view_bound_mb_s = view_bound_mb_s or {}
+    fanout_bound_mb_s = fanout_bound_mb_s or {}
     notes = Notes()
     header = [
         "test",
@@ -128,8 +131,11 @@ def render_table(
                     row[9] = f"{m.msgs_per_s / ref.msgs_per_s:.2f}"
                 if memcpy_mb_s.get(size) and m.mb_per_s is not None:
                     row[10] = f"{m.mb_per_s / memcpy_mb_s[size]:.2f}"
-                limit = (view_bound_mb_s if kind == "view" else bound_mb_s).get(size)
-                if n == 1 and limit and m.mb_per_s is not None:
+                if n == 1:
+                    limit = (view_bound_mb_s if kind == "view" else bound_mb_s).get(size)
+                else:  # copying rows only: a view row's N readers copy nothing out
+                    limit = None if kind == "view" else fanout_bound_mb_s.get((size, n))
+                if limit and m.mb_per_s is not None:
                     row[11] = f"{m.mb_per_s / limit:.2f}"
             for key, what in (
                 ("resets", "reader resets (overtaken by the writer)"),
@@ -194,6 +200,16 @@ def render_table(
             + "; ".join(f"{fmt_size(k)}: {v:,.0f} MB/s" for k, v in sorted(bound_mb_s.items()))
             + ". No transport that makes those two copies can exceed 1.0. Shown for one "
             "subscriber, the model's case.")
+    if fanout_bound_mb_s:
+        paragraphs.append(
+            "× bound of copying rows with N subscribers: MB/s ÷ the fan-out bound, measured "
+            "in this run (best of 5): the same model with N subscriber threads, each copying "
+            "every message out, so N + 1 copies of each message on the same two CPUs (the "
+            "publisher on one, the subscribers alternating from the other; waits yield the "
+            "CPU, as a waiting process must): "
+            + "; ".join(f"{fmt_size(k)} × {n}: {v:,.0f} MB/s"
+                        for (k, n), v in sorted(fanout_bound_mb_s.items()))
+            + ". No transport that makes those copies on these CPUs can exceed 1.0.")
     if view_bound_mb_s:
         paragraphs.append(
             "× bound of view rows: MB/s ÷ the one-copy bound, measured in this run (best of "

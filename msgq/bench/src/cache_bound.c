@@ -14,19 +14,32 @@
 #include <immintrin.h>
 #endif
 
+/* A subscriber's count of messages copied out, on a line of its own. */
+struct bound_progress {
+  _Alignas(64) _Atomic long consumed;
+};
+
 struct msgq_bound {
   size_t size, stride;
   unsigned slots;
   uint8_t *slot_memory;
   uint8_t *source;
-  /* one run's parameters and its two counters, each on a line of its own */
+  /* one run's parameters and its counters, each on a line of its own */
   unsigned window;
+  unsigned subscribers;
   long messages;
   int cpu[2];
+  int yield; /* more threads than CPUs: waits give the CPU away */
   msgq_bound_copy copy[2];
-  int failed;
+  _Atomic int failed;
   _Alignas(64) _Atomic long published;
-  _Alignas(64) _Atomic long consumed;
+  struct bound_progress progress[MSGQ_BOUND_MAX_SUBSCRIBERS];
+};
+
+/* The argument of one subscriber thread. */
+struct bound_reader {
+  msgq_bound *bound;
+  unsigned index;
 };
 
 static void copy_memcpy(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
@@ -79,12 +92,28 @@ void msgq_bound_close(msgq_bound *b) {
   free(b);
 }
 
+static void bound_wait(const msgq_bound *b) {
+  if (b->yield)
+    sched_yield();
+  else
+    msgq_bound_pause();
+}
+
+/* The slowest subscriber's count (acquire: its copies out of the slots come before). */
+static long least_consumed(msgq_bound *b) {
+  long least = atomic_load_explicit(&b->progress[0].consumed, memory_order_acquire);
+  for (unsigned k = 1; k < b->subscribers; k++) {
+    long c = atomic_load_explicit(&b->progress[k].consumed, memory_order_acquire);
+    if (c < least) least = c;
+  }
+  return least;
+}
+
 static void *publisher(void *arg) {
   msgq_bound *b = arg;
   msgq_bound_pin(b->cpu[0]);
   for (long i = 0; i < b->messages; i++) {
-    while (i - atomic_load_explicit(&b->consumed, memory_order_acquire) >= b->window)
-      msgq_bound_pause();
+    while (i - least_consumed(b) >= b->window) bound_wait(b);
     b->copy[0](slot(b, i), b->source, b->size);
     atomic_store_explicit(&b->published, i + 1, memory_order_release);
   }
@@ -92,21 +121,23 @@ static void *publisher(void *arg) {
 }
 
 static void *subscriber(void *arg) {
-  msgq_bound *b = arg;
-  msgq_bound_pin(b->cpu[1]);
+  const struct bound_reader *reader = arg;
+  msgq_bound *b = reader->bound;
+  /* the first on the publisher's other CPU, the next ones alternating */
+  msgq_bound_pin(b->cpu[(reader->index + 1u) % 2u]);
   volatile uint8_t sink = 0;
   for (long i = 0; i < b->messages; i++) {
-    while (atomic_load_explicit(&b->published, memory_order_acquire) <= i)
-      msgq_bound_pause();
+    while (atomic_load_explicit(&b->published, memory_order_acquire) <= i) bound_wait(b);
     uint8_t *out = malloc(b->size); /* like the new bytes object of receive() */
     if (!out) {
-      b->failed = 1;
+      atomic_store(&b->failed, 1);
     } else {
       b->copy[1](out, slot(b, i), b->size);
       sink ^= out[0] ^ out[b->size - 1];
       free(out);
     }
-    atomic_store_explicit(&b->consumed, i + 1, memory_order_release);
+    atomic_store_explicit(&b->progress[reader->index].consumed, i + 1,
+                          memory_order_release);
   }
   (void)sink;
   return NULL;
@@ -120,28 +151,43 @@ double msgq_bound_now_s(void) {
 
 double msgq_bound_rate(msgq_bound *b, unsigned window, long messages, int cpu_pub,
                        int cpu_sub, msgq_bound_copy pub_copy, msgq_bound_copy sub_copy) {
-  if (!b || window == 0 || window >= b->slots || messages <= 0) return -1;
+  return msgq_bound_fanout_rate(b, 1u, window, messages, cpu_pub, cpu_sub, pub_copy,
+                                sub_copy);
+}
+
+double msgq_bound_fanout_rate(msgq_bound *b, unsigned subscribers, unsigned window,
+                              long messages, int cpu_pub, int cpu_other,
+                              msgq_bound_copy pub_copy, msgq_bound_copy sub_copy) {
+  if (!b || window == 0 || window >= b->slots || messages <= 0 || subscribers == 0 ||
+      subscribers > MSGQ_BOUND_MAX_SUBSCRIBERS)
+    return -1;
   b->window = window;
+  b->subscribers = subscribers;
   b->messages = messages;
   b->cpu[0] = cpu_pub;
-  b->cpu[1] = cpu_sub;
+  b->cpu[1] = cpu_other;
+  b->yield = subscribers > 1u; /* 1 + subscribers threads on two CPUs */
   b->copy[0] = pub_copy ? pub_copy : copy_memcpy;
   b->copy[1] = sub_copy ? sub_copy : copy_memcpy;
-  b->failed = 0;
+  atomic_store(&b->failed, 0);
   atomic_store(&b->published, 0);
-  atomic_store(&b->consumed, 0);
-  pthread_t pub, sub;
+  for (unsigned k = 0; k < subscribers; k++) atomic_store(&b->progress[k].consumed, 0);
+  pthread_t pub, subs[MSGQ_BOUND_MAX_SUBSCRIBERS];
+  struct bound_reader readers[MSGQ_BOUND_MAX_SUBSCRIBERS];
+  unsigned started = 0;
   const double start = msgq_bound_now_s();
-  if (pthread_create(&sub, NULL, subscriber, b) != 0) return -1;
-  if (pthread_create(&pub, NULL, publisher, b) != 0) {
-    /* the subscriber waits for messages that never come: let it through */
-    atomic_store(&b->published, messages);
-    pthread_join(sub, NULL);
-    return -1;
+  for (; started < subscribers; started++) {
+    readers[started] = (struct bound_reader){b, started};
+    if (pthread_create(&subs[started], NULL, subscriber, &readers[started]) != 0) break;
   }
-  pthread_join(pub, NULL);
-  pthread_join(sub, NULL);
+  const int pub_ok =
+      started == subscribers && pthread_create(&pub, NULL, publisher, b) == 0;
+  if (!pub_ok) /* the subscribers wait for messages that never come: let them through */
+    atomic_store(&b->published, messages);
+  else
+    pthread_join(pub, NULL);
+  for (unsigned k = 0; k < started; k++) pthread_join(subs[k], NULL);
   const double elapsed = msgq_bound_now_s() - start;
-  if (b->failed || elapsed <= 0) return -1;
+  if (!pub_ok || atomic_load(&b->failed) || elapsed <= 0) return -1;
   return (double)messages / elapsed;
 }

@@ -28,6 +28,18 @@ void msgq_bound_close(msgq_bound *bound);
 double msgq_bound_rate(msgq_bound *bound, unsigned window, long messages, int cpu_pub,
                        int cpu_sub, msgq_bound_copy pub_copy, msgq_bound_copy sub_copy);
 
+/* The fan-out model: as msgq_bound_rate, with `subscribers` (1..MSGQ_BOUND_MAX_SUBSCRIBERS)
+ * subscriber threads that each copy every message out, and the publisher at most
+ * `window` messages ahead of the slowest. So each message is copied subscribers + 1
+ * times on two CPUs: the publisher on `cpu_pub`, the first subscriber on `cpu_other`,
+ * the next ones alternating between the two. With more threads than the two CPUs the
+ * waits yield the CPU (sched_yield) instead of spinning, as a process that waits must.
+ * One subscriber is msgq_bound_rate. */
+#define MSGQ_BOUND_MAX_SUBSCRIBERS 16u
+double msgq_bound_fanout_rate(msgq_bound *bound, unsigned subscribers, unsigned window,
+                              long messages, int cpu_pub, int cpu_other,
+                              msgq_bound_copy pub_copy, msgq_bound_copy sub_copy);
+
 /* The one-copy model's subscriber copy: reads the message's first and last bytes in
  * place (into dst's first and last), as the view rows of `python -m msgq.bench` check
  * their sequence numbers. With 2 slots and a window of 1 the model is the one-copy
