@@ -4,7 +4,8 @@ stages and the SQL aggregates), on recordings built to reach the corners (test_s
 jitter, equal timestamps, events out of time order across segment files, two
 recordings with overlapping clocks, a truncated segment); the SQL engine equals the
 first implementation's reference on the raw rows too, and so does a compact read of a
-lake (its files packed by pyarrow in the workers); ``read_logs`` of a lake (one
+lake (its compact table, or without one its files packed by pyarrow in the workers);
+``read_logs`` of a lake (one
 Parquet scan of every table) gives each row the service and route of its table and
 partition, an escaped route name included."""
 
@@ -86,7 +87,7 @@ def test_log_stats_on_the_lake_equal_the_raw_logs_with_both_engines(
     assert raw["problems"] and raw["gaps"]
     assert _stats(read_logs(spark, lake)) == raw
     assert _stats(read_logs(spark, lake), engine="sql") == raw
-    # what msgq logstats reads (compact=True): the tables' files packed by pyarrow
+    # what msgq logstats reads (compact=True): the lake's compact table
     assert _stats(read_logs(spark, lake, compact=True)) == raw
     # a service subset and a window, the damage kept
     window = dict(services=["can", "gpsLocation"], start=11_500_000_000, end=14_000_000_000)
@@ -96,6 +97,40 @@ def test_log_stats_on_the_lake_equal_the_raw_logs_with_both_engines(
     assert _stats(read_logs(spark, lake, compact=True, **window)) == want
     assert want["problems"] and {s["service"] for s in want["services"]} == \
         {"can", "gpsLocation"}
+
+
+def test_a_compact_read_of_a_lake_reads_its_compact_table(
+        spark: Any, recordings_and_lake: tuple[list[str], str], tmp_path: Path) -> None:
+    """read_logs(LAKE, compact=True) scans the compact table the build wrote (and the
+    problems table), no service table; a service subset is filtered there; a lake
+    without that table (made before it came) packs its service tables instead, with
+    the same answers."""
+    import shutil
+
+    from msgq.spark import lake as lakes
+    from msgq.spark import read_logs
+
+    recordings, lake = recordings_and_lake
+    raw = _stats(read_logs(spark, recordings, data=False))
+    compact = read_logs(spark, lake, compact=True)
+    folders = {Path(f.split(":", 1)[1]).relative_to(lake).parts[0]
+               for f in compact.inputFiles()}
+    assert folders == {lakes.COMPACT_TABLE, lakes.PROBLEMS_TABLE}
+    subset = dict(services=["can", "gpsLocation"], keep_problems=True)
+    want = _stats(read_logs(spark, recordings, data=False, **subset))
+    assert _stats(read_logs(spark, lake, compact=True, **subset)) == want
+    assert {s["service"] for s in want["services"]} == {"can", "gpsLocation"}
+
+    older = tmp_path / "older-lake"
+    shutil.copytree(lake, older)
+    shutil.rmtree(older / lakes.COMPACT_TABLE)
+    meta = json.loads((older / lakes.LAKE_FILE).read_text())
+    del meta["tables"][lakes.COMPACT_TABLE]
+    (older / lakes.LAKE_FILE).write_text(json.dumps(meta))
+    packed = read_logs(spark, str(older), compact=True)
+    assert packed.inputFiles() == []  # (table, file) rows packed by the tasks
+    assert _stats(packed) == raw
+    assert _stats(read_logs(spark, str(older), compact=True, **subset)) == want
 
 
 def test_rows_of_a_lake_carry_their_table_and_partition(

@@ -785,8 +785,12 @@ def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] 
     ``compact=True`` (no ``decode``): the same rows packed as the msgqlog source's
     compact read packs them (:mod:`msgq.spark.compact`, the input of ``log_stats``),
     the tables' files read by pyarrow in the executors' Python workers
-    (:mod:`msgq.spark.lake_compact`): the events never become Spark rows. A lake on a
-    Hadoop path gives event rows instead (which log_stats takes as well)."""
+    (:mod:`msgq.spark.lake_compact`): the events never become Spark rows. A lake with
+    a compact table (:data:`COMPACT_TABLE`, written by every build since it came) and
+    no ``start``/``end`` gives that table's rows instead, read in one Parquet scan
+    (local or Hadoop path): the packing was done once, when the lake was built.
+    Otherwise a lake on a Hadoop path gives event rows (which log_stats takes as
+    well)."""
     # pyspark: the optional spark extra, imported when Spark is used
     from pyspark.sql import functions as sf
 
@@ -824,6 +828,9 @@ def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] 
     filtered = services is not None or start is not None or end is not None
     if compact and typed:
         raise ValueError("a compact read has no typed columns: leave out decode")
+    if compact and start is None and end is None and _has_compact_table(opened):
+        return _compact_table(spark, opened, tables, schemas[PROBLEMS_TABLE],
+                              not filtered or keep_problems)
     if compact and not _is_remote(opened.path):
         return _compact(spark, opened, tables, start, end, not filtered or keep_problems)
     if not typed:
@@ -947,6 +954,37 @@ def _compact(spark: Any, lake: Lake, tables: list[str], start: int | None, end: 
     rows = [(table, path) for k in range(slices) for _, table, path in ordered[k::slices]]
     return spark.createDataFrame(rows, FILES_SCHEMA) \
         .mapInArrow(ReadCompact(PROBLEMS_TABLE, start, end), COMPACT_SCHEMA)
+
+
+def _has_compact_table(lake: Lake) -> bool:
+    """Whether the lake's builds wrote the compact table: listed in the lake file (from
+    a lake's first build on, since the table came) and, for a local lake, present."""
+    if COMPACT_TABLE not in lake.tables:
+        return False
+    return _is_remote(lake.path) or os.path.isdir(_table_path(lake, COMPACT_TABLE))
+
+
+def _compact_table(spark: Any, lake: Lake, tables: list[str], problems_schema: Any,
+                   problems: bool) -> Any:
+    """read_lake(compact=True) from the compact table: its rows of ``tables``' services
+    (one Parquet scan, the service filter pushed into it), and the problems table's
+    rows as compact problem rows when ``problems``: the rows of :func:`_compact`, with
+    no event read. A window (start/end) cannot be cut from them (a row's invalid count
+    and byte sum are of all its events), so windowed reads pack the service tables."""
+    # pyspark: the optional spark extra, imported when Spark is used
+    from pyspark.sql import functions as sf
+
+    columns = {name: kind for name, kind in (c.split() for c in COMPACT_SCHEMA.split(", "))}
+    rows = _read(spark, lake, COMPACT_TABLE, table_schema(COMPACT_TABLE)) \
+        .where(sf.col("service").isin(tables)).select(*columns)
+    if problems:
+        damage = _read(spark, lake, PROBLEMS_TABLE, problems_schema)
+        rows = rows.unionByName(damage.select(*[
+            sf.lit("problem").alias(name) if name == "kind" else
+            sf.lit("").alias(name) if name == "recording" else
+            sf.col(name).alias(name) if name in _PROBLEM_COLUMNS else
+            sf.lit(None).cast(kind).alias(name) for name, kind in columns.items()]))
+    return rows
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
