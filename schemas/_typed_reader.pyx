@@ -205,6 +205,7 @@ cdef class CompiledMember:
     cdef Py_ssize_t discriminant_offset
     cdef uint16_t discriminant
     cdef Field field
+    cdef dict columns  # read_member_arrow: Arrow type -> its empty columns, checked once
 
 
 def compile_member(tuple member):
@@ -475,6 +476,18 @@ cdef _Column _new_column(int kind, object arrow_type, bint nullable, list every)
     every.append(c)
     if kind == KIND_TEXT or kind == KIND_DATA or kind == KIND_LIST:
         (<int32_t *>buf_add(&c.offsets, 4))[0] = 0
+    return c
+
+
+cdef _Column _fresh(_Column empty, list every):
+    """A new column like ``empty`` (its kinds and types, its children's), with no value."""
+    cdef _Column c = _new_column(empty.kind, empty.arrow_type, empty.nullable, every)
+    cdef _Column child
+    c.names = empty.names
+    if empty.element is not None:
+        c.element = _fresh(empty.element, every)
+    if empty.children is not None:
+        c.children = tuple([_fresh(child, every) for child in empty.children])
     return c
 
 
@@ -959,7 +972,13 @@ def read_member_arrow(buffer, starts, lengths, CompiledMember member not None, a
     if total:
         data = view
         buf = &data[0]
-    column = _column_of(member.field, arrow_type, False, every, pa)
+    if member.columns is None:
+        member.columns = {}
+    empty = member.columns.get(arrow_type)
+    if empty is None:  # the type checked against the layout once per member and type
+        empty = member.columns[arrow_type] = _column_of(member.field, arrow_type, False,
+                                                        [], pa)
+    column = _fresh(empty, every)
     columns = tuple(every)
     fallback = []
     walk = _Walk.__new__(_Walk)
