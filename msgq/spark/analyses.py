@@ -28,7 +28,6 @@ listed apart in ``problems``.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping
 from decimal import ROUND_HALF_UP, Decimal
@@ -486,7 +485,8 @@ class LogStats:
         """Everything as plain lists of dicts (JSON-ready), sorted (a copy: computed when
         log_stats ran)."""
         assert self._collected is not None
-        return copy.deepcopy(self._collected)
+        return {name: [dict(row) for row in rows] if isinstance(rows, list) else rows
+                for name, rows in self._collected.items()}
 
     def unpersist(self) -> None:
         """Drops what was cached."""

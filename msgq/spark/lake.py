@@ -974,16 +974,16 @@ def _compact_table(spark: Any, lake: Lake, tables: list[str], problems_schema: A
     # pyspark: the optional spark extra, imported when Spark is used
     from pyspark.sql import functions as sf
 
-    columns = {name: kind for name, kind in (c.split() for c in COMPACT_SCHEMA.split(", "))}
+    columns = [c.split() for c in COMPACT_SCHEMA.split(", ")]
     rows = _read(spark, lake, COMPACT_TABLE, table_schema(COMPACT_TABLE)) \
-        .where(sf.col("service").isin(tables)).select(*columns)
-    if problems:
-        damage = _read(spark, lake, PROBLEMS_TABLE, problems_schema)
-        rows = rows.unionByName(damage.select(*[
-            sf.lit("problem").alias(name) if name == "kind" else
-            sf.lit("").alias(name) if name == "recording" else
-            sf.col(name).alias(name) if name in _PROBLEM_COLUMNS else
-            sf.lit(None).cast(kind).alias(name) for name, kind in columns.items()]))
+        .where(sf.col("service").isin(tables)).select(*[name for name, _ in columns])
+    if problems:  # one expression string: a py4j call, not one per column
+        damage = _read(spark, lake, PROBLEMS_TABLE, problems_schema).selectExpr(*[
+            "'problem' AS kind" if name == "kind" else "'' AS recording"
+            if name == "recording" else f"CAST({name} AS {kind}) AS {name}"
+            if name in _PROBLEM_COLUMNS else f"CAST(NULL AS {kind}) AS {name}"
+            for name, kind in columns])
+        rows = rows.unionByName(damage)
     return rows
 
 
