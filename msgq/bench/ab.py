@@ -13,8 +13,9 @@ Row groups (``--rows``, comma-separated):
 
 * ``core``: the paced throughput rows of ``python -m msgq.bench`` (msgq only: 8 B, 1 KiB,
   64 KiB x 1 and 4 subscribers, msgs/s; one run of every row per side and round).
-* ``large``: 1 MiB x 1, ``receive_into`` and view rows (MB/s) with the one-copy and
-  two-copy bounds measured in the same runs (``msgq.bench._bound``).
+* ``large``: 1 MiB x 1 and x 4, ``receive()``, ``receive_into`` and view rows (MB/s)
+  with the one-copy, two-copy and x 4 fan-out bounds measured in the same runs
+  (``msgq.bench._bound``).
 * ``count``: instructions per message counted by callgrind (valgrind), which do not
   depend on the load: the C core alone (``tests/c/count_pair.c`` built against each
   side's ``msgq/src``) and the same loop in Python through the binding; send + receive
@@ -192,18 +193,21 @@ def core_round(side: Side, rows: dict[str, Row], duration: float, python: str) -
 
 
 def large_round(side: Side, rows: dict[str, Row], duration: float, python: str) -> None:
-    """One run of the 1 MiB x 1 copying and view rows on ``side``, with both bounds."""
-    document = _core_document(side, python, duration, ["--sizes", "1M", "--subs", "1",
-                                                       "--tests", "recv_into,view"],
-                              timeout=120 + 6 * duration)
+    """One run of the 1 MiB x 1 and x 4 copying and view rows on ``side``, with the
+    bounds."""
+    document = _core_document(side, python, duration,
+                              ["--sizes", "1M", "--subs", "1,4", "--tests",
+                               "throughput,recv_into,view"],
+                              timeout=120 + 12 * duration)
     for result in document["results"]:
         m = result["median"]
         if m["error"] is not None:
-            raise RuntimeError(f"{side.label}: 1 MiB {m['kind']}: {m['error']}")
-        name = f"{m['kind']} 1 MiB x1"
+            raise RuntimeError(f"{side.label}: 1 MiB {m['kind']} x{m['n']}: {m['error']}")
+        name = f"{m['kind']} 1 MiB x{m['n']}"
         rows.setdefault(name, Row(name, "MB/s")).add(side.label, m["mb_per_s"])
     meta = document["meta"]
     for key, label in (("cache_bound_mb_s", "two-copy bound 1 MiB"),
+                       ("fanout_bound_mb_s", "fan-out bound 1 MiB x4"),
                        ("view_bound_mb_s", "one-copy bound 1 MiB")):
         bound = meta.get(key) or {}
         if bound:

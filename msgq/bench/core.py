@@ -253,6 +253,14 @@ def memcpy_bandwidth(size: int, rounds: int = 5, seconds: float = 0.05) -> float
     return best
 
 
+def _geometry_of(size: int) -> str:
+    geo = Geometry.for_payload(size, 1)
+    text = f"{fmt_size(size)}: W={geo.window}, {fmt_size(geo.segment_size)}"
+    if geo.ring_segment_size != geo.segment_size:
+        text += f" (msgq-ring {fmt_size(geo.ring_segment_size)})"
+    return text
+
+
 def cache_bound_bandwidth(
     sizes: Sequence[int], model: Callable[[int], float] = cache_bound
 ) -> dict[int, float]:
@@ -365,12 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     geometry_note = (
         "W and msgq's segment_size per payload: "
-        + "; ".join(
-            f"{fmt_size(s)}: W={Geometry.for_payload(s, 1).window}, "
-            f"{fmt_size(Geometry.for_payload(s, 1).segment_size)}"
-            for s in sizes
-        )
-        + "."
+        + "; ".join(_geometry_of(s) for s in sizes)
+        + ". From 256 KiB msgq's ring holds four windows of chunks and two more (a free "
+        "chunk is reused only within a quarter ring of the write position); msgq-ring's "
+        "is the plain ring's 1.5 windows."
     )
     large = [size for size in sizes if size >= MEMCPY_FROM]
     memcpy_mb_s = {size: memcpy_bandwidth(size) for size in large}

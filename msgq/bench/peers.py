@@ -66,6 +66,11 @@ RECV_TIMEOUT_MS = 100
 INFLIGHT_BUDGET = 4 * MIB
 MIN_WINDOW = 16
 MAX_WINDOW = 1024
+#: msgq puts payloads from this size into chunks (MSGQ_POOL_THRESHOLD, msgq_ring.h) and
+#: reuses a free chunk only while it lies within a quarter ring of the write position
+#: (MSGQ_POOL_REUSE_SPAN_DIVISOR): a window of chunks stays reusable in a ring of four.
+CHUNKED_FROM = 256 * KIB
+CHUNK_SPAN_RINGS = 4
 #: Extra queue room beyond the window, for hello/start/end markers (messages).
 QUEUE_MARGIN = 16
 #: Publisher pacing: yields first, then sleeps this long while the window is full.
@@ -85,6 +90,11 @@ KICKMSG_ZERO_COPY_FROM = 64 * KIB
 # --------------------------------------------------------------------------- geometry
 
 
+def _segment_for(ring_bytes: int) -> int:
+    """A ring of at least ``ring_bytes``: whole MiB, at least msgq's 10 MiB default."""
+    return max(10 * MIB, -(-ring_bytes // MIB) * MIB)
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -93,25 +103,37 @@ def _pow2_at_least(n: int) -> int:
 class Geometry:
     """Sizes every backend derives its queue settings from, for one payload size.
 
-    ``window`` is the pacing window W (messages); ``segment_size`` is the msgq ring size:
-    one and a half windows of messages (at least the 10 MiB default), so a paced
-    subscriber is never overtaken — the same in-flight room the peers get (kickmsg and
-    iceoryx2 queues of W + 16 entries). A larger ring only walks more memory per pass,
-    which costs msgq its cache hits (4 windows: 64 KiB x 1 sub ran at half the speed).
+    ``window`` is the pacing window W (messages). ``ring_segment_size`` is the plain
+    ring's size (``msgq-ring``): one and a half windows of messages (at least the 10 MiB
+    default), so a paced subscriber is never overtaken — the same in-flight room the
+    peers get (kickmsg and iceoryx2 queues of W + 16 entries). A larger plain ring only
+    walks more memory per pass, which costs it its cache hits (4 windows: 64 KiB x 1 sub
+    ran at half the speed). ``segment_size`` is msgq's (chunks): the same below
+    CHUNKED_FROM; from there four windows of chunks and two more, because a free chunk
+    is reused only while it lies within a quarter ring of the write position, so a
+    subscriber a whole window behind keeps every chunk reusable (in a ring of 1.5
+    windows most sends take a fresh chunk at the write position and the ring walks as
+    the plain ring does: 1 MiB x 1 ran at 0.6 of the bound instead of 0.9 whenever the
+    subscriber fell a window behind). A reused chunk is not walked, so the larger ring
+    costs no cache.
     """
 
     size: int
     subs: int
     window: int
     segment_size: int
+    ring_segment_size: int
 
     @classmethod
     def for_payload(cls, size: int, subs: int) -> Geometry:
         """The geometry of ``subs`` subscribers of ``size``-byte payloads."""
         window = max(MIN_WINDOW, min(MAX_WINDOW, INFLIGHT_BUDGET // max(size, 1)))
-        ring_bytes = int(1.5 * window * (size + 64))
-        segment = max(10 * MIB, -(-ring_bytes // MIB) * MIB)
-        return cls(size=size, subs=subs, window=window, segment_size=segment)
+        ring = _segment_for(int(1.5 * window * (size + 64)))
+        chunked = ring
+        if size >= CHUNKED_FROM:
+            chunked = _segment_for(CHUNK_SPAN_RINGS * (window + 2) * (size + 64))
+        return cls(size=size, subs=subs, window=window, segment_size=chunked,
+                   ring_segment_size=ring)
 
     @property
     def queue_depth(self) -> int:
@@ -249,15 +271,19 @@ class MsgqBackend(Backend):
             return f"cannot load: {e}"
         return None
 
+    def segment_size(self, geo: Geometry) -> int:
+        """The ring size this backend's queues are created with (chunks: msgq's own)."""
+        return geo.segment_size
+
     def make_pub(self, topic: str, geo: Geometry) -> Any:
         sock = self.module.PubSocket()
-        sock.connect(self.context, topic, geo.segment_size)
+        sock.connect(self.context, topic, self.segment_size(geo))
         self.sockets.append(sock)
         return sock
 
     def make_sub(self, topic: str, geo: Geometry) -> Any:
         sock = self.module.SubSocket()
-        sock.connect(self.context, topic, b"127.0.0.1", False, geo.segment_size)
+        sock.connect(self.context, topic, b"127.0.0.1", False, self.segment_size(geo))
         sock.setTimeout(RECV_TIMEOUT_MS)
         self.sockets.append(sock)
         return sock
@@ -316,6 +342,10 @@ class MsgqRingBackend(MsgqBackend):
         # Read by whichever process creates the queue (each benchmark process is fresh).
         os.environ["MSGQ_POOL"] = "0"
         super().__init__(run_dir, prefix)
+
+    def segment_size(self, geo: Geometry) -> int:
+        """The plain ring's size: the larger ring of chunks would only walk more memory."""
+        return geo.ring_segment_size
 
 
 class MsgqZmqBackend(MsgqBackend):
