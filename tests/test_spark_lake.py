@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from msgq.logs import LogReader, LogWriter, read_index  # noqa: E402
+from msgq.logs import LogReader, LogWriter, SchemaMismatchError, read_index  # noqa: E402
 from msgq.schemas import Schema  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -358,6 +358,13 @@ def test_a_lake_of_another_schema_is_refused(spark: Any, robot: Schema,
         lake.read_lake(spark, tmp_path / "rec")
     with pytest.raises(lake.LakeError, match="not empty"):
         lake.build(spark, [tmp_path / "rec"], tmp_path / "rec")
+    # segments of another schema: refused in one line before anything is written
+    _write_random(tmp_path / "robot", robot, 6, per_service=1)
+    with pytest.raises(SchemaMismatchError) as refused:
+        lake.build(spark, [tmp_path / "robot"], tmp_path / "lake", schema=msgq_schema())
+    assert "\n" not in str(refused.value) and "robot" in str(refused.value)
+    assert not (tmp_path / "lake" / "_checkpoints" / lake.source_key(
+        str(tmp_path / "robot"))).exists()
 
 
 SCHEMA_V1 = """\

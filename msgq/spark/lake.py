@@ -634,6 +634,9 @@ def _stream(spark: Any, source: str, spec: SchemaSpec) -> Any:
 
 def _start(spark: Any, lake: Lake, source: str, spec: SchemaSpec, trigger: dict[str, Any],
            on_batch: Callable[[BatchReport], None] | None) -> tuple[Any, _BatchWriter]:
+    # segments of another schema: SchemaMismatchError here, in one line, before the
+    # query (whose planning worker checks them too) writes anything
+    check_local_logs([source], spec)
     schema = spec.load()
     schemas = {s: table_schema(s, schema) for s in schema.union_fields}
     schemas[PROBLEMS_TABLE] = table_schema(PROBLEMS_TABLE)
