@@ -902,9 +902,10 @@ class _Rows:
     unless a typed column or the ``data`` column needs its bytes: then they are
     gathered by numpy, not sliced per event); ``file``, ``segment`` and ``route`` are
     runs of one value per file, so the rows of many small files share a batch. A typed
-    column holds only the values of its own service (with their row numbers), placed at
-    those rows when the batch is made (a list of Nones filled in: measured as fast as
-    spreading them with Arrow's ``take``), so unrelated services cost nothing per event.
+    column holds only the values of its own service (with their row numbers: Arrow arrays
+    read straight from a scanner batch's bytes, :meth:`_Decoder.arrow`), placed at those
+    rows by Arrow's ``take`` when the batch is made, so unrelated services cost nothing
+    per event.
     """
 
     def __init__(self, arrow_schema: Any, with_data: bool) -> None:
@@ -915,7 +916,7 @@ class _Rows:
         self.arrow_schema = arrow_schema
         self.types = [f.type for f in arrow_schema]
         self.with_data = with_data
-        self._typed_types = self.types[len(BASE_COLUMNS):]
+        self.typed_types = self.types[len(BASE_COLUMNS):]
         self._reset()
 
     def _reset(self) -> None:
@@ -935,8 +936,11 @@ class _Rows:
         self._pending: list[Any] = []
         self._tail: list[list[Any]] | None = None
         self.problems: dict[int, str] = {}  # row -> problem
-        self.typed_rows: list[list[int]] = [[] for _ in self._typed_types]
-        self.typed_values: list[list[Any]] = [[] for _ in self._typed_types]
+        # typed values added one by one (events the scanner leaves to pycapnp): rows and
+        # values; and the scanner batches' as Arrow arrays: (rows, array) parts
+        self.typed_rows: list[list[int]] = [[] for _ in self.typed_types]
+        self.typed_values: list[list[Any]] = [[] for _ in self.typed_types]
+        self.typed_parts: list[list[tuple[Any, Any]]] = [[] for _ in self.typed_types]
 
     def full(self) -> bool:
         """Whether the batch has its rows (or bytes) and should be flushed."""
@@ -1107,15 +1111,20 @@ class _Rows:
             pa.array(problems, type=types[8]),
             route,
         ]
-        for kind, at, values in zip(self._typed_types, self.typed_rows, self.typed_values,
-                                    strict=True):
-            if not values:
+        for kind, at, values, parts in zip(self.typed_types, self.typed_rows,
+                                           self.typed_values, self.typed_parts, strict=True):
+            if values:
+                parts.append((np.asarray(at, np.int64), pa.array(values, type=kind)))
+            if not parts:
                 arrays.append(pa.nulls(rows, type=kind))
                 continue
-            column: list[Any] = [None] * rows
-            for row, value in zip(at, values, strict=True):
-                column[row] = value
-            arrays.append(pa.array(column, type=kind))
+            # each row's value among the parts' (null: another service's row)
+            placed = np.concatenate([part[0] for part in parts])
+            index = np.full(rows, -1, np.int64)
+            index[placed] = np.arange(len(placed))
+            column = parts[0][1] if len(parts) == 1 else \
+                pa.concat_arrays([part[1] for part in parts])
+            arrays.append(column.take(pa.array(index, mask=index < 0)))
         self._reset()
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
@@ -1213,14 +1222,14 @@ class _SegmentRead:
                 continue
             at = np.flatnonzero(services == index)
             chosen = picked[at]
-            decoded, values, failed = decoder.values(
-                batch.data, batch.offset[chosen].tolist(), batch.length[chosen].tolist(),
-                self.schema)
-            rows = at.tolist()
+            rows = self.rows
+            # straight into Arrow's buffers (undecodable events: null, and a problem)
+            column, failed = decoder.arrow(batch.data, batch.offset[chosen],
+                                           batch.length[chosen], self.schema,
+                                           rows.typed_types[decoder.column])
             for i, problem in failed.items():
-                self.rows.problems[first + rows[i]] = problem
-            self.rows.typed_rows[decoder.column].extend(first + rows[i] for i in decoded)
-            self.rows.typed_values[decoder.column].extend(values)
+                rows.problems[first + int(at[i])] = problem
+            rows.typed_parts[decoder.column].append((first + at, column))
 
     def _readable(self) -> bool:
         """Whether the partition's path is a file here; a problem row when not (on a
