@@ -48,11 +48,13 @@ def _without_stack(problems: dict[int, str]) -> dict[int, str]:
 
 
 def _packed(rng: random.Random, messages: list[bytes]) -> tuple[bytes, Any, Any]:
-    """The messages in one buffer, with gaps: (buffer, starts, lengths)."""
+    """The messages in one buffer, with gaps of random bytes: (buffer, starts, lengths).
+    The read path reads each message's own bytes only; a read of the buffer past a
+    message would read garbage, and differ."""
     buffer = bytearray()
     starts, lengths = [], []
     for m in messages:
-        buffer += bytes(rng.randrange(3))
+        buffer += bytes(rng.randrange(256) for _ in range(rng.randrange(17)))
         starts.append(len(buffer))
         lengths.append(len(m))
         buffer += m
@@ -159,8 +161,8 @@ def test_damaged_messages_fall_back_as_read_member_and_never_crash(
         schema_profile: Schema) -> None:
     """Bits flipped, bytes replaced, messages cut anywhere (pointers out of range, bad
     tags, lengths past the segment): the same values and problems as the read path, the
-    same messages left to pycapnp; nothing read outside the buffer (the messages are cut
-    from one buffer whose bytes after each are garbage)."""
+    same messages left to pycapnp; nothing read outside a message (the messages lie in
+    one buffer between random bytes)."""
     rng = random.Random(1234)
     left = failed = total = 0
     for service in _services(schema_profile):
