@@ -345,6 +345,8 @@ cdef class _Column:
     cdef _Column element
     cdef object arrow_type
     cdef dict names  # enum, which: number -> name
+    cdef dict tables  # enum, which: n -> Arrow array of the names of 0..n-1 (shared by the
+    # copies of a checked column: made once per worker process)
 
     def __dealloc__(self):
         free(self.values.data)
@@ -433,17 +435,24 @@ cdef class _Column:
         top = int(numbers.max()) if len(numbers) else 0
         names = self.names
         if top < 4 * len(names) + 64:
-            met = range(top + 1)
             codes = pa.Array.from_buffers(pa.uint16(), self.length,
                                           [validity, pa.py_buffer(numbers)], self.nulls)
+            table = self.tables.get(top + 1)
+            if table is None:
+                table = self.tables[top + 1] = self.names_of(pa, range(top + 1))
         else:
             met, inverse = np.unique(numbers, return_inverse=True)
-            met = met.tolist()
             codes = pa.Array.from_buffers(pa.int64(), self.length, [
                 validity, pa.py_buffer(inverse.astype(np.int64))], self.nulls)
-        table = [names.get(number, None) for number in met]
-        table = [str(number) if name is None else name for number, name in zip(met, table)]
-        return pa.array(table, type=self.arrow_type).take(codes)
+            table = self.names_of(pa, met.tolist())
+        return table.take(codes)
+
+    cdef object names_of(self, object pa, object numbers):
+        """The Arrow array of the names of ``numbers`` (a number the schema does not
+        know: itself, as text)."""
+        names = self.names
+        return pa.array([names.get(number) or str(number) for number in numbers],
+                        type=self.arrow_type)
 
 
 cdef bytes _bytes(Buf *b):
@@ -484,6 +493,7 @@ cdef _Column _fresh(_Column empty, list every):
     cdef _Column c = _new_column(empty.kind, empty.arrow_type, empty.nullable, every)
     cdef _Column child
     c.names = empty.names
+    c.tables = empty.tables
     if empty.element is not None:
         c.element = _fresh(empty.element, every)
     if empty.children is not None:
@@ -505,6 +515,7 @@ cdef _Column _column_of(Field field, object arrow_type, bint nullable, list ever
     c = _new_column(kind, arrow_type, nullable, every)
     if kind == KIND_ENUM:
         c.names = field.names
+        c.tables = {}
     elif kind == KIND_LIST:
         if not pa.types.is_list(arrow_type):
             raise ValueError(f"a list is an Arrow list, not {arrow_type}")
@@ -520,6 +531,7 @@ cdef _Column _column_of(Field field, object arrow_type, bint nullable, list ever
         if layout.has_union:
             which = _new_column(KIND_ENUM, arrow_type.field(layout.n).type, nullable, every)
             which.names = {d: (<Member>m).name for d, m in layout.members.items()}
+            which.tables = {}
             children.append(which)
             members = [None] * layout.count
             for m in layout.members.values():
