@@ -5,9 +5,8 @@ jitter, equal timestamps, events out of time order across segment files, two
 recordings with overlapping clocks, a truncated segment); the SQL engine equals the
 first implementation's reference on the raw rows too, and so does a compact read of a
 lake (its compact table, or without one its files packed by pyarrow in the workers);
-``read_logs`` of a lake (one
-Parquet scan of every table) gives each row the service and route of its table and
-partition, an escaped route name included."""
+``read_logs`` of a lake (one Parquet scan of every table) gives each row the service
+and route of its table and partition, an escaped route name included."""
 
 from __future__ import annotations
 
@@ -102,13 +101,15 @@ def test_log_stats_on_the_lake_equal_the_raw_logs_with_both_engines(
 def test_a_compact_read_of_a_lake_reads_its_compact_table(
         spark: Any, recordings_and_lake: tuple[list[str], str], tmp_path: Path) -> None:
     """read_logs(LAKE, compact=True) scans the compact table the build wrote (and the
-    problems table), no service table; a service subset is filtered there; a lake
+    problems table), no service table, and log_stats groups its rows in the tasks that
+    read them (every answer equal); a service subset is filtered there; a lake
     without that table (made before it came) packs its service tables instead, with
     the same answers."""
     import shutil
 
     from msgq.spark import lake as lakes
     from msgq.spark import read_logs
+    from msgq.spark.compact import GROUP_IN_TASKS
 
     recordings, lake = recordings_and_lake
     raw = _stats(read_logs(spark, recordings, data=False))
@@ -116,6 +117,10 @@ def test_a_compact_read_of_a_lake_reads_its_compact_table(
     folders = {Path(f.split(":", 1)[1]).relative_to(lake).parts[0]
                for f in compact.inputFiles()}
     assert folders == {lakes.COMPACT_TABLE, lakes.PROBLEMS_TABLE}
+    # log_stats groups its rows in the tasks that read them (no shuffle)
+    assert getattr(compact, GROUP_IN_TASKS, None) is not None
+    assert getattr(compact.select("*"), GROUP_IN_TASKS, None) is None
+    assert _stats(compact.select("*")) == raw  # derived frames: groupBy, same answers
     subset = dict(services=["can", "gpsLocation"], keep_problems=True)
     want = _stats(read_logs(spark, recordings, data=False, **subset))
     assert _stats(read_logs(spark, lake, compact=True, **subset)) == want
@@ -129,6 +134,7 @@ def test_a_compact_read_of_a_lake_reads_its_compact_table(
     (older / lakes.LAKE_FILE).write_text(json.dumps(meta))
     packed = read_logs(spark, str(older), compact=True)
     assert packed.inputFiles() == []  # (table, file) rows packed by the tasks
+    assert getattr(packed, GROUP_IN_TASKS, None) is None
     assert _stats(packed) == raw
     assert _stats(read_logs(spark, str(older), compact=True, **subset)) == want
 

@@ -40,6 +40,7 @@ from msgq.schemas import registry_in_force
 from msgq.spark.compact import (
     COMPACT_COLUMNS,
     COMPACT_SCHEMA,
+    GROUP_IN_TASKS,
     LOGGERD_FILE,
     LOGGERD_FOLDER,
     arrow_schema,
@@ -817,7 +818,12 @@ def log_stats(
     # one job: stage 2 in the executors, its rows (a few per segment file and service,
     # per gap, per problem; exact intervals stay in the workers) to the driver
     keys = ("kind", "recording", "service") if approx else ("kind", "service")
-    stage = compact.groupBy(*keys).applyInArrow(partial(_partials, params), _PARTIAL_SCHEMA)
+    in_tasks = getattr(compact, GROUP_IN_TASKS, None)  # a lake's compact table: no shuffle
+    if in_tasks is not None:
+        stage = in_tasks(keys, partial(_partials, params), _PARTIAL_SCHEMA)
+    else:
+        stage = compact.groupBy(*keys).applyInArrow(partial(_partials, params),
+                                                    _PARTIAL_SCHEMA)
     if not approx:
         stage = stage.drop("dts")
     collected = _finish(stage.toArrow().to_pylist(), gap_factor, approx)

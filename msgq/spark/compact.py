@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["COMPACT_COLUMNS", "COMPACT_SCHEMA", "LOGGERD_FILE", "LOGGERD_FOLDER",
-           "arrow_schema", "compact_batches", "loggerd_route", "recording_of"]
+__all__ = ["COMPACT_COLUMNS", "COMPACT_SCHEMA", "GROUP_IN_TASKS", "LOGGERD_FILE",
+           "LOGGERD_FOLDER", "arrow_schema", "compact_batches", "loggerd_route", "recording_of"]
 
 #: The columns of compact rows (a Spark DDL string).
 COMPACT_SCHEMA = ("kind string, recording string, file string, segment int, service string, "
@@ -30,6 +30,11 @@ COMPACT_SCHEMA = ("kind string, recording string, file string, segment int, serv
                   "size_sum bigint, monos binary")
 #: Their names, in order.
 COMPACT_COLUMNS = tuple(column.split()[0] for column in COMPACT_SCHEMA.split(", "))
+#: The attribute of a compact read whose rows can be grouped where they are read (a
+#: lake's compact table): ``getattr(df, GROUP_IN_TASKS)(keys, function, schema)`` is
+#: ``df.groupBy(*keys).applyInArrow(function, schema)`` without the shuffle, every group
+#: read whole by one task. Set on the read itself; any frame derived from it has none.
+GROUP_IN_TASKS = "_msgq_group_in_tasks"
 
 
 def arrow_schema(ddl: str) -> Any:

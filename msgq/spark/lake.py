@@ -84,7 +84,7 @@ from msgq.logs import segment_paths
 from msgq.schemas import Schema, SchemaSpec, spec_in_force
 from msgq.schemas.services import unknown_service_error
 from msgq.spark.capnp_types import member_plan
-from msgq.spark.compact import COMPACT_SCHEMA
+from msgq.spark.compact import COMPACT_SCHEMA, GROUP_IN_TASKS
 from msgq.spark.connect import default_parallelism, is_connect
 from msgq.spark.datasource import (
     MsgqLogDataSource,
@@ -96,7 +96,7 @@ from msgq.spark.datasource import (
     spec_option,
     uri_scheme,
 )
-from msgq.spark.lake_compact import FILES_SCHEMA, ReadCompact
+from msgq.spark.lake_compact import FILES_SCHEMA, GroupedCompact, ReadCompact
 from msgq.spark.lake_files import (
     COMPACT_TABLE,
     LISTED_PROBLEMS,
@@ -944,19 +944,24 @@ def _compact(spark: Any, lake: Lake, tables: list[str], start: int | None, end: 
     size, each task reading its files with pyarrow (:class:`ReadCompact`)."""
     names = [*tables, *([PROBLEMS_TABLE] if problems and PROBLEMS_TABLE in lake.tables
                         else [])]
-    found = []
-    for table in names:
-        for folder, dirs, files in os.walk(os.path.join(lake.path, table)):
-            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-            found += [(os.path.getsize(os.path.join(folder, f)), table, os.path.join(folder, f))
-                      for f in sorted(files)
-                      if f.endswith(".parquet") and not f.startswith((".", "_"))]
+    found = [(size, table, path) for table in names for size, path in _files(lake, table)]
     # createDataFrame slices the rows in order: every slice gets big and small files
     slices = max(1, min(len(found), default_parallelism(spark)))
     ordered = sorted(found, key=lambda f: (-f[0], f[2]))
     rows = [(table, path) for k in range(slices) for _, table, path in ordered[k::slices]]
     return spark.createDataFrame(rows, FILES_SCHEMA) \
         .mapInArrow(ReadCompact(PROBLEMS_TABLE, start, end), COMPACT_SCHEMA)
+
+
+def _files(lake: Lake, table: str) -> list[tuple[int, str]]:
+    """(size, path) of each Parquet file of a table of a local lake."""
+    found = []
+    for folder, dirs, files in os.walk(os.path.join(lake.path, table)):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        found += [(os.path.getsize(os.path.join(folder, f)), os.path.join(folder, f))
+                  for f in sorted(files)
+                  if f.endswith(".parquet") and not f.startswith((".", "_"))]
+    return found
 
 
 def _has_compact_table(lake: Lake) -> bool:
@@ -987,7 +992,23 @@ def _compact_table(spark: Any, lake: Lake, tables: list[str], problems_schema: A
             if name in _PROBLEM_COLUMNS else f"CAST(NULL AS {kind}) AS {name}"
             for name, kind in columns])
         rows = rows.unionByName(damage)
+    if not _is_remote(lake.path):  # log_stats groups them where they are read
+        setattr(rows, GROUP_IN_TASKS, lambda keys, function, schema: _group_in_tasks(
+            spark, lake, tables, problems, keys, function, schema))
     return rows
+
+
+def _group_in_tasks(spark: Any, lake: Lake, tables: list[str], problems: bool,
+                    keys: tuple[str, ...], function: Any, schema: str) -> Any:
+    """:data:`msgq.spark.compact.GROUP_IN_TASKS` of :func:`_compact_table`'s read: a task
+    per few services, each reading its services' rows of the compact table with pyarrow
+    (:class:`GroupedCompact`), the problems table's in one more."""
+    compact = [path for _, path in _files(lake, COMPACT_TABLE)]
+    damage = [path for _, path in _files(lake, PROBLEMS_TABLE)] \
+        if problems and PROBLEMS_TABLE in lake.tables else []
+    units = [(t,) for t in tables] + ([(None,)] if damage else [])
+    return spark.createDataFrame(units, "service string") \
+        .mapInArrow(GroupedCompact(compact, damage, keys, function), schema)
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -22,13 +22,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from msgq.spark.compact import compact_batches
+from msgq.spark.compact import COMPACT_COLUMNS, COMPACT_SCHEMA, arrow_schema, compact_batches
 
-__all__ = ["FILES_SCHEMA", "ReadCompact"]
+__all__ = ["FILES_SCHEMA", "GroupedCompact", "ReadCompact"]
 
 #: The rows a compact read of a lake is planned as: a table and one of its files.
 FILES_SCHEMA = "table string, path string"
 _COLUMNS = ("file", "segment", "offset", "logMonoTime", "service", "valid", "size", "problem")
+_PROBLEM_COLUMNS = ("file", "segment", "offset", "problem")
 _TYPES = {"file": pa.string(), "segment": pa.int32(), "offset": pa.int64(),
           "logMonoTime": pa.int64(), "service": pa.string(), "valid": pa.bool_(),
           "size": pa.int32(), "problem": pa.string()}
@@ -89,3 +90,59 @@ class ReadCompact:
                     out = out.filter(pc.fill_null(keep, False))
             if out.num_rows:
                 yield out
+
+
+class GroupedCompact:
+    """The mapInArrow function of a compact read of a lake's compact table that applies
+    a grouped function where the rows are read, with no shuffle: rows of ``service``
+    (a service of the compact table, or null: the problems table) -> for each group of
+    those services' compact rows (one read of the table per task) by ``keys`` (columns
+    of the compact rows, ``service`` among them, so every group lies in one service),
+    ``function(group)`` (an Arrow table, as ``groupBy(keys).applyInArrow`` gives it)."""
+
+    def __init__(self, compact_files: list[str], problem_files: list[str],
+                 keys: tuple[str, ...], function: Any) -> None:
+        self.compact_files = compact_files
+        self.problem_files = problem_files
+        self.keys = keys
+        self.function = function
+
+    def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
+        services = [s for batch in batches for s in batch.column("service").to_pylist()]
+        if None in services:
+            yield from self._apply(self._problems())
+        wanted = [s for s in services if s is not None]
+        if wanted:  # the task's services in one read of the table
+            yield from self._apply(self._services(wanted))
+
+    def _services(self, services: list[str]) -> Any:
+        # pyarrow: the optional spark extra, imported when Spark is used
+        import pyarrow.dataset as ds
+
+        return ds.dataset(self.compact_files, format="parquet") \
+            .to_table(columns=list(COMPACT_COLUMNS),
+                      filter=ds.field("service").isin(services)) \
+            .cast(arrow_schema(COMPACT_SCHEMA))
+
+    def _problems(self) -> Any:
+        """The problems table's rows as compact problem rows (compact_batches' form)."""
+        damage = pq.ParquetDataset(self.problem_files).read(columns=list(_PROBLEM_COLUMNS))
+        n = damage.num_rows
+        schema = arrow_schema(COMPACT_SCHEMA)
+        return pa.Table.from_arrays([
+            pa.array(["problem"] * n, pa.string()) if name == "kind" else
+            pa.array([""] * n, pa.string()) if name == "recording" else
+            damage.column(name).cast(schema.field(name).type) if name in _PROBLEM_COLUMNS
+            else pa.nulls(n, schema.field(name).type) for name in schema.names], schema=schema)
+
+    def _apply(self, rows: Any) -> Iterator[Any]:
+        if not rows.num_rows:
+            return
+        for key in rows.group_by(list(self.keys)).aggregate([]).to_pylist():
+            keep = None
+            for name, value in key.items():
+                column = rows.column(name)
+                match = pc.is_null(column) if value is None else \
+                    pc.fill_null(pc.equal(column, value), False)
+                keep = match if keep is None else pc.and_(keep, match)
+            yield from self.function(rows.filter(keep)).to_batches()
