@@ -832,8 +832,9 @@ def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] 
     if compact and typed:
         raise ValueError("a compact read has no typed columns: leave out decode")
     if compact and start is None and end is None and _has_compact_table(opened):
+        sizes = {n: s.frequency for n, s in loaded.services.items() if n in tables}
         return _compact_table(spark, opened, tables, schemas[PROBLEMS_TABLE],
-                              not filtered or keep_problems)
+                              not filtered or keep_problems, sizes)
     if compact and not _is_remote(opened.path):
         return _compact(spark, opened, tables, start, end, not filtered or keep_problems)
     if not typed:
@@ -973,12 +974,13 @@ def _has_compact_table(lake: Lake) -> bool:
 
 
 def _compact_table(spark: Any, lake: Lake, tables: list[str], problems_schema: Any,
-                   problems: bool) -> Any:
+                   problems: bool, rates: dict[str, float]) -> Any:
     """read_lake(compact=True) from the compact table: its rows of ``tables``' services
     (one Parquet scan, the service filter pushed into it), and the problems table's
     rows as compact problem rows when ``problems``: the rows of :func:`_compact`, with
     no event read. A window (start/end) cannot be cut from them (a row's invalid count
-    and byte sum are of all its events), so windowed reads pack the service tables."""
+    and byte sum are of all its events), so windowed reads pack the service tables.
+    ``rates``: the services' expected Hz, which spreads them over the tasks."""
     # pyspark: the optional spark extra, imported when Spark is used
     from pyspark.sql import functions as sf
 
@@ -994,20 +996,27 @@ def _compact_table(spark: Any, lake: Lake, tables: list[str], problems_schema: A
         rows = rows.unionByName(damage)
     if not _is_remote(lake.path):  # log_stats groups them where they are read
         setattr(rows, GROUP_IN_TASKS, lambda keys, function, schema: _group_in_tasks(
-            spark, lake, tables, problems, keys, function, schema))
+            spark, lake, tables, problems, rates, keys, function, schema))
     return rows
 
 
 def _group_in_tasks(spark: Any, lake: Lake, tables: list[str], problems: bool,
-                    keys: tuple[str, ...], function: Any, schema: str) -> Any:
+                    rates: dict[str, float], keys: tuple[str, ...], function: Any,
+                    schema: str) -> Any:
     """:data:`msgq.spark.compact.GROUP_IN_TASKS` of :func:`_compact_table`'s read: a task
     per few services, each reading its services' rows of the compact table with pyarrow
-    (:class:`GroupedCompact`), the problems table's in one more."""
+    (:class:`GroupedCompact`), the problems table's with them. The services are dealt
+    to the tasks by expected rate (the busiest first, round the tasks), so each task
+    gets a like share of the events."""
     compact = [path for _, path in _files(lake, COMPACT_TABLE)]
     damage = [path for _, path in _files(lake, PROBLEMS_TABLE)] \
         if problems and PROBLEMS_TABLE in lake.tables else []
-    units = [(t,) for t in tables] + ([(None,)] if damage else [])
-    return spark.createDataFrame(units, "service string") \
+    units = [*sorted(tables, key=lambda t: (-(rates.get(t) or 0), t)),
+             *([None] if damage else [])]
+    # createDataFrame slices the rows in order: every slice gets busy and quiet services
+    slices = max(1, min(len(units), default_parallelism(spark)))
+    rows = [(unit,) for k in range(slices) for unit in units[k::slices]]
+    return spark.createDataFrame(rows, "service string") \
         .mapInArrow(GroupedCompact(compact, damage, keys, function), schema)
 
 

@@ -1,8 +1,13 @@
 """The executor side of a compact read of a lake: a task reads its tables' Parquet files
-with pyarrow and packs their rows as :mod:`msgq.spark.compact` does.
+with pyarrow and packs their rows as :mod:`msgq.spark.compact` does, or reads the
+lake's compact table and groups its rows for ``log_stats`` where they are read.
 
 ``read_logs(LAKE, compact=True)`` (what ``msgq logstats`` reads) is the lake's version
-of the raw source's compact read: the events never become Spark rows. A frame of
+of the raw source's compact read: the events never become Spark rows. A lake with a
+compact table (the rows packed once, when it was built) is read as a Parquet scan of
+it, and ``log_stats`` of that read runs its grouped stage in the tasks that read the
+table (:class:`GroupedCompact`), with no shuffle. Otherwise (a window, or a lake made
+before the compact table came) a frame of
 (table, file) rows goes through ``mapInArrow(ReadCompact(...))``; each task reads the
 narrow columns of its files (logMonoTime, valid, size, file, segment, offset, problem),
 names each row's service after its table (none for the problems table), keeps the
