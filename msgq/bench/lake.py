@@ -16,8 +16,11 @@ local Spark session (``--cores``, default every core):
   files the pushed filters leave it to read), and a Spark job's own fixed cost apart
   (``spark.range(1).count()``);
 * full ``log_stats`` on the lake (both engines) against the raw pass (the results must
-  be equal), and apart the least a job over every event's row costs: one aggregate
-  (count, first logMonoTime, bytes per service) over the lake's narrow columns.
+  be equal): each as ``msgq logstats`` reads, the Python engine on compact reads (the
+  raw source's packing in its workers; the lake's compact table, which the build
+  packed once, grouped where it is read), the SQL engine on the lake's event rows; and
+  apart the least a job over every event's row costs: one aggregate (count, first
+  logMonoTime, bytes per service) over the lake's narrow columns.
 
 Prints one table with the issue's targets and the load average before and after.
 """
