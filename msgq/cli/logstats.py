@@ -274,9 +274,11 @@ def run(args: argparse.Namespace) -> int:
     if not count:
         raise CommandError(f"no log segment files in {' '.join(args.paths)}")
     gap_factor = GAP_FACTOR if args.gap_factor is None else args.gap_factor
-    stats = log_stats(df, expected_rates(), gap_factor=gap_factor,
-                      approx_percentiles=args.approx, cache=bool(args.plot))
+    stats = None
     try:
+        # the statistics' Spark job runs here (log_stats returns them computed)
+        stats = log_stats(df, expected_rates(), gap_factor=gap_factor,
+                          approx_percentiles=args.approx, cache=bool(args.plot))
         result = stats.to_dict()
         _check_readable(result, args)
         plot = None
@@ -287,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:  # executors that fail (no msgq, out of memory ...): one line
         raise CommandError(f"the Spark job failed: {_first_line(e)}") from None
     finally:
-        stats.unpersist()
+        if stats is not None:
+            stats.unpersist()
     result = {"paths": list(args.paths), "files": count, "master": where, **result}
     executors = probed_executors(spark)
     if executors is not None:  # what the probe found on a cluster's executors
