@@ -818,7 +818,9 @@ def log_stats(
     # one job: stage 2 in the executors, its rows (a few per segment file and service,
     # per gap, per problem; exact intervals stay in the workers) to the driver
     keys = ("kind", "recording", "service") if approx else ("kind", "service")
-    in_tasks = getattr(compact, GROUP_IN_TASKS, None)  # a lake's compact table: no shuffle
+    # a lake's compact table: no shuffle. Looked up in the frame's own attributes: a
+    # Spark Connect DataFrame answers any other attribute name with a Column
+    in_tasks = vars(compact).get(GROUP_IN_TASKS)
     if in_tasks is not None:
         stage = in_tasks(keys, partial(_partials, params), _PARTIAL_SCHEMA)
     else:

@@ -31,7 +31,7 @@ COMPACT_SCHEMA = ("kind string, recording string, file string, segment int, serv
 #: Their names, in order.
 COMPACT_COLUMNS = tuple(column.split()[0] for column in COMPACT_SCHEMA.split(", "))
 #: The attribute of a compact read whose rows can be grouped where they are read (a
-#: lake's compact table): ``getattr(df, GROUP_IN_TASKS)(keys, function, schema)`` is
+#: lake's compact table): ``vars(df)[GROUP_IN_TASKS](keys, function, schema)`` is
 #: ``df.groupBy(*keys).applyInArrow(function, schema)`` without the shuffle, every group
 #: read whole by one task. Set on the read itself; any frame derived from it has none.
 GROUP_IN_TASKS = "_msgq_group_in_tasks"
