@@ -44,7 +44,10 @@ strip_args = ["-Wl,--gc-sections", *([] if DEBUG else ["-s"])]
 #: own, so that the link (--gc-sections) drops what a module never calls (most of the C
 #: core in VisionIPC's module: 11.7 KB of the wheel). Not for the libraries' objects,
 #: whose static archives only grow with it.
-ext_compile_args = [*extra_compile_args, "-ffunction-sections", "-fdata-sections"]
+#: No unwind tables either: nothing unwinds through these C frames (no C++ exception, no
+#: thread cancellation; Python's tracebacks are its own frames): 50 KB of the wheel.
+ext_compile_args = [*extra_compile_args, "-ffunction-sections", "-fdata-sections",
+                    "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"]
 
 #: VisionIPC's C code: the wire formats and the server (libvisionipc, over libmsgq).
 VISIONIPC_C = [
@@ -233,7 +236,9 @@ extensions = [
     Extension(
         "msgq.viz._json_writer",
         sources=["msgq/viz/_json_writer.pyx"],
-        extra_compile_args=ext_compile_args,
+        # for size (-Os after -O2): an export's writer, not a hot path of messaging or
+        # the lake; 30 KB of the wheel, which the typed reader's columnar walk needed
+        extra_compile_args=[*ext_compile_args, "-Os"],
         extra_link_args=strip_args,
         depends=["schemas/_capnp_wire.pxd"],  # the wire walk both readers cimport
     ),
