@@ -90,9 +90,14 @@ def test_robot_runs_alone_in_the_callers_namespace_until_ctrl_c(prefix: str) -> 
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=os.environ.copy())
     try:
-        sub = msgq.sub_sock("vehicleState", timeout=30_000)  # the caller's namespace
-        assert sub.receive() is not None
-        sub.close()
+        # the caller's namespace; every process of the robot up (its camera process can
+        # start seconds after the vehicle's on a loaded machine: CI missed its services)
+        for service in SERVICES:
+            sub = msgq.sub_sock(service, timeout=30_000)
+            try:
+                assert sub.receive() is not None, f"no {service} within 30 s"
+            finally:
+                sub.close()
         top = subprocess.run([sys.executable, "-m", "msgq", "top", "--once", "--json",
                               "--interval", "0.5"], capture_output=True, text=True,
                              timeout=120, env=os.environ.copy())
