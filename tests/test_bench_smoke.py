@@ -18,6 +18,19 @@ from msgq.bench._bound import cache_bound, fanout_bound, view_bound
 pytestmark = pytest.mark.multiprocess
 
 
+def _msgq_64k_row(test: str, subs: int) -> tuple[list[str], str]:
+    """A short msgq-only run of one 64 KiB row: (its cells, the output on one line)."""
+    cmd = [sys.executable, "-m", "msgq.bench", "--backends", "msgq", "--tests", test,
+           "--sizes", "64K", "--subs", str(subs), "--repeat", "1", "--duration", "0.1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [re.split(r"\s{2,}", line.strip()) for line in proc.stdout.splitlines()]
+    label = f"{subs} sub" if subs == 1 else f"{subs} subs"
+    found = [r for r in rows if r[:4] == [test, "64 KiB", label, "msgq"]]
+    assert len(found) == 1, proc.stdout
+    return found[0], " ".join(proc.stdout.split())
+
+
 def _assert_ratio_shown(shown: str, mb_per_s: str, bound_mb_s: str) -> None:
     """The "x bound" cell is the row's MB/s over the bound's, computed before either was
     rounded for printing: it lies between the ratios the printed figures allow."""
@@ -72,19 +85,12 @@ def test_quick_msgq_run_prints_a_row_without_drops(tmp_path: Path) -> None:
 
 
 def test_view_rows_read_in_place_without_drops() -> None:
-    cmd = [sys.executable, "-m", "msgq.bench", "--backends", "msgq", "--tests", "view",
-           "--sizes", "64K", "--subs", "1", "--repeat", "1", "--duration", "0.1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [re.split(r"\s{2,}", line.strip()) for line in proc.stdout.splitlines()]
-    view = [r for r in rows if r[:4] == ["view", "64 KiB", "1 sub", "msgq"]]
-    assert len(view) == 1, proc.stdout
-    assert float(view[0][4].replace(",", "")) > 0 and view[0][6] == "0"
+    view, stdout = _msgq_64k_row("view", 1)
+    assert float(view[4].replace(",", "")) > 0 and view[6] == "0"
     # The bound's column of a view row: MB/s over the one-copy bound the footnote gives.
-    bound = re.search(r"× bound of view rows: .*?64 KiB: ([\d,]+) MB/s",
-                      " ".join(proc.stdout.split()))
-    assert bound, proc.stdout
-    _assert_ratio_shown(view[0][-1], view[0][5], bound.group(1))
+    bound = re.search(r"× bound of view rows: .*?64 KiB: ([\d,]+) MB/s", stdout)
+    assert bound, stdout
+    _assert_ratio_shown(view[-1], view[5], bound.group(1))
 
 
 @pytest.mark.parametrize("model", [cache_bound, view_bound])
@@ -96,17 +102,11 @@ def test_cache_bound_runs_the_model_and_refuses_an_empty_message(model) -> None:
 
 
 def test_copying_rows_of_several_subscribers_are_shown_against_the_fanout_bound() -> None:
-    cmd = [sys.executable, "-m", "msgq.bench", "--backends", "msgq", "--tests", "recv_into",
-           "--sizes", "64K", "--subs", "2", "--repeat", "1", "--duration", "0.1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [re.split(r"\s{2,}", line.strip()) for line in proc.stdout.splitlines()]
-    row = [r for r in rows if r[:4] == ["recv_into", "64 KiB", "2 subs", "msgq"]]
-    assert len(row) == 1, proc.stdout
+    row, stdout = _msgq_64k_row("recv_into", 2)
     bound = re.search(r"× bound of copying rows with N subscribers: .*?64 KiB × 2: ([\d,]+) MB/s",
-                      " ".join(proc.stdout.split()))
-    assert bound, proc.stdout
-    _assert_ratio_shown(row[0][-1], row[0][5], bound.group(1))
+                      stdout)
+    assert bound, stdout
+    _assert_ratio_shown(row[-1], row[5], bound.group(1))
 
 
 def test_fanout_bound_copies_for_each_subscriber_and_refuses_bad_counts() -> None:
