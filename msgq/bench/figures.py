@@ -162,31 +162,36 @@ LOG_ROWS = ("pycapnp counted/controller/zstd", "raw counted/controller/zstd",
             "pycapnp counted/mixed/zstd", "raw counted/mixed/zstd")
 
 
-def _log_rows() -> set[str]:
-    # start-up cost: imported when its rows are asked for, as above
+def _log_modes() -> tuple[Any, Any]:
+    """msgq.bench.logs' (COMPRESSIONS, READ_MODES)."""
+    # start-up cost: imported when its rows are asked for or rendered, as above
     from msgq.bench.logs import COMPRESSIONS, READ_MODES
 
-    return {f"{mode}/{recording}/{c}" for mode in READ_MODES
-            for recording in ("controller", "mixed") for c in COMPRESSIONS}
+    return COMPRESSIONS, READ_MODES
+
+
+def _log_rows() -> set[str]:
+    compressions, read_modes = _log_modes()
+    return {f"{mode}/{recording}/{c}" for mode in read_modes
+            for recording in ("controller", "mixed") for c in compressions}
 
 
 def _render_logs(doc: dict[str, Any]) -> str:
     reads = {f"{r['mode']}/{r['recording']}/{r['compression']}": r
              for r in doc["read"] + doc["read_loops"]}
-    from msgq.bench.logs import READ_MODES  # start-up cost: imported when rendered
-
+    _, read_modes = _log_modes()
     lines = ["| loop | recording | events/s | × the pycapnp loop |", "|---|---|---|---|"]
     for row in LOG_ROWS:
         mode, recording, compression = row.split("/")
         r = reads.get(row)
         if r is None:
-            lines.append(f"| {READ_MODES[mode]} | {recording}, {compression} | not run | |")
+            lines.append(f"| {read_modes[mode]} | {recording}, {compression} | not run | |")
             continue
         base = "pycapnp counted" if "counted" in mode else "pycapnp which"
         ref = reads.get(f"{base}/{recording}/{compression}")
         ratio = (f"{r['events_per_s'] / ref['events_per_s']:.2f}"
                  if ref and ref["events_per_s"] and not mode.startswith("pycapnp") else "")
-        lines.append(f"| {READ_MODES[mode]} | {recording}, {compression} | "
+        lines.append(f"| {read_modes[mode]} | {recording}, {compression} | "
                      f"{r['events_per_s']:,.0f} | {ratio} |")
     return ("Log reading, best of the repeats in CPU time of the process; the ratio is to "
             "the pycapnp loop doing the same work (counted or `which()`) on the same "
