@@ -25,7 +25,6 @@ import tempfile
 from collections.abc import Sequence
 
 from msgq.cli import main as msgq_command
-from msgq.cli.logstats import start_session
 from msgq.demo.setup_wait import wait_for_setup
 from msgq.logs import LogWriter
 from msgq.schemas import new_message
@@ -47,6 +46,10 @@ def _go_given() -> bool:
 def _start_session() -> bool:
     """Starts logstats' session; whether it started (a failure is left to the real
     command, which reports it in its own words)."""
+    # optional extra: msgq.cli.logstats imports pyspark at its top, which this step has
+    # just waited for (run.sh installs it beside the demo)
+    from msgq.cli.logstats import start_session
+
     try:
         start_session()
     except Exception:  # noqa: BLE001 (the real command reports it)
