@@ -2,9 +2,10 @@
 Spark's start-up overlaps the robot: ``python -m msgq.demo.spark_step RECORDING PNG``.
 
 It lowers its priority (the robot and the recorder come first; once they are done,
-nothing else wants the CPU), starts ``msgq logstats``'s Spark session as soon as pyspark
-is installed (./run.sh may have left the spark extra installing: ``MSGQ_PENDING_SETUP``),
-waits for the rest of the extra and runs the command once on a small recording of its
+nothing else wants the CPU), waits for the spark extra (./run.sh may have left it
+installing: ``MSGQ_PENDING_SETUP``; ``msgq logstats`` imports pyarrow with the lake's
+modules, so the session cannot start on pyspark alone), starts ``msgq logstats``'s Spark
+session and runs the command once on a small recording of its
 own (the first query on a new session pays for what later
 ones reuse: seconds here). Then it waits for one line on its standard input, which the
 demo writes when the recording is closed, and runs ``msgq logstats RECORDING --plot PNG``
@@ -46,8 +47,8 @@ def _go_given() -> bool:
 def _start_session() -> bool:
     """Starts logstats' session; whether it started (a failure is left to the real
     command, which reports it in its own words)."""
-    # optional extra: msgq.cli.logstats imports pyspark at its top, which this step has
-    # just waited for (run.sh installs it beside the demo)
+    # optional extra: msgq.cli.logstats imports pyspark and pyarrow at its top, which
+    # this step has just waited for (run.sh installs them beside the demo)
     from msgq.cli.logstats import start_session
 
     try:
@@ -89,11 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(os, "nice"):
         os.nice(NICENESS)
     pending = os.environ.get("MSGQ_PENDING_SETUP")
-    if wait_for_setup(pending, pyspark_only=True) is not None:
-        return EXIT_SETUP_FAILED
-    started = _start_session()
     if wait_for_setup(pending) is not None:
         return EXIT_SETUP_FAILED
+    started = _start_session()
     if started:
         _warm_up()
     if not sys.stdin.readline():
