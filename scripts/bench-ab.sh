@@ -10,10 +10,13 @@
 # build/ab/<commit>/ and built there in place with the checkout's .venv (its Cython and
 # compiler; nothing is installed, .venv is not touched), once per commit, under the
 # build lock. tests/c/count_pair.c is compiled against each side's msgq/src. Then
-# msgq.bench.ab runs the ROWS (comma-separated groups, default core,count,submaster,logs;
-# also: large) alternating REF and NEW, and prints each row's medians, spreads, ratio and
-# whether the spreads separate the sides, with the load. ARGS go to msgq.bench.ab
-# (--rounds N, default 5; --duration S; --seconds S; --json PATH).
+# msgq.bench.ab runs the ROWS (comma-separated groups, default
+# core,onecpu,count,submaster,logs; also: large) alternating REF and NEW in ABBA order
+# (REF first in odd rounds, NEW first in even ones), and prints each row's runs per side,
+# medians, spreads, ratio and whether the spreads separate the sides, with the load and
+# the placement (core: CPUs as the OS gives them; onecpu: every process of a run pinned to
+# one CPU). ARGS go to msgq.bench.ab (--rounds N, default 5; --pairs N, SubMaster pairs,
+# default max(6, rounds); --pin-cpu K; --duration S; --seconds S; --json PATH).
 #
 # The submaster rows compare NEW's SubMaster with cereal's own over upstream msgq:
 # $CEREAL_DIR is a cereal checkout (log.capnp, services.py, messaging/; default
@@ -23,7 +26,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$here/scripts/lib/checkout.sh"
-usage="usage: $0 REF [ROWS] [ARGS...]  (ROWS: core,large,count,submaster,logs)"
+usage="usage: $0 REF [ROWS] [ARGS...]  (ROWS: core,onecpu,large,count,submaster,logs)"
 ref="${1:-}"
 if [ -z "$ref" ] || [ "$ref" = -h ] || [ "$ref" = --help ]; then
   echo "$usage" >&2

@@ -3,6 +3,7 @@ on whether the spreads separate the sides; and the counted loop's sizes."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,23 +24,59 @@ def _row(ref: list[float], new: list[float], higher_is_better: bool = True,
 
 def test_spreads_that_overlap_do_not_separate() -> None:
     cells = _row([100, 120, 140], [130, 150, 170])
-    assert cells[2] == "120 [100-140]"
-    assert cells[3] == "150 [130-170]"
-    assert cells[4] == "1.250"
-    assert cells[5] == "no"
+    assert cells[2] == "3/3"  # runs of each side
+    assert cells[3] == "120 [100-140]"
+    assert cells[4] == "150 [130-170]"
+    assert cells[5] == "1.250"
+    assert cells[6] == "no"
 
 
 def test_separated_spreads_say_which_side_is_better() -> None:
-    assert _row([100, 110], [200, 210])[5] == "yes: NEW better"
-    assert _row([200, 210], [100, 110])[5] == "yes: NEW worse"
+    assert _row([100, 110], [200, 210])[6] == "yes: NEW better"
+    assert _row([200, 210], [100, 110])[6] == "yes: NEW worse"
     # lower is better (µs per tick, instructions): fewer is the better side
-    assert _row([200, 210], [100, 110], higher_is_better=False)[5] == "yes: NEW better"
+    assert _row([200, 210], [100, 110], higher_is_better=False)[6] == "yes: NEW better"
 
 
 def test_counts_are_exact_and_a_missing_side_is_not_a_ratio() -> None:
-    assert _row([337.0], [331.0], unit="instr/msg")[5] == "exact"
+    assert _row([337.0], [331.0], unit="instr/msg")[6] == "exact"
     cells = _row([], [90.0], higher_is_better=False, unit="µs/tick")
-    assert cells[2] == "n/a" and cells[4] == "-"
+    assert cells[2] == "0/1" and cells[3] == "n/a" and cells[5] == "-"
+
+
+def test_rounds_alternate_which_side_runs_first() -> None:
+    ref, new = ab.Side("REF", ""), ab.Side("NEW", "")
+    firsts = [ab.round_order(r, ref, new)[0].label for r in range(4)]
+    assert firsts == ["REF", "NEW", "REF", "NEW"]
+    assert {s.label for s in ab.round_order(1, ref, new)} == {"REF", "NEW"}
+
+
+def test_the_submaster_row_has_at_least_six_pairs_whatever_the_rounds() -> None:
+    for rounds in (1, 2, 5, 6, 9):
+        pairs = ab.submaster_pairs(rounds)
+        assert pairs == max(6, rounds)
+        spread = [ab.pairs_in_round(pairs, rounds, r) for r in range(rounds)]
+        assert sum(spread) == pairs
+        assert max(spread) - min(spread) <= 1
+    assert ab.submaster_pairs(5, asked=3) == 3
+
+
+def test_the_placement_line_names_the_pinned_cpu_and_the_pairs() -> None:
+    line = ab.placement_line(["core", "onecpu", "submaster"], [0, 1], 1, 6)
+    assert "placed by the OS on CPUs 0,1" in line
+    assert "every process of a run on CPU 1" in line
+    assert "SubMaster: 6 pairs" in line
+    assert "SubMaster" not in ab.placement_line(["core"], [0, 1], 1, 6)
+
+
+def test_a_pinned_run_and_the_processes_it_starts_stay_on_that_cpu() -> None:
+    cpu = max(os.sched_getaffinity(0))
+    program = ("import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); "
+               "print(subprocess.run([sys.executable, '-c', 'import os; "
+               "print(sorted(os.sched_getaffinity(0)))'], capture_output=True, text=True)"
+               ".stdout.strip())")
+    done = ab.run([sys.executable, "-c", program], ab.Side("X", ""), timeout=60, cpus={cpu})
+    assert done.stdout.split() == [f"[{cpu}]", f"[{cpu}]"]
 
 
 def test_large_payloads_are_counted_over_fewer_messages() -> None:
@@ -81,3 +118,12 @@ def test_unknown_row_groups_are_refused() -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "unknown row group 'nope'" in done.stderr
+
+
+def test_a_cpu_this_process_may_not_use_is_refused() -> None:
+    outside = max(os.sched_getaffinity(0)) + 1
+    done = subprocess.run([sys.executable, "-m", "msgq.bench.ab", "--rows", "onecpu",
+                           "--pin-cpu", str(outside)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert f"--pin-cpu {outside}: this process may run only on CPUs" in done.stderr

@@ -4,15 +4,24 @@ Both sides are built trees of this repository (``REF`` and, by default, ``HEAD``
 exported and built in place under ``build/ab/``; ``--new-tree ""`` takes the checkout's
 own build instead). Every process of a side runs the checkout's Python with that tree
 first on ``PYTHONPATH``, so that each side measures its own library with its own
-benchmark programs. The rows run alternating, REF then NEW, ``--rounds`` times, so that
-the machine's load hits both alike; each row prints each side's median and spread (the
-lowest and highest run), the ratio of the medians and whether the spreads separate the
-sides (they do not overlap).
+benchmark programs. The rows run alternating, ``--rounds`` times, in ABBA order (REF first
+in rounds 1, 3, ..., NEW first in rounds 2, 4, ...: the side that runs first in a round,
+on a CPU that may just have been idle, is REF as often as NEW), so that the machine's load
+hits both alike; each row prints how many runs each side had, each side's median and
+spread (the lowest and highest run), the ratio of the medians and whether the spreads
+separate the sides (they do not overlap).
 
 Row groups (``--rows``, comma-separated):
 
 * ``core``: the paced throughput rows of ``python -m msgq.bench`` (msgq only: 8 B, 1 KiB,
-  64 KiB x 1 and 4 subscribers, msgs/s; one run of every row per side and round).
+  64 KiB x 1 and 4 subscribers, msgs/s; one run of every row per side and round), placed
+  by the OS on every CPU this process may use: on a 2-core machine that others load, the
+  publisher and a subscriber share one CPU in some runs and not in others.
+* ``onecpu``: the 8 B and 1 KiB x 1 and x 4 rows with every process of the run pinned to
+  one CPU (``--pin-cpu``, default the last CPU this process may use): the publisher and
+  its subscribers always share it, so the rows measure the waiting path (yield, futex
+  sleep and wake) that no instruction count sees, the same way in every run whatever
+  the other core does.
 * ``large``: 1 MiB x 1 and x 4, ``receive()``, ``receive_into`` and view rows (MB/s)
   with the one-copy, two-copy and x 4 fan-out bounds measured in the same runs
   (``msgq.bench._bound``).
@@ -21,9 +30,11 @@ Row groups (``--rows``, comma-separated):
   side's ``msgq/src``) and the same loop in Python through the binding; send + receive
   by every subscriber in one process, none waiting. Run once (the counts repeat).
 * ``submaster``: NEW's SubMaster against cereal's own over upstream msgq, CPU µs per
-  tick of :mod:`msgq.bench.submaster_tick`'s workload, alternating (``scripts/cereal-
-  bench.sh``'s comparison; needs ``--cereal`` and ``--cereal-python``); REF's side when
-  its tree has ``msgq.compat.cereal``.
+  tick of :mod:`msgq.bench.submaster_tick`'s workload, ``--pairs`` alternating pairs
+  (default: the rounds, at least 6; spread over the rounds, ours first in one pair and
+  cereal's first in the next) (``scripts/cereal-bench.sh``'s comparison; needs
+  ``--cereal`` and ``--cereal-python``); REF's side when its tree has
+  ``msgq.compat.cereal``.
 * ``logs``: ``python -m msgq.bench.logs``'s read rows (zstd, raw and decoded; events/s
   of the process's CPU time).
 """
@@ -43,11 +54,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-ROW_GROUPS = ("core", "large", "count", "submaster", "logs")
-DEFAULT_ROWS = ("core", "count", "submaster", "logs")
+ROW_GROUPS = ("core", "onecpu", "large", "count", "submaster", "logs")
+DEFAULT_ROWS = ("core", "onecpu", "count", "submaster", "logs")
 #: (payload bytes, subscribers) of the core and count rows.
 CORE_ROWS: tuple[tuple[int, int], ...] = (
     (8, 1), (8, 4), (1024, 1), (1024, 4), (65536, 1), (65536, 4))
+#: The SubMaster comparison's pairs at least (issue 46: a median of >= 6 pairs).
+MIN_PAIRS = 6
 #: Messages of the shorter counted run (the longer has three times as many), at most:
 #: fewer for large payloads (their copies dominate, and valgrind copies slowly).
 COUNT_C = 20000
@@ -100,6 +113,24 @@ class Row:
         self.samples.setdefault(side, []).append(value)
 
 
+def round_order(round_: int, ref: Side, new: Side) -> tuple[Side, Side]:
+    """The order of the sides in round ``round_`` (from 0): ABBA, REF first in even
+    rounds and NEW first in odd ones."""
+    return (ref, new) if round_ % 2 == 0 else (new, ref)
+
+
+def submaster_pairs(rounds: int, asked: int = 0) -> int:
+    """The SubMaster pairs of a run: ``asked`` when given (> 0), else the rounds but at
+    least MIN_PAIRS, whatever the rounds of the other rows."""
+    return asked if asked > 0 else max(MIN_PAIRS, rounds)
+
+
+def pairs_in_round(pairs: int, rounds: int, round_: int) -> int:
+    """The SubMaster pairs run in round ``round_`` (from 0): ``pairs`` spread over the
+    rounds, the earlier rounds taking one more when they do not divide evenly."""
+    return pairs // rounds + (1 if round_ < pairs % rounds else 0)
+
+
 def fmt(value: float) -> str:
     """A number with three significant digits and a k/M suffix."""
     for scale, suffix in ((1e6, "M"), (1e3, "k")):
@@ -120,8 +151,9 @@ def summary(row: Row, ref: str, new: str) -> list[str]:
             return fmt(med)
         return f"{fmt(med)} [{fmt(min(values))}-{fmt(max(values))}]"
 
+    runs = f"{len(a)}/{len(b)}"
     if not a or not b:
-        return [row.name, row.unit, side(a), side(b), "-", "-", row.note]
+        return [row.name, row.unit, runs, side(a), side(b), "-", "-", row.note]
     ratio = statistics.median(b) / statistics.median(a) if statistics.median(a) else 0.0
     if len(a) < 2 or len(b) < 2:
         verdict = "exact" if row.unit.startswith("instr") else "-"
@@ -130,12 +162,12 @@ def summary(row: Row, ref: str, new: str) -> list[str]:
         verdict = "yes: NEW " + ("better" if better else "worse")
     else:
         verdict = "no"
-    return [row.name, row.unit, side(a), side(b), f"{ratio:.3f}", verdict, row.note]
+    return [row.name, row.unit, runs, side(a), side(b), f"{ratio:.3f}", verdict, row.note]
 
 
 def render(rows: list[Row], ref: Side, new: Side) -> str:
     """The A/B table."""
-    header = ["row", "unit", f"REF {ref.label} median [min-max]",
+    header = ["row", "unit", "runs", f"REF {ref.label} median [min-max]",
               f"NEW {new.label} median [min-max]", "NEW/REF", "separated?", "note"]
     body = [summary(r, ref.label, new.label) for r in rows]
     widths = [max(len(str(line[i])) for line in [header, *body]) for i in range(len(header))]
@@ -148,11 +180,13 @@ def render(rows: list[Row], ref: Side, new: Side) -> str:
     return "\n".join(out)
 
 
-def run(cmd: list[str], side: Side, timeout: float,
-        extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Runs ``cmd`` as ``side``; raises with its stderr's end when it fails."""
+def run(cmd: list[str], side: Side, timeout: float, extra: dict[str, str] | None = None,
+        cpus: set[int] | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs ``cmd`` as ``side`` (with ``cpus``: it and every process it starts only on
+    those CPUs); raises with its stderr's end when it fails."""
     done = subprocess.run(cmd, env=side.env(extra), cwd=side.cwd, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout,
+                          preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     if done.returncode != 0:
         raise RuntimeError(f"{side.label}: {' '.join(cmd[:4])} ... failed "
                            f"({done.returncode}):\n{done.stderr[-1500:]}")
@@ -167,28 +201,32 @@ def _size_name(size: int) -> str:
 
 
 def _core_document(side: Side, python: str, duration: float, selection: list[str],
-                   timeout: float) -> dict:
+                   timeout: float, cpus: set[int] | None = None) -> dict:
     """The JSON document of one ``python -m msgq.bench`` run of msgq's rows in
-    ``selection`` (its --sizes/--subs/--tests options) on ``side``."""
+    ``selection`` (its --sizes/--subs/--tests options) on ``side`` (on ``cpus``)."""
     with tempfile.TemporaryDirectory(prefix="msgq-ab-") as tmp:
         out = os.path.join(tmp, "core.json")
         run([python, "-m", "msgq.bench", "--backends", "msgq", *selection, "--repeat", "1",
-             "--duration", str(duration), "--json", out], side, timeout=timeout)
+             "--duration", str(duration), "--json", out], side, timeout=timeout, cpus=cpus)
         with open(out, encoding="utf-8") as f:
             return json.load(f)
 
 
-def core_round(side: Side, rows: dict[str, Row], duration: float, python: str) -> None:
-    """One run of every core row on ``side``."""
-    document = _core_document(side, python, duration, ["--sizes", "8,1K,64K", "--subs",
-                                                       "1,4", "--tests", "throughput"],
-                              timeout=120 + 12 * duration)
+def core_round(side: Side, rows: dict[str, Row], duration: float, python: str,
+               cpu: int | None = None) -> None:
+    """One run of every core row on ``side``; with ``cpu``, the 8 B and 1 KiB rows
+    (the onecpu group) with every process of the run on that CPU."""
+    sizes, suffix = ("8,1K,64K", "") if cpu is None else ("8,1K", ", one CPU")
+    document = _core_document(side, python, duration, ["--sizes", sizes, "--subs", "1,4",
+                                                       "--tests", "throughput"],
+                              timeout=120 + 12 * duration,
+                              cpus=None if cpu is None else {cpu})
     for result in document["results"]:
         m = result["median"]
         if m["error"] is not None or m["drops"] or m["bad"]:
-            raise RuntimeError(f"{side.label}: core row {m['size']} x{m['n']}: "
+            raise RuntimeError(f"{side.label}: core row {m['size']} x{m['n']}{suffix}: "
                                f"{m['error'] or 'drops/bad messages'}")
-        name = f"throughput {_size_name(m['size'])} x{m['n']}"
+        name = f"throughput {_size_name(m['size'])} x{m['n']}{suffix}"
         rows.setdefault(name, Row(name, "msgs/s")).add(side.label, m["msgs_per_s"])
 
 
@@ -322,13 +360,16 @@ def submaster_count(sides: list[Side], rows: dict[str, Row], cereal: str, cereal
 
 
 def submaster_round(sides: list[Side], rows: dict[str, Row], cereal: str, cereal_python: str,
-                    seconds: float, python: str, scratch: str, round_: int) -> None:
-    """One run of the SubMaster tick on each side that can run it, then cereal's."""
+                    seconds: float, python: str, scratch: str, pair: int) -> None:
+    """One pair (``pair`` counts from 0): a run of the SubMaster tick on each side that
+    can run it and one of cereal's, ours first in even pairs, cereal's in odd ones."""
     from msgq.bench.messaging import _tick_run  # another msgq: as in _submaster_sides
 
     name = "SubMaster CPU per tick"
     row = rows.setdefault(name, Row(name, "µs/tick", higher_is_better=False))
-    runs = _submaster_sides(sides, row, cereal, cereal_python, python, scratch, round_)
+    runs = _submaster_sides(sides, row, cereal, cereal_python, python, scratch, pair)
+    if pair % 2:
+        runs.reverse()
     for label, exe, env in runs:
         try:
             record = _tick_run(exe, env, scratch, seconds)
@@ -353,6 +394,20 @@ def logs_round(side: Side, rows: dict[str, Row], python: str) -> None:
     for r in document["read"]:
         name = f"log read {r['compression']} {r['mode']}"
         rows.setdefault(name, Row(name, "events/s")).add(side.label, r["events_per_s"])
+
+
+def placement_line(groups: list[str], allowed: list[int], pin_cpu: int, pairs: int) -> str:
+    """The table's line on where the processes ran and how many SubMaster pairs."""
+    cpus = ",".join(map(str, allowed))
+    parts = []
+    if "core" in groups or "large" in groups:
+        parts.append(f"throughput rows placed by the OS on CPUs {cpus} (publisher and "
+                     "subscribers share a CPU when other work holds the rest)")
+    if "onecpu" in groups:
+        parts.append(f"'one CPU' rows: every process of a run on CPU {pin_cpu}")
+    if "submaster" in groups:
+        parts.append(f"SubMaster: {pairs} pairs, ours first in every other pair")
+    return "placement: " + ("; ".join(parts) if parts else "-")
 
 
 # --------------------------------------------------------------------------- the count loop
@@ -404,7 +459,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"comma-separated groups of {','.join(ROW_GROUPS)} (default "
                         f"{','.join(DEFAULT_ROWS)})")
     parser.add_argument("--rounds", type=int, default=5,
-                        help="alternating runs of each side per row (default 5)")
+                        help="alternating runs of each side per row, in ABBA order "
+                        "(default 5)")
+    parser.add_argument("--pairs", type=int, default=0,
+                        help=f"SubMaster pairs, ours and cereal's (default: the rounds, at "
+                        f"least {MIN_PAIRS})")
+    parser.add_argument("--pin-cpu", type=int, default=None, metavar="K",
+                        help="the CPU of the onecpu rows (default: the last this process "
+                        "may use)")
     parser.add_argument("--duration", type=float, default=2.0,
                         help="seconds per core/large run (default 2)")
     parser.add_argument("--seconds", type=float, default=5.0,
@@ -423,6 +485,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unknown row group {group!r}; choose from {','.join(ROW_GROUPS)}")
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
+    if args.pairs < 0:
+        parser.error("--pairs must be >= 1 (0: the default)")
+    pairs = submaster_pairs(args.rounds, args.pairs)
+    allowed = sorted(os.sched_getaffinity(0))
+    pin_cpu = allowed[-1] if args.pin_cpu is None else args.pin_cpu
+    if pin_cpu not in allowed:
+        parser.error(f"--pin-cpu {pin_cpu}: this process may run only on CPUs "
+                     f"{','.join(map(str, allowed))}")
     if "submaster" in groups and not (args.cereal and args.cereal_python):
         parser.error("the submaster rows need --cereal and --cereal-python")
     python = sys.executable
@@ -443,18 +513,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "submaster" in groups:
                 submaster_count([ref, new], rows, args.cereal, args.cereal_python, python,
                                 scratch)
+        pair = 0
         for round_ in range(args.rounds):
             print(f"round {round_ + 1}/{args.rounds}", file=sys.stderr, flush=True)
-            for side in (ref, new):
+            for side in round_order(round_, ref, new):
                 if "core" in groups:
                     core_round(side, rows, args.duration, python)
+                if "onecpu" in groups:
+                    core_round(side, rows, args.duration, python, cpu=pin_cpu)
                 if "large" in groups:
                     large_round(side, rows, args.duration, python)
                 if "logs" in groups:
                     logs_round(side, rows, python)
             if "submaster" in groups:
-                submaster_round([ref, new], rows, args.cereal, args.cereal_python,
-                                args.seconds, python, scratch, round_)
+                for _ in range(pairs_in_round(pairs, args.rounds, round_)):
+                    submaster_round([ref, new], rows, args.cereal, args.cereal_python,
+                                    args.seconds, python, scratch, pair)
+                    pair += 1
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     ordered = list(rows.values())
@@ -466,18 +541,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             theirs.samples = {ref.label: sm.samples["cereal"],
                               new.label: sm.samples.get(new.label, [])}
             theirs.note = "REF column: cereal over upstream msgq; NEW/REF: ours / cereal"
+            if name == "SubMaster CPU per tick":
+                theirs.note += f"; {len(sm.samples['cereal'])} alternating pairs"
             ordered.append(theirs)
     load_after = os.getloadavg()
-    print(f"A/B: REF {ref.label} vs NEW {new.label}, {args.rounds} alternating round(s), "
-          f"{time.monotonic() - began:.0f} s; load average (1/5/15 min) before "
+    print(f"A/B: REF {ref.label} vs NEW {new.label}, {args.rounds} round(s) in ABBA order "
+          f"(REF first in odd rounds, NEW in even), {time.monotonic() - began:.0f} s; load "
+          f"average (1/5/15 min) before "
           f"{load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, after "
           f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}")
-    print("separated: every NEW run beyond every REF run (or the reverse); instr/msg rows "
-          "are callgrind counts (exact, load-independent)")
+    print(placement_line(groups, allowed, pin_cpu, pairs))
+    print("separated: every NEW run beyond every REF run (or the reverse); runs: REF/NEW "
+          "samples; instr/msg rows are callgrind counts (exact, load-independent)")
     print(render(ordered, ref, new))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"ref": ref.label, "new": new.label, "rounds": args.rounds,
+                       "order": "ABBA", "cpus": allowed, "pin_cpu": pin_cpu,
+                       "pairs": pairs if "submaster" in groups else 0,
                        "load_before": load_before, "load_after": load_after,
                        "rows": [{"name": r.name, "unit": r.unit, "samples": r.samples}
                                 for r in ordered]}, f, indent=2)
