@@ -44,6 +44,21 @@ def read_member_arrow(buffer: Any, starts: Any, lengths: Any, member: CompiledMe
     Arrow array of ``arrow_type`` (what ``pa.array`` makes of read_member's values), and
     the positions of the messages left out of it (read_member's FALLBACK ones)."""
 
+class MemberColumn:
+    """One Arrow array of a member's values read from the messages of many buffers (one
+    :meth:`add` each), made once by :meth:`finish`."""
+
+    def __init__(self, member: CompiledMember, arrow_type: Any) -> None: ...
+    @property
+    def count(self) -> int:
+        """The messages added so far."""
+    def add(self, buffer: Any, starts: Any, lengths: Any) -> list[int]:
+        """Reads the messages at ``starts``/``lengths`` of ``buffer``; returns the
+        positions (over every message added) of those of them left out."""
+    def finish(self) -> tuple[Any, list[int]]:
+        """(the array of every value read, the positions, over every message added, of
+        the messages left out of it); once."""
+
 class EnumValue:
     """An enum value as a view reads it, behaving as pycapnp's ``_DynamicEnum``."""
 

@@ -9,7 +9,8 @@ SubMaster's payload views
 anything it does not follow to a pycapnp reader of the same struct). Spark's typed
 columns are also read a batch of messages at a time, straight into Arrow's buffers
 (:func:`read_member_arrow`: the same walk, appending values where read_member makes
-objects; the lake's build decodes with it).
+objects; :class:`MemberColumn`: one array from the messages of many buffers, which the
+lake's build decodes with).
 
 The bytes come from files: untrusted. Every pointer is checked against the segment, the
 words read are budgeted (8 times the message, as a traversal limit; a list of
@@ -963,64 +964,121 @@ def read_member_arrow(buffer, starts, lengths, CompiledMember member not None, a
     caller converts with pycapnp. The array holds exactly what ``pa.array`` makes of
     read_member's values, with no Python object per value: each message is walked as
     read_member walks it (the same checks, budget and depth) and its values appended to
-    the array's buffers; a message the walk leaves is rolled back out of them."""
-    # numpy and pyarrow: Spark's (the spark extra), imported by this reader's Spark use only
-    import numpy as np
-    import pyarrow as pa
-    cdef const int64_t[::1] at = np.ascontiguousarray(starts, dtype=np.int64)
-    cdef const int64_t[::1] size = np.ascontiguousarray(lengths, dtype=np.int64)
-    cdef const uint8_t[::1] data
-    cdef const uint8_t *buf = NULL
-    cdef Py_ssize_t total, i, j, a, n, words, count = at.shape[0]
-    cdef list every = []
-    cdef tuple columns
+    the array's buffers; a message the walk leaves is rolled back out of them. One
+    :class:`MemberColumn` read once."""
+    column = MemberColumn(member, arrow_type)
+    column.add(buffer, starts, lengths)
+    return column.finish()
+
+
+cdef class MemberColumn:
+    """One Arrow array of ``member``'s values (of ``arrow_type``) read from the messages
+    of many buffers, one :meth:`add` each, and made once by :meth:`finish`: what
+    :func:`read_member_arrow` makes of all those messages as if they lay in one buffer.
+    A reader of many small runs of messages (a log's scanner batches, each walked while
+    its bytes are fresh in the caches) gets one array, not one per run: no per-run
+    arrays to make, concatenate or write apart."""
+    cdef CompiledMember member
     cdef _Column column
-    cdef _Walk walk
-    cdef Struct root
-    if size.shape[0] != count:
-        raise ValueError(f"{count} starts but {size.shape[0]} lengths")
-    view = memoryview(buffer).cast("B")  # an Arrow buffer's is of signed bytes
-    total = len(view)
-    if total:
-        data = view
-        buf = &data[0]
-    if member.columns is None:
-        member.columns = {}
-    empty = member.columns.get(arrow_type)
-    if empty is None:  # the type checked against the layout once per member and type
-        empty = member.columns[arrow_type] = _column_of(member.field, arrow_type, False,
-                                                        [], pa)
-    column = _fresh(empty, every)
-    columns = tuple(every)
-    fallback = []
-    walk = _Walk.__new__(_Walk)
-    walk.buf = buf
-    for i in range(count):
-        a = at[i]
-        n = size[i]
-        if a < 0 or n < 0 or a > total - n:
-            raise ValueError(f"message {i} ({n} bytes at {a}) is not inside the buffer's "
-                             f"{total} bytes")
-        words = framed_words(buf + a, n) if n >= 16 else -1
-        if words < 0:
-            fallback.append(i)  # not exactly one segment
-            continue
-        for j in range(len(columns)):
-            (<_Column>columns[j]).save()
-        walk.start = a + 8
-        walk.end = a + n
-        walk.budget = 8 * words
-        walk.depth = 0
-        try:
-            walk.struct_at(a + 8, &root)
-            if data_bits(buf, &root, 2 * member.discriminant_offset, 2) != member.discriminant:
-                raise _Unfollowed()
-            walk.fill_field(&root, member.field, column)
-        except _Unfollowed:
+    cdef tuple columns
+    cdef list fallback
+    cdef Py_ssize_t added
+    cdef bint finished
+
+    def __init__(self, CompiledMember member not None, arrow_type):
+        # pyarrow: Spark's (the spark extra), imported by this reader's Spark use only
+        import pyarrow as pa
+        cdef list every = []
+        if member.columns is None:
+            member.columns = {}
+        empty = member.columns.get(arrow_type)
+        if empty is None:  # the type checked against the layout once per member and type
+            empty = member.columns[arrow_type] = _column_of(member.field, arrow_type, False,
+                                                            [], pa)
+        self.member = member
+        self.column = _fresh(empty, every)
+        self.columns = tuple(every)
+        self.fallback = []
+        self.added = 0
+        self.finished = False
+
+    @property
+    def count(self):
+        """The messages added so far (values read and positions left out)."""
+        return self.added
+
+    def add(self, buffer, starts, lengths):
+        """Reads the messages at ``starts``/``lengths`` of ``buffer`` (as
+        :func:`read_member_arrow`); returns the positions of those of them left out,
+        counted over every message added (as :meth:`finish` gives them all)."""
+        # numpy: Spark's (the spark extra), imported by this reader's Spark use only
+        import numpy as np
+        cdef const int64_t[::1] at = np.ascontiguousarray(starts, dtype=np.int64)
+        cdef const int64_t[::1] size = np.ascontiguousarray(lengths, dtype=np.int64)
+        cdef const uint8_t[::1] data
+        cdef const uint8_t *buf = NULL
+        cdef Py_ssize_t total, i, j, a, n, words, count = at.shape[0]
+        cdef Py_ssize_t first = self.added, left = len(self.fallback)
+        cdef tuple columns = self.columns
+        cdef _Column column = self.column
+        cdef CompiledMember member = self.member
+        cdef _Walk walk
+        cdef Struct root
+        if self.finished:
+            raise ValueError("the column is finished: make a new MemberColumn")
+        if size.shape[0] != count:
+            raise ValueError(f"{count} starts but {size.shape[0]} lengths")
+        view = memoryview(buffer).cast("B")  # an Arrow buffer's is of signed bytes
+        total = len(view)
+        if total:
+            data = view
+            buf = &data[0]
+        for i in range(count):  # checked before any is read: a bad call adds nothing
+            if at[i] < 0 or size[i] < 0 or at[i] > total - size[i]:
+                raise ValueError(f"message {i} ({size[i]} bytes at {at[i]}) is not inside "
+                                 f"the buffer's {total} bytes")
+        walk = _Walk.__new__(_Walk)
+        walk.buf = buf
+        for i in range(count):
+            a = at[i]
+            n = size[i]
+            words = framed_words(buf + a, n) if n >= 16 else -1
+            if words < 0:
+                self.fallback.append(first + i)  # not exactly one segment
+                continue
             for j in range(len(columns)):
-                (<_Column>columns[j]).restore()
-            fallback.append(i)
-    return column.finish(pa, np), fallback
+                (<_Column>columns[j]).save()
+            walk.start = a + 8
+            walk.end = a + n
+            walk.budget = 8 * words
+            walk.depth = 0
+            try:
+                walk.struct_at(a + 8, &root)
+                if data_bits(buf, &root, 2 * member.discriminant_offset, 2) != \
+                        member.discriminant:
+                    raise _Unfollowed()
+                walk.fill_field(&root, member.field, column)
+            except _Unfollowed:
+                for j in range(len(columns)):
+                    (<_Column>columns[j]).restore()
+                self.fallback.append(first + i)
+        self.added = first + count
+        return self.fallback[left:]
+
+    def finish(self):
+        """(the Arrow array of every value read, the positions of the messages left out
+        of it, counted over every message added); once."""
+        # numpy and pyarrow: Spark's (the spark extra), imported by this reader's Spark
+        # use only
+        import numpy as np
+        import pyarrow as pa
+        if self.finished:
+            raise ValueError("the column is finished already")
+        self.finished = True
+        array = self.column.finish(pa, np)
+        self.column = None
+        self.columns = ()
+        return array, self.fallback
 
 
 # --- views -------------------------------------------------------------------------------

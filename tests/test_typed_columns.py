@@ -1,5 +1,6 @@
-"""The typed columns read straight into Arrow (``_typed_reader.read_member_arrow``, used
-through ``_Decoder.arrow`` by the lake's build): for every service of both schema
+"""The typed columns read straight into Arrow (``_typed_reader.read_member_arrow``, and
+``MemberColumn`` through ``DecodedColumn``, one array from many buffers, which the lake's
+build uses): for every service of both schema
 profiles, the array equals what ``pa.array`` makes of the read path's values
 (``_Decoder.values``: read_member, pycapnp for what it leaves), nulls, unset structs,
 empty lists, unions, defaults and enum numbers the schema does not know included; damaged
@@ -25,7 +26,12 @@ from pyspark.sql.pandas.types import to_arrow_type  # noqa: E402
 from test_spark_lake import _random_event  # noqa: E402  (the lake tests' generator)
 
 from msgq.schemas import Schema  # noqa: E402
-from msgq.schemas._typed_reader import FALLBACK, read_member, read_member_arrow  # noqa: E402
+from msgq.schemas._typed_reader import (  # noqa: E402
+    FALLBACK,
+    MemberColumn,
+    read_member,
+    read_member_arrow,
+)
 from msgq.spark.capnp_types import member_plan  # noqa: E402
 from msgq.spark.datasource import member_decoder, read_spec  # noqa: E402
 
@@ -81,6 +87,19 @@ def _check(schema: Schema, service: str, messages: list[bytes], rng: random.Rand
     assert _same(got.to_pylist(), expected.to_pylist()), service
     assert got.null_count == expected.null_count == len(failed), service
     assert _without_stack(got_failed) == _without_stack(failed), service
+    # the same messages added to one column from several buffers (the lake's build: a
+    # scanner batch at a time): the same array and problems, positions over them all
+    column_of_parts = decoder.decoded_column(schema, kind)
+    at = 0
+    while at < len(messages):
+        part = messages[at:at + rng.randrange(0, 9)]
+        column_of_parts.add(*_packed(rng, part))
+        at += len(part)
+    assert column_of_parts.count == len(messages)
+    parts, parts_failed = column_of_parts.finish()
+    parts.validate(full=True)
+    assert _same(parts.to_pylist(), expected.to_pylist()), service
+    assert _without_stack(parts_failed) == _without_stack(failed), service
     left = len(messages)
     if decoder.layout is not None:
         _, fallback = read_member_arrow(buffer, starts, lengths, decoder.layout, kind)
@@ -192,3 +211,11 @@ def test_bad_arguments_are_refused_in_one_line(schema_profile: Schema) -> None:
         read_member_arrow(data, [0], [len(data)], decoder.layout, pa.int64())
     empty, left = read_member_arrow(b"", [], [], decoder.layout, kind)
     assert len(empty) == 0 and left == [] and empty.type == kind
+    column = MemberColumn(decoder.layout, kind)
+    column.add(data, [0], [len(data)])
+    with pytest.raises(ValueError, match="not inside the buffer"):
+        column.add(data, [0, 1], [len(data), len(data)])  # refused whole: nothing added
+    assert column.count == 1
+    assert len(column.finish()[0]) == 1
+    with pytest.raises(ValueError, match="finished"):
+        column.finish()

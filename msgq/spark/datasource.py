@@ -73,7 +73,7 @@ from msgq.schemas import (
     ServiceRegistry,
     spec_in_force,
 )
-from msgq.schemas._typed_reader import FALLBACK, compile_member, read_member, read_member_arrow
+from msgq.schemas._typed_reader import FALLBACK, MemberColumn, compile_member, read_member
 from msgq.schemas.events import decode_event
 from msgq.schemas.schema import spec_of
 from msgq.schemas.services import unknown_service_error
@@ -780,28 +780,73 @@ class _Decoder:
         position -> problem of each event that could not be decoded (null there): the
         array :meth:`values`'s values make, read straight into Arrow's buffers
         (:func:`~msgq.schemas._typed_reader.read_member_arrow`); the messages that reader
-        leaves are converted by pycapnp and put in their places."""
+        leaves are converted by pycapnp and put in their places. One
+        :meth:`decoded_column` read once."""
+        column = self.decoded_column(schema, arrow_type)
+        column.add(buffer, starts, lengths)
+        return column.finish()
+
+    def decoded_column(self, schema: Any, arrow_type: Any) -> DecodedColumn:
+        """An empty :class:`DecodedColumn` of this member (``arrow_type``: its Spark type
+        as Arrow's), to add the events of many buffers to and make one array of."""
+        return DecodedColumn(self, schema, arrow_type)
+
+
+class DecodedColumn:
+    """The typed column of one service's events, read from many buffers (an
+    :meth:`add` each: a scanner batch's events, say, decoded while their bytes are
+    fresh in the caches) into one Arrow array (:meth:`finish`): what
+    :meth:`_Decoder.arrow` makes of all of them at once. The typed reader's
+    :class:`~msgq.schemas._typed_reader.MemberColumn` reads them; the events it leaves
+    are converted by pycapnp as they are added (their bytes are the buffer's) and put
+    in their places at the end."""
+
+    def __init__(self, decoder: _Decoder, schema: Any, arrow_type: Any) -> None:
+        self.decoder = decoder
+        self.schema = schema
+        self.arrow_type = arrow_type
+        self.reader = None if decoder.layout is None else \
+            MemberColumn(decoder.layout, arrow_type)
+        self.count = 0
+        self.rows: list[int] = []  # positions converted by pycapnp, and their values
+        self.values: list[Any] = []
+        self.failed: dict[int, str] = {}  # position -> problem
+
+    def add(self, buffer: Any, starts: Any, lengths: Any) -> None:
+        """Adds the events at ``starts``/``lengths`` of ``buffer`` (bytes-like)."""
+        first = self.count
+        count = len(starts)
+        if self.reader is not None:
+            positions = self.reader.add(buffer, starts, lengths)
+        else:
+            positions = range(first, first + count)
+        self.count = first + count
+        if not positions:
+            return
+        view = memoryview(buffer).cast("B")  # an Arrow buffer's is of signed bytes
+        for position in positions:
+            a, n = int(starts[position - first]), int(lengths[position - first])
+            try:
+                self.values.append(self.decoder.from_pycapnp(bytes(view[a:a + n]),
+                                                             self.schema))
+            except Exception as e:  # pycapnp raises KjException, ValueError, ...
+                self.failed[position] = undecodable(e)
+                continue
+            self.rows.append(position)
+
+    def finish(self) -> tuple[Any, dict[int, str]]:
+        """(the Arrow array of every event added, in order; position -> problem of each
+        event that could not be decoded, null there)."""
         import pyarrow as pa  # the spark extra: executors only
 
-        count = len(starts)
-        if self.layout is not None:
-            array, left = read_member_arrow(buffer, starts, lengths, self.layout, arrow_type)
+        count = self.count
+        if self.reader is not None:
+            array, left = self.reader.finish()
         else:
-            array, left = pa.array([], type=arrow_type), range(count)
+            array, left = pa.array([], type=self.arrow_type), range(count)
         if not left:
             return array, {}
-        view = memoryview(buffer).cast("B")  # an Arrow buffer's is of signed bytes
-        rows: list[int] = []
-        values: list[Any] = []
-        failed: dict[int, str] = {}
-        for i in left:
-            a, n = int(starts[i]), int(lengths[i])
-            try:
-                values.append(self.from_pycapnp(bytes(view[a:a + n]), schema))
-            except Exception as e:  # pycapnp raises KjException, ValueError, ...
-                failed[i] = undecodable(e)
-                continue
-            rows.append(i)
+        rows = self.rows
         # each position's row in [the array read, the pycapnp rows]; failed ones null
         index = np.zeros(count, np.int64)
         walked = np.ones(count, bool)
@@ -809,11 +854,11 @@ class _Decoder:
         index[walked] = np.arange(len(array))
         index[np.asarray(rows, np.int64)] = len(array) + np.arange(len(rows))
         mask = None
-        if failed:
+        if self.failed:
             mask = np.zeros(count, bool)
-            mask[list(failed)] = True
-        both = pa.concat_arrays([array, pa.array(values, type=arrow_type)])
-        return both.take(pa.array(index, mask=mask)), failed
+            mask[list(self.failed)] = True
+        both = pa.concat_arrays([array, pa.array(self.values, type=self.arrow_type)])
+        return both.take(pa.array(index, mask=mask)), dict(self.failed)
 
 
 def undecodable(error: BaseException) -> str:
