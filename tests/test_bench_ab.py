@@ -61,6 +61,13 @@ def test_the_submaster_row_has_at_least_six_pairs_whatever_the_rounds() -> None:
     assert ab.submaster_pairs(5, asked=3) == 3
 
 
+def test_the_pairs_ratio_is_the_median_of_each_pairs_own_ratio() -> None:
+    # the load doubled between pairs 2 and 3: each pair's ratio is 0.5 all the same
+    assert ab.pair_ratio([100, 110, 200, 220], [50, 55, 100, 110]) == 0.5
+    assert ab.pair_ratio([100, 200, 300], [40, 120, 120]) == 0.4
+    assert ab.pair_ratio([100, 200], [40]) is None  # unpaired samples
+
+
 def test_the_placement_line_names_the_pinned_cpu_and_the_pairs() -> None:
     line = ab.placement_line(["core", "onecpu", "submaster"], [0, 1], 1, 6)
     assert "placed by the OS on CPUs 0,1" in line

@@ -396,6 +396,13 @@ def logs_round(side: Side, rows: dict[str, Row], python: str) -> None:
         rows.setdefault(name, Row(name, "events/s")).add(side.label, r["events_per_s"])
 
 
+def pair_ratio(theirs: list[float], ours: list[float]) -> float | None:
+    """The median of ours / theirs over the pairs (sample i of each list is pair i): each
+    pair ran back to back, so a load that changes between pairs cancels out of it."""
+    ratios = [b / a for a, b in zip(theirs, ours, strict=False) if a > 0]
+    return statistics.median(ratios) if ratios and len(theirs) == len(ours) else None
+
+
 def placement_line(groups: list[str], allowed: list[int], pin_cpu: int, pairs: int) -> str:
     """The table's line on where the processes ran and how many SubMaster pairs."""
     cpus = ",".join(map(str, allowed))
@@ -542,7 +549,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                               new.label: sm.samples.get(new.label, [])}
             theirs.note = "REF column: cereal over upstream msgq; NEW/REF: ours / cereal"
             if name == "SubMaster CPU per tick":
+                ratio = pair_ratio(sm.samples["cereal"], sm.samples.get(new.label, []))
                 theirs.note += f"; {len(sm.samples['cereal'])} alternating pairs"
+                if ratio is not None:
+                    theirs.note += f", median of the pairs' ratios {ratio:.3f}"
             ordered.append(theirs)
     load_after = os.getloadavg()
     print(f"A/B: REF {ref.label} vs NEW {new.label}, {args.rounds} round(s) in ABBA order "
