@@ -27,6 +27,7 @@ cdef extern from "src/msgq_ring.h" nogil:
         uint32_t flags
         int superseded
         uint32_t num_waiters
+        uint32_t wakes
         uint32_t readers_claimed
         uint32_t readers_live
         int32_t reader_pids[64]

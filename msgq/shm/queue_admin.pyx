@@ -100,6 +100,7 @@ cdef dict _queue_info_dict(object path, int code, const msgq_queue_info *info):
         "write_offset": offset if valid else None,
         "bytes_written": <uint64_t>cycle * info.capacity + offset if valid else None,
         "waiters": info.num_waiters if valid else None,
+        "wakes": info.wakes if valid else None,
         "checksum": bool(info.flags & MSGQ_FLAG_CHECKSUM) if valid else None,
         "superseded": bool(info.superseded) if valid else None,
         "readers": readers,
@@ -128,7 +129,8 @@ def inspect_queue(path) -> dict:
     ``readers_live``/``readers_claimed``, ``write_pointer`` (``write_cycle`` and
     ``write_offset``), ``bytes_written`` (how far the write pointer has moved through the
     ring: payloads plus size prefixes, padding and skipped tails at wraps), ``waiters``
-    (subscribers asleep), ``checksum`` (messages carry a CRC32C), ``superseded`` (the
+    (subscribers asleep), ``wakes`` (how many sends have woken sleepers: a counter
+    that wraps at 2**32), ``checksum`` (messages carry a CRC32C), ``superseded`` (the
     file was replaced under its name), ``created_ns`` (the creator's CLOCK_MONOTONIC),
     ``age_s`` and ``creator_pid``.
 

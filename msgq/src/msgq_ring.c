@@ -194,6 +194,7 @@ int msgq_ring_inspect(const void *mem, size_t size, msgq_queue_info *out) {
   out->publisher_alive = out->publisher_pid > 0 && os_process_alive(out->publisher_pid);
   out->num_waiters = (uint32_t)__builtin_popcountll(
       atomic_load_explicit(&h->waiting_readers, memory_order_relaxed));
+  out->wakes = atomic_load_explicit(&h->notify_seq, memory_order_relaxed);
   for (unsigned i = 0; i < MSGQ_READER_SLOTS; i++) {
     int32_t pid = atomic_load_explicit(&h->readers[i].owner_pid, memory_order_relaxed);
     if (pid <= 0) continue;
@@ -441,8 +442,12 @@ static inline __attribute__((always_inline)) int ring_reserve(msgq_publisher *pu
   return 0;
 }
 
-/* Wakes the readers asleep on the queue (I4). Out of the send's line: a system call. */
+/* Wakes the readers asleep on the queue (I4). Out of the send's line: a system call.
+ * It takes the bits it wakes: until a reader registers again, no send makes a system
+ * call. (Leaving them set cost a futex call per send whenever a woken reader could not
+ * run yet — on one CPU, every send of the publisher's time slice: 0.24 per message.) */
 static __attribute__((noinline)) void wake_readers(msgq_header *h) {
+  atomic_exchange_explicit(&h->waiting_readers, 0, memory_order_acq_rel);
   atomic_fetch_add_explicit(&h->notify_seq, 1u, memory_order_release);
   os_wake_all(&h->notify_seq);
 }

@@ -36,12 +36,15 @@
  *     deliver overwritten bytes (seqlock reader side; pairs with I2's fence).
  *  I4 A subscriber sleeps only after setting its bit in waiting_readers (seq_cst) and
  *     re-checking for data; the publisher stores write_pointer (seq_cst) before it loads
- *     waiting_readers. One of them sees the other, so no wake-up is lost. A bit belongs
- *     to a slot, so a subscriber that dies asleep leaves its own bit set and nothing
- *     else; whoever reclaims the slot clears it.
+ *     waiting_readers. One of them sees the other, so no wake-up is lost. A publisher
+ *     that wakes takes every bit (exchange to 0) before it bumps notify_seq: a reader
+ *     whose bit it took loaded notify_seq before setting the bit, so its sleep ends; one
+ *     that sets its bit after the exchange sees the new write_pointer (the Dekker pair
+ *     above). A bit belongs to a slot, so a subscriber that dies asleep leaves its own
+ *     bit set and nothing else, until the next wake takes it or the slot is reclaimed.
  *  I5 A slot is reclaimed only by a process that first takes it over with a
  *     compare-exchange of owner_pid (from a dead pid, or 0 for a stray waiting bit), so a
- *     live subscriber never loses its slot or its waiting bit. The publisher sweeps the
+ *     live subscriber never loses its slot, nor its waiting bit but to a wake. The publisher sweeps the
  *     slots for dead owners at most every MSGQ_SWEEP_INTERVAL_NS, checking the clock only
  *     every MSGQ_SWEEP_CHECK_SENDS sends or on a send that wakes sleepers, so the cost
  *     per send stays bounded however many subscribers die.
@@ -276,6 +279,7 @@ typedef struct {
   uint32_t flags;           /* MSGQ_FLAG_* */
   int superseded;           /* the file was replaced under its name */
   uint32_t num_waiters;     /* subscribers asleep (bits set in waiting_readers) */
+  uint32_t wakes;           /* notify_seq: how many sends woke sleepers (wraps at 2^32) */
   uint32_t readers_claimed; /* slots holding a pid (live or dead) */
   uint32_t readers_live;    /* of those, pids of processes that exist */
   int32_t reader_pids[MSGQ_READER_SLOTS];  /* owner of each slot; 0 = free */
