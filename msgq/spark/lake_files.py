@@ -177,6 +177,18 @@ def _increasing(column: Any) -> bool:
     return bool(np.all(times[1:] > times[:-1]))
 
 
+class _Gathered:
+    """The rows of one table file being gathered: record batches of its event columns
+    (a compact file's: its rows), and the service's typed column, decoded as the
+    events come (a :class:`msgq.spark.datasource.DecodedColumn`; None: none)."""
+
+    __slots__ = ("rows", "typed")
+
+    def __init__(self, typed: Any) -> None:
+        self.rows: list[Any] = []
+        self.typed = typed
+
+
 class TableFiles:
     """The ``mapInArrow`` function of a build's batch (module docstring): segment ranges
     (:data:`msgq.spark.streaming.RANGE_SCHEMA` rows) in, a row per file written out.
@@ -208,7 +220,7 @@ class _TaskFiles:
         self.compact = COMPACT_TABLE in plan.tables
         self._dates: dict[str, str | None] = {}  # a msgq recording's folder -> its date
         self.task = uuid.uuid4().hex[:16]
-        self.pending: dict[tuple[str, str | None, str], list[Any]] = {}
+        self.pending: dict[tuple[str, str | None, str], _Gathered] = {}
         self.sizes: dict[tuple[str, str | None, str], int] = {}
         self.held = 0
         self.written = 0
@@ -249,7 +261,7 @@ class _TaskFiles:
         stored = self._stored(COMPACT_TABLE)
         for packed in compact_batches(events.to_batches()):
             key = (COMPACT_TABLE, *self._place(path))
-            self.pending.setdefault(key, []).append(
+            self._gathered(key, None).rows.append(
                 pa.RecordBatch.from_arrays(packed.columns, schema=stored))
 
     # -- gathering ---------------------------------------------------------------------
@@ -287,6 +299,17 @@ class _TaskFiles:
                                         stored.field(service).type)
         return self._typed[service]
 
+    def _gathered(self, key: tuple[str, str | None, str], service: str | None) -> _Gathered:
+        """The rows gathered for a table file (made on first need: with the service's
+        typed column, when it has one)."""
+        gathered = self.pending.get(key)
+        if gathered is None:
+            typed = None if service is None else self._typed_plan(service)
+            column = None if typed is None else \
+                typed[0].decoded_column(self.schema, typed[1])
+            gathered = self.pending[key] = _Gathered(column)
+        return gathered
+
     def _add(self, batch: Any) -> Iterator[Any]:
         services = batch.column("service").dictionary_encode()
         files = batch.column("file").dictionary_encode()
@@ -300,6 +323,11 @@ class _TaskFiles:
         # the event columns of every group in one take, each group a slice of them
         grouped = batch.select(_EVENT_COLUMNS).take(pa.array(order))
         sizes = np.add.reduceat(grouped.column("size").fill_null(0).to_numpy(), starts)
+        data = batch.column("data")  # the events' bytes, read where they are
+        width = np.int64 if pa.types.is_large_binary(data.type) else np.int32
+        offsets = np.frombuffer(data.buffers()[1], width, len(data) + 1,
+                                data.offset * np.dtype(width).itemsize)
+        buffer = data.buffers()[2] or b""
         for start, rows, size in zip(starts.tolist(), np.split(order, starts[1:]),
                                      sizes.tolist(), strict=True):
             first = int(rows[0])
@@ -309,9 +337,13 @@ class _TaskFiles:
                 raise ValueError(f"events of {service!r}, which the schema lacks")
             date, route = places[file_codes[first]]
             key = (table, date, route)
-            columns = self._columns(table, service, batch, rows,
-                                    grouped.slice(start, len(rows)))
-            self.pending.setdefault(key, []).append(columns)
+            gathered = self._gathered(key, service)
+            gathered.rows.append(grouped.slice(start, len(rows)))
+            if gathered.typed is not None:
+                # decoded now, while the batch's bytes are in the caches, into the one
+                # column of the file (no Python object per value)
+                at = offsets[rows]
+                gathered.typed.add(buffer, at, offsets[rows + 1] - at)
             size = size if service else 0
             self.sizes[key] = self.sizes.get(key, 0) + size
             self.held += size
@@ -320,40 +352,31 @@ class _TaskFiles:
         while self.held >= _TASK_BYTES:
             yield self._write(max(self.sizes, key=self.sizes.__getitem__))
 
-    def _columns(self, table: str, service: str | None, batch: Any, rows: Any,
-                 grouped: Any) -> Any:
-        """The stored columns of a table's rows ``rows`` (numpy indices into ``batch``:
-        events of one service, or problem rows), whose event columns are ``grouped``
-        (those rows of :data:`_EVENT_COLUMNS`, in that order)."""
+    def _table(self, table: str, gathered: _Gathered) -> Any:
+        """The stored columns of a table file's gathered rows, one chunk each: the
+        event columns (or the compact rows) and the service's typed column, an event
+        whose typed decoding failed null there and its ``problem`` saying why."""
         stored = self._stored(table)
-        if service is None:
-            return pa.record_batch([grouped.column(f.name) for f in stored], schema=stored)
-        typed = self._typed_plan(service)
-        columns = {name: grouped.column(name) for name in _EVENT_COLUMNS}
-        if typed is not None:
-            decoder, decoded_type, stored_type = typed
-            data = batch.column("data")  # the events' bytes, read where they are
-            width = np.int64 if pa.types.is_large_binary(data.type) else np.int32
-            offsets = np.frombuffer(data.buffers()[1], width, len(data) + 1,
-                                    data.offset * np.dtype(width).itemsize)
-            starts = offsets[rows]
-            lengths = offsets[rows + 1] - starts
-            buffer = data.buffers()[2] or b""
-            # straight into Arrow's buffers: no Python object per value
-            column, failed = decoder.arrow(buffer, starts, lengths, self.schema, decoded_type)
-            columns[service] = _without_empty(column, stored_type)
+        if table == COMPACT_TABLE:
+            return pa.Table.from_batches(gathered.rows, schema=stored)
+        events = pa.Table.from_batches(gathered.rows).combine_chunks()
+        columns = {name: events.column(name) for name in _EVENT_COLUMNS}
+        if gathered.typed is not None:
+            service = stored.names[len(_EVENT_COLUMNS)]
+            column, failed = gathered.typed.finish()
+            columns[service] = _without_empty(column, stored.field(service).type)
             if failed:
                 problems = columns["problem"].to_pylist()
                 for i, problem in failed.items():
                     problems[i] = problem
                 columns["problem"] = pa.array(problems, type=pa.string())
-        return pa.record_batch([columns[f.name] for f in stored], schema=stored)
+        return pa.Table.from_arrays([columns[f.name] for f in stored], schema=stored)
 
     # -- writing -----------------------------------------------------------------------
 
     def _write(self, key: tuple[str, str | None, str]) -> Any:
         table, date, route = key
-        rows = pa.Table.from_batches(self.pending.pop(key), schema=self._stored(table))
+        rows = self._table(table, self.pending.pop(key))
         self.held -= self.sizes.pop(key, 0)
         if table == PROBLEMS_TABLE:
             rows = rows.sort_by([("file", "ascending"), ("offset", "ascending")])
