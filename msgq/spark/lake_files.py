@@ -75,10 +75,13 @@ SUMMARY_SCHEMA = "table string, path string, rows bigint, newest bigint, problem
 #: The problems a summary row lists at most (all are counted).
 LISTED_PROBLEMS = 20
 # How files are written: zstd (level 3, Spark's default level), no dictionaries (zstd
-# does their work: measured 1.7x smaller files) and the sorted time and offset columns
-# delta-encoded (a further 1.3x), no Arrow schema in the footer (Spark reads its own).
+# does their work: measured 1.7x smaller files) but for the file and problem columns,
+# one or a few values a file (plain, each row's path went through zstd: writing the 1 M
+# recording's tables 0.44 -> 0.38 CPU-s, the same size), the sorted time and offset
+# columns delta-encoded (a further 1.3x), no Arrow schema in the footer (Spark reads its
+# own).
 _PARQUET_OPTIONS: dict[str, Any] = {
-    "compression": "zstd", "compression_level": 3, "use_dictionary": False,
+    "compression": "zstd", "compression_level": 3, "use_dictionary": ["file", "problem"],
     "store_schema": False,
     "column_encoding": {"logMonoTime": "DELTA_BINARY_PACKED", "offset": "DELTA_BINARY_PACKED"}}
 # The columns of a batch's rows that every table stores (a service's, the problems').
