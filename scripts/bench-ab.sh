@@ -33,7 +33,7 @@ if [ -z "$ref" ] || [ "$ref" = -h ] || [ "$ref" = --help ]; then
   exit 2
 fi
 shift
-rows="core,count,submaster,logs"
+rows="core,onecpu,count,submaster,logs"
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
   rows="$1"
   shift
