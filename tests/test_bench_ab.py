@@ -120,6 +120,13 @@ def test_a_program_run_by_path_imports_neither_its_folder_nor_the_current_one(
     assert done.stdout.strip() == "__main__ ['3', 'x'] []"
 
 
+def test_the_script_runs_the_default_rows_of_msgq_bench_ab() -> None:
+    """scripts/bench-ab.sh passes its own default to --rows: it must be ab's."""
+    script = (Path(__file__).parent.parent / "scripts" / "bench-ab.sh").read_text()
+    defaults = [line for line in script.splitlines() if line.startswith("rows=")]
+    assert defaults == [f'rows="{",".join(ab.DEFAULT_ROWS)}"']
+
+
 def test_unknown_row_groups_are_refused() -> None:
     done = subprocess.run([sys.executable, "-m", "msgq.bench.ab", "--rows", "core,nope"],
                           capture_output=True, text=True, timeout=120)
