@@ -305,7 +305,8 @@ def test_the_compact_table_holds_the_raw_compact_reads_rows(
 
 def test_table_files_are_sorted_by_log_mono_time(spark: Any, tmp_path: Path) -> None:
     """Events recorded out of time order (and at the same time) land sorted by
-    logMonoTime, then file and offset, in the table's file; in order, as they came."""
+    logMonoTime, then file and offset, in the table's file; in order, as they came; the
+    file holds logMonoTime's statistics."""
     import pyarrow.parquet as pq
 
     from msgq.messaging import new_message
@@ -325,6 +326,9 @@ def test_table_files_are_sorted_by_log_mono_time(spark: Any, tmp_path: Path) -> 
         assert [r["logMonoTime"] for r in rows] == want
         keys = [(r["logMonoTime"], r["offset"]) for r in rows]
         assert keys == sorted(keys)
+        # the statistics a time window skips files and row groups by
+        stats = pq.ParquetFile(files[0]).metadata.row_group(0).column(0).statistics
+        assert (stats.min, stats.max) == (min(want), max(want))
 
 
 def test_a_second_build_adds_only_what_is_new(spark: Any, tmp_path: Path) -> None:
