@@ -9,7 +9,9 @@ reads each range with the msgqlog source's own reading
 bytes, problem rows where the logs are damaged), splits each Arrow batch by service and
 partition (date, route), decodes each service's events into its typed column with the
 source's own decoder (:func:`msgq.spark.datasource.member_decoder`: one copy of the
-decoding), packs each range's event rows into compact rows
+decoding) as each batch comes, while its bytes are in the caches, into one column per
+table file (:class:`msgq.spark.datasource.DecodedColumn`: one Arrow array, not one per
+batch), packs each range's event rows into compact rows
 (:func:`msgq.spark.compact.compact_batches`: the :data:`COMPACT_TABLE`, when the lake
 has one), and writes one Parquet file per table and partition (sorted by
 ``logMonoTime``; cut at :data:`TARGET_FILE_BYTES` of events) into the batch's staging
