@@ -109,7 +109,7 @@ def test_a_compact_read_of_a_lake_reads_its_compact_table(
 
     from msgq.spark import lake as lakes
     from msgq.spark import read_logs
-    from msgq.spark.compact import GROUP_IN_TASKS
+    from msgq.spark.compact import GroupableRead
 
     recordings, lake = recordings_and_lake
     raw = _stats(read_logs(spark, recordings, data=False))
@@ -118,8 +118,8 @@ def test_a_compact_read_of_a_lake_reads_its_compact_table(
                for f in compact.inputFiles()}
     assert folders == {lakes.COMPACT_TABLE, lakes.PROBLEMS_TABLE}
     # log_stats groups its rows in the tasks that read them (no shuffle)
-    assert getattr(compact, GROUP_IN_TASKS, None) is not None
-    assert getattr(compact.select("*"), GROUP_IN_TASKS, None) is None
+    assert isinstance(compact, GroupableRead)
+    assert not isinstance(compact.select("*"), GroupableRead)
     assert _stats(compact.select("*")) == raw  # derived frames: groupBy, same answers
     subset = dict(services=["can", "gpsLocation"], keep_problems=True)
     want = _stats(read_logs(spark, recordings, data=False, **subset))
@@ -134,7 +134,7 @@ def test_a_compact_read_of_a_lake_reads_its_compact_table(
     (older / lakes.LAKE_FILE).write_text(json.dumps(meta))
     packed = read_logs(spark, str(older), compact=True)
     assert packed.inputFiles() == []  # (table, file) rows packed by the tasks
-    assert getattr(packed, GROUP_IN_TASKS, None) is None
+    assert not isinstance(packed, GroupableRead)
     assert _stats(packed) == raw
     assert _stats(read_logs(spark, str(older), compact=True, **subset)) == want
 

@@ -40,9 +40,9 @@ from msgq.schemas import registry_in_force
 from msgq.spark.compact import (
     COMPACT_COLUMNS,
     COMPACT_SCHEMA,
-    GROUP_IN_TASKS,
     LOGGERD_FILE,
     LOGGERD_FOLDER,
+    GroupableRead,
     arrow_schema,
     compact_batches,
 )
@@ -818,11 +818,8 @@ def log_stats(
     # one job: stage 2 in the executors, its rows (a few per segment file and service,
     # per gap, per problem; exact intervals stay in the workers) to the driver
     keys = ("kind", "recording", "service") if approx else ("kind", "service")
-    # a lake's compact table: no shuffle. Looked up in the frame's own attributes: a
-    # Spark Connect DataFrame answers any other attribute name with a Column
-    in_tasks = vars(compact).get(GROUP_IN_TASKS)
-    if in_tasks is not None:
-        stage = in_tasks(keys, partial(_partials, params), _PARTIAL_SCHEMA)
+    if isinstance(compact, GroupableRead):  # a lake's compact table: no shuffle
+        stage = compact.group_in_tasks(keys, partial(_partials, params), _PARTIAL_SCHEMA)
     else:
         stage = compact.groupBy(*keys).applyInArrow(partial(_partials, params),
                                                     _PARTIAL_SCHEMA)

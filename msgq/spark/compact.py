@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["COMPACT_COLUMNS", "COMPACT_SCHEMA", "GROUP_IN_TASKS", "LOGGERD_FILE",
-           "LOGGERD_FOLDER", "arrow_schema", "compact_batches", "loggerd_route", "recording_of"]
+__all__ = ["COMPACT_COLUMNS", "COMPACT_SCHEMA", "LOGGERD_FILE", "LOGGERD_FOLDER",
+           "GroupableRead", "arrow_schema", "compact_batches", "loggerd_route",
+           "recording_of"]
 
 #: The columns of compact rows (a Spark DDL string).
 COMPACT_SCHEMA = ("kind string, recording string, file string, segment int, service string, "
@@ -30,11 +31,39 @@ COMPACT_SCHEMA = ("kind string, recording string, file string, segment int, serv
                   "size_sum bigint, monos binary")
 #: Their names, in order.
 COMPACT_COLUMNS = tuple(column.split()[0] for column in COMPACT_SCHEMA.split(", "))
-#: The attribute of a compact read whose rows can be grouped where they are read (a
-#: lake's compact table): ``vars(df)[GROUP_IN_TASKS](keys, function, schema)`` is
-#: ``df.groupBy(*keys).applyInArrow(function, schema)`` without the shuffle, every group
-#: read whole by one task. Set on the read itself; any frame derived from it has none.
-GROUP_IN_TASKS = "_msgq_group_in_tasks"
+
+
+class GroupableRead:
+    """A compact read whose rows can be grouped in the tasks that read them (a lake's
+    compact table, :func:`msgq.spark.lake.read_lake`): the DataFrame, :attr:`frame`,
+    and the grouping that reads it, :meth:`group_in_tasks`, held together here and
+    nowhere else.
+
+    Used as the DataFrame it holds: any other attribute or method is the frame's
+    (``read.columns``, ``read.inputFiles()``, ``read["service"]``, ``a.unionByName(read)``
+    on a classic session), so ``read.select("*")`` and any other frame derived from it
+    is a plain DataFrame, which ``log_stats`` groups with Spark's shuffle. Works alike
+    for classic and Spark Connect DataFrames: nothing is set on the frame."""
+
+    __slots__ = ("_group", "frame")
+
+    def __init__(self, frame: Any, group: Any) -> None:
+        self.frame = frame
+        self._group = group
+
+    def group_in_tasks(self, keys: tuple[str, ...], function: Any, schema: str) -> Any:
+        """``frame.groupBy(*keys).applyInArrow(function, schema)`` without the shuffle:
+        every group read whole by one task."""
+        return self._group(keys, function, schema)
+
+    def __getattr__(self, name: str) -> Any:  # only names the wrapper has not
+        return getattr(self.frame, name)
+
+    def __getitem__(self, item: Any) -> Any:
+        return self.frame[item]
+
+    def __repr__(self) -> str:
+        return f"GroupableRead({self.frame!r})"
 
 
 def arrow_schema(ddl: str) -> Any:

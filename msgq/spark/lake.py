@@ -84,7 +84,7 @@ from msgq.logs import segment_paths
 from msgq.schemas import Schema, SchemaSpec, spec_in_force
 from msgq.schemas.services import unknown_service_error
 from msgq.spark.capnp_types import member_plan
-from msgq.spark.compact import COMPACT_SCHEMA, GROUP_IN_TASKS
+from msgq.spark.compact import COMPACT_SCHEMA, GroupableRead
 from msgq.spark.connect import default_parallelism, is_connect
 from msgq.spark.datasource import (
     MsgqLogDataSource,
@@ -791,7 +791,9 @@ def read_lake(spark: Any, lake: str | os.PathLike[str], services: Iterable[str] 
     (:mod:`msgq.spark.lake_compact`): the events never become Spark rows. A lake with
     a compact table (:data:`COMPACT_TABLE`, written by every build since it came) and
     no ``start``/``end`` gives that table's rows instead, read in one Parquet scan
-    (local or Hadoop path): the packing was done once, when the lake was built.
+    (local or Hadoop path): the packing was done once, when the lake was built. On a
+    local path that read is a :class:`msgq.spark.compact.GroupableRead` (used as the
+    DataFrame it holds), which ``log_stats`` groups in the tasks that read its files.
     Otherwise a lake on a Hadoop path gives event rows (which log_stats takes as
     well)."""
     # pyspark: the optional spark extra, imported when Spark is used
@@ -994,20 +996,21 @@ def _compact_table(spark: Any, lake: Lake, tables: list[str], problems_schema: A
             if name in _PROBLEM_COLUMNS else f"CAST(NULL AS {kind}) AS {name}"
             for name, kind in columns])
         rows = rows.unionByName(damage)
-    if not _is_remote(lake.path):  # log_stats groups them where they are read
-        setattr(rows, GROUP_IN_TASKS, lambda keys, function, schema: _group_in_tasks(
-            spark, lake, tables, problems, rates, keys, function, schema))
-    return rows
+    if _is_remote(lake.path):
+        return rows
+    # log_stats groups them where they are read
+    return GroupableRead(rows, lambda keys, function, schema: _group_in_tasks(
+        spark, lake, tables, problems, rates, keys, function, schema))
 
 
 def _group_in_tasks(spark: Any, lake: Lake, tables: list[str], problems: bool,
                     rates: dict[str, float], keys: tuple[str, ...], function: Any,
                     schema: str) -> Any:
-    """:data:`msgq.spark.compact.GROUP_IN_TASKS` of :func:`_compact_table`'s read: a task
-    per few services, each reading its services' rows of the compact table with pyarrow
-    (:class:`GroupedCompact`), the problems table's with them. The services are dealt
-    to the tasks by expected rate (the busiest first, round the tasks), so each task
-    gets a like share of the events."""
+    """:meth:`msgq.spark.compact.GroupableRead.group_in_tasks` of :func:`_compact_table`'s
+    read: a task per few services, each reading its services' rows of the compact table
+    with pyarrow (:class:`GroupedCompact`), the problems table's with them. The services
+    are dealt to the tasks by expected rate (the busiest first, round the tasks), so
+    each task gets a like share of the events."""
     compact = [path for _, path in _files(lake, COMPACT_TABLE)]
     damage = [path for _, path in _files(lake, PROBLEMS_TABLE)] \
         if problems and PROBLEMS_TABLE in lake.tables else []
