@@ -14,14 +14,19 @@ local Spark session (``--cores``, default every core):
   the source): the best of ``--repeat`` runs each, alternating, the bytes each read
   (Spark's input metrics of the query's stages for the lake's Parquet scan; for the raw
   source, which reads its files in Python and reports none, the bytes of the segment
-  files the pushed filters leave it to read), and a Spark job's own fixed cost apart
-  (``spark.range(1).count()``);
+  files the pushed filters leave it to read), and apart two costs no layout removes: a
+  Spark job's own (``spark.range(1).count()``) and Spark's floor for any Parquet query
+  (one tiny Parquet file, read with its schema given, its one column collected; a new
+  DataFrame each time, as each query is);
 * full ``log_stats`` on the lake (both engines) against the raw pass (the results must
   be equal): each as ``msgq logstats`` reads, the Python engine on compact reads (the
   raw source's packing in its workers; the lake's compact table, which the build
   packed once, grouped where it is read), the SQL engine on the lake's event rows; and
   apart the least a job over every event's row costs: one aggregate (count, first
-  logMonoTime, bytes per service) over the lake's narrow columns.
+  logMonoTime, bytes per service) over the lake's narrow columns;
+* the build's floor (:func:`msgq.bench.build_floor.measure`: the read, decode and write
+  work of a build with no Spark, measured before the session starts), beside the raw
+  pass and the build.
 
 Prints one table with the issue's targets and the load average before and after.
 """
@@ -100,6 +105,10 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cores: int | None,
     """The rows (see the module docstring); ``keep``: a folder to write the recording and
     the lake to and leave there (default: a temporary one)."""
     # optional extra: these modules import pyspark (the spark extra) at their tops
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from msgq.bench import build_floor
     from msgq.spark import datasource, lake
 
     load_before = os.getloadavg()
@@ -119,6 +128,10 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cores: int | None,
         low = first + int((last - first) * 0.475)
         high = first + int((last - first) * 0.525)
         master = "local[*]" if cores is None else f"local[{cores}]"
+        # its own processes, no Spark: before the session, so nothing else runs
+        floor = build_floor.measure(recording, cores)
+        tiny = os.path.join(root, "parquet-floor.parquet")
+        pq.write_table(pa.table({"x": pa.array([1, 2, 3], pa.int64())}), tiny)
         spark = spark_session(master, app_name="msgq lake bench")
         try:
             def raw_stats() -> dict[str, Any]:
@@ -172,9 +185,14 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cores: int | None,
             def job() -> int:
                 return int(spark.range(1).count())
 
+            def parquet_floor() -> Any:  # what no lake layout can remove
+                return spark.read.schema("x bigint").parquet(tiny).select("x").collect()
+
             lake_query()
             raw_query()
-            times, answers = _best({"lake": lake_query, "raw": raw_query, "job": job}, repeat)
+            parquet_floor()
+            times, answers = _best({"lake": lake_query, "raw": raw_query, "job": job,
+                                    "floor": parquet_floor}, repeat)
             if tuple(answers["lake"]) != tuple(answers["raw"]):
                 raise RuntimeError(f"the lake and the raw logs disagree: {answers}")
             _, lake_read = _input_bytes(spark, lake_query)
@@ -203,6 +221,7 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cores: int | None,
         "zstd_bytes": zstd_bytes, "lake_bytes": lake_bytes,
         "window_events": int(answers["lake"][0]),
         "lake_query_s": times["lake"], "raw_query_s": times["raw"], "job_s": times["job"],
+        "parquet_floor_s": times["floor"], "build_floor": floor,
         "lake_read_bytes": lake_read, "raw_read_bytes": raw_read,
         "raw_read_from": "metrics" if raw_metric else "files",
         "lake_stats_s": stats_times["lake"], "raw_stats_best_s": stats_times["raw"],

@@ -17,10 +17,16 @@ ROWS: dict[str, tuple[str, str]] = {
     "window/time": ("  time: lake / raw with pushdown", ">= 5x"),
     "window/beyond-job": ("  time beyond a Spark job's own fixed cost: lake / raw", ">= 5x"),
     "job": ("  a Spark job's own fixed cost (apart)", ""),
+    "window/parquet-floor": ("  Spark's floor for any Parquet query (apart: a tiny file, "
+                             "one column)", ""),
+    "window/beyond-floor": ("  time beyond that floor: lake / raw", ">= 5x"),
     "log_stats": ("full log_stats: lake / raw", ">= 3x"),
     "log_stats/sql": ("  the same, SQL engine (engine='sql') / raw", ""),
     "log_stats/floor": ("  one aggregate over the lake's narrow columns (apart)", ""),
     "build": ("building the lake / one raw log_stats pass", "<= 1.5"),
+    "build/floor-cpu": ("  the floor (no Spark): read / decode / write, CPU-s per 1 M", ""),
+    "build/floor-wall": ("  the floor's wall / raw pass", ""),
+    "build/over-floor": ("  build / the floor's wall", ""),
     "size": ("lake size / zstd logs", "<= 1.2"),
 }
 
@@ -48,7 +54,29 @@ def measured(r: dict[str, Any]) -> dict[str, str]:
                  f"{r['build_s'] / r['raw_stats_s']:.2f}",
         "size": f"{r['lake_bytes'] / mb:.1f} / {r['zstd_bytes'] / mb:.1f} MiB = "
                 f"{r['lake_bytes'] / r['zstd_bytes']:.2f}",
+        **_floors(r),
     }
+
+
+def _floors(r: dict[str, Any]) -> dict[str, str]:
+    """The floor rows; "not measured" for a result from before they came."""
+    out = dict.fromkeys(("window/parquet-floor", "window/beyond-floor", "build/floor-cpu",
+                         "build/floor-wall", "build/over-floor"), "not measured")
+    if "parquet_floor_s" in r:
+        out["window/parquet-floor"] = f"{r['parquet_floor_s']:.2f} s"
+        out["window/beyond-floor"] = _faster(r["lake_query_s"] - r["parquet_floor_s"],
+                                             r["raw_query_s"] - r["parquet_floor_s"])
+    floor = r.get("build_floor")
+    if floor:
+        out["build/floor-cpu"] = (f"{floor['read_cpu_per_m']:.2f} / "
+                                  f"{floor['decode_cpu_per_m']:.2f} / "
+                                  f"{floor['write_cpu_per_m']:.2f}")
+        out["build/floor-wall"] = (f"{floor['floor_wall_s']:.1f} / {r['raw_stats_s']:.1f} s "
+                                   f"= {floor['floor_wall_s'] / r['raw_stats_s']:.2f} "
+                                   f"({floor['cores']} cores)")
+        out["build/over-floor"] = (f"{r['build_s']:.1f} / {floor['floor_wall_s']:.1f} s = "
+                                   f"{r['build_s'] / floor['floor_wall_s']:.2f}")
+    return out
 
 
 def headline(r: dict[str, Any]) -> str:
