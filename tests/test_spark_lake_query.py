@@ -175,3 +175,25 @@ def test_the_engine_is_checked(spark: Any, recordings_and_lake: tuple[list[str],
     with pytest.raises(ValueError, match="exact percentiles"):
         log_stats(read_logs(spark, recordings, data=False), engine="sql",
                   approx_percentiles=True)
+
+
+def test_a_small_table_is_read_by_one_task(
+        spark: Any, recordings_and_lake: tuple[list[str], str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table of a few small files (one per route here) is one task: an aggregate over
+    it plans no shuffle (one stage), with the raw logs' answer; above
+    ONE_TASK_BYTES each file is Spark's to split as it does."""
+    from msgq.spark import lake as lakes
+    from msgq.spark import read_logs
+
+    recordings, lake = recordings_and_lake
+    assert len(list(Path(lake, "can").rglob("*.parquet"))) >= 2
+    assert lakes.read_table(spark, lake, "can").rdd.getNumPartitions() == 1
+    query = lakes.sql(spark, lake, "SELECT count(*), max(logMonoTime) FROM can")
+    got = tuple(query.collect()[0])
+    assert "Exchange" not in query._jdf.queryExecution().executedPlan().toString()
+    raw = read_logs(spark, recordings, services=["can"], data=False) \
+        .where("service IS NOT NULL").selectExpr("count(*)", "max(logMonoTime)")
+    assert got == tuple(raw.collect()[0]) and got[0] > 0
+    monkeypatch.setattr(lakes, "ONE_TASK_BYTES", 0)
+    assert lakes.read_table(spark, lake, "can").rdd.getNumPartitions() >= 2
