@@ -240,23 +240,30 @@ def _recording_rows(add, recording, service, hz, table, gap_factor, approx):
     segment_of = dict(zip(files, table.column("segment").to_pylist(), strict=True))
     pieces = [np.frombuffer(b, dtype="<i8") for b in table.column("monos").to_pylist()]
     monos = np.concatenate(pieces).astype(np.int64)
-    file_of = np.repeat(np.array([rank[f] for f in files], dtype=np.int64),
-                        [len(p) for p in pieces])
+    lengths = np.array([len(p) for p in pieces], dtype=np.int64)
+    file_rows = np.array([rank[f] for f in files], dtype=np.int64)
+    file_of = np.repeat(file_rows, lengths)
     counts = table.column("count").to_numpy()
     invalid = table.column("invalid").to_numpy()
     size_sum = table.column("size_sum").to_numpy()
-    file_rows = np.array([rank[f] for f in files], dtype=np.int64)
 
-    # per segment file: intervals within the file
+    # per segment file: intervals within the file. The rows taken file by file (every
+    # file has one at least), their events as slices: no mask per file, which cost a
+    # pass over the service's events for each of its files (217 files at 10 M events)
+    by_file = np.argsort(file_rows, kind="stable")
+    grouped = np.concatenate([pieces[r] for r in by_file]).astype(np.int64)
+    row_starts = np.searchsorted(file_rows[by_file], np.arange(len(names)))
+    event_ends = np.cumsum(np.bincount(file_of, minlength=len(names)))
+    file_invalid = np.add.reduceat(invalid[by_file], row_starts)
+    file_sizes = np.add.reduceat(size_sum[by_file], row_starts)
     for i, name in enumerate(names):
-        mine = np.sort(monos[file_of == i])
+        mine = np.sort(grouped[(event_ends[i - 1] if i else 0):event_ends[i]])
         stats, _ = _interval_stats(np.diff(mine), hz, gap_factor, approx)
-        rows = file_rows == i
         add(kind="segment", recording=recording, file=name, segment=segment_of[name],
             service=service, **_published(dict(
                 expected_hz=hz, count=len(mine), segments=1, first_mono_ns=int(mine[0]),
-                last_mono_ns=int(mine[-1]), invalid=int(invalid[rows].sum()),
-                size_sum=int(size_sum[rows].sum()), **stats)))
+                last_mono_ns=int(mine[-1]), invalid=int(file_invalid[i]),
+                size_sum=int(file_sizes[i]), **stats)))
 
     # the recording: time order, ties by file (the event that ends a gap is the first)
     order = np.lexsort((file_of, monos))
