@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from queue import Empty
 from typing import Any
 
 __all__ = ["measure", "main"]
@@ -208,16 +209,29 @@ def _parallel_wall(paths: list[str], cores: int, out: str) -> tuple[float, float
         worker.start()
     try:
         for _ in workers:
-            ready.get(timeout=300)
+            _get(ready, workers)
         began = time.perf_counter()
         start.set()
-        results = [done.get(timeout=3600) for _ in workers]
+        results = [_get(done, workers) for _ in workers]
     finally:
         for worker in workers:
             worker.join(timeout=60)
             if worker.is_alive():
                 worker.kill()
     return max(r[0] for r in results) - began, sum(r[1] for r in results)
+
+
+def _get(queue: Any, workers: list[Any]) -> Any:
+    """The next item of ``queue``; RuntimeError when a worker ended without giving it
+    (it failed: its traceback is on stderr)."""
+    while True:
+        try:
+            return queue.get(timeout=0.5)
+        except Empty:
+            dead = [w for w in workers if not w.is_alive() and w.exitcode != 0]
+            if dead:
+                raise RuntimeError(f"a floor process failed (exit status {dead[0].exitcode})"
+                                   "; see its error above") from None
 
 
 def _folder_bytes(folder: str) -> int:
@@ -294,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = measure(args.recording, args.cores)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, RuntimeError) as e:
         print(f"msgq bench build_floor: {e}", file=sys.stderr)
         return 1
     if args.json:
