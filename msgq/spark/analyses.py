@@ -800,7 +800,7 @@ def log_stats(
         raise ValueError(f"engine is 'python' or 'sql', not {engine!r}")
     rates = dict(expected_rates() if rates is None else rates)
     cached = []
-    if tuple(df.columns) == COMPACT_COLUMNS:  # packed by the source already
+    if isinstance(df, GroupableRead) or tuple(df.columns) == COMPACT_COLUMNS:  # packed
         if cache:
             raise ValueError("cache=True keeps the event rows for timeline(); a compact "
                              "read has none: read with compact=False")

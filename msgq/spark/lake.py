@@ -1011,20 +1011,23 @@ def _compact_table(spark: Any, lake: Lake, tables: list[str], problems_schema: A
     # pyspark: the optional spark extra, imported when Spark is used
     from pyspark.sql import functions as sf
 
-    columns = [c.split() for c in COMPACT_SCHEMA.split(", ")]
-    rows = _read(spark, lake, COMPACT_TABLE, table_schema(COMPACT_TABLE)) \
-        .where(sf.col("service").isin(tables)).select(*[name for name, _ in columns])
-    if problems:  # one expression string: a py4j call, not one per column
-        damage = _read(spark, lake, PROBLEMS_TABLE, problems_schema).selectExpr(*[
-            "'problem' AS kind" if name == "kind" else "'' AS recording"
-            if name == "recording" else f"CAST({name} AS {kind}) AS {name}"
-            if name in _PROBLEM_COLUMNS else f"CAST(NULL AS {kind}) AS {name}"
-            for name, kind in columns])
-        rows = rows.unionByName(damage)
-    if _is_remote(lake.path):
+    def frame() -> Any:
+        columns = [c.split() for c in COMPACT_SCHEMA.split(", ")]
+        rows = _read(spark, lake, COMPACT_TABLE, table_schema(COMPACT_TABLE)) \
+            .where(sf.col("service").isin(tables)).select(*[name for name, _ in columns])
+        if problems:  # one expression string: a py4j call, not one per column
+            damage = _read(spark, lake, PROBLEMS_TABLE, problems_schema).selectExpr(*[
+                "'problem' AS kind" if name == "kind" else "'' AS recording"
+                if name == "recording" else f"CAST({name} AS {kind}) AS {name}"
+                if name in _PROBLEM_COLUMNS else f"CAST(NULL AS {kind}) AS {name}"
+                for name, kind in columns])
+            rows = rows.unionByName(damage)
         return rows
-    # log_stats groups them where they are read
-    return GroupableRead(rows, lambda keys, function, schema: _group_in_tasks(
+
+    if _is_remote(lake.path):
+        return frame()
+    # log_stats groups them where they are read, and never plans the frame
+    return GroupableRead(spark, frame, lambda keys, function, schema: _group_in_tasks(
         spark, lake, tables, problems, rates, keys, function, schema))
 
 
