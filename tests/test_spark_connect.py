@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -216,3 +217,54 @@ def test_the_java_version_is_asked_once_per_runtime(tmp_path: Path,
     with pytest.raises(session.JavaMissingError, match="Java 11"):
         session.check_java()
     assert calls.read_text().count("x") == 3
+
+
+#: Run in a child process (a process holds a classic session or a Connect one, not both):
+#: the lake's compact read on the Connect session, its checks, and log_stats's answers.
+_ON_CONNECT = """
+import json, sys
+from msgq.spark import read_logs
+from msgq.spark.analyses import log_stats
+from msgq.spark.compact import COMPACT_COLUMNS, GroupableRead
+from msgq.spark.connect import is_connect
+from msgq.spark.session import spark_session
+
+spark = spark_session()
+rates = json.loads(sys.argv[2])
+read = read_logs(spark, sys.argv[1], compact=True)
+assert is_connect(spark) and isinstance(read, GroupableRead), type(read)
+assert is_connect(read.frame.sparkSession)
+assert tuple(read.columns) == COMPACT_COLUMNS  # used as the frame it holds
+assert read.where(read["kind"] == "problem").count() > 0
+assert not isinstance(read.select("*"), GroupableRead)
+print(json.dumps([log_stats(read, rates).to_dict(),  # grouped in the tasks
+                  log_stats(read.select("*"), rates).to_dict()]))  # Spark's shuffle
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_compact_lake_read_on_connect_groups_in_tasks(
+        spark: Any, server: str, tmp_path: Path) -> None:
+    """A lake's compact read on the Connect session is a GroupableRead over a Connect
+    DataFrame (nothing set on the frame, which answers unknown attribute names with a
+    Column), used as that frame; ``log_stats`` groups it in the tasks that read it with
+    the local session's answers."""
+    from test_spark_stats import RATES, write_corner_recordings
+
+    from msgq.spark import lake as lakes
+    from msgq.spark import read_logs
+    from msgq.spark.analyses import log_stats
+
+    a, b = tmp_path / "drive-a", tmp_path / "drive b"
+    write_corner_recordings(a, b)
+    lake = str(tmp_path / "lake")
+    lakes.build(spark, [str(a), str(b)], lake)
+    stats = log_stats(read_logs(spark, lake, compact=True), RATES)
+    local = json.loads(json.dumps(stats.to_dict()))
+    done = subprocess.run([sys.executable, "-c", _ON_CONNECT, lake, json.dumps(RATES)],
+                          capture_output=True, text=True, timeout=300,
+                          env=child_env(MSGQ_SPARK_REMOTE=server))
+    assert done.returncode == 0, done.stderr[-3000:]
+    grouped, shuffled = json.loads(done.stdout)
+    assert local["services"] and grouped == local and shuffled == local
