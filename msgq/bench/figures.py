@@ -224,8 +224,10 @@ def _render_upstream(doc: dict[str, Any]) -> str:
             "32 MiB queues, medians of the repeats.\n\n" + "\n".join(lines) + "\n")
 
 
-LAKE_ROWS = ("window/bytes", "window/time", "window/beyond-job", "job", "log_stats",
-             "log_stats/sql", "log_stats/floor", "build", "size")
+LAKE_ROWS = ("window/bytes", "window/time", "window/beyond-job", "job",
+             "window/parquet-floor", "window/beyond-floor", "log_stats", "log_stats/sql",
+             "log_stats/floor", "build", "build/floor-cpu", "build/floor-wall",
+             "build/over-floor", "size")
 
 
 def _lake_rows() -> set[str]:
