@@ -66,8 +66,10 @@ LOCAL_IMPORT_REASONS = ("optional extra", "start-up cost", "plugin", "another ms
 
 #: At most this many function-local imports of msgq's own modules: the rest sit at the
 #: top, where a reader (and this file's cycle check) sees them. The CLI imports a
-#: command's module only when it runs, so command modules need none.
-MAX_LOCAL_MSGQ_IMPORTS = 20
+#: command's module only when it runs, so command modules need none. (21: the lake
+#: benchmark's build floor, a spark-extra module its runner imports when it runs; the
+#: floor's own eleven local imports went to its top.)
+MAX_LOCAL_MSGQ_IMPORTS = 21
 
 
 @dataclass(frozen=True)

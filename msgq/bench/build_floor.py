@@ -43,6 +43,21 @@ from collections.abc import Sequence
 from queue import Empty
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql.pandas.types import to_arrow_schema, to_arrow_type
+from pyspark.sql.types import StructType
+
+from msgq.logs import LogReader, segment_paths
+from msgq.logs.segment import VALID, MessageBatch
+from msgq.schemas import spec_in_force
+from msgq.spark.capnp_types import member_plan
+from msgq.spark.datasource import member_decoder, segment_number
+from msgq.spark.lake import PARTITION_COLUMNS, table_schema
+from msgq.spark.lake_files import _PARQUET_OPTIONS, TARGET_FILE_BYTES, _without_empty
+from msgq.tables import format_table
+
 __all__ = ["measure", "main"]
 
 _PASSES = ("read", "decode", "write")
@@ -58,16 +73,6 @@ class _Floor:
     see the module docstring), under the schema in force."""
 
     def __init__(self, out: str) -> None:
-        # optional extra: pyarrow, pyspark (the spark extra)
-        import pyarrow as pa
-        from pyspark.sql.pandas.types import to_arrow_schema, to_arrow_type
-        from pyspark.sql.types import StructType
-
-        from msgq.schemas import spec_in_force
-        from msgq.spark.capnp_types import member_plan
-        from msgq.spark.datasource import member_decoder
-        from msgq.spark.lake import PARTITION_COLUMNS, table_schema
-
         self.pa = pa
         self.out = out
         spec = spec_in_force()
@@ -87,14 +92,6 @@ class _Floor:
 
     def run(self, paths: Sequence[str], stage: str) -> int:
         """One pass over ``paths``; returns the events read."""
-        # msgq's log reader and the lake's writing pieces
-        import numpy as np
-
-        from msgq.logs import LogReader
-        from msgq.logs.segment import VALID, MessageBatch
-        from msgq.spark.datasource import segment_number
-        from msgq.spark.lake_files import TARGET_FILE_BYTES
-
         events = 0
         files: dict[str, list[Any]] = {}  # service -> [typed column, parts, bytes]
         for path in paths:
@@ -140,12 +137,6 @@ class _Floor:
             gathered[0].finish()
 
     def _write(self, service: str, gathered: list[Any]) -> None:
-        # optional extra: pyarrow (the spark extra)
-        import numpy as np
-        import pyarrow.parquet as pq
-
-        from msgq.spark.lake_files import _PARQUET_OPTIONS, _without_empty
-
         pa = self.pa
         stored, typed = self.plans[service]
         column, parts, _ = gathered
@@ -245,9 +236,6 @@ def measure(recording: str, cores: int | None = None) -> dict[str, Any]:
     ``decode_cpu_per_m``, ``write_cpu_per_m``) and their sum (``floor_cpu_per_m``), the
     whole work's ``floor_wall_s`` on ``cores`` processes (default every core) and their
     CPU seconds, the Parquet bytes written and the load average before and after."""
-    # msgq's log listing
-    from msgq.logs import segment_paths
-
     cores = cores or os.cpu_count() or 1
     load_before = os.getloadavg()
     paths = segment_paths(recording)
@@ -295,9 +283,6 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m msgq.bench.build_floor``."""
-    # tables: msgq's own
-    from msgq.tables import format_table
-
     parser = argparse.ArgumentParser(prog="python -m msgq.bench.build_floor",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

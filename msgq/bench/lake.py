@@ -108,8 +108,8 @@ def run(seconds: float, rotate_seconds: float, repeat: int, cores: int | None,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from msgq.bench import build_floor
-    from msgq.spark import datasource, lake
+    from msgq.bench import build_floor  # optional extra: pyspark and pyarrow at its top
+    from msgq.spark import datasource, lake  # optional extra: pyspark at their tops
 
     load_before = os.getloadavg()
     root = keep or tempfile.mkdtemp(prefix="msgq-lake-bench-")
