@@ -134,13 +134,19 @@ def _bucket_values(index):
     return np.where(index == _ZERO_BUCKET, 0.0, values)
 
 
-def _histogram(dts):
-    """(bucket index, count) arrays of non-negative intervals: logarithmic buckets of
-    ratio _GAMMA, zero on its own (a mergeable sketch of bounded size)."""
+def _bucket_index(dts):
+    """The histogram bucket of each non-negative interval: logarithmic buckets of ratio
+    _GAMMA, zero on its own."""
     index = np.full(len(dts), _ZERO_BUCKET, dtype=np.int64)
     positive = dts > 0
     index[positive] = np.ceil(np.log(dts[positive].astype(np.float64)) / math.log(_GAMMA))
-    buckets, counts = np.unique(index, return_counts=True)
+    return index
+
+
+def _histogram(dts):
+    """(bucket index, count) arrays of non-negative intervals (:func:`_bucket_index`: a
+    mergeable sketch of bounded size)."""
+    buckets, counts = np.unique(_bucket_index(dts), return_counts=True)
     return buckets, counts.astype(np.int64)
 
 
@@ -193,10 +199,9 @@ def _interval_stats(dts, hz, gap_factor, approx):
         buckets, counts = _histogram(dts)
         p50, p99 = _approx_percentiles(buckets, counts)
         packed = _pack_histogram(buckets, counts)
-    else:
-        ordered = np.sort(dts)
-        p50, p99 = _exact_percentiles(ordered)
-        packed = ordered.astype("<i8").tobytes()
+    else:  # the sorted intervals themselves: they stay in the worker
+        packed = np.sort(dts)
+        p50, p99 = _exact_percentiles(packed)
     gaps = 0 if hz is None else \
         int(np.count_nonzero(dts.astype(np.float64) > gap_factor * _NS / hz))
     return {"intervals": len(dts), "dt_sum_ns": int(dts.sum()) if len(dts) else None,
@@ -231,54 +236,135 @@ def _missed(dt, hz):
     return int(Decimal(repr(dt * hz / 1e9)).quantize(Decimal(1), ROUND_HALF_UP)) - 1
 
 
+def _packed_runs(column, rows):
+    """The logMonoTimes of a column of packed ``monos`` (Arrow binary, a row's events as
+    little-endian int64) as one int64 array, the rows taken in the order of ``rows``, and
+    each row's count: one copy out of the column's Arrow buffers (not a bytes object per
+    row, then a concatenation)."""
+    # pyarrow: the optional spark extra, imported when Spark is used
+    import pyarrow as pa
+
+    # pyarrow: the optional spark extra, imported when Spark is used
+    import pyarrow.compute as pc
+
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if array.null_count:
+        array = pc.fill_null(array, b"")
+    wide = pa.types.is_large_binary(array.type)
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int64 if wide else np.int32)[
+        array.offset:array.offset + len(array) + 1].astype(np.int64)
+    lengths = np.diff(offsets) // 8
+    if offsets[-1] == offsets[0]:
+        return np.zeros(0, dtype=np.int64), lengths
+    data = np.frombuffer(array.buffers()[2], dtype=np.uint8)
+    begins = offsets[:-1].tolist()
+    ends = offsets[1:].tolist()
+    return np.concatenate([data[begins[r]:ends[r]] for r in rows.tolist()]) \
+        .view("<i8").astype(np.int64), lengths
+
+
+def _sorted_runs(values, lengths):
+    """``values`` (runs of ``lengths`` each, one after another) with each run sorted: one
+    sort of (run, value) keys, not a sort per run."""
+    if len(values) < 2:
+        return values
+    low = int(values.min())
+    span = int(values.max()) - low + 1
+    if span * len(lengths) >= 1 << 62:  # the keys would not fit in int64
+        return values[np.lexsort((values, np.repeat(np.arange(len(lengths)), lengths)))]
+    bases = np.repeat(np.arange(len(lengths), dtype=np.int64) * span, lengths)
+    keys = values - low
+    keys += bases
+    keys.sort()
+    keys -= bases
+    keys += low
+    return keys
+
+
 def _recording_rows(add, recording, service, hz, table, gap_factor, approx):
     """The compact rows of one (recording, service): adds its segment rows, gap rows and
-    partial row; returns the partial (with its packed intervals, ``dts``)."""
+    partial row; returns the partial (with its intervals, ``dts``: sorted, or with
+    approximate percentiles their packed histogram)."""
     files = table.column("file").to_pylist()
     names = sorted(set(files))
     rank = {name: i for i, name in enumerate(names)}
     segment_of = dict(zip(files, table.column("segment").to_pylist(), strict=True))
-    pieces = [np.frombuffer(b, dtype="<i8") for b in table.column("monos").to_pylist()]
-    monos = np.concatenate(pieces).astype(np.int64)
-    lengths = np.array([len(p) for p in pieces], dtype=np.int64)
     file_rows = np.array([rank[f] for f in files], dtype=np.int64)
-    file_of = np.repeat(file_rows, lengths)
     counts = table.column("count").to_numpy()
     invalid = table.column("invalid").to_numpy()
     size_sum = table.column("size_sum").to_numpy()
 
-    # per segment file: intervals within the file. The rows taken file by file (every
-    # file has one at least), their events as slices: no mask per file, which cost a
-    # pass over the service's events for each of its files (217 files at 10 M events)
-    by_file = np.argsort(file_rows, kind="stable")
-    grouped = np.concatenate([pieces[r] for r in by_file]).astype(np.int64)
-    row_starts = np.searchsorted(file_rows[by_file], np.arange(len(names)))
-    event_ends = np.cumsum(np.bincount(file_of, minlength=len(names)))
-    file_invalid = np.add.reduceat(invalid[by_file], row_starts)
-    file_sizes = np.add.reduceat(size_sum[by_file], row_starts)
-    for i, name in enumerate(names):
-        mine = np.sort(grouped[(event_ends[i - 1] if i else 0):event_ends[i]])
-        stats, _ = _interval_stats(np.diff(mine), hz, gap_factor, approx)
+    # Every segment file at once (a numpy call and a sort per file cost more than the
+    # work: 217 files at 10 M events): the events taken file by file in name order
+    # (every file has one at least), sorted within each (nearly always sorted already);
+    # a file's intervals are the steps that do not cross into the next file
+    times, lengths = _packed_runs(table.column("monos"), np.argsort(file_rows, kind="stable"))
+    events = np.zeros(len(names), dtype=np.int64)
+    np.add.at(events, file_rows, lengths)
+    file_invalid = np.zeros(len(names), dtype=np.int64)
+    np.add.at(file_invalid, file_rows, invalid)
+    file_sizes = np.zeros(len(names), dtype=np.int64)
+    np.add.at(file_sizes, file_rows, size_sum)
+    ends = np.cumsum(events)
+    begins = ends - events
+    crossing = ends[:-1] - 1  # the step from a file's last event to the next file's first
+    steps = np.diff(times)
+    backwards = steps < 0
+    backwards[crossing] = False
+    if np.any(backwards):  # events out of time order in a file
+        times = _sorted_runs(times, events)
+        steps = np.diff(times)
+    inside = np.ones(len(steps), dtype=bool)
+    inside[crossing] = False
+    dts = steps[inside]
+    intervals = events - 1
+    dt_begins = np.cumsum(intervals) - intervals
+    firsts, lasts = times[begins], times[ends - 1]
+    dt_sums = lasts - firsts  # the intervals of a sorted file add up to its span
+    dt_maxima = np.zeros(len(names), dtype=np.int64)
+    some = intervals > 0
+    if np.any(some):
+        dt_maxima[some] = np.maximum.reduceat(dts, dt_begins[some])
+    gap_counts = np.zeros(len(names), dtype=np.int64)
+    if hz is not None:
+        over = np.flatnonzero(dts.astype(np.float64) > gap_factor * _NS / hz)
+        gap_counts = np.bincount(np.searchsorted(dt_begins, over, "right") - 1,
+                                 minlength=len(names))
+    ordered = _sorted_runs(dts, intervals)
+    # the value at a rank: the interval, or (approximate) its histogram bucket's
+    ranked = _bucket_values(_bucket_index(ordered)) if approx else ordered
+    for i, (name, n, begin, first, last) in enumerate(zip(
+            names, intervals.tolist(), dt_begins.tolist(), firsts.tolist(), lasts.tolist(),
+            strict=True)):
+        p50, p99 = _percentiles(lambda r, b=begin: ranked[b + r].item(), n)
         add(kind="segment", recording=recording, file=name, segment=segment_of[name],
             service=service, **_published(dict(
-                expected_hz=hz, count=len(mine), segments=1, first_mono_ns=int(mine[0]),
-                last_mono_ns=int(mine[-1]), invalid=int(file_invalid[i]),
-                size_sum=int(file_sizes[i]), **stats)))
+                expected_hz=hz, count=n + 1, segments=1, first_mono_ns=first,
+                last_mono_ns=last, invalid=int(file_invalid[i]), size_sum=int(file_sizes[i]),
+                intervals=n, dt_sum_ns=int(dt_sums[i]) if n else None, dt_p50_ns=p50,
+                dt_p99_ns=p99, dt_max_ns=int(dt_maxima[i]) if n else None,
+                gap_count=int(gap_counts[i]))))
 
-    # the recording: time order, ties by file (the event that ends a gap is the first)
-    order = np.lexsort((file_of, monos))
-    monos, file_of = monos[order], file_of[order]
-    dts = np.diff(monos)
-    stats, packed = _interval_stats(dts, hz, gap_factor, approx)
+    # the recording: time order, ties by file (the event that ends a gap is the first).
+    # Where each file ends before the next one begins (a recording's segments do) the
+    # events are in that order already; else a stable sort of them (ties: by file)
+    file_of = np.repeat(np.arange(len(names), dtype=np.int64), events)
+    if np.any(steps[crossing] < 0):
+        order = np.argsort(times, kind="stable")
+        times, file_of = times[order], file_of[order]
+        steps = np.diff(times)
+    stats, packed = _interval_stats(steps, hz, gap_factor, approx)
     if hz is not None and stats["gap_count"]:
-        for k in np.flatnonzero(dts.astype(np.float64) > gap_factor * _NS / hz):
-            name = names[file_of[k + 1]]
-            dt = int(dts[k])
+        where = np.flatnonzero(steps.astype(np.float64) > gap_factor * _NS / hz)
+        for dt, begin, end, f in zip(steps[where].tolist(), times[where].tolist(),
+                                     times[where + 1].tolist(), file_of[where + 1].tolist(),
+                                     strict=True):
+            name = names[f]
             add(kind="gap", recording=recording, file=name, segment=segment_of[name],
-                service=service, expected_hz=hz, start_mono_ns=int(monos[k]),
-                end_mono_ns=int(monos[k + 1]), duration_ms=dt / 1e6, missed=_missed(dt, hz))
+                service=service, expected_hz=hz, start_mono_ns=begin, end_mono_ns=end,
+                duration_ms=dt / 1e6, missed=_missed(dt, hz))
     row = _published(dict(expected_hz=hz, count=int(counts.sum()), segments=len(names),
-                          first_mono_ns=int(monos[0]), last_mono_ns=int(monos[-1]),
+                          first_mono_ns=int(times[0]), last_mono_ns=int(times[-1]),
                           invalid=int(invalid.sum()), size_sum=int(size_sum.sum()), **stats))
     # the exact intervals stay in the worker (the service's row is made here); a
     # histogram is small and goes to the driver, which merges the recordings'
@@ -300,17 +386,20 @@ def _partials(params, table):
     import pyarrow.compute as pc
 
     rates, gap_factor, approx = params
-    schema = arrow_schema(_PARTIAL_SCHEMA)
-    out: dict[str, list[Any]] = {name: [] for name in _PARTIAL_COLUMNS}
+    rows: list[dict[str, Any]] = []
 
     def add(**values):
-        for name in _PARTIAL_COLUMNS:
-            out[name].append(values.get(name))
+        rows.append(values)
+
+    def table_of_rows():  # column by column: a list each, not an append per cell
+        return pa.Table.from_pydict({name: [row.get(name) for row in rows]
+                                     for name in _PARTIAL_COLUMNS},
+                                    schema=arrow_schema(_PARTIAL_SCHEMA))
 
     if table.num_rows and table.column("kind")[0].as_py() == "problem":
         for row in table.select(["file", "segment", "offset", "service", "problem"]).to_pylist():
             add(kind="problem", **row)
-        return pa.Table.from_pydict(out, schema=schema)
+        return table_of_rows()
     service = table.column("service")[0].as_py()
     hz = rates.get(service)
     hz = None if hz is None else float(hz)
@@ -325,7 +414,7 @@ def _partials(params, table):
         merged = _service_row({name: [p[name] for p in partials] for name in partials[0]},
                               approx)
         add(kind="service", **merged)
-    return pa.Table.from_pydict(out, schema=schema)
+    return table_of_rows()
 
 
 def _service_row(rows, approx):
@@ -339,9 +428,9 @@ def _service_row(rows, approx):
         p50, p99 = _approx_percentiles(
             merged, np.bincount(where, weights=counts).astype(np.int64))
     elif len(rows["dts"]) == 1:  # one recording: its intervals are sorted already
-        p50, p99 = _exact_percentiles(np.frombuffer(rows["dts"][0], dtype="<i8"))
+        p50, p99 = _exact_percentiles(rows["dts"][0])
     else:
-        together = np.concatenate([np.frombuffer(b, dtype="<i8") for b in rows["dts"]])
+        together = np.concatenate(rows["dts"])
         together.sort()
         p50, p99 = _exact_percentiles(together)
     sums = [s for s in rows["dt_sum_ns"] if s is not None]
