@@ -23,7 +23,7 @@ import numpy as np
 
 __all__ = ["COMPACT_COLUMNS", "COMPACT_SCHEMA", "LOGGERD_FILE", "LOGGERD_FOLDER",
            "GroupableRead", "arrow_schema", "compact_batches", "loggerd_route",
-           "recording_of"]
+           "recording_of", "spark_schema"]
 
 #: The columns of compact rows (a Spark DDL string).
 COMPACT_SCHEMA = ("kind string, recording string, file string, segment int, service string, "
@@ -67,7 +67,7 @@ class GroupableRead:
         """The frame's columns: the compact rows' (:data:`COMPACT_COLUMNS`)."""
         return list(COMPACT_COLUMNS)
 
-    def group_in_tasks(self, keys: tuple[str, ...], function: Any, schema: str) -> Any:
+    def group_in_tasks(self, keys: tuple[str, ...], function: Any, schema: Any) -> Any:
         """``frame.groupBy(*keys).applyInArrow(function, schema)`` without the shuffle:
         every group read whole by one task."""
         return self._group(keys, function, schema)
@@ -94,6 +94,19 @@ def arrow_schema(ddl: str) -> Any:
              "double": pa.float64(), "binary": pa.binary()}
     return pa.schema([pa.field(name, types[kind]) for name, kind in
                       (column.split() for column in ddl.split(", "))])
+
+
+def spark_schema(ddl: str) -> Any:
+    """The Spark StructType of a DDL string of string/int/bigint/double/binary columns,
+    made here (a DDL string given to Spark is parsed by the JVM's SQL parser, a py4j
+    call each time)."""
+    # pyspark: the optional spark extra, imported when Spark is used
+    from pyspark.sql import types as t
+
+    kinds = {"string": t.StringType(), "int": t.IntegerType(), "bigint": t.LongType(),
+             "double": t.DoubleType(), "binary": t.BinaryType()}
+    return t.StructType([t.StructField(name, kinds[kind]) for name, kind in
+                         (column.split() for column in ddl.split(", "))])
 
 
 #: A loggerd segment file's name: rlog or qlog, zstd, bz2 or uncompressed.

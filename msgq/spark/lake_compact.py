@@ -99,21 +99,23 @@ class ReadCompact:
 
 class GroupedCompact:
     """The mapInArrow function of a compact read of a lake's compact table that applies
-    a grouped function where the rows are read, with no shuffle: rows of ``service``
-    (a service of the compact table, or null: the problems table) -> for each group of
-    those services' compact rows (one read of the table per task) by ``keys`` (columns
-    of the compact rows, ``service`` among them, so every group lies in one service),
-    ``function(group)`` (an Arrow table, as ``groupBy(keys).applyInArrow`` gives it)."""
+    a grouped function where the rows are read, with no shuffle: rows of ``id`` (an
+    index into ``units``: a service of the compact table, or None: the problems table)
+    -> for each group of those services' compact rows (one read of the table per task)
+    by ``keys`` (columns of the compact rows, ``service`` among them, so every group
+    lies in one service), ``function(group)`` (an Arrow table, as
+    ``groupBy(keys).applyInArrow`` gives it)."""
 
     def __init__(self, compact_files: list[str], problem_files: list[str],
-                 keys: tuple[str, ...], function: Any) -> None:
+                 units: list[str | None], keys: tuple[str, ...], function: Any) -> None:
         self.compact_files = compact_files
         self.problem_files = problem_files
+        self.units = units
         self.keys = keys
         self.function = function
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
-        services = [s for batch in batches for s in batch.column("service").to_pylist()]
+        services = [self.units[i] for batch in batches for i in batch.column("id").to_pylist()]
         if None in services:
             yield from self._apply(self._problems())
         wanted = [s for s in services if s is not None]
