@@ -81,7 +81,9 @@ def _floors(r: dict[str, Any]) -> dict[str, str]:
 
 def headline(r: dict[str, Any]) -> str:
     """The line above the table: the recording, the master, the load."""
+    repeats = "" if "query_repeat" not in r else \
+        f"best of {r['query_repeat']} (query) and {r['repeat']} (log_stats); "
     return (f"{r['events']:,} events in {r['segments']} segments, {r['master']}; "
             f"window: {r['window_events']} events; log_stats equal: {r['stats_equal']}; "
-            f"raw bytes from {r['raw_read_from']}; load {r['load_before'][0]:.1f} before, "
-            f"{r['load_after'][0]:.1f} after")
+            f"raw bytes from {r['raw_read_from']}; {repeats}load "
+            f"{r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after")
