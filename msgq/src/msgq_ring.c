@@ -790,48 +790,11 @@ void msgq_publisher_abort(msgq_publisher *pub) {
   pub->reserved = false;
 }
 
-/* Streaming (non-temporal) stores for a chunk's copy (issue 46 item 4, on trial): the
- * bytes go to memory without first reading the chunk's lines into this core's cache,
- * which the readers on the other core then take from memory instead of a cache. Built in
- * only with -DMSGQ_STREAM_COPY=1 (the A/B's build); off under the sanitizers, which do
- * not see the intrinsics' stores. */
-#if defined(MSGQ_STREAM_COPY) && MSGQ_STREAM_COPY && defined(__SSE2__) && \
-    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
-#include <emmintrin.h>
-static void chunk_copy(void *dst, const void *src, uint32_t size) {
-  uint8_t *d = dst;
-  const uint8_t *s = src;
-  uint32_t head = (uint32_t)(-(uintptr_t)d & 15u); /* to a 16-byte boundary */
-  if (head > size) head = size;
-  memcpy(d, s, head);
-  d += head, s += head, size -= head;
-  for (; size >= 64u; d += 64, s += 64, size -= 64u) {
-    __m128i a = _mm_loadu_si128((const __m128i *)s);
-    __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
-    __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
-    __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
-    _mm_stream_si128((__m128i *)d, a);
-    _mm_stream_si128((__m128i *)(d + 16), b);
-    _mm_stream_si128((__m128i *)(d + 32), c);
-    _mm_stream_si128((__m128i *)(d + 48), e);
-  }
-  memcpy(d, s, size);
-  _mm_sfence(); /* streaming stores are weakly ordered: before the commit's release */
-}
-#else
-static inline void chunk_copy(void *dst, const void *src, uint32_t size) {
-  memcpy(dst, src, size);
-}
-#endif
-
 int msgq_publisher_send(msgq_publisher *pub, const void *data, uint32_t size) {
   void *dst;
   int r = msgq_publisher_reserve(pub, size, &dst);
   if (r < 0) return r;
-  if (pub->pool.reserving)
-    chunk_copy(dst, data, size);
-  else if (size)
-    memcpy(dst, data, size);
+  if (size) memcpy(dst, data, size);
   return msgq_publisher_commit(pub);
 }
 
