@@ -493,3 +493,24 @@ def test_build_under_a_connect_server_runs_locally_and_says_so(
                  "--remote", url)
     assert done.returncode == 1 and url in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_segment_ranges_are_dealt_in_contiguous_runs_of_about_equal_bytes() -> None:
+    """A build's tasks take the segments in stream order, cut where the bytes pass k/tasks
+    (so each table file covers one time span), never an empty task, never a split."""
+    from msgq.spark.streaming import StreamPartition, spread_ranges
+
+    rng = random.Random(7)
+    for _ in range(300):
+        sizes = [rng.choice([0, 1, rng.randint(1, 1000)]) for _ in range(rng.randint(1, 30))]
+        # stream order is the numbers' order, not the names' ("10" after "9")
+        ranges = [StreamPartition(f"rlog.{n}.zst", n, 0, size, 0)
+                  for n, size in enumerate(sizes)]
+        tasks = rng.randint(1, 8)
+        parts = spread_ranges(list(reversed(ranges)), tasks)
+        assert len(parts) == min(tasks, len(ranges))
+        assert all(p.ranges for p in parts)
+        assert [r for p in parts for r in p.ranges] == ranges
+        if all(s > 0 for s in sizes):
+            loads = [sum(r.end - r.start for r in p.ranges) for p in parts]
+            assert max(loads) <= sum(sizes) / len(parts) + max(sizes)

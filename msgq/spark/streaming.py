@@ -31,7 +31,6 @@ Layer: part of the Spark tool, over :mod:`msgq.logs` (listing, index, segment re
 
 from __future__ import annotations
 
-import heapq
 import io
 import os
 import re
@@ -242,21 +241,30 @@ class RangesPartition(InputPartition):
 
 
 def spread_ranges(ranges: list[StreamPartition], tasks: int) -> list[RangesPartition]:
-    """``ranges`` spread over at most ``tasks`` partitions by their bytes: the largest
-    first, each to the partition with the fewest bytes so far (a segment is never
-    split: it is one task's); each partition's ranges in stream order. No empty
-    partition (a micro-batch of an empty partition never finishes in Spark 4.3)."""
+    """``ranges`` cut, in stream order, into at most ``tasks`` contiguous runs of about
+    equal bytes: run k ends at the range whose middle is nearest past k/tasks of the
+    whole (a segment is never split: it is one task's). Contiguous runs make each of a
+    lake table's files cover one time span, so that a time window's query skips the
+    other files by their ``logMonoTime`` statistics (dealt largest-first, every file
+    spanned the whole recording). No empty partition (a micro-batch of an empty
+    partition never finishes in Spark 4.3)."""
     if not ranges:
         return []
-    count = max(1, min(tasks, len(ranges)))
-    loads = [(0, k) for k in range(count)]
-    chosen: list[list[tuple[list[Any], StreamPartition]]] = [[] for _ in range(count)]
-    for r in sorted(ranges, key=lambda r: (-(r.end - r.start), _order(r.path), r.start)):
-        load, k = heapq.heappop(loads)
-        chosen[k].append(((_order(r.path), r.start), r))
-        heapq.heappush(loads, (load + r.end - r.start, k))
-    return [RangesPartition([r for _, r in sorted(part, key=lambda p: p[0])])
-            for part in chosen]
+    ordered = sorted(ranges, key=lambda r: (_order(r.path), r.start))
+    count = max(1, min(tasks, len(ordered)))
+    total = sum(r.end - r.start for r in ordered)
+    runs: list[list[StreamPartition]] = [[]]
+    done = 0
+    for i, r in enumerate(ordered):
+        size = r.end - r.start
+        still_to_open = count - len(runs)
+        if runs[-1] and still_to_open > 0 and (
+                len(ordered) - i <= still_to_open
+                or (done + size / 2) * count >= len(runs) * total):
+            runs.append([])
+        runs[-1].append(r)
+        done += size
+    return [RangesPartition(run) for run in runs]
 
 
 class SegmentRangeStreamReader(MsgqLogStreamReader):
