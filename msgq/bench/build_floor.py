@@ -30,7 +30,6 @@ conversion for the lake's schemas).
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
 import multiprocessing
 import os
@@ -56,6 +55,7 @@ from msgq.spark.capnp_types import member_plan
 from msgq.spark.datasource import member_decoder, segment_number
 from msgq.spark.lake import PARTITION_COLUMNS, table_schema
 from msgq.spark.lake_files import _PARQUET_OPTIONS, TARGET_FILE_BYTES, _without_empty
+from msgq.spark.streaming import StreamPartition, spread_ranges
 from msgq.tables import format_table
 
 __all__ = ["measure", "main"]
@@ -165,14 +165,11 @@ class _Floor:
 
 
 def _spread(paths: list[str], count: int) -> list[list[str]]:
-    """``paths`` over ``count`` shares by bytes, the largest first (a build's spread)."""
-    loads = [(0, k) for k in range(count)]
-    shares: list[list[str]] = [[] for _ in range(count)]
-    for path in sorted(paths, key=lambda p: -os.path.getsize(p)):
-        load, k = heapq.heappop(loads)
-        shares[k].append(path)
-        heapq.heappush(loads, (load + os.path.getsize(path), k))
-    return [sorted(s) for s in shares if s]
+    """``paths`` (in stream order) over ``count`` shares as a build deals its segments:
+    :func:`msgq.spark.streaming.spread_ranges`'s contiguous runs of about equal bytes."""
+    ranges = [StreamPartition(path, k, 0, os.path.getsize(path), 0)
+              for k, path in enumerate(paths)]
+    return [[r.path for r in part.ranges] for part in spread_ranges(ranges, count)]
 
 
 def _worker(paths: list[str], warm: str, out: str, ready: Any, start: Any, done: Any) -> None:
