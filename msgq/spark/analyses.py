@@ -45,6 +45,7 @@ from msgq.spark.compact import (
     GroupableRead,
     arrow_schema,
     compact_batches,
+    ddl_columns,
     spark_schema,
 )
 
@@ -122,7 +123,7 @@ _SERVICE_SCHEMA = "service string, " + _PUBLISHED
 
 
 def _names(ddl):
-    return [column.split()[0] for column in ddl.split(", ")]
+    return [name for name, _ in ddl_columns(ddl)]
 
 
 _PARTIAL_COLUMNS = _names(_PARTIAL_SCHEMA)
@@ -247,8 +248,6 @@ def _packed_runs(column, rows):
     row, then a concatenation)."""
     # pyarrow: the optional spark extra, imported when Spark is used
     import pyarrow as pa
-
-    # pyarrow: the optional spark extra, imported when Spark is used
     import pyarrow.compute as pc
 
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column

@@ -23,14 +23,21 @@ import numpy as np
 
 __all__ = ["COMPACT_COLUMNS", "COMPACT_SCHEMA", "LOGGERD_FILE", "LOGGERD_FOLDER",
            "GroupableRead", "arrow_schema", "compact_batches", "loggerd_route",
-           "recording_of", "spark_schema"]
+           "ddl_columns", "recording_of", "spark_schema"]
 
 #: The columns of compact rows (a Spark DDL string).
 COMPACT_SCHEMA = ("kind string, recording string, file string, segment int, service string, "
                   "offset bigint, problem string, count bigint, invalid bigint, "
                   "size_sum bigint, monos binary")
+
+
+def ddl_columns(ddl: str) -> list[tuple[str, str]]:
+    """The (name, type) pairs of a DDL string of plain columns ("name type, ...")."""
+    return [(name, kind) for name, kind in (column.split() for column in ddl.split(", "))]
+
+
 #: Their names, in order.
-COMPACT_COLUMNS = tuple(column.split()[0] for column in COMPACT_SCHEMA.split(", "))
+COMPACT_COLUMNS = tuple(name for name, _ in ddl_columns(COMPACT_SCHEMA))
 
 
 class GroupableRead:
@@ -92,8 +99,7 @@ def arrow_schema(ddl: str) -> Any:
 
     types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
              "double": pa.float64(), "binary": pa.binary()}
-    return pa.schema([pa.field(name, types[kind]) for name, kind in
-                      (column.split() for column in ddl.split(", "))])
+    return pa.schema([pa.field(name, types[kind]) for name, kind in ddl_columns(ddl)])
 
 
 def spark_schema(ddl: str) -> Any:
@@ -105,8 +111,7 @@ def spark_schema(ddl: str) -> Any:
 
     kinds = {"string": t.StringType(), "int": t.IntegerType(), "bigint": t.LongType(),
              "double": t.DoubleType(), "binary": t.BinaryType()}
-    return t.StructType([t.StructField(name, kinds[kind]) for name, kind in
-                         (column.split() for column in ddl.split(", "))])
+    return t.StructType([t.StructField(name, kinds[kind]) for name, kind in ddl_columns(ddl)])
 
 
 #: A loggerd segment file's name: rlog or qlog, zstd, bz2 or uncompressed.

@@ -78,7 +78,7 @@ from msgq.schemas.events import decode_event
 from msgq.schemas.schema import spec_of
 from msgq.schemas.services import unknown_service_error
 from msgq.spark.capnp_types import member_plan
-from msgq.spark.compact import COMPACT_SCHEMA, compact_batches, loggerd_route
+from msgq.spark.compact import COMPACT_SCHEMA, compact_batches, loggerd_route, spark_schema
 from msgq.spark.pushdown import EventFilter, push
 from msgq.spark.streaming import MsgqLogStreamReader
 
@@ -403,15 +403,10 @@ def _check_member(name: str, members: tuple[str, ...]) -> None:
         raise unknown_service_error(name, members)
 
 
-_DDL_TYPES = {"string": StringType(), "int": IntegerType(), "bigint": LongType(),
-              "binary": BinaryType()}
-
-
 def output_schema(options: ReadOptions) -> StructType:
     """The DataFrame schema of a read with ``options``."""
     if options.compact:
-        return StructType([StructField(name, _DDL_TYPES[kind], True) for name, kind in
-                           (column.split() for column in COMPACT_SCHEMA.split(", "))])
+        return spark_schema(COMPACT_SCHEMA)
     fields = list(BASE_COLUMNS)
     taken = {f.name for f in fields}
     if options.decode:
