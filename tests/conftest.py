@@ -110,6 +110,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
+def zmq_port_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gives each xdist worker its own slice of the ZMQ backend's port range, so
+    publishers of tests running at once in different workers never hash to one port (a
+    port held by another worker's publisher failed a test with MultiplePublishersError).
+    Outside xdist: the default range. Children started by a test inherit the slice."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2:
+        monkeypatch.delenv("MSGQ_ZMQ_BASE_PORT", raising=False)
+        monkeypatch.delenv("MSGQ_ZMQ_PORT_SPAN", raising=False)
+        return
+    from msgq.zmq.ports import DEFAULT_BASE_PORT, DEFAULT_PORT_SPAN
+
+    span = DEFAULT_PORT_SPAN // count
+    index = int(worker[2:]) % count
+    monkeypatch.setenv("MSGQ_ZMQ_BASE_PORT", str(DEFAULT_BASE_PORT + index * span))
+    monkeypatch.setenv("MSGQ_ZMQ_PORT_SPAN", str(span))
+
+
+@pytest.fixture(autouse=True)
 def prefix(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A fresh MSGQ_PREFIX per test, so tests (and parallel runs) never meet; its queue
     folder is removed afterwards."""

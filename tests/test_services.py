@@ -85,8 +85,11 @@ def test_ports_are_unique_and_stable() -> None:
     assert SERVICE_LIST["gyroscope"].port == 8024
 
 
-def test_zmq_backend_uses_registry_ports_without_prefix() -> None:
+def test_zmq_backend_uses_registry_ports_without_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     from msgq.zmq import endpoint_port
+
+    monkeypatch.delenv("MSGQ_ZMQ_BASE_PORT", raising=False)  # the default range
+    monkeypatch.delenv("MSGQ_ZMQ_PORT_SPAN", raising=False)
 
     assert endpoint_port("gyroscope", prefix="") == SERVICE_LIST["gyroscope"].port
     assert endpoint_port("can", prefix="") == SERVICE_LIST["can"].port

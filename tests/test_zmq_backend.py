@@ -38,8 +38,9 @@ PACKAGE = Path(zmq_backend.__file__).parent
 def zmq_selected(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Selects the ZMQ backend through the environment, as users do."""
     monkeypatch.setenv("MSGQ_BACKEND", "zmq")
-    for name in ("ZMQ", "CEREAL_FAKE", "MSGQ_ZMQ_BASE_PORT", "MSGQ_ZMQ_PORT_SPAN",
-                 "MSGQ_ZMQ_BIND", "MSGQ_ZMQ_SNDHWM", "MSGQ_ZMQ_RCVHWM", "MSGQ_ZMQ_LINGER"):
+    # the port range is the suite's (conftest.zmq_port_range: one slice per xdist worker)
+    for name in ("ZMQ", "CEREAL_FAKE", "MSGQ_ZMQ_BIND", "MSGQ_ZMQ_SNDHWM", "MSGQ_ZMQ_RCVHWM",
+                 "MSGQ_ZMQ_LINGER"):
         monkeypatch.delenv(name, raising=False)
     yield
 
@@ -304,7 +305,8 @@ def test_unusable_bind_address_is_a_clear_error(endpoint: str) -> None:
 # --- port mapping ------------------------------------------------------------------------
 
 def test_port_mapping_is_stable_and_documented(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MSGQ_PREFIX")
+    for name in ("MSGQ_PREFIX", "MSGQ_ZMQ_BASE_PORT", "MSGQ_ZMQ_PORT_SPAN"):
+        monkeypatch.delenv(name, raising=False)
     # FNV-1a 64 of the name, modulo the span, plus the base (docs/backends.md).
     h = 0xCBF29CE484222325
     for byte in b"carState":

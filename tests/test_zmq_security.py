@@ -91,8 +91,8 @@ class Publisher:
 @pytest.fixture(autouse=True)
 def zmq_selected(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MSGQ_BACKEND", "zmq")
-    for name in ("ZMQ", "CEREAL_FAKE", "MSGQ_ZMQ_BASE_PORT", "MSGQ_ZMQ_PORT_SPAN",
-                 "MSGQ_ZMQ_BIND", zmq_backend.KEYS_ENV, zmq_backend.CLIENT_ENV):
+    for name in ("ZMQ", "CEREAL_FAKE", "MSGQ_ZMQ_BIND", zmq_backend.KEYS_ENV,
+                 zmq_backend.CLIENT_ENV):
         monkeypatch.delenv(name, raising=False)
 
 
