@@ -36,6 +36,7 @@ cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memset
+from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject_GenericGetAttr
@@ -229,19 +230,30 @@ cdef struct Buf:
     Py_ssize_t mark  # the size before the message being read (rolled back to on FALLBACK)
 
 
-cdef char *buf_add(Buf *b, Py_ssize_t n) except NULL:
-    """``n`` more bytes at the end of ``b`` (not initialised)."""
+cdef char *buf_grow(Buf *b, Py_ssize_t n) except NULL:
+    """:func:`buf_add` when ``b`` lacks room (or has no allocation yet)."""
     cdef Py_ssize_t need = b.size + n, cap
     cdef char *p
+    cap = 2 * b.cap if b.cap else 256
+    while cap < need:
+        cap *= 2
+    p = <char *>realloc(b.data, cap)
+    if p == NULL:
+        raise MemoryError()
+    b.data = p
+    b.cap = cap
+    p = b.data + b.size
+    b.size = need
+    return p
+
+
+cdef inline char *buf_add(Buf *b, Py_ssize_t n) except NULL:
+    """``n`` more bytes at the end of ``b`` (not initialised). Inlined where values are
+    appended: the common case is one comparison; growing is :func:`buf_grow`'s."""
+    cdef Py_ssize_t need = b.size + n
+    cdef char *p
     if need > b.cap or b.data == NULL:  # allocated even for no bytes: NULL is the error
-        cap = 2 * b.cap if b.cap else 256
-        while cap < need:
-            cap *= 2
-        p = <char *>realloc(b.data, cap)
-        if p == NULL:
-            raise MemoryError()
-        b.data = p
-        b.cap = cap
+        return buf_grow(b, n)
     p = b.data + b.size
     b.size = need
     return p
@@ -330,6 +342,53 @@ cdef inline void store_number(char *p, int kind, const Number *n) noexcept nogil
         (<uint64_t *>p)[1] = 0
 
 
+cdef inline int number_bytes(int kind) noexcept nogil:
+    """Bytes a number field of ``kind`` takes in a data section (read_number's widths:
+    not a bool's bit); 0 for kinds that are no number."""
+    if kind == KIND_INT8 or kind == KIND_UINT8:
+        return 1
+    if kind == KIND_INT16 or kind == KIND_UINT16 or kind == KIND_ENUM:
+        return 2
+    if kind == KIND_INT32 or kind == KIND_UINT32 or kind == KIND_FLOAT32:
+        return 4
+    if kind == KIND_INT64 or kind == KIND_UINT64 or kind == KIND_FLOAT64:
+        return 8
+    return 0
+
+
+cdef inline void store_raw(char *p, int kind, uint64_t raw) noexcept nogil:
+    """store_number of what read_number makes of ``raw`` (a field's stored bits, XORed
+    with its default): the same value, without the Number between them."""
+    cdef uint32_t raw32 = <uint32_t>raw
+    cdef float f
+    if kind == KIND_FLOAT32:
+        memcpy(&f, &raw32, 4)
+        (<float *>p)[0] = <float>(<double>f)  # read_number widens, store_number narrows
+    elif kind == KIND_FLOAT64:
+        memcpy(p, &raw, 8)
+    elif kind == KIND_INT8:
+        (<int8_t *>p)[0] = <int8_t>raw
+    elif kind == KIND_INT16:
+        (<int16_t *>p)[0] = <int16_t>raw
+    elif kind == KIND_INT32:
+        (<int32_t *>p)[0] = <int32_t>raw32
+    elif kind == KIND_INT64:
+        (<int64_t *>p)[0] = <int64_t>raw
+    elif kind == KIND_UINT8 or kind == KIND_ENUM or kind == KIND_UINT16 or kind == KIND_UINT32:
+        if kind == KIND_UINT8:
+            (<uint16_t *>p)[0] = <uint8_t>raw
+        elif kind == KIND_ENUM:
+            (<uint16_t *>p)[0] = <uint16_t>raw
+        elif kind == KIND_UINT16:
+            (<int32_t *>p)[0] = <uint16_t>raw
+        else:
+            (<int64_t *>p)[0] = raw32
+    else:  # UInt64: a decimal128, little-endian, never negative
+        (<uint64_t *>p)[0] = raw
+        (<uint64_t *>p)[1] = 0
+
+
+@cython.final  # direct calls (no vtable): its appends inline into the walk
 cdef class _Column:
     """One Arrow array being built from a field's values, message after message: its
     values (fixed-width values, or the bytes of text and data), its offsets (text, data,
@@ -406,22 +465,22 @@ cdef class _Column:
         validity = None
         if self.nulls:
             validity = pa.py_buffer(np.packbits(
-                np.frombuffer(_bytes(&self.valid), np.uint8), bitorder="little"))
+                np.frombuffer(_owned(&self.valid), np.uint8), bitorder="little"))
         if kind == KIND_STRUCT or kind == KIND_GROUP:
             return pa.Array.from_buffers(self.arrow_type, self.length, [validity], self.nulls,
                                          children=[child.finish(pa, np)
                                                    for child in self.children])
         if kind == KIND_LIST:
             return pa.Array.from_buffers(self.arrow_type, self.length,
-                                         [validity, pa.py_buffer(_bytes(&self.offsets))],
+                                         [validity, pa.py_buffer(_owned(&self.offsets))],
                                          self.nulls, children=[self.element.finish(pa, np)])
         if kind == KIND_TEXT or kind == KIND_DATA:
             return pa.Array.from_buffers(self.arrow_type, self.length,
-                                         [validity, pa.py_buffer(_bytes(&self.offsets)),
-                                          pa.py_buffer(_bytes(&self.values))], self.nulls)
+                                         [validity, pa.py_buffer(_owned(&self.offsets)),
+                                          pa.py_buffer(_owned(&self.values))], self.nulls)
         if kind == KIND_ENUM:
             return self.finish_names(pa, np, validity)
-        values = pa.py_buffer(_bytes(&self.values))
+        values = pa.py_buffer(_owned(&self.values))
         if kind == KIND_BOOL:
             values = pa.py_buffer(np.packbits(np.frombuffer(values, np.uint8),
                                               bitorder="little"))
@@ -432,7 +491,7 @@ cdef class _Column:
         """An enum's (or ``which``'s) names: a table of every number up to the largest
         met (a number the schema does not know: itself, as text), taken by number; the
         numbers met, when they are few and far apart."""
-        numbers = np.frombuffer(_bytes(&self.values), np.uint16)
+        numbers = np.frombuffer(_owned(&self.values), np.uint16)
         top = int(numbers.max()) if len(numbers) else 0
         names = self.names
         if top < 4 * len(names) + 64:
@@ -456,8 +515,36 @@ cdef class _Column:
                         type=self.arrow_type)
 
 
-cdef bytes _bytes(Buf *b):
-    return PyBytes_FromStringAndSize(b.data, b.size) if b.size else b""
+@cython.final
+cdef class _Owned:
+    """The memory of a finished column's buffer, handed to Arrow as it is (a read-only
+    buffer, ``pa.py_buffer``'s): freed when the last Arrow buffer on it goes, not copied
+    into a bytes object first (a copy of every byte decoded, and the pages it touches)."""
+    cdef char *data
+    cdef Py_ssize_t size
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        PyBuffer_FillInfo(view, self, self.data, self.size, 1, flags)
+
+    def __releasebuffer__(self, Py_buffer *view):
+        pass
+
+    def __dealloc__(self):
+        free(self.data)
+
+
+cdef object _owned(Buf *b):
+    """The bytes in use of ``b``, taken from it (``b`` is left empty, owning nothing);
+    ``b""`` when it never held any."""
+    cdef _Owned owned
+    if b.data == NULL:
+        return b""
+    owned = _Owned.__new__(_Owned)
+    owned.data = b.data
+    owned.size = b.size
+    b.data = NULL
+    b.size = b.cap = b.mark = 0
+    return owned
 
 
 cdef dict _ARROW_KINDS = {}
@@ -548,6 +635,7 @@ cdef _Column _column_of(Field field, object arrow_type, bint nullable, list ever
     return c
 
 
+@cython.final  # direct calls (no vtable): the fill methods call each other per value
 cdef class _Walk:
     """One message: its segment's bounds, the word budget, the depth."""
     cdef const uint8_t *buf
@@ -821,6 +909,74 @@ cdef class _Walk:
                     (<_Column>children[n + 1 + i]).add_null()
         return column.end_value(True)
 
+    cdef int fill_elements(self, const Composite *c, StructLayout layout,
+                           _Column column) except -1:
+        """Appends the ``c.count`` structs of the list ``c`` to ``column``: fill_nested of
+        each element, done a field at a time over the elements (each child column gets
+        the same values in the same order): a number field inside the elements' data
+        section is one loop of loads and stores, with no call per value."""
+        cdef Py_ssize_t n = layout.n, count = c.count, step = c.step
+        cdef Py_ssize_t i, j, width, byte
+        cdef int kind
+        cdef uint64_t raw, default
+        cdef Field field
+        cdef _Column child
+        cdef tuple children = column.children
+        cdef const uint8_t *src
+        cdef char *out
+        cdef Struct s
+        cdef Number which
+        cdef Member member
+        cdef uint16_t discriminant
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _Unfollowed()
+        s.data_bytes = c.data_bytes
+        s.ptr_count = c.ptr_count
+        s.seg_start = self.start
+        s.seg_end = self.end
+        for i in range(n):
+            field = <Field>layout.fields[i]
+            child = <_Column>children[i]
+            kind = field.kind
+            width = number_bytes(kind)
+            byte = field.where * width
+            if width and byte + width <= c.data_bytes:
+                src = self.buf + c.first + byte
+                default = field.default
+                out = buf_add(&child.values, count * child.width)
+                for j in range(count):
+                    raw = 0
+                    memcpy(&raw, src + j * step, width)
+                    store_raw(out + j * child.width, kind, raw ^ default)
+                if child.nullable:
+                    memset(buf_add(&child.valid, count), 1, count)
+                child.length += count
+                continue
+            for j in range(count):
+                s.data = c.first + j * step
+                s.ptrs = s.data + c.data_bytes
+                self.fill_field(&s, field, child)
+        for j in range(count):
+            if layout.has_union:
+                s.data = c.first + j * step
+                s.ptrs = s.data + c.data_bytes
+                discriminant = <uint16_t>data_bits(self.buf, &s,
+                                                   2 * layout.discriminant_offset, 2)
+                member = layout.members.get(discriminant)
+                if member is None:
+                    raise _Unfollowed()  # as fill_struct
+                which.as_uint = discriminant
+                (<_Column>children[n]).add_number(&which)
+                for i in range(layout.count):
+                    if i == member.at:
+                        self.fill_field(&s, member.field, <_Column>children[n + 1 + i])
+                    else:
+                        (<_Column>children[n + 1 + i]).add_null()
+            column.end_value(True)
+        self.depth -= 1
+        return 0
+
     cdef int fill_field(self, const Struct *s, Field field, _Column column) except -1:
         """Appends the value of ``field`` of ``s`` to ``column``: read_field's walk."""
         cdef int kind = field.kind
@@ -886,14 +1042,8 @@ cdef class _Walk:
         elements = column.element
         if ekind == KIND_STRUCT:
             self.composite(at, w, &c)
-            s.data_bytes = c.data_bytes
-            s.ptr_count = c.ptr_count
-            s.seg_start = self.start
-            s.seg_end = self.end
-            for i in range(c.count):
-                s.data = c.first + i * c.step
-                s.ptrs = s.data + c.data_bytes
-                self.fill_nested(&s, element.struct_, elements)
+            if c.count:
+                self.fill_elements(&c, element.struct_, elements)
             return column.end_value(True)
         count = self.elements(target, w, element)
         if element_size(ekind) == SZ_POINTER:
