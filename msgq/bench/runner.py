@@ -4,6 +4,7 @@ measurement, collects what they report, and keeps the median of repeated runs.
 
 from __future__ import annotations
 
+import os
 import queue
 import statistics
 import time
@@ -44,15 +45,59 @@ class Measurement:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-class Runner:
-    """Starts the processes of each measurement and turns their reports into results."""
+#: Set to 1 to pin the processes of every throughput run (every backend alike, see
+#: :func:`throughput_cpus`); unset or 0, the OS places them.
+PIN_ENV = "MSGQ_BENCH_PIN"
 
-    def __init__(self, ctx: BaseContext, run_dir: str, prefix: str, duration: float) -> None:
+
+def throughput_cpus(subs: int, cpus: list[int]) -> list[int]:
+    """The CPU of each process of a pinned throughput run, subscribers first and the
+    publisher last (the order :meth:`Runner.throughput` starts them in): the publisher on
+    the first CPU, subscriber 0 on the second and the next ones alternating from there,
+    the placement of the fan-out bound's model (``msgq.bench._bound``). Without two CPUs
+    every process goes on the one there is."""
+    if not cpus:
+        raise ValueError("no CPU to pin to")
+    if len(cpus) < 2:
+        return [cpus[0]] * (subs + 1)
+    return [cpus[(i + 1) % 2] for i in range(subs)] + [cpus[0]]
+
+
+def pin_process(pid: int, cpu: int) -> None:
+    """Pins every thread process ``pid`` has now to ``cpu`` (threads it starts later
+    inherit the main thread's mask). A thread that ended meanwhile is skipped."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, {cpu})
+        except ProcessLookupError:
+            pass
+
+
+class Runner:
+    """Starts the processes of each measurement and turns their reports into results.
+
+    ``pin`` (default: ``$MSGQ_BENCH_PIN`` set to 1) pins each process of a throughput
+    run to a CPU of its own as :func:`throughput_cpus` says, the same for every backend;
+    otherwise the OS places them (on two CPUs it sometimes puts a publisher and its
+    subscriber on one for a whole run, docs/benchmarks.md)."""
+
+    def __init__(
+        self, ctx: BaseContext, run_dir: str, prefix: str, duration: float,
+        pin: bool | None = None,
+    ) -> None:
         self.ctx = ctx
         self.run_dir = run_dir
         self.prefix = prefix
         self.duration = duration
         self.counter = 0
+        if pin is None:
+            pin = os.environ.get(PIN_ENV, "0") not in ("", "0")
+        self.allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.pin = pin and bool(self.allowed)
 
     def _job(self, kind: str, backend: str, geo: Geometry, cpus: tuple[int, ...] = ()) -> Job:
         self.counter += 1
@@ -65,13 +110,17 @@ class Runner:
         targets: list[tuple[Callable[..., None], tuple[Any, ...]]],
         board: Board,
         results: Any,
+        cpus: list[int] | None = None,
     ) -> list[dict[str, Any]]:
         procs = [
             self.ctx.Process(target=target, args=(job, board, *extra, results), daemon=True)
             for target, extra in targets
         ]
-        for proc in procs:
+        for i, proc in enumerate(procs):
             proc.start()
+            if cpus and proc.pid is not None:
+                # before the run's hellos, so the timed part never runs unpinned
+                pin_process(proc.pid, cpus[i])
         reports: list[dict[str, Any]] = []
         deadline = time.monotonic() + job.duration + JOB_SLACK_S
         while len(reports) < len(procs):
@@ -107,7 +156,8 @@ class Runner:
             (subscriber_main, (i,)) for i in range(subs)
         ]
         targets.append((publisher_main, ()))
-        reports = self._run(job, targets, board, results)
+        cpus = throughput_cpus(subs, self.allowed) if self.pin else None
+        reports = self._run(job, targets, board, results, cpus)
         m = Measurement(kind, backend, size, subs)
         errors = [r for r in reports if "error" in r]
         if errors:
@@ -128,6 +178,8 @@ class Runner:
             "hellos": pub["hellos"],
             "max_gap_ms": max(r["max_gap_ns"] for r in sub_reports) / 1e6,
         }
+        if cpus:
+            m.detail["cpus"] = cpus  # subscribers', then the publisher's
         for key in ("resets", "lost"):
             values = [r[key] for r in sub_reports if key in r]
             if values:
