@@ -1409,6 +1409,125 @@ def read_segment_range(options: ReadOptions, schema: StructType, path: str,
         yield from read.batches()
 
 
+class ScannerRun:
+    """Messages of a scanner batch a reading took: ``batch`` (a
+    :class:`msgq.logs.segment.MessageBatch`), ``picked`` (numpy indices into it) and
+    ``base``, added to its offsets (their uncompressed stream's start in the segment)."""
+
+    __slots__ = ("base", "batch", "parts")
+
+    def __init__(self, batch: MessageBatch, picked: Any, base: int) -> None:
+        self.batch = batch
+        self.base = base
+        self.parts = [picked]
+
+    @property
+    def picked(self) -> Any:
+        """The indices of the messages taken, in reading order."""
+        if len(self.parts) > 1:
+            self.parts = [np.concatenate(self.parts)]
+        return self.parts[0]
+
+
+class OneRow:
+    """A row a reading added on its own: an event the scanner left to pycapnp
+    (``service`` set, ``data`` its bytes) or a problem row (``service`` None); the
+    ``problem`` of either (an event's logMonoTime out of range: ``mono`` None), else
+    None. ``offset`` counts from the segment's start, as the offset column does."""
+
+    __slots__ = ("data", "mono", "offset", "problem", "service", "valid")
+
+    def __init__(self, offset: int | None, mono: int | None, service: str | None,
+                 valid: bool | None, data: bytes | None) -> None:
+        self.offset = offset
+        self.mono = mono
+        self.service = service
+        self.valid = valid
+        self.data = data
+        self.problem: str | None = None
+
+
+class _Pieces:
+    """What a :class:`_SegmentRead` adds, kept as it comes instead of made into Arrow
+    columns (its ``rows``, in place of a :class:`_Rows`): the runs of scanner batches
+    and the rows added one by one, in reading order (:func:`read_segment_pieces`)."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.count = 0
+        self.pieces: list[Any] = []
+        self.problems: dict[int, str] = {}  # a OneRow's index in pieces -> its problem
+
+    def full(self) -> bool:
+        return self.count >= _BATCH_ROWS
+
+    def add_row(self, file: Any, offset: int | None, mono: int | None, service: str | None,
+                valid: bool | None, data: bytes | None) -> int:
+        self.pieces.append(OneRow(offset, mono, service, valid, data))
+        self.count += 1
+        return len(self.pieces) - 1
+
+    def add_batch(self, file: Any, batch: MessageBatch, picked: Any, base: int) -> None:
+        last = self.pieces[-1] if self.pieces else None
+        if type(last) is ScannerRun and last.batch is batch and last.base == base:
+            last.parts.append(picked)  # a reader commits a scanner batch in small chunks
+        else:
+            self.pieces.append(ScannerRun(batch, picked, base))
+        self.count += len(picked)
+
+    def flush(self) -> list[Any]:
+        pieces = self.pieces
+        for at, problem in self.problems.items():
+            pieces[at].problem = problem
+        self._reset()
+        return pieces
+
+
+def read_segment_pieces(options: ReadOptions, path: str, segment: int | None, start: int,
+                        end: int, stream: int) -> Iterator[Any]:
+    """What :func:`read_segment_range` reads of file bytes ``[start, end)`` of ``path``,
+    before it becomes Arrow rows: the same reading (the same events, problems and
+    order), as :class:`ScannerRun` and :class:`OneRow` pieces in reading order. For a
+    reader that makes its own columns of the events (a lake build's tasks,
+    :mod:`msgq.spark.lake_files`, which split them by service as they come): no Arrow
+    batch of every event is made and taken apart again. ``options`` without typed
+    columns (``decode``): those are the caller's to decode."""
+    if options.decode:
+        raise ValueError("read_segment_pieces reads no typed column: the caller decodes")
+    with open(path, "rb") as f:
+        f.seek(start)
+        content = f.read(end - start)
+    pieces = _Pieces()
+    read = _SegmentRead(options, None, path, segment, content,  # type: ignore[arg-type]
+                        stream_offset=stream, file_offset=start,
+                        rows=pieces)  # type: ignore[arg-type]
+    def everything() -> Iterator[Any]:
+        for flushed in read.batches():
+            yield from flushed
+        yield from pieces.flush()  # what the reading added after its last flush
+
+    held: ScannerRun | None = None  # a run that the next piece may continue
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for piece in everything():
+            # a scanner batch's runs cut apart by the sink's flushes: one run again
+            if type(piece) is ScannerRun and held is not None and \
+                    piece.batch is held.batch and piece.base == held.base:
+                held.parts += piece.parts
+                continue
+            if held is not None:
+                yield held
+                held = None
+            if type(piece) is ScannerRun:
+                held = piece
+            else:
+                yield piece
+    if held is not None:
+        yield held
+
+
 def _picked(batch: MessageBatch, wanted: frozenset[str] | None, start: int | None) -> Any:
     """The indices of the messages of ``batch`` a reader of services ``wanted`` (None:
     all) from logMonoTime ``start`` on (None: all) reads, as a numpy array."""

@@ -4,20 +4,22 @@ their events into the lake's Parquet files, every service at once.
 A micro-batch of the build (:mod:`msgq.spark.lake`) is a row per segment range it adds
 (:data:`msgq.spark.streaming.RANGE_SCHEMA`: file, segment, bytes ``[start, end)``),
 spread over the tasks by size. :class:`TableFiles` runs in ``mapInArrow`` over them: it
-reads each range with the msgqlog source's own reading
-(:func:`msgq.spark.datasource.read_segment_range`: the narrow rows with the events'
-bytes, problem rows where the logs are damaged), splits each Arrow batch by service and
-partition (date, route), decodes each service's events into its typed column with the
-source's own decoder (:func:`msgq.spark.datasource.member_decoder`: one copy of the
-decoding) as each batch comes, while its bytes are in the caches, into one column per
-table file (:class:`msgq.spark.datasource.DecodedColumn`: one Arrow array, not one per
-batch), packs each range's event rows into compact rows
-(:func:`msgq.spark.compact.compact_batches`: the :data:`COMPACT_TABLE`, when the lake
-has one), and writes one Parquet file per table and partition (sorted by
-``logMonoTime``; cut at :data:`TARGET_FILE_BYTES` of events) into the batch's staging
-folder. It yields one row per file written (:data:`SUMMARY_SCHEMA`); the driver moves
-exactly those files into the tables (write-then-rename), so the files of a task attempt
-that failed are never moved.
+reads each range with the msgqlog source's own reading, taken before it becomes Arrow
+rows (:func:`msgq.spark.datasource.read_segment_pieces`: the scanner's batches of
+events and the rows read on their own, problem rows where the logs are damaged; the
+same events, problems and order as the source's rows), splits each scanner batch by
+service and partition (date, route) with numpy, gathers each table file's event
+columns from the batch's arrays, decodes each service's events into its typed column
+with the source's own decoder (:func:`msgq.spark.datasource.member_decoder`: one copy
+of the decoding) as each batch comes, while its bytes are in the caches, into one
+column per table file (:class:`msgq.spark.datasource.DecodedColumn`: one Arrow array,
+not one per batch), packs each range's events into compact rows as they are split
+(the rows :func:`msgq.spark.compact.compact_batches` makes of the range's event rows:
+the :data:`COMPACT_TABLE`, when the lake has one), and writes one Parquet file per
+table and partition (sorted by ``logMonoTime``; cut at :data:`TARGET_FILE_BYTES` of
+events) into the batch's staging folder. It yields one row per file written
+(:data:`SUMMARY_SCHEMA`); the driver moves exactly those files into the tables
+(write-then-rename), so the files of a task attempt that failed are never moved.
 
 Each event is read, decoded and written once, in one task: the events never become JVM
 rows (measured in docs/spark.md, "The lake's benchmark").
@@ -46,14 +48,15 @@ from pyspark.sql.pandas.types import to_arrow_schema, to_arrow_type
 from pyspark.sql.types import StructType
 
 from msgq.logs import LogReader, read_index, segment_paths
+from msgq.logs.segment import VALID
 from msgq.schemas.events import decode_event
 from msgq.spark.capnp_types import member_plan
-from msgq.spark.compact import compact_batches
+from msgq.spark.compact import recording_of
 from msgq.spark.datasource import (
     ReadOptions,
+    ScannerRun,
     member_decoder,
-    output_schema,
-    read_segment_range,
+    read_segment_pieces,
     route_name,
     spec_from_option,
 )
@@ -93,9 +96,8 @@ _PARQUET_OPTIONS: dict[str, Any] = {
     "column_encoding": {"logMonoTime": "DELTA_BINARY_PACKED", "offset": "DELTA_BINARY_PACKED"}}
 # The columns of a batch's rows that every table stores (a service's, the problems').
 _EVENT_COLUMNS = ["logMonoTime", "valid", "segment", "file", "offset", "size", "problem"]
-# The columns of a range's rows that its compact rows are made of.
-_COMPACT_INPUT = ["file", "segment", "offset", "logMonoTime", "service", "valid", "size",
-                  "problem"]
+# The largest logMonoTime a long column holds (the source's reading: larger is null).
+_MAX_LONG = (1 << 63) - 1
 _RANGE_COLUMNS = [column.split()[0] for column in RANGE_SCHEMA.split(", ")]
 #: The null value of a partition column in a folder name (Spark's).
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -188,15 +190,125 @@ def _increasing(column: Any) -> bool:
 
 
 class _Gathered:
-    """The rows of one table file being gathered: record batches of its event columns
-    (a compact file's: its rows), and the service's typed column, decoded as the
-    events come (a :class:`msgq.spark.datasource.DecodedColumn`; None: none)."""
+    """The rows of one table file being gathered: numpy parts of its event columns (as
+    the reading gives them: each event's logMonoTime, valid, offset and size; runs of
+    one segment file), the positions of its null logMonoTimes and offsets and its
+    rows' problems; a compact file's rows (record batches); and the service's typed
+    column, decoded as the events come (a :class:`msgq.spark.datasource.DecodedColumn`;
+    None: none)."""
 
-    __slots__ = ("rows", "typed")
+    __slots__ = ("count", "files", "mono_nulls", "monos", "offset_nulls", "offsets",
+                 "problems", "rows", "sizes", "typed", "valid")
 
     def __init__(self, typed: Any) -> None:
+        self.count = 0
+        self.files: list[list[Any]] = []  # [path, segment, rows] runs
+        self.monos: list[Any] = []
+        self.valid: list[Any] = []
+        self.offsets: list[Any] = []
+        self.sizes: list[Any] = []
+        self.mono_nulls: list[int] = []
+        self.offset_nulls: list[int] = []
+        self.problems: dict[int, str] = {}
         self.rows: list[Any] = []
         self.typed = typed
+
+    def add(self, path: str, segment: int | None, monos: Any, valid: Any, offsets: Any,
+            sizes: Any) -> int:
+        """Adds events (numpy arrays of one length); returns the position of the first."""
+        first = self.count
+        count = len(monos)
+        last = self.files[-1] if self.files else None
+        if last is not None and last[0] == path and last[1] == segment:
+            last[2] += count
+        else:
+            self.files.append([path, segment, count])
+        self.monos.append(monos)
+        self.valid.append(valid)
+        self.offsets.append(offsets)
+        self.sizes.append(sizes)
+        self.count = first + count
+        return first
+
+    def columns(self) -> dict[str, Any]:
+        """The event columns of the rows gathered (:data:`_EVENT_COLUMNS`), as Arrow
+        arrays."""
+        count = self.count
+        runs = [run[2] for run in self.files]
+        names = list(dict.fromkeys(run[0] for run in self.files))
+        file_index = np.repeat(np.array([names.index(run[0]) for run in self.files],
+                                        np.int32), runs)
+        segments = np.repeat(np.array([-1 if run[1] is None else run[1]
+                                       for run in self.files], np.int32), runs)
+        no_segment = np.repeat(np.array([run[1] is None for run in self.files]), runs)
+        problem = pa.nulls(count, pa.string())
+        if self.problems:
+            listed: list[str | None] = [None] * count
+            for at, text in self.problems.items():
+                listed[at] = text
+            problem = pa.array(listed, type=pa.string())
+        return {
+            "logMonoTime": pa.array(np.concatenate(self.monos),
+                                    mask=_mask(count, self.mono_nulls)),
+            "valid": pa.array(np.concatenate(self.valid)),
+            "segment": pa.array(segments, mask=no_segment if no_segment.any() else None),
+            "file": pa.array(names, pa.string()).take(pa.array(file_index)),
+            "offset": pa.array(np.concatenate(self.offsets),
+                               mask=_mask(count, self.offset_nulls)),
+            "size": pa.array(np.concatenate(self.sizes)),
+            "problem": problem,
+        }
+
+
+def _mask(count: int, nulls: list[int]) -> Any:
+    """A null mask of ``count`` values true at ``nulls``; None when there are none."""
+    if not nulls:
+        return None
+    mask = np.zeros(count, bool)
+    mask[nulls] = True
+    return mask
+
+
+class _RangeCompact:
+    """The compact rows of one segment range (:func:`msgq.spark.compact.compact_batches`
+    of its event rows, all in one batch), gathered as its events are split by service:
+    a row per service (count, invalid count, byte sum, its logMonoTimes packed in
+    reading order) after a problem row per event whose logMonoTime is out of range."""
+
+    __slots__ = ("bad", "services")
+
+    def __init__(self) -> None:
+        self.services: dict[str, list[Any]] = {}  # service -> [monos, count, invalid, bytes]
+        self.bad: list[tuple[str, int | None, str]] = []  # (service, offset, problem)
+
+    def add(self, service: str, monos: Any, count: int, invalid: int, size: int) -> None:
+        """``count`` events of ``service`` whose logMonoTimes (a numpy array) are in
+        range, ``invalid`` of them not valid, of ``size`` bytes in all."""
+        if not count:
+            return
+        entry = self.services.get(service)
+        if entry is None:
+            entry = self.services[service] = [[], 0, 0, 0]
+        entry[0].append(monos)
+        entry[1] += count
+        entry[2] += invalid
+        entry[3] += size
+
+    def batch(self, path: str, segment: int | None, schema: Any) -> Any:
+        """The range's compact rows (None: no event)."""
+        rows: list[dict[str, Any]] = [
+            {"kind": "problem", "recording": "", "file": path, "segment": segment,
+             "service": service, "offset": offset, "problem": problem, "count": None,
+             "invalid": None, "size_sum": None, "monos": None}
+            for service, offset, problem in self.bad]
+        recording = recording_of(path)
+        rows += [{"kind": "events", "recording": recording, "file": path, "segment": segment,
+                  "service": service, "offset": None, "problem": None, "count": count,
+                  "invalid": invalid, "size_sum": size,
+                  "monos": (monos[0] if len(monos) == 1 else np.concatenate(monos))
+                  .astype("<i8").tobytes()}
+                 for service, (monos, count, invalid, size) in self.services.items()]
+        return pa.RecordBatch.from_pylist(rows, schema=schema) if rows else None
 
 
 class TableFiles:
@@ -224,9 +336,8 @@ class _TaskFiles:
         self.plan = plan
         self.spec = spec_from_option(plan.spec)
         self.schema = self.spec.load()
-        # the msgqlog source's narrow rows with the events' bytes (no typed column)
+        # the msgqlog source's reading, with no typed column (decoded here)
         self.options = ReadOptions(paths=(), spec=self.spec)
-        self.event_schema = output_schema(self.options)
         self.compact = COMPACT_TABLE in plan.tables
         self._dates: dict[str, str | None] = {}  # a msgq recording's folder -> its date
         self.task = uuid.uuid4().hex[:16]
@@ -249,30 +360,20 @@ class _TaskFiles:
 
     def _read(self, path: str, segment: int | None, start: int, end: int,
               stream: int) -> Iterator[Any]:
-        """Reads one segment range with the msgqlog source's reading and gathers its
-        rows (and, with the compact table, its compact rows)."""
-        narrow = []
-        for batch in read_segment_range(self.options, self.event_schema, path, segment,
-                                        start, end, stream):
-            if batch.num_rows:
-                yield from self._add(batch)
-                if self.compact:
-                    narrow.append(batch.select(_COMPACT_INPUT))
-        if narrow:
-            self._add_compact(path, narrow)
-
-    def _add_compact(self, path: str, narrow: list[Any]) -> None:
-        """The compact rows of a range's event rows (its problem rows, which have no
-        service, are the problems table's), all in one batch: a row per service."""
-        rows = pa.Table.from_batches(narrow).combine_chunks()
-        events = rows.filter(pc.is_valid(rows.column("service")))
-        if not events.num_rows:
-            return
-        stored = self._stored(COMPACT_TABLE)
-        for packed in compact_batches(events.to_batches()):
-            key = (COMPACT_TABLE, *self._place(path))
-            self._gathered(key, None).rows.append(
-                pa.RecordBatch.from_arrays(packed.columns, schema=stored))
+        """Reads one segment range with the msgqlog source's reading (its pieces:
+        :func:`msgq.spark.datasource.read_segment_pieces`) and gathers its events per
+        table file as they come (and, with the compact table, its compact rows)."""
+        date, route = self._place(path)
+        compact = _RangeCompact() if self.compact else None
+        for piece in read_segment_pieces(self.options, path, segment, start, end, stream):
+            if type(piece) is ScannerRun:
+                yield from self._add_run(piece, path, segment, date, route, compact)
+            else:
+                yield from self._add_row(piece, path, segment, date, route, compact)
+        if compact is not None:
+            batch = compact.batch(path, segment, self._stored(COMPACT_TABLE))
+            if batch is not None:
+                self._gathered((COMPACT_TABLE, date, route), None).rows.append(batch)
 
     # -- gathering ---------------------------------------------------------------------
 
@@ -320,45 +421,99 @@ class _TaskFiles:
             gathered = self.pending[key] = _Gathered(column)
         return gathered
 
-    def _add(self, batch: Any) -> Iterator[Any]:
-        services = batch.column("service").dictionary_encode()
-        files = batch.column("file").dictionary_encode()
-        file_codes = files.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        places = [self._place(path) for path in files.dictionary.to_pylist()]
-        codes = services.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-        names = services.dictionary.to_pylist()
-        group = (codes + 1) * len(places) + file_codes
-        order = np.argsort(group, kind="stable")
-        starts = np.concatenate(([0], np.flatnonzero(np.diff(group[order])) + 1))
-        # the event columns of every group in one take, each group a slice of them
-        grouped = batch.select(_EVENT_COLUMNS).take(pa.array(order))
-        sizes = np.add.reduceat(grouped.column("size").fill_null(0).to_numpy(), starts)
-        data = batch.column("data")  # the events' bytes, read where they are
-        width = np.int64 if pa.types.is_large_binary(data.type) else np.int32
-        offsets = np.frombuffer(data.buffers()[1], width, len(data) + 1,
-                                data.offset * np.dtype(width).itemsize)
-        buffer = data.buffers()[2] or b""
-        for start, rows, size in zip(starts.tolist(), np.split(order, starts[1:]),
-                                     sizes.tolist(), strict=True):
-            first = int(rows[0])
-            service = None if codes[first] < 0 else names[codes[first]]
-            table = PROBLEMS_TABLE if service is None else service
-            if table not in self.plan.tables:  # a member this schema lacks: never here
+    def _add_run(self, run: Any, path: str, segment: int | None, date: str | None,
+                 route: str, compact: _RangeCompact | None) -> Iterator[Any]:
+        """Gathers a scanner batch's messages (a ScannerRun) by service: their event
+        columns from the batch's arrays (sorted by service once, each service's rows a
+        slice), their typed values decoded now, while the batch's bytes are in the
+        caches, into the one column of the file."""
+        batch = run.batch
+        picked = run.picked
+        codes = batch.service[picked]
+        order = np.argsort(codes, kind="stable")  # each service's rows in reading order
+        codes = codes[order]
+        rows = picked[order]
+        firsts = np.concatenate(([0], np.flatnonzero(np.diff(codes)) + 1))
+        ends = np.append(firsts[1:], len(rows)).tolist()
+        raw_monos = batch.mono_ns[rows]
+        over = raw_monos > np.uint64(_MAX_LONG)
+        monos = raw_monos.astype(np.int64)
+        valid = (batch.flags[rows] & VALID) != 0
+        starts = batch.offset[rows]
+        lengths = batch.length[rows]
+        offsets = starts + (batch.stream_offset + run.base)
+        sizes = lengths.astype(np.int32)
+        size_sums = np.add.reduceat(lengths.astype(np.int64), firsts).tolist()
+        invalid = np.add.reduceat(~valid, firsts, dtype=np.int64).tolist()
+        any_over = bool(over.any())
+        for k, (a, b) in enumerate(zip(firsts.tolist(), ends, strict=True)):
+            service = batch.services[codes[a]]
+            if service not in self.plan.tables:  # a member this schema lacks: never here
                 raise ValueError(f"events of {service!r}, which the schema lacks")
-            date, route = places[file_codes[first]]
-            key = (table, date, route)
+            key = (service, date, route)
             gathered = self._gathered(key, service)
-            gathered.rows.append(grouped.slice(start, len(rows)))
+            first = gathered.add(path, segment, monos[a:b], valid[a:b], offsets[a:b],
+                                 sizes[a:b])
+            if any_over and over[a:b].any():  # the source's reading: null, and why
+                out = over[a:b]
+                for at in np.flatnonzero(out).tolist():
+                    problem = f"out of range: logMonoTime {int(raw_monos[a + at])} is " \
+                              "over 2^63-1"
+                    gathered.mono_nulls.append(first + at)
+                    gathered.problems[first + at] = problem
+                    if compact is not None:
+                        compact.bad.append((service, int(offsets[a + at]), problem))
+                if compact is not None:
+                    keep = ~out
+                    compact.add(service, monos[a:b][keep], int(keep.sum()),
+                                int(np.count_nonzero(~valid[a:b][keep])),
+                                int(lengths[a:b][keep].sum(dtype=np.int64)))
+            elif compact is not None:
+                compact.add(service, monos[a:b], b - a, invalid[k], size_sums[k])
             if gathered.typed is not None:
-                # decoded now, while the batch's bytes are in the caches, into the one
-                # column of the file (no Python object per value)
-                at = offsets[rows]
-                gathered.typed.add(buffer, at, offsets[rows + 1] - at)
-            size = size if service else 0
-            self.sizes[key] = self.sizes.get(key, 0) + size
-            self.held += size
-            if self.sizes[key] >= TARGET_FILE_BYTES:
-                yield self._write(key)
+                gathered.typed.add(batch.data, starts[a:b], lengths[a:b])
+            yield from self._grown(key, size_sums[k])
+
+    def _add_row(self, row: Any, path: str, segment: int | None, date: str | None,
+                 route: str, compact: _RangeCompact | None) -> Iterator[Any]:
+        """Gathers a row the reading added on its own (a OneRow): a problem row (the
+        problems table's), or an event the scanner left to pycapnp."""
+        service = row.service
+        table = PROBLEMS_TABLE if service is None else service
+        if table not in self.plan.tables:  # a member this schema lacks: never here
+            raise ValueError(f"events of {service!r}, which the schema lacks")
+        key = (table, date, route)
+        gathered = self._gathered(key, service)
+        size = 0 if row.data is None else len(row.data)
+        first = gathered.add(path, segment, np.array([row.mono or 0], np.int64),
+                             np.array([bool(row.valid)]),
+                             np.array([row.offset or 0], np.int64),
+                             np.array([size], np.int32))
+        if row.mono is None:
+            gathered.mono_nulls.append(first)
+        if row.offset is None:
+            gathered.offset_nulls.append(first)
+        if row.problem is not None:
+            gathered.problems[first] = row.problem
+        if service is None:
+            return
+        if compact is not None:
+            if row.mono is None:
+                compact.bad.append((service, row.offset, row.problem or ""))
+            else:
+                compact.add(service, np.array([row.mono], np.int64), 1,
+                            0 if row.valid else 1, size)
+        if gathered.typed is not None:
+            gathered.typed.add(row.data, np.zeros(1, np.int64), np.array([size], np.int64))
+        yield from self._grown(key, size)
+
+    def _grown(self, key: tuple[str, str | None, str], size: int) -> Iterator[Any]:
+        """Counts ``size`` more bytes of events for a table file; writes it when it has
+        TARGET_FILE_BYTES, and the largest while the task holds _TASK_BYTES."""
+        self.sizes[key] = self.sizes.get(key, 0) + size
+        self.held += size
+        if self.sizes[key] >= TARGET_FILE_BYTES:
+            yield self._write(key)
         while self.held >= _TASK_BYTES:
             yield self._write(max(self.sizes, key=self.sizes.__getitem__))
 
@@ -369,8 +524,7 @@ class _TaskFiles:
         stored = self._stored(table)
         if table == COMPACT_TABLE:
             return pa.Table.from_batches(gathered.rows, schema=stored)
-        events = pa.Table.from_batches(gathered.rows).combine_chunks()
-        columns = {name: events.column(name) for name in _EVENT_COLUMNS}
+        columns = gathered.columns()
         if gathered.typed is not None:
             service = stored.names[len(_EVENT_COLUMNS)]
             column, failed = gathered.typed.finish()
