@@ -388,6 +388,45 @@ cdef inline void store_raw(char *p, int kind, uint64_t raw) noexcept nogil:
         (<uint64_t *>p)[1] = 0
 
 
+cdef void copy_numbers(const uint8_t *src, Py_ssize_t step, Py_ssize_t count, int kind,
+                       int width, uint64_t default, char *out, int out_width) noexcept nogil:
+    """``count`` number fields of ``kind`` (``width`` bytes each, ``step`` bytes apart
+    from ``src``: one field of a list's structs) stored at ``out`` as their column holds
+    them: store_raw of each, XORed with ``default``; the common kinds a loop each."""
+    cdef Py_ssize_t j
+    cdef uint32_t u32
+    cdef uint64_t u64
+    cdef float f
+    if kind == KIND_FLOAT32:
+        for j in range(count):
+            memcpy(&u32, src + j * step, 4)
+            u32 ^= <uint32_t>default
+            memcpy(&f, &u32, 4)
+            (<float *>out)[j] = <float>(<double>f)  # as store_raw
+    elif kind == KIND_UINT32:
+        for j in range(count):
+            memcpy(&u32, src + j * step, 4)
+            (<int64_t *>out)[j] = u32 ^ <uint32_t>default
+    elif kind == KIND_UINT8:
+        for j in range(count):
+            (<uint16_t *>out)[j] = <uint8_t>(src[j * step] ^ default)
+    elif kind == KIND_UINT64:
+        for j in range(count):
+            memcpy(&u64, src + j * step, 8)
+            (<uint64_t *>out)[2 * j] = u64 ^ default
+            (<uint64_t *>out)[2 * j + 1] = 0
+    elif kind == KIND_INT64 or kind == KIND_FLOAT64:
+        for j in range(count):
+            memcpy(&u64, src + j * step, 8)
+            u64 ^= default
+            memcpy(out + 8 * j, &u64, 8)
+    else:
+        for j in range(count):
+            u64 = 0
+            memcpy(&u64, src + j * step, width)
+            store_raw(out + j * out_width, kind, u64 ^ default)
+
+
 @cython.final  # direct calls (no vtable): its appends inline into the walk
 cdef class _Column:
     """One Arrow array being built from a field's values, message after message: its
@@ -441,7 +480,13 @@ cdef class _Column:
         return self.end_value(True)
 
     cdef int add_bytes(self, const uint8_t *p, Py_ssize_t n) except -1:
-        memcpy(buf_add(&self.values, n), p, n)
+        cdef char *out = buf_add(&self.values, n)
+        cdef Py_ssize_t k
+        if n <= 16:  # most text and data are short: no call to the library's copy
+            for k in range(n):
+                out[k] = p[k]
+        else:
+            memcpy(out, p, n)
         return self.end_value(True)
 
     cdef void save(self) noexcept:
@@ -916,14 +961,12 @@ cdef class _Walk:
         the same values in the same order): a number field inside the elements' data
         section is one loop of loads and stores, with no call per value."""
         cdef Py_ssize_t n = layout.n, count = c.count, step = c.step
-        cdef Py_ssize_t i, j, width, byte
+        cdef Py_ssize_t i, j, width, byte, at, target, size
         cdef int kind
-        cdef uint64_t raw, default
+        cdef uint64_t w
         cdef Field field
         cdef _Column child
         cdef tuple children = column.children
-        cdef const uint8_t *src
-        cdef char *out
         cdef Struct s
         cdef Number which
         cdef Member member
@@ -942,16 +985,26 @@ cdef class _Walk:
             width = number_bytes(kind)
             byte = field.where * width
             if width and byte + width <= c.data_bytes:
-                src = self.buf + c.first + byte
-                default = field.default
-                out = buf_add(&child.values, count * child.width)
-                for j in range(count):
-                    raw = 0
-                    memcpy(&raw, src + j * step, width)
-                    store_raw(out + j * child.width, kind, raw ^ default)
+                copy_numbers(self.buf + c.first + byte, step, count, kind, width,
+                             field.default, buf_add(&child.values, count * child.width),
+                             child.width)
                 if child.nullable:
                     memset(buf_add(&child.valid, count), 1, count)
                 child.length += count
+                continue
+            if (kind == KIND_TEXT or kind == KIND_DATA) and field.where < c.ptr_count:
+                # fill_field -> fill_pointer -> fill_list of each element, unrolled
+                for j in range(count):
+                    at = c.first + j * step + c.data_bytes + 8 * field.where
+                    w = load64(self.buf + at)
+                    if w == 0:
+                        child.end_value(True)  # a null pointer: empty text or data
+                        continue
+                    target = self.list_target(at, w)
+                    size = self.blob(target, w, kind == KIND_TEXT)
+                    if kind == KIND_TEXT and not utf8_valid(self.buf + target, size):
+                        raise _Unfollowed()  # as fill_list
+                    child.add_bytes(self.buf + target, size)
                 continue
             for j in range(count):
                 s.data = c.first + j * step
@@ -981,13 +1034,18 @@ cdef class _Walk:
         """Appends the value of ``field`` of ``s`` to ``column``: read_field's walk."""
         cdef int kind = field.kind
         cdef Py_ssize_t where = field.where
-        cdef Number n
+        cdef int width
+        cdef uint64_t raw = 0
         if kind == KIND_BOOL:
             buf_add(&column.values, 1)[0] = <char>(data_bit(self.buf, s, where) ^ field.default)
             return column.end_value(True)
         if kind <= KIND_FLOAT64 or kind == KIND_ENUM:
-            read_number(self.buf, s, kind, where, field.default, &n)
-            return column.add_number(&n)
+            # read_number then store_number, with no Number between them
+            width = number_bytes(kind)
+            if (where + 1) * width <= s.data_bytes:  # else the default: none stored
+                memcpy(&raw, self.buf + s.data + where * width, width)
+            store_raw(buf_add(&column.values, column.width), kind, raw ^ field.default)
+            return column.end_value(True)
         if kind == KIND_GROUP:
             return self.fill_struct(s, field.struct_, column)
         if where >= s.ptr_count:
@@ -1167,13 +1225,10 @@ cdef class MemberColumn:
         cdef const int64_t[::1] size = np.ascontiguousarray(lengths, dtype=np.int64)
         cdef const uint8_t[::1] data
         cdef const uint8_t *buf = NULL
-        cdef Py_ssize_t total, i, j, a, n, words, count = at.shape[0]
+        cdef Py_ssize_t total, i, j, a, n, words, saved, count = at.shape[0]
         cdef Py_ssize_t first = self.added, left = len(self.fallback)
         cdef tuple columns = self.columns
-        cdef _Column column = self.column
-        cdef CompiledMember member = self.member
         cdef _Walk walk
-        cdef Struct root
         if self.finished:
             raise ValueError("the column is finished: make a new MemberColumn")
         if size.shape[0] != count:
@@ -1189,6 +1244,13 @@ cdef class MemberColumn:
                                  f"the buffer's {total} bytes")
         walk = _Walk.__new__(_Walk)
         walk.buf = buf
+        # The columns' state is saved once, not before every message: a message the
+        # walk leaves (rare: damage, far pointers, ...) rolls every column back to the
+        # last save and walks the messages read since then again (they read the same
+        # again), then saves anew; so no message is walked more than twice.
+        for j in range(len(columns)):
+            (<_Column>columns[j]).save()
+        saved = 0  # the first message not in the saved state
         for i in range(count):
             a = at[i]
             n = size[i]
@@ -1196,24 +1258,36 @@ cdef class MemberColumn:
             if words < 0:
                 self.fallback.append(first + i)  # not exactly one segment
                 continue
-            for j in range(len(columns)):
-                (<_Column>columns[j]).save()
-            walk.start = a + 8
-            walk.end = a + n
-            walk.budget = 8 * words
-            walk.depth = 0
             try:
-                walk.struct_at(a + 8, &root)
-                if data_bits(buf, &root, 2 * member.discriminant_offset, 2) != \
-                        member.discriminant:
-                    raise _Unfollowed()
-                walk.fill_field(&root, member.field, column)
+                self._fill(walk, a, n, words)
             except _Unfollowed:
                 for j in range(len(columns)):
                     (<_Column>columns[j]).restore()
+                for j in range(saved, i):
+                    words = framed_words(buf + at[j], size[j]) if size[j] >= 16 else -1
+                    if words >= 0:
+                        self._fill(walk, at[j], size[j], words)
+                for j in range(len(columns)):
+                    (<_Column>columns[j]).save()
+                saved = i + 1
                 self.fallback.append(first + i)
         self.added = first + count
         return self.fallback[left:]
+
+    cdef int _fill(self, _Walk walk, Py_ssize_t a, Py_ssize_t n, Py_ssize_t words) except -1:
+        """Appends the member's value in the message of ``n`` bytes at ``a`` (one framed
+        segment of ``words`` words) to the column; _Unfollowed when the walk leaves it."""
+        cdef Struct root
+        cdef CompiledMember member = self.member
+        walk.start = a + 8
+        walk.end = a + n
+        walk.budget = 8 * words
+        walk.depth = 0
+        walk.struct_at(a + 8, &root)
+        if data_bits(walk.buf, &root, 2 * member.discriminant_offset, 2) != \
+                member.discriminant:
+            raise _Unfollowed()
+        return walk.fill_field(&root, member.field, self.column)
 
     def finish(self):
         """(the Arrow array of every value read, the positions of the messages left out
