@@ -30,9 +30,18 @@ _Static_assert(MSGQ_POOL_THRESHOLD > 8u + MSGQ_POOL_DESCRIPTOR_SIZE,
  * last one (on any of its queues) took MSGQ_SLOW_WAITS budgets or longer sleeps at once.
  * A 100 Hz control loop then spends no budget per tick (15 us of its ~200 measured), and
  * a stream that speeds up spins again after one wait, since a sleep adds only the
- * wake-up's tens of microseconds to the time measured. */
+ * wake-up's tens of microseconds to the time measured.
+ * After a large message the default budget grows to MSGQ_SPIN_NS_PER_KIB per KiB of it
+ * (at most the slow-stream threshold): a publisher of such messages needs a copy of one
+ * (about 20 us a MiB here) between two sends, so the next one comes after about that
+ * long, which the 10 us budget missed at 1 MiB: the subscriber slept, woke to a backlog
+ * and held the publisher back (view rows of 1 MiB at 0.72-0.76 of the one-copy bound,
+ * 0.94-0.95 without the sleeps; docs/ring.md "Waiting"). A slow stream of large
+ * messages (a camera at 20 Hz) still sleeps at once: the threshold is the base budget's. */
 #define MSGQ_SPIN_NS 2000
 #define MSGQ_SLOW_WAITS 10
+/* Two copies of a KiB at about 50 GB/s (a 1 MiB message: 41 us). */
+#define MSGQ_SPIN_NS_PER_KIB 40
 /* Longest single futex sleep of a wait (see msgq_poll). */
 #define MSGQ_MAX_SLEEP_NS 100000000LL
 #define MSGQ_YIELD_NS 10000
@@ -1063,6 +1072,7 @@ static __attribute__((noinline)) int peek_marked(msgq_subscriber *sub, uint64_t 
   sub->peeked_chunk = chunk;
   sub->peeked_seq = descriptor[1];
   sub->peeked_size = pooled_size;
+  atomic_store_explicit(&sub->last_size, pooled_size, memory_order_relaxed);
   if (!chunk_holds(sub)) {
     /* Reused already: this reader was lapped (P5). Only this message is lost; the
      * next descriptors name newer chunks, which may still hold theirs. */
@@ -1148,6 +1158,7 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
     sub->next_read_pointer = next;
     sub->peeked_checksum = (uint32_t)(prefix >> 32);
     sub->peeked_size = msg_size;
+    atomic_store_explicit(&sub->last_size, msg_size, memory_order_relaxed);
     *payload = ring->data + ro + 8u;
     *size = msg_size;
     return 1;
@@ -1248,16 +1259,32 @@ static int check_all(msgq_subscriber *const *subs, int n, uint8_t *ready) {
   return count;
 }
 
-static int64_t wait_spin_budget_ns(void) {
-  static _Atomic int64_t budget = -1;
+/* The base budget of the look before sleeping: $MSGQ_WAIT_SPIN_US, else MSGQ_YIELD_NS;
+ * *fixed tells whether the environment set it (then it does not grow with the size). */
+static int64_t wait_spin_budget_ns(bool *fixed) {
+  static _Atomic int64_t budget = -1; /* bit 0 of the stored value: set by the env */
   int64_t b = atomic_load_explicit(&budget, memory_order_relaxed);
   if (b < 0) {
     const char *env = getenv("MSGQ_WAIT_SPIN_US");
-    b = env && env[0] ? (int64_t)strtoll(env, NULL, 10) * 1000 : MSGQ_YIELD_NS;
-    if (b < 0) b = 0;
+    const bool from_env = env && env[0];
+    int64_t ns = from_env ? (int64_t)strtoll(env, NULL, 10) * 1000 : MSGQ_YIELD_NS;
+    if (ns < 0) ns = 0;
+    if (ns > ((int64_t)1 << 60)) ns = (int64_t)1 << 60;
+    b = ns * 2 + from_env;
     atomic_store_explicit(&budget, b, memory_order_relaxed);
   }
-  return b;
+  *fixed = b & 1;
+  return b >> 1;
+}
+
+/* The budget of a look after messages of up to `size` bytes: the base, grown to
+ * MSGQ_SPIN_NS_PER_KIB per KiB unless the environment fixed it, and never past the
+ * slow-stream threshold (a wait that long would sleep at once next time anyway). */
+static int64_t spin_budget_for(int64_t base, bool fixed, uint32_t size) {
+  if (fixed) return base;
+  const int64_t by_size = (int64_t)(size >> 10) * MSGQ_SPIN_NS_PER_KIB;
+  const int64_t most = MSGQ_SLOW_WAITS * base;
+  return by_size <= base ? base : by_size < most ? by_size : most;
 }
 
 /* Whether any of the queues' last waits was short enough for a look before sleeping to
@@ -1288,8 +1315,15 @@ static void record_wait(msgq_subscriber *const *subs, int n, const uint8_t *read
 static int spin_for_data(msgq_subscriber *const *subs, int n, uint8_t *ready,
                          int64_t timeout_ns, int64_t start) {
   int count = 0;
-  int64_t budget = wait_spin_budget_ns();
-  if (budget == 0 || !recent_wait_was_short(subs, n, budget)) return 0;
+  bool fixed;
+  const int64_t base = wait_spin_budget_ns(&fixed);
+  if (base == 0 || !recent_wait_was_short(subs, n, base)) return 0;
+  uint32_t largest = 0;
+  for (int i = 0; i < n; i++) {
+    uint32_t s = atomic_load_explicit(&subs[i]->last_size, memory_order_relaxed);
+    if (s > largest) largest = s;
+  }
+  int64_t budget = spin_budget_for(base, fixed, largest);
   if (timeout_ns > 0 && timeout_ns < budget) budget = timeout_ns;
   int64_t spin_until = os_cpus_available() > 1 ? start + MSGQ_SPIN_NS : start;
   if (spin_until > start + budget) spin_until = start + budget;

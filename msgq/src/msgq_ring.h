@@ -400,6 +400,9 @@ typedef struct {
    * the first. A long one means a slow stream: the next wait sleeps without spinning
    * (msgq_poll_until). Relaxed atomics: a heuristic, read and written by waiters. */
   _Atomic int64_t last_wait_ns;
+  /* The size of the last message peeked: a wait after a large one looks for data for
+   * about two copies of it before sleeping (msgq_poll_until). Relaxed, as last_wait_ns. */
+  _Atomic uint32_t last_size;
   /* Statistics. */
   uint64_t resets;          /* times this reader was overtaken and jumped forward */
   uint64_t corrupt_resets;  /* resets caused by an out-of-range value in the segment */

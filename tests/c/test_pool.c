@@ -3,8 +3,9 @@
  * below the plain ring's, LIFO reuse, readers attached before and after the first chunk,
  * lapped readers, a reader a few messages behind while the ring comes round, pinned
  * views, the ring writer coming round to chunks, damaged chunk metadata, a publisher
- * killed mid-chunk (fresh and reused), readers killed holding views, and a threaded
- * stress run with copies and views. Prints "N passed, N failed"; run plain, under ASan
+ * killed mid-chunk (fresh and reused), readers killed holding views, a threaded
+ * stress run with copies and views, and the longer look before sleeping after a large
+ * message. Prints "N passed, N failed"; run plain, under ASan
  * and TSan. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -732,6 +733,77 @@ static void test_threaded_stress(void) {
   free_queue(&q);
 }
 
+/* A publisher that commits a message it wrote beforehand LATE_SEND_NS after `go`
+ * (busy-waiting that long, so that the message comes then whatever else runs). */
+#define LATE_SEND_NS 25000
+typedef struct {
+  msgq_publisher *pub;
+  _Atomic int go;
+} late_send;
+
+static void *commit_late(void *arg) {
+  late_send *l = arg;
+  while (!atomic_load(&l->go)) sched_yield();
+  const int64_t start = os_monotonic_ns();
+  while (os_monotonic_ns() - start < LATE_SEND_NS) {
+  }
+  CHECK(msgq_publisher_commit(l->pub) == 0);
+  return NULL;
+}
+
+/* After a 1 MiB message a wait looks for data for about two copies of one (41 us)
+ * before sleeping, not the base 10 us: the next message of a publisher of 1 MiB messages
+ * comes a copy (about 20 us) later, and a sleep there cost that publisher a futex wake
+ * per message (docs/ring.md, "Waiting"). A wait that found the message 25 us later
+ * without sleeping leaves notify_seq as it was (a publisher bumps it only to wake a
+ * sleeper, I4). Needs MSGQ_WAIT_SPIN_US unset (it fixes the budget). A busy machine
+ * can delay the publisher past the budget, so some of 20 tries must show it. */
+static void test_wait_after_a_large_message_looks_longer(void) {
+  if (getenv("MSGQ_WAIT_SPIN_US")) {
+    printf("     skipped: MSGQ_WAIT_SPIN_US is set\n");
+    return;
+  }
+  test_queue q = make_pooled(LARGE_SEGMENT);
+  msgq_publisher pub;
+  msgq_subscriber sub;
+  attach_pair(&q, &pub, &sub);
+  const uint32_t size = 1u << 20;
+  CHECK(size <= q.ring.max_chunked);
+  uint64_t seq = 1;
+  int spun = 0;
+  for (int attempt = 0; attempt < 20 && !spun; attempt++, seq++) {
+    void *dst;
+    CHECK(msgq_publisher_reserve(&pub, size, &dst) == 0);
+    fill_chunk_payload(dst, seq, size);
+    if (seq == 1) { /* the first message: sent at once, read, so the last size is 1 MiB */
+      CHECK(msgq_publisher_commit(&pub) == 0);
+      const uint8_t *payload;
+      uint32_t got;
+      CHECK(msgq_subscriber_peek(&sub, &payload, &got) == 1 && got == size);
+      CHECK(msgq_subscriber_release_view(&sub) == 1);
+      continue;
+    }
+    atomic_store(&sub.last_wait_ns, 0); /* not a slow stream, whatever the last try took */
+    late_send l = {.pub = &pub};
+    pthread_t thread;
+    CHECK(pthread_create(&thread, NULL, commit_late, &l) == 0);
+    const uint32_t notified = atomic_load(&q.ring.header->notify_seq);
+    atomic_store(&l.go, 1);
+    CHECK(msgq_subscriber_wait(&sub, 1000000000) == 1);
+    pthread_join(thread, NULL);
+    const int64_t waited = atomic_load(&sub.last_wait_ns);
+    spun = atomic_load(&q.ring.header->notify_seq) == notified && waited >= 15000;
+    const uint8_t *payload;
+    uint32_t got;
+    CHECK(msgq_subscriber_peek(&sub, &payload, &got) == 1);
+    CHECK(whole(payload, got, size) == seq);
+    CHECK(msgq_subscriber_release_view(&sub) == 1);
+  }
+  CHECK(spun);
+  msgq_subscriber_release(&sub);
+  free_queue(&q);
+}
+
 int main(void) {
   RUN(test_layout_and_limits);
   RUN(test_small_messages_are_the_plain_ring);
@@ -747,6 +819,7 @@ int main(void) {
   RUN(test_publisher_killed_mid_chunk);
   RUN(test_reader_killed_holding_a_view);
   RUN(test_threaded_stress);
+  RUN(test_wait_after_a_large_message_looks_longer);
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }
