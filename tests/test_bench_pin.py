@@ -4,6 +4,7 @@ on the CPU the fan-out bound's model gives its thread, whatever the backend."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from msgq.bench.runner import pin_process, throughput_cpus
+from msgq.bench.runner import Runner, pin_process, throughput_cpus
 
 pytestmark = pytest.mark.multiprocess
 
@@ -29,6 +30,17 @@ def test_placement_is_the_fanout_models() -> None:
     assert throughput_cpus(3, [7]) == [7, 7, 7, 7]
     with pytest.raises(ValueError, match="no CPU"):
         throughput_cpus(1, [])
+
+
+def test_the_option_takes_0_or_1_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    monkeypatch.setenv("MSGQ_BENCH_PIN", "yes")
+    with pytest.raises(ValueError, match=r"MSGQ_BENCH_PIN must be 0 or 1, not 'yes'"):
+        Runner(ctx, "/tmp", "p", 0.1)
+    monkeypatch.setenv("MSGQ_BENCH_PIN", "0")
+    assert not Runner(ctx, "/tmp", "p", 0.1).pin
+    monkeypatch.setenv("MSGQ_BENCH_PIN", "1")
+    assert Runner(ctx, "/tmp", "p", 0.1).pin == bool(os.sched_getaffinity(0))
 
 
 @needs_two_cpus

@@ -95,7 +95,10 @@ class Runner:
         self.duration = duration
         self.counter = 0
         if pin is None:
-            pin = os.environ.get(PIN_ENV, "0") not in ("", "0")
+            value = os.environ.get(PIN_ENV, "")
+            if value not in ("", "0", "1"):
+                raise ValueError(f"${PIN_ENV} must be 0 or 1, not {value!r}")
+            pin = value == "1"
         self.allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.pin = pin and bool(self.allowed)
 
