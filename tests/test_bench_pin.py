@@ -88,6 +88,7 @@ def test_pinned_run_records_and_keeps_its_placement(tmp_path: Path) -> None:
     first, second = sorted(os.sched_getaffinity(0))[:2]
     detail = json.loads(out.read_text())["results"][0]["median"]["detail"]
     assert detail["cpus"] == [second, first, first]
+    assert "runs pinned (MSGQ_BENCH_PIN=1)" in stdout  # the table says how it was placed
     # the last look at each worker (they live about a second, looked at every 20 ms)
     assert len(seen) == 3 and all(len(c) == 1 and c <= {first, second} for c in seen.values())
 

@@ -74,6 +74,7 @@ def test_quick_msgq_run_prints_a_row_without_drops(tmp_path: Path) -> None:
     assert float(msgs_per_s.replace(",", "")) > 0
     assert drops == "0"
     assert any(r[:4] == ["round trip", "8 B", "1 cpu", "msgq"] for r in rows), proc.stdout
+    assert "runs unpinned (the OS places the processes" in proc.stdout
     assert any(r[:4] == ["async trip", "8 B", "1 cpu", "msgq"] for r in rows), proc.stdout
 
     document = json.loads(out_json.read_text())

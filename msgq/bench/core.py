@@ -391,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             large, functools.partial(fanout_bound, subscribers=n)).items()
     }
     table = render_table(cells, backends, skipped, geometry_note, memcpy_mb_s, bound_mb_s,
-                         view_bound_mb_s, fanout_mb_s)
+                         view_bound_mb_s, fanout_mb_s, pinned=runner.pin)
     elapsed = time.monotonic() - began
     if args.json:
         document = {

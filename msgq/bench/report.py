@@ -65,6 +65,7 @@ def render_table(
     bound_mb_s: dict[int, float] | None = None,
     view_bound_mb_s: dict[int, float] | None = None,
     fanout_bound_mb_s: dict[tuple[int, int], float] | None = None,
+    pinned: bool = False,
 ) -> str:
     """The one table: a row per (test, payload, subs/CPUs, backend), then footnotes.
 
@@ -74,6 +75,8 @@ def render_table(
     the ``× bound`` column of the copying rows, ``view_bound_mb_s`` (of the one-copy
     model) that of the view rows, ``fanout_bound_mb_s`` ((payload size, subscribers) ->
     MB/s of the fan-out model) that of the copying rows of several subscribers.
+    ``pinned``: the throughput runs' processes were pinned (``MSGQ_BENCH_PIN=1``); a
+    footnote says so.
     """
     memcpy_mb_s = memcpy_mb_s or {}
     bound_mb_s = bound_mb_s or {}
@@ -182,6 +185,12 @@ def render_table(
         f"{fmt_size(WARM_RING_FROM)} also at least one msgq segment's worth of payload (a "
         f"fresh ring's pages fault in on first use; throughput: at most {WARM_MAX_S:g} s).",
     ]
+    paragraphs.append(
+        "Placement: throughput, recv_into and view runs pinned (MSGQ_BENCH_PIN=1), every "
+        "backend alike: the publisher on the first CPU, the subscribers alternating from "
+        "the second." if pinned else
+        "Placement: throughput, recv_into and view runs unpinned (the OS places the "
+        "processes; MSGQ_BENCH_PIN=1 pins them, every backend alike).")
     if memcpy_mb_s:
         paragraphs.append(
             "× memcpy: MB/s ÷ the bandwidth of one memcpy of the payload between two warm "
