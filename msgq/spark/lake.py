@@ -42,8 +42,8 @@ there and stops; :func:`follow` runs the same query every few seconds. Its check
 (Spark's offset and commit logs) makes it incremental and exactly once: a run reads only
 the bytes after the last committed offset, and a batch that was cut short (kill -9) is
 run again from the same offsets by the next run. A micro-batch's rows are not events but
-the segment ranges it adds (:class:`SegmentRanges`: a row per segment file's new bytes,
-spread over a task per core by size, a file never split); it is one Spark job: the rows
+the segment ranges it adds (:mod:`msgq.spark.lake_stream`: a row per segment file's new
+bytes, spread over a task per core by size, a file never split); it is one Spark job: the rows
 go through ``mapInArrow`` into :mod:`msgq.spark.lake_files`, whose tasks read their
 ranges with the msgqlog source's own reading, decode each event once and write every
 service's Parquet files (and the compact rows) into a staging folder: the events never
@@ -87,12 +87,9 @@ from msgq.spark.capnp_types import member_plan
 from msgq.spark.compact import COMPACT_SCHEMA, GroupableRead
 from msgq.spark.connect import default_parallelism, is_connect
 from msgq.spark.datasource import (
-    MsgqLogDataSource,
     check_local_logs,
     local_path,
-    read_segment_range,
     read_spec,
-    segment_number,
     spec_option,
     uri_scheme,
 )
@@ -105,7 +102,7 @@ from msgq.spark.lake_files import (
     TARGET_FILE_BYTES,
     TableFiles,
 )
-from msgq.spark.streaming import RANGE_SCHEMA, SegmentRangeStreamReader
+from msgq.spark.lake_stream import RANGES_SOURCE, SegmentRanges
 
 __all__ = [
     "COMPACT_TABLE",
@@ -590,40 +587,10 @@ class _BatchWriter:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-#: The name of the stream of segment ranges a build follows (:class:`SegmentRanges`).
-RANGES_SOURCE = "msgqlog_ranges"
-
-
-class SegmentRanges(MsgqLogDataSource):
-    """``spark.readStream.format("msgqlog_ranges").load(folder)``: the stream a build
-    follows, the msgqlog stream's offsets and micro-batches with a row per segment
-    range instead of a row per event (:class:`msgq.spark.streaming.
-    SegmentRangeStreamReader`; option ``parallelism``: the tasks its ranges are spread
-    over). Segments of another schema are refused at ``load()``, as the msgqlog
-    stream refuses them."""
-
-    @classmethod
-    def name(cls) -> str:
-        return RANGES_SOURCE
-
-    def schema(self) -> str:
-        options = self._options()
-        assert options.spec is not None  # set by ReadOptions.__post_init__
-        check_local_logs(list(options.paths), options.spec)
-        return RANGE_SCHEMA
-
-    def reader(self, schema: Any) -> Any:
-        raise ValueError(f"{RANGES_SOURCE} is a stream: spark.readStream.format("
-                         f"{RANGES_SOURCE!r}); read events with format('msgqlog')")
-
-    def streamReader(self, schema: Any) -> Any:  # noqa: N802 - Spark's name
-        return SegmentRangeStreamReader(self._options(), schema, read_segment_range,
-                                        segment_number)
-
-
 def _stream(spark: Any, source: str, spec: SchemaSpec) -> Any:
-    """The stream of ``source``'s segment ranges (:class:`SegmentRanges`), spread over a
-    task per core: the writing tasks read them (:mod:`msgq.spark.lake_files`)."""
+    """The stream of ``source``'s segment ranges (:class:`msgq.spark.lake_stream.
+    SegmentRanges`), spread over a task per core: the writing tasks read them
+    (:mod:`msgq.spark.lake_files`)."""
     msgq.spark.register(spark, spec)
     spark.dataSource.register(SegmentRanges)
     return (spark.readStream.format(RANGES_SOURCE)
