@@ -372,6 +372,12 @@ PY
   fi
 fi
 
+# msgq's own modules byte-compiled: the editable install runs them from the checkout, and
+# where PYTHONDONTWRITEBYTECODE is set every fresh Python (each Spark worker and query
+# runner, each command) would compile them again (~60 ms a process). Files already
+# compiled and unchanged are skipped.
+.venv/bin/python -m compileall -q -x '/tests?/' msgq schemas > /dev/null 2>&1 || true
+
 if [ -n "$java_job" ]; then
   if ! wait "$java_job"; then
     tail -n 30 build/setup-java.log >&2
