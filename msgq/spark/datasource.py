@@ -1421,6 +1421,11 @@ class ScannerRun:
         self.base = base
         self.parts = [picked]
 
+    def continues(self, batch: MessageBatch, base: int) -> bool:
+        """Whether messages of ``batch`` at ``base`` continue this run (a reader commits
+        a scanner batch in small chunks, and the sink's flushes cut a run apart)."""
+        return self.batch is batch and self.base == base
+
     @property
     def picked(self) -> Any:
         """The indices of the messages taken, in reading order."""
@@ -1471,8 +1476,8 @@ class _Pieces:
 
     def add_batch(self, file: Any, batch: MessageBatch, picked: Any, base: int) -> None:
         last = self.pieces[-1] if self.pieces else None
-        if type(last) is ScannerRun and last.batch is batch and last.base == base:
-            last.parts.append(picked)  # a reader commits a scanner batch in small chunks
+        if type(last) is ScannerRun and last.continues(batch, base):
+            last.parts.append(picked)
         else:
             self.pieces.append(ScannerRun(batch, picked, base))
         self.count += len(picked)
@@ -1512,9 +1517,8 @@ def read_segment_pieces(options: ReadOptions, path: str, segment: int | None, st
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for piece in everything():
-            # a scanner batch's runs cut apart by the sink's flushes: one run again
             if type(piece) is ScannerRun and held is not None and \
-                    piece.batch is held.batch and piece.base == held.base:
+                    held.continues(piece.batch, piece.base):
                 held.parts += piece.parts
                 continue
             if held is not None:

@@ -240,8 +240,11 @@ class _Gathered:
         arrays."""
         count = self.count
         runs = [run[2] for run in self.files]
-        names = list(dict.fromkeys(run[0] for run in self.files))
-        file_index = np.repeat(np.array([names.index(run[0]) for run in self.files],
+        index_of: dict[str, int] = {}  # each file's index in order of first run
+        for run in self.files:
+            index_of.setdefault(run[0], len(index_of))
+        names = list(index_of)
+        file_index = np.repeat(np.array([index_of[run[0]] for run in self.files],
                                         np.int32), runs)
         segments = np.repeat(np.array([-1 if run[1] is None else run[1]
                                        for run in self.files], np.int32), runs)
