@@ -120,6 +120,8 @@ int msgq_ring_format(void *mem, size_t size, uint32_t flags) {
   h->creator_pid = (int32_t)getpid();
   h->ring_capacity = (uint32_t)capacity; /* chunks live in the ring (P1) */
   h->flags = flags;
+  /* I2: the complement of write_reserve 0. */
+  atomic_store_explicit(&h->write_reserve_check, ~(uint64_t)0, memory_order_relaxed);
   /* release: an opener that sees the magic sees the whole header above. */
   atomic_store_explicit(&h->magic, MSGQ_MAGIC, memory_order_release);
   return 0;
@@ -147,6 +149,22 @@ static int validate_header(const msgq_header *h, size_t size) {
   if (h->ring_capacity != h->capacity || h->pool_granules || h->granule_shift)
     return MSGQ_EGEOMETRY;
   return 0;
+}
+
+void msgq_ring_mark_superseded(msgq_header *h) {
+  atomic_store_explicit(&h->superseded, 1u, memory_order_seq_cst);
+  atomic_fetch_add_explicit(&h->notify_seq, 1u, memory_order_release);
+  os_wake_all(&h->notify_seq);
+}
+
+/* Whether the file behind this mapping is to be left for the endpoint's new one (I6):
+ * marked superseded, or its immutable header damaged since we attached (then we mark it,
+ * for the other processes on it). */
+static bool ring_superseded(const msgq_ring *ring) {
+  if (atomic_load_explicit(&ring->header->superseded, memory_order_relaxed)) return true;
+  if (validate_header(ring->header, ring->map_size) == 0) return false;
+  msgq_ring_mark_superseded(ring->header);
+  return true;
 }
 
 int msgq_ring_attach(msgq_ring *ring, void *mem, size_t size) {
@@ -226,6 +244,22 @@ static inline bool position_in_range(uint64_t p, uint32_t capacity) {
   return position_offset(p) <= capacity - 8u && position_offset(p) % 8u == 0;
 }
 
+/* Stores write_reserve and its complement (I2); the caller's fence orders them. */
+static inline void store_reserve(msgq_header *h, uint64_t reserve, memory_order order) {
+  atomic_store_explicit(&h->write_reserve, reserve, order);
+  atomic_store_explicit(&h->write_reserve_check, ~reserve, order);
+}
+
+/* write_reserve as everyone reads it: the later of its two copies (I2). While the
+ * publisher is between its two stores, the later is the new value; a write into one copy
+ * can only make the result later, which costs readers messages, never an overwritten
+ * message. */
+static inline uint64_t load_reserve(const msgq_header *h, memory_order order) {
+  uint64_t reserve = atomic_load_explicit(&h->write_reserve, order);
+  uint64_t check = ~atomic_load_explicit(&h->write_reserve_check, order);
+  return position_before(reserve, check) ? check : reserve;
+}
+
 void msgq_publisher_init(msgq_publisher *pub, const msgq_ring *ring) {
   memset(pub, 0, sizeof *pub);
   pub->ring = *ring;
@@ -235,7 +269,7 @@ void msgq_publisher_init(msgq_publisher *pub, const msgq_ring *ring) {
   atomic_store_explicit(&h->publisher_pid, pub->pid, memory_order_relaxed);
   atomic_store_explicit(&h->publisher_token, pub->token, memory_order_seq_cst);
   uint64_t wp = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
-  uint64_t reserve = atomic_load_explicit(&h->write_reserve, memory_order_acquire);
+  uint64_t reserve = load_reserve(h, memory_order_acquire);
   /* A send left half-done by a dead publisher (or an abandoned reservation) leaves
    * write_reserve ahead of write_pointer: we go on from write_pointer (nothing past it
    * was published) and never announce less than that reserve, so readers still judge
@@ -257,13 +291,13 @@ void msgq_publisher_init(msgq_publisher *pub, const msgq_ring *ring) {
       wp = make_position(cycle + 2u, 0);
       pub->reserve_high = wp;
       /* The reserve first (I2): a reader that sees the new wp sees it too. */
-      atomic_store_explicit(&h->write_reserve, wp, memory_order_release);
+      store_reserve(h, wp, memory_order_release);
       atomic_store_explicit(&h->write_pointer, wp, memory_order_release);
     }
   } else if (!position_in_range(wp, ring->capacity)) {
     wp = make_position(position_cycle(wp) + 2u, 0);
     pub->reserve_high = wp;
-    atomic_store_explicit(&h->write_reserve, wp, memory_order_release);
+    store_reserve(h, wp, memory_order_release);
     atomic_store_explicit(&h->write_pointer, wp, memory_order_release);
   }
   pub->write_pointer = wp;
@@ -291,9 +325,8 @@ void msgq_publisher_release(msgq_publisher *pub) {
  * than the next one will. */
 static inline void announce_reserve(msgq_publisher *pub, uint64_t end) {
   if (end > pub->reserve_high) pub->reserve_high = end;
-  atomic_store_explicit(&pub->ring.header->write_reserve, pub->reserve_high,
-                        memory_order_relaxed);
-  /* release fence (seqlock writer): the reserve store is ordered before every store of
+  store_reserve(pub->ring.header, pub->reserve_high, memory_order_relaxed);
+  /* release fence (seqlock writer): the reserve stores are ordered before every store of
    * ring bytes that follows; pairs with the acquire fence in region_intact. */
   atomic_thread_fence(memory_order_release);
 }
@@ -330,6 +363,7 @@ int msgq_publisher_sweep(msgq_publisher *pub) {
     }
   }
   pub->reclaimed_slots += (uint64_t)freed;
+  (void)ring_superseded(&pub->ring); /* a damaged header: the next send re-opens (I6) */
   return freed;
 }
 
@@ -830,7 +864,7 @@ int msgq_publisher_all_readers_updated(const msgq_publisher *pub) {
  * (seqlock reader side; pairs with the release fence in announce_reserve). */
 static inline bool region_intact(const msgq_header *h, uint32_t rc, uint32_t start) {
   atomic_thread_fence(memory_order_acquire);
-  uint64_t reserve = atomic_load_explicit(&h->write_reserve, memory_order_relaxed);
+  uint64_t reserve = load_reserve(h, memory_order_relaxed);
   uint32_t ahead = position_cycle(reserve) - rc;
   return ahead == 0 || (ahead == 1 && position_offset(reserve) <= start);
 }
@@ -843,7 +877,7 @@ static inline bool region_intact(const msgq_header *h, uint32_t rc, uint32_t sta
  * so a scribbled write_pointer cannot make a reader take unwritten bytes for messages. */
 static inline uint64_t load_write_pointer(const msgq_header *h, uint64_t fallback) {
   uint64_t wp = atomic_load_explicit(&h->write_pointer, memory_order_acquire);
-  uint64_t reserve = atomic_load_explicit(&h->write_reserve, memory_order_relaxed);
+  uint64_t reserve = load_reserve(h, memory_order_relaxed);
   return position_before(reserve, wp) ? fallback : wp;
 }
 
@@ -957,7 +991,7 @@ int msgq_subscriber_has_data(msgq_subscriber *sub) {
   const msgq_header *h = sub->ring.header;
   uint64_t rp = atomic_load_explicit(&sub->read_pointer, memory_order_relaxed);
   if (not_behind(load_write_pointer(h, rp), rp) != rp) return 1;
-  return atomic_load_explicit(&h->superseded, memory_order_relaxed) != 0;
+  return ring_superseded(&sub->ring);
 }
 
 static void reset_for_corruption(msgq_subscriber *sub) {
@@ -1097,8 +1131,7 @@ int msgq_subscriber_peek(msgq_subscriber *sub, const uint8_t **payload, uint32_t
     if (sub->read_pointer == sub->seen_write_pointer) {
       refresh_write_pointer(sub);
       if (sub->read_pointer == sub->seen_write_pointer)
-        return atomic_load_explicit(&h->superseded, memory_order_relaxed) ? MSGQ_ESUPERSEDED
-                                                                            : 0;
+        return ring_superseded(ring) ? MSGQ_ESUPERSEDED : 0;
     }
     if (sub->conflate) {
       /* Straight to the newest message when the hint is between us and the writer

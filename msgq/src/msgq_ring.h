@@ -22,10 +22,14 @@
  *     a reader is complete, because the payload and its prefix are stored before the
  *     release store of write_pointer that covers them.
  *  I2 Before the publisher writes a byte (payload, prefix or wrap marker) it stores
- *     write_reserve = the position just past the last byte of that send, followed by a
- *     release fence (seqlock writer side). write_reserve >= write_pointer, and the
- *     bytes of cycle c at offsets below offset(write_reserve) may have been
- *     overwritten by cycle c + 1 once cycle(write_reserve) == c + 1.
+ *     write_reserve = the position just past the last byte of that send, then its
+ *     complement in write_reserve_check, then a release fence (seqlock writer side).
+ *     write_reserve >= write_pointer, and the bytes of cycle c at offsets below
+ *     offset(write_reserve) may have been overwritten by cycle c + 1 once
+ *     cycle(write_reserve) == c + 1. Whoever reads the reserve takes the later of the
+ *     two copies (load_reserve), so damage to one copy can only make it later: readers
+ *     judge more bytes overwritten and lose messages, never take overwritten bytes for
+ *     intact ones.
  *  I3 A reader owns its position (process memory; the copy in its slot is only a report
  *     for the publisher and tools). After reading a prefix, and again after copying a
  *     payload, it issues an acquire fence and reloads write_reserve: the bytes
@@ -33,7 +37,8 @@
  *     in cycle rc + 1 at an offset <= start. Otherwise they may be overwritten: the copy
  *     is discarded and the reader jumps to write_pointer. No other field (slot, mask,
  *     wake line) takes part in that decision, so no damage to them can make a reader
- *     deliver overwritten bytes (seqlock reader side; pairs with I2's fence).
+ *     deliver overwritten bytes (seqlock reader side; pairs with I2's fence); a write
+ *     into write_reserve alone cannot either (I2: the later copy counts).
  *  I4 A subscriber sleeps only after setting its bit in waiting_readers (seq_cst) and
  *     re-checking for data; the publisher stores write_pointer (seq_cst) before it loads
  *     waiting_readers. One of them sees the other, so no wake-up is lost. A publisher
@@ -50,7 +55,10 @@
  *     per send stays bounded however many subscribers die.
  *  I6 superseded != 0 says this file was replaced under its name (queue_file.c): the
  *     publisher stops sending into it (MSGQ_ESUPERSEDED) and a subscriber that has read
- *     everything in it reports MSGQ_ESUPERSEDED, so both re-open the endpoint.
+ *     everything in it reports MSGQ_ESUPERSEDED, so both re-open the endpoint. A live
+ *     process whose mapping's immutable header no longer validates sets it too (the
+ *     publisher at its sweep, a subscriber when it has read everything): the next
+ *     opener replaces such a file, and may not recognise it as ours to mark it.
  *  I7 The publisher may wrap early (a wrap marker before the end of the ring) when every
  *     claimed reader slot reports the current write_pointer: nobody is reading or holds
  *     a view, so the ring's start can be reused while it is still in the cache. The
@@ -105,7 +113,7 @@
 #include <sys/types.h>
 
 #define MSGQ_MAGIC 0x31474e5251475351ULL /* "QSGQRNG1" little-endian */
-#define MSGQ_LAYOUT_VERSION 5u
+#define MSGQ_LAYOUT_VERSION 6u
 #define MSGQ_READER_SLOTS 64u
 #define MSGQ_CACHE_LINE 64u
 
@@ -207,7 +215,10 @@ typedef struct {
    * stands exactly there may go on at the next cycle's start even when the marker itself
    * was overwritten already. A hint like last_message: what is read there is checked. */
   _Atomic uint64_t last_wrap;
-  uint8_t pad1[MSGQ_CACHE_LINE - 48];
+  /* ~write_reserve, stored right after it (I2). Away from write_reserve on the line, so
+   * no single write reaches both. */
+  _Atomic uint64_t write_reserve_check;
+  uint8_t pad1[MSGQ_CACHE_LINE - 56];
 
   /* Wake line: subscribers sleep on notify_seq; the publisher bumps it and wakes them
    * only while a waiting bit is set, so a send with nobody asleep makes no syscall. */
@@ -245,6 +256,13 @@ int msgq_ring_format(void *mem, size_t size, uint32_t flags);
 /* Validates the header of a mapping of `size` bytes and fills ring. Returns 0,
  * MSGQ_EBADMAGIC, MSGQ_EVERSION or MSGQ_EGEOMETRY. Never reads past size. */
 int msgq_ring_attach(msgq_ring *ring, void *mem, size_t size);
+
+/* Marks the queue at mem superseded (I6) and wakes its sleepers, so that every process
+ * mapping it opens the endpoint again. For the replacer of a file of ours, and for a live
+ * process that finds the immutable header of its own mapping damaged (a header that no
+ * longer validates would make the next opener replace the file without recognising it as
+ * ours: the processes on it must move by themselves). */
+void msgq_ring_mark_superseded(msgq_header *h);
 
 /* Capacity of the data ring for a requested segment size: rounded up to 8 bytes.
  * Returns MSGQ_EBADSIZE (negative) when out of range. */
@@ -434,8 +452,8 @@ int msgq_subscriber_consume(msgq_subscriber *sub, const void *copy);
  * check, so a result of 1 means the bytes the caller used were the message it was sent.
  * Call it after the caller's last access to the payload. */
 int msgq_subscriber_release_view(msgq_subscriber *sub);
-/* 1 when a message is waiting, or when the file was replaced (so that waits end and the
- * next peek reports it); cheap, and it writes nothing in the handle, so a thread may
+/* 1 when a message is waiting, or when the file was replaced or its header damaged (I6;
+ * so that waits end and the next peek reports it); cheap, and it writes nothing in the handle, so a thread may
  * poll a handle (msgq_poll) while another receives from it. */
 int msgq_subscriber_has_data(msgq_subscriber *sub);
 

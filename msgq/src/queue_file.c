@@ -215,11 +215,7 @@ static int publish_new_queue(const char *path, uint64_t capacity, uint32_t flags
  * so that the processes still mapping it re-open the endpoint. mem maps `size` bytes of
  * a file that was validated as ours_shaped (or fully valid). */
 static void mark_superseded(void *mem, size_t size) {
-  msgq_header *h = mem;
-  if (!ours_shaped(h, size)) return;
-  atomic_store_explicit(&h->superseded, 1u, memory_order_seq_cst);
-  atomic_fetch_add_explicit(&h->notify_seq, 1u, memory_order_release);
-  os_wake_all(&h->notify_seq);
+  if (ours_shaped(mem, size)) msgq_ring_mark_superseded(mem);
 }
 
 /* A live process uses the queue: its publisher, or the owner of any claimed reader slot.

@@ -734,15 +734,19 @@ static void test_threaded_stress(void) {
 }
 
 /* A publisher that commits a message it wrote beforehand LATE_SEND_NS after `go`
- * (busy-waiting that long, so that the message comes then whatever else runs). */
+ * (busy-waiting that long, so that the message comes then whatever else runs). It says
+ * `running` first: a thread's start can take longer than the wait looks (50-100 us
+ * under ASan), and go must not count it. */
 #define LATE_SEND_NS 25000
 typedef struct {
   msgq_publisher *pub;
+  _Atomic int running;
   _Atomic int go;
 } late_send;
 
 static void *commit_late(void *arg) {
   late_send *l = arg;
+  atomic_store(&l->running, 1);
   while (!atomic_load(&l->go)) sched_yield();
   const int64_t start = os_monotonic_ns();
   while (os_monotonic_ns() - start < LATE_SEND_NS) {
@@ -787,6 +791,7 @@ static void test_wait_after_a_large_message_looks_longer(void) {
     late_send l = {.pub = &pub};
     pthread_t thread;
     CHECK(pthread_create(&thread, NULL, commit_late, &l) == 0);
+    while (!atomic_load(&l.running)) sched_yield();
     const uint32_t notified = atomic_load(&q.ring.header->notify_seq);
     atomic_store(&l.go, 1);
     CHECK(msgq_subscriber_wait(&sub, 1000000000) == 1);

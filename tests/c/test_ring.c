@@ -193,6 +193,70 @@ static void test_invalidation_during_copy_is_detected(void) {
   free_queue(&q);
 }
 
+static void test_one_damaged_reserve_copy_never_hides_a_tear(void) {
+  /* A reader peeks, the writer laps it; then a write lowers one copy of the reserve to
+   * its cycle's start (the old single reserve then said "intact"). The other copy keeps
+   * the true value, so consume still reports the tear; raising a copy only costs. */
+  for (int damaged = 0; damaged < 2; damaged++) {
+    test_queue q = make_queue(256);
+    msgq_publisher pub;
+    msgq_subscriber sub;
+    msgq_publisher_init(&pub, &q.ring);
+    CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+    uint8_t msg[40] = {0};
+    CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == 0);
+    CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == 0);
+    const uint8_t *payload;
+    uint32_t size;
+    CHECK(receive(&sub, msg, sizeof msg) == sizeof msg);
+    CHECK(msgq_subscriber_peek(&sub, &payload, &size) == 1); /* the second, at 48 */
+    msgq_header *h = q.ring.header;
+    uint64_t reserve = 0;
+    while ((reserve >> 32) == 0 || (uint32_t)reserve <= 96) { /* until 48..96 is rewritten */
+      CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == 0);
+      reserve = atomic_load(&h->write_reserve);
+    }
+    CHECK((reserve >> 32) == 1);
+    uint64_t lowered = reserve & ~(uint64_t)UINT32_MAX; /* cycle 1, offset 0 */
+    if (damaged == 0)
+      atomic_store(&h->write_reserve, lowered);
+    else
+      atomic_store(&h->write_reserve_check, ~lowered);
+    CHECK(msgq_subscriber_consume(&sub, payload) == 0);
+    CHECK(sub.resets == 1);
+    free_queue(&q);
+  }
+}
+
+static void test_damaged_header_moves_live_processes(void) {
+  /* A write into the immutable header (here: capacity) makes the next opener replace the
+   * file, and it may not recognise the file as ours to mark it. The live processes mark
+   * it themselves: a subscriber once it has read everything, the publisher at its sweep;
+   * both then report MSGQ_ESUPERSEDED (re-open the endpoint). */
+  for (int who = 0; who < 2; who++) {
+    test_queue q = make_queue(1024);
+    msgq_publisher pub;
+    msgq_subscriber sub;
+    msgq_publisher_init(&pub, &q.ring);
+    CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+    uint8_t msg[16] = {1}, buf[64];
+    CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == 0);
+    q.ring.header->capacity ^= 8u;
+    if (who == 0) {
+      CHECK(receive(&sub, buf, sizeof buf) == sizeof msg); /* what was sent still comes */
+      const uint8_t *payload;
+      uint32_t size;
+      CHECK(msgq_subscriber_peek(&sub, &payload, &size) == MSGQ_ESUPERSEDED);
+    } else {
+      msgq_publisher_sweep(&pub);
+    }
+    CHECK(atomic_load(&q.ring.header->superseded) == 1u);
+    CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == MSGQ_ESUPERSEDED);
+    CHECK(msgq_subscriber_has_data(&sub) == 1);
+    free_queue(&q);
+  }
+}
+
 static void test_view_overwritten_is_reported(void) {
   /* A reader uses a message in place; when the writer laps it meanwhile, the release
    * says so (0) and the reader jumps forward; otherwise it advances (1). */
@@ -1046,6 +1110,8 @@ int main(int argc, char **argv) {
   RUN(test_wrap_around);
   RUN(test_overtaken_reader_is_reset);
   RUN(test_invalidation_during_copy_is_detected);
+  RUN(test_one_damaged_reserve_copy_never_hides_a_tear);
+  RUN(test_damaged_header_moves_live_processes);
   RUN(test_view_overwritten_is_reported);
   RUN(test_early_wrap_keeps_the_ring_warm);
   RUN(test_early_wrap_waits_for_every_reader);

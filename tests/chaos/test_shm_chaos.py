@@ -214,20 +214,53 @@ CONTROL_REGIONS = {
 }
 
 
+class LiveQueueFile:
+    """A writable mapping of the file under an endpoint's name that follows the name: a
+    write into `superseded` or the header makes the next opener replace the file, and the
+    damage must go on in the file the live processes moved to, not in the orphan."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.path = queues.queue_path(endpoint)
+        self.inode = -1
+        self.replaced = -1  # files mapped after the first
+        self.map: mmap.mmap | None = None
+
+    def current(self) -> mmap.mmap:
+        """The mapping of the file under the name now (re-mapped when it was replaced)."""
+        try:
+            inode = os.stat(self.path).st_ino
+        except FileNotFoundError:  # between an opener's unlink and rename: keep the old
+            inode = self.inode
+        if inode != self.inode or self.map is None:
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                mapped = mmap.mmap(fd, 0)
+                inode = os.fstat(fd).st_ino
+            finally:
+                os.close(fd)
+            if self.map is not None:
+                self.map.close()
+            self.map, self.inode = mapped, inode
+            self.replaced += 1
+        return self.map
+
+    def close(self) -> None:
+        if self.map is not None:
+            self.map.close()
+
+
 def test_writes_into_a_live_queue_file(endpoint: str) -> None:
     """Random and targeted writes into every control region of a live queue file, then
     into the header line and the ring bytes: no signal, no hang, and no torn message
-    from control-field damage (with data damage, only no signal and no hang)."""
+    from control-field damage (with data damage, only no signal and no hang). The writes
+    follow the endpoint's file when damage makes an opener replace it."""
     budget = chaos_budget(10)
     subs, results = _start_subscribers(endpoint, 2, hang_s=10.0)
     started = FORK.Event()
     pub = FORK.Process(target=publish_hashed, args=(endpoint, 0, 4096, started))
     pub.start()
     assert started.wait(10)
-    path = queues.queue_path(endpoint)
-    fd = os.open(path, os.O_RDWR)
-    m = mmap.mmap(fd, 0)
-    os.close(fd)
+    live = LiveQueueFile(endpoint)
     rng = random.Random(3)
     writes = {name: 0 for name in CONTROL_REGIONS}
     deadline = time.monotonic() + budget * 0.7
@@ -242,23 +275,25 @@ def test_writes_into_a_live_queue_file(endpoint: str) -> None:
             value = b"\xff" * 8
         else:
             value = rng.randbytes(8)
-        m[at : at + 8] = value
+        live.current()[at : at + 8] = value
         writes[name] += 1
         time.sleep(rng.uniform(0, 0.002))
     assert pub.is_alive(), f"publisher died (exit code {pub.exitcode})"
     control_out = _stop_subscribers(endpoint, subs, results)
     control_torn = sum(r[1] for r in control_out)
     control_hangs = sum(r[2] for r in control_out)
+    control_files = live.replaced + 1
     # now the ring bytes and the immutable header too (a damaged header is replaced by
     # the next opener; the live processes follow the new file)
     subs, results = _start_subscribers(endpoint, 2, hang_s=10.0)
     data_writes = 0
     deadline = time.monotonic() + budget * 0.3
-    capacity = len(m) - 64 * (3 + queues.READER_SLOTS)
     while time.monotonic() < deadline:
+        m = live.current()
         if rng.random() < 0.05:
             at = rng.randrange(0, 56)
         else:
+            capacity = len(m) - 64 * (3 + queues.READER_SLOTS)
             at = 64 * (3 + queues.READER_SLOTS) + rng.randrange(0, capacity - 8)
         m[at : at + 8] = rng.randbytes(8)
         data_writes += 1
@@ -267,10 +302,11 @@ def test_writes_into_a_live_queue_file(endpoint: str) -> None:
     data_out = _stop_subscribers(endpoint, subs, results)
     os.kill(pub.pid, signal.SIGKILL)
     pub.join()
-    m.close()
+    live.close()
     chaos_report("writes into a live queue file", sum(writes.values()) + data_writes,
                  **{f"writes_{k.replace(' ', '_')}": v for k, v in writes.items()},
-                 writes_header_and_ring=data_writes,
+                 writes_header_and_ring=data_writes, files_written_control=control_files,
+                 files_written_in_all=live.replaced + 1,
                  torn_from_control_damage=control_torn, hangs=control_hangs + sum(
                      r[2] for r in data_out),
                  publisher_survived=alive, subscribers_survived=len(control_out) + len(data_out),
