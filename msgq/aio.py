@@ -9,19 +9,32 @@ Layer: foundation — the standard library only.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["await_until", "next_message", "wait_for_result"]
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = ["await_until", "next_message", "running_loop", "wait_for_result"]
 
 T = TypeVar("T")
+
+
+def running_loop() -> asyncio.AbstractEventLoop:
+    """``asyncio.get_running_loop()``. Every ``import msgq`` loads this module and the
+    shared-memory backend, and importing asyncio costs about 25 ms, so it is imported
+    here, when a task asks: with a loop running it is imported already."""
+    import asyncio  # start-up cost: 25 ms, for tasks only (above)
+
+    return asyncio.get_running_loop()
 
 
 async def await_until(loop: asyncio.AbstractEventLoop, awaitable: Awaitable[Any],
                       deadline: float | None) -> None:
     """Awaits ``awaitable`` until the loop's clock reaches ``deadline`` (None: no limit);
     at the deadline it is cancelled and this returns, as when it completes."""
+    import asyncio  # imported already: a loop is running (running_loop)
+
     if deadline is None:
         await awaitable
         return

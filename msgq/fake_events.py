@@ -38,7 +38,6 @@ Design (Linux and other POSIX systems; processes need share nothing but names):
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import errno
 import fcntl
@@ -666,6 +665,8 @@ class SocketEventGate:
             return
         state = self._view.state
         assert state is not None
+        import asyncio  # imported already: a loop is running (msgq.aio.running_loop)
+
         Event(state.fifo_fds[RECV_CALLED]).set()
         ready = Event(state.fifo_fds[RECV_READY])
         loop = asyncio.get_running_loop()

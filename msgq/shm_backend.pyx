@@ -31,14 +31,13 @@ from msgq.cdefs.os_wait cimport *
 from msgq.cdefs.queue_file cimport *
 from msgq._reservation cimport Reservation
 
-import asyncio
 import os
 import threading
 import time
 import weakref
 from functools import partial
 
-from msgq.aio import await_until, next_message, wait_for_result
+from msgq.aio import await_until, next_message, running_loop, wait_for_result
 from msgq.errors import IpcError, MessageOverwritten, MultiplePublishersError, readers_timeout
 
 # The backend-neutral Reservation base (msgq/_reservation.pyx), kept importable from here.

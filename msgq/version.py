@@ -10,8 +10,6 @@ Layer: foundation; imports the standard library only.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 __all__ = ["DISTRIBUTION", "installed_version"]
 
 #: The name msgq is installed under (``pip install msgq-shm``).
@@ -21,6 +19,9 @@ DISTRIBUTION = "msgq-shm"
 def installed_version() -> str:
     """The installed distribution's version, or "unknown" when msgq runs from a source
     tree that was not installed."""
+    # start-up cost: importlib.metadata (9 ms), only when the version is asked for
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version(DISTRIBUTION)
     except PackageNotFoundError:

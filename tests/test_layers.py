@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -363,3 +365,16 @@ def test_the_layout_picture_follows_the_layer_list():
             last = "msgq" if unit == "msgq" else unit.rsplit(".", 1)[1]
             assert re.search(rf"(?<![\w.]){re.escape(last)}(?!\w)", row), \
                 f"docs/layout.md: the {name} row does not name {unit}"
+
+
+def test_import_msgq_loads_no_heavy_module():
+    """Every process that uses msgq pays for ``import msgq`` (and a service for
+    msgq.messaging): asyncio (about 25 ms), numpy and importlib.metadata are imported
+    only by what uses them (msgq.aio.running_loop, msgq.version.installed_version)."""
+    heavy = ("asyncio", "numpy", "importlib.metadata", "pyarrow", "zmq")
+    code = ("import sys, msgq, msgq.messaging; "
+            f"print([m for m in {heavy!r} if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

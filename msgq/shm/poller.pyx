@@ -96,7 +96,7 @@ cdef class Poller:
         """``await poller.poll_async(timeout)``: the registered sockets with a message
         waiting, after at most ``timeout`` ms (None or negative: no limit); empty on
         timeout. The task sleeps meanwhile (see ``SubSocket.receive_async``)."""
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
         deadline = None if timeout is None or timeout < 0 else loop.time() + timeout / 1000
         ready = self.poll(0)
         if not ready and timeout != 0:

@@ -331,7 +331,7 @@ cdef class SubSocket:
         waits (one thread per event loop sleeps on every awaited queue for it);
         cancelling it loses no message: a message is taken only by the call that
         returns it."""
-        loop = asyncio.get_running_loop()
+        loop = running_loop()
         deadline = None if self.timeout_ns < 0 else loop.time() + self.timeout_ns / 1e9
         msg = self.receive(non_blocking=True)
         if msg is None and self.timeout_ns != 0 and self._await_briefly():
