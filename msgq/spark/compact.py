@@ -15,6 +15,7 @@ in ``mapInArrow`` over any DataFrame of event rows (what ``log_stats`` does with
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -22,8 +23,9 @@ from typing import Any
 import numpy as np
 
 __all__ = ["COMPACT_COLUMNS", "COMPACT_SCHEMA", "LOGGERD_FILE", "LOGGERD_FOLDER",
-           "GroupableRead", "arrow_schema", "compact_batches", "loggerd_route",
-           "ddl_columns", "recording_of", "spark_schema"]
+           "GroupableRead", "arrow_schema", "compact_batches", "ddl_columns",
+           "events_rows", "loggerd_route", "pack_monos", "problem_rows", "recording_of",
+           "spark_schema"]
 
 #: The columns of compact rows (a Spark DDL string).
 COMPACT_SCHEMA = ("kind string, recording string, file string, segment int, service string, "
@@ -91,6 +93,7 @@ class GroupableRead:
         return f"GroupableRead({self.frame!r})"
 
 
+@functools.cache
 def arrow_schema(ddl: str) -> Any:
     """The Arrow schema of a DDL string of string/int/bigint/double/binary columns
     (pyspark's parser needs a session, which the executors' workers do not have)."""
@@ -143,6 +146,46 @@ def recording_of(file: str) -> str:
     return head if slash else ""
 
 
+def pack_monos(values: Any) -> bytes:
+    """logMonoTimes (a numpy integer array) as compact rows hold them in ``monos``:
+    little-endian int64 bytes, in the order given."""
+    return np.asarray(values).astype("<i8", copy=False).tobytes()
+
+
+def problem_rows(file: Any, segment: Any, service: Any, offset: Any, problem: Any,
+                 schema: Any = None) -> Any:
+    """Compact rows of kind ``problem``, one per damaged spot (``recording`` empty, no
+    counts). Each argument is a column of one length (an Arrow array or a list);
+    ``schema``: the Arrow schema to make them in (default :data:`COMPACT_SCHEMA`'s)."""
+    n = len(problem)
+    return _compact_rows(schema, n, kind=["problem"] * n, recording=[""] * n, file=file,
+                         segment=segment, service=service, offset=offset, problem=problem)
+
+
+def events_rows(file: list[str], segment: Any, service: Any, count: Any, invalid: Any,
+                size_sum: Any, monos: Iterable[Any], schema: Any = None) -> Any:
+    """Compact rows of kind ``events``, one per (segment file, service) of a read:
+    columns as :func:`problem_rows` takes them, the file's recording
+    (:func:`recording_of`) added, and ``monos``: each row's logMonoTimes (numpy integer
+    arrays, in reading order), packed here (:func:`pack_monos`)."""
+    n = len(file)
+    return _compact_rows(schema, n, kind=["events"] * n,
+                         recording=[recording_of(f) for f in file], file=file,
+                         segment=segment, service=service, count=count, invalid=invalid,
+                         size_sum=size_sum, monos=[pack_monos(m) for m in monos])
+
+
+def _compact_rows(schema: Any, n: int, **columns: Any) -> Any:
+    """An Arrow batch of ``n`` compact rows: the columns given, nulls in the others."""
+    # pyarrow: the optional spark extra, imported when Spark is used
+    import pyarrow as pa
+
+    schema = arrow_schema(COMPACT_SCHEMA) if schema is None else schema
+    return pa.RecordBatch.from_pydict(
+        {field.name: columns[field.name] if field.name in columns else
+         pa.nulls(n, field.type) for field in schema}, schema=schema)
+
+
 def compact_batches(batches: Iterable[Any]) -> Iterator[Any]:
     """Arrow batches of event rows -> Arrow batches of compact rows (module docstring)."""
     # pyarrow: the optional spark extra, imported when Spark is used
@@ -151,7 +194,6 @@ def compact_batches(batches: Iterable[Any]) -> Iterator[Any]:
     # pyarrow: the optional spark extra, imported when Spark is used
     import pyarrow.compute as pc
 
-    schema = arrow_schema(COMPACT_SCHEMA)
     for batch in batches:
         if not batch.num_rows:
             continue
@@ -160,16 +202,9 @@ def compact_batches(batches: Iterable[Any]) -> Iterator[Any]:
                      pc.is_valid(batch.column("problem")))
         if pc.any(bad).as_py():
             rows = batch.filter(bad)
-            yield pa.RecordBatch.from_pydict({
-                "kind": ["problem"] * rows.num_rows,
-                "recording": [""] * rows.num_rows,
-                "file": rows.column("file").to_pylist(),
-                "segment": rows.column("segment"),
-                "service": rows.column("service"),
-                "offset": rows.column("offset"),
-                "problem": rows.column("problem"),
-            } | {name: [None] * rows.num_rows for name in ("count", "invalid", "size_sum",
-                                                          "monos")}, schema=schema)
+            yield problem_rows(rows.column("file").to_pylist(), rows.column("segment"),
+                               rows.column("service"), rows.column("offset"),
+                               rows.column("problem"))
         good = pc.and_(pc.is_valid(service), pc.is_valid(mono))
         events = batch if pc.all(good).as_py() else batch.filter(good)
         if not events.num_rows:
@@ -182,23 +217,17 @@ def compact_batches(batches: Iterable[Any]) -> Iterator[Any]:
         key = key[order]
         starts = np.concatenate(([0], np.flatnonzero(np.diff(key)) + 1))
         ends = np.append(starts[1:], len(key))
-        monos = events.column("logMonoTime").to_numpy()[order].astype("<i8")
+        monos = events.column("logMonoTime").to_numpy()[order]
         invalid = (~events.column("valid").fill_null(False).to_numpy(zero_copy_only=False))
         sizes = events.column("size").fill_null(0).to_numpy().astype(np.int64)
         first = order[starts]
         file_index = file_codes.indices.to_numpy()[first]
         service_index = service_codes.indices.to_numpy()[first]
-        file_names = file_codes.dictionary.take(pa.array(file_index)).to_pylist()
-        yield pa.RecordBatch.from_pydict({
-            "kind": ["events"] * len(starts),
-            "recording": [recording_of(f) for f in file_names],
-            "file": file_names,
-            "segment": events.column("segment").take(pa.array(first)),
-            "service": service_codes.dictionary.take(pa.array(service_index)),
-            "offset": [None] * len(starts),
-            "problem": [None] * len(starts),
-            "count": (ends - starts).tolist(),
-            "invalid": np.add.reduceat(invalid[order].astype(np.int64), starts).tolist(),
-            "size_sum": np.add.reduceat(sizes[order], starts).tolist(),
-            "monos": [monos[a:b].tobytes() for a, b in zip(starts, ends, strict=True)],
-        }, schema=schema)
+        yield events_rows(
+            file_codes.dictionary.take(pa.array(file_index)).to_pylist(),
+            events.column("segment").take(pa.array(first)),
+            service_codes.dictionary.take(pa.array(service_index)),
+            (ends - starts).tolist(),
+            np.add.reduceat(invalid[order].astype(np.int64), starts).tolist(),
+            np.add.reduceat(sizes[order], starts).tolist(),
+            (monos[a:b] for a, b in zip(starts, ends, strict=True)))

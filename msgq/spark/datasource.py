@@ -1174,13 +1174,15 @@ class _SegmentRead:
     local ``path``, or from ``content`` (the file's bytes, loaded by Spark's binaryFile
     source: :mod:`msgq.spark.hadoop`), ``path`` then being its URI, for the ``file`` column.
     The rows go to ``rows`` (a :class:`_Rows` that the files of a task share, flushed by
-    the caller after the last: :func:`_task_batches`), else to rows of its own.
+    the caller after the last: :func:`_task_batches`; or a :class:`_Pieces`, which keeps
+    what the reading adds as it comes: :func:`read_segment_pieces`), else to rows of its
+    own, of ``schema`` (needed only then).
     """
 
-    def __init__(self, options: ReadOptions, schema: StructType, path: str,
+    def __init__(self, options: ReadOptions, schema: StructType | None, path: str,
                  segment: int | None, content: bytes | None = None, *,
                  stream_offset: int = 0, file_offset: int = 0,
-                 rows: _Rows | None = None) -> None:
+                 rows: _Rows | _Pieces | None = None) -> None:
         self.options = options
         self.path = path
         self.segment = segment
@@ -1198,7 +1200,11 @@ class _SegmentRead:
         self.schema = options.schema
         self.decoders = _decoders_for(options)
         self._owns_rows = rows is None
-        self.rows = _rows_for(options, schema) if rows is None else rows
+        if rows is None:
+            if schema is None:
+                raise ValueError("a segment read with rows of its own needs their schema")
+            rows = _rows_for(options, schema)
+        self.rows = rows
 
     def _problem(self, kind: str, offset: int | None, detail: str) -> None:
         if self.options.problems == "fail":
@@ -1505,9 +1511,8 @@ def read_segment_pieces(options: ReadOptions, path: str, segment: int | None, st
         f.seek(start)
         content = f.read(end - start)
     pieces = _Pieces()
-    read = _SegmentRead(options, None, path, segment, content,  # type: ignore[arg-type]
-                        stream_offset=stream, file_offset=start,
-                        rows=pieces)  # type: ignore[arg-type]
+    read = _SegmentRead(options, None, path, segment, content, stream_offset=stream,
+                        file_offset=start, rows=pieces)
     def everything() -> Iterator[Any]:
         for flushed in read.batches():
             yield from flushed

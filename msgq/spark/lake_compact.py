@@ -27,7 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from msgq.spark.compact import COMPACT_COLUMNS, COMPACT_SCHEMA, arrow_schema, compact_batches
+from msgq.spark.compact import (
+    COMPACT_COLUMNS,
+    COMPACT_SCHEMA,
+    arrow_schema,
+    compact_batches,
+    problem_rows,
+)
 
 __all__ = ["FILES_SCHEMA", "GroupedCompact", "ReadCompact"]
 
@@ -132,15 +138,12 @@ class GroupedCompact:
             .cast(arrow_schema(COMPACT_SCHEMA))
 
     def _problems(self) -> Any:
-        """The problems table's rows as compact problem rows (compact_batches' form)."""
+        """The problems table's rows as compact problem rows (:func:`problem_rows`)."""
         damage = pq.ParquetDataset(self.problem_files).read(columns=list(_PROBLEM_COLUMNS))
-        n = damage.num_rows
-        schema = arrow_schema(COMPACT_SCHEMA)
-        return pa.Table.from_arrays([
-            pa.array(["problem"] * n, pa.string()) if name == "kind" else
-            pa.array([""] * n, pa.string()) if name == "recording" else
-            damage.column(name).cast(schema.field(name).type) if name in _PROBLEM_COLUMNS
-            else pa.nulls(n, schema.field(name).type) for name in schema.names], schema=schema)
+        column = {name: damage.column(name).combine_chunks() for name in _PROBLEM_COLUMNS}
+        return pa.Table.from_batches([problem_rows(
+            column["file"], column["segment"], pa.nulls(damage.num_rows, pa.string()),
+            column["offset"], column["problem"])])
 
     def _apply(self, rows: Any) -> Iterator[Any]:
         if not rows.num_rows:

@@ -51,7 +51,7 @@ from msgq.logs import LogReader, read_index, segment_paths
 from msgq.logs.segment import VALID
 from msgq.schemas.events import decode_event
 from msgq.spark.capnp_types import member_plan
-from msgq.spark.compact import recording_of
+from msgq.spark.compact import events_rows, problem_rows
 from msgq.spark.datasource import (
     ReadOptions,
     ScannerRun,
@@ -302,21 +302,23 @@ class _RangeCompact:
         entry[2] += invalid
         entry[3] += size
 
-    def batch(self, path: str, segment: int | None, schema: Any) -> Any:
-        """The range's compact rows (None: no event)."""
-        rows: list[dict[str, Any]] = [
-            {"kind": "problem", "recording": "", "file": path, "segment": segment,
-             "service": service, "offset": offset, "problem": problem, "count": None,
-             "invalid": None, "size_sum": None, "monos": None}
-            for service, offset, problem in self.bad]
-        recording = recording_of(path)
-        rows += [{"kind": "events", "recording": recording, "file": path, "segment": segment,
-                  "service": service, "offset": None, "problem": None, "count": count,
-                  "invalid": invalid, "size_sum": size,
-                  "monos": (monos[0] if len(monos) == 1 else np.concatenate(monos))
-                  .astype("<i8").tobytes()}
-                 for service, (monos, count, invalid, size) in self.services.items()]
-        return pa.RecordBatch.from_pylist(rows, schema=schema) if rows else None
+    def batches(self, path: str, segment: int | None, schema: Any) -> list[Any]:
+        """The range's compact rows: its problem rows, then its events rows."""
+        out = []
+        if self.bad:
+            services, offsets, problems = zip(*self.bad, strict=True)
+            n = len(problems)
+            out.append(problem_rows([path] * n, [segment] * n, list(services), list(offsets),
+                                    list(problems), schema))
+        if self.services:
+            n = len(self.services)
+            entries = self.services.values()
+            out.append(events_rows(
+                [path] * n, [segment] * n, list(self.services), [e[1] for e in entries],
+                [e[2] for e in entries], [e[3] for e in entries],
+                (monos[0] if len(monos) == 1 else np.concatenate(monos)
+                 for monos, *_ in entries), schema))
+        return out
 
 
 class TableFiles:
@@ -378,10 +380,9 @@ class _TaskFiles:
                 yield from self._add_run(piece, path, segment, date, route, compact)
             else:
                 yield from self._add_row(piece, path, segment, date, route, compact)
-        if compact is not None:
-            batch = compact.batch(path, segment, self._stored(COMPACT_TABLE))
-            if batch is not None:
-                self._gathered((COMPACT_TABLE, date, route), None).rows.append(batch)
+        if compact is not None and (compact.bad or compact.services):
+            self._gathered((COMPACT_TABLE, date, route), None).rows.extend(
+                compact.batches(path, segment, self._stored(COMPACT_TABLE)))
 
     # -- gathering ---------------------------------------------------------------------
 

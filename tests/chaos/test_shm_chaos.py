@@ -227,12 +227,9 @@ class LiveQueueFile:
 
     def current(self) -> mmap.mmap:
         """The mapping of the file under the name now (re-mapped when it was replaced)."""
-        try:
-            inode = os.stat(self.path).st_ino
-        except FileNotFoundError:  # between an opener's unlink and rename: keep the old
-            inode = self.inode
+        inode = os.stat(self.path).st_ino
         if inode != self.inode or self.map is None:
-            fd = os.open(self.path, os.O_RDWR)
+            fd = os.open(self.path, os.O_RDWR)  # files are renamed into place: never absent
             try:
                 mapped = mmap.mmap(fd, 0)
                 inode = os.fstat(fd).st_ino
