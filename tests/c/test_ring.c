@@ -175,49 +175,44 @@ static void test_overtaken_reader_is_reset(void) {
   free_queue(&q);
 }
 
-static void test_invalidation_during_copy_is_detected(void) {
-  /* A reader peeks, the writer laps it before consume: consume reports the tear. */
-  test_queue q = make_queue(256);
-  msgq_publisher pub;
-  msgq_subscriber sub;
-  msgq_publisher_init(&pub, &q.ring);
-  CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
+/* A reader peeks the first message of a 256-byte ring; the writer then laps it (writes
+ * over those bytes in the next cycle) before the reader is done. */
+static const uint8_t *peek_then_lap(test_queue *q, msgq_publisher *pub, msgq_subscriber *sub) {
+  *q = make_queue(256);
+  msgq_publisher_init(pub, &q->ring);
+  CHECK(msgq_subscriber_init(sub, &q->ring, false) == 0);
   uint8_t msg[40] = {0};
-  CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == 0);
+  CHECK(msgq_publisher_send(pub, msg, sizeof msg) == 0);
   const uint8_t *payload;
   uint32_t size;
-  CHECK(msgq_subscriber_peek(&sub, &payload, &size) == 1);
-  for (int i = 0; i < 10; i++) CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == 0);
+  CHECK(msgq_subscriber_peek(sub, &payload, &size) == 1); /* bytes 0..48 of cycle 0 */
+  while ((atomic_load(&q->ring.header->write_reserve) >> 32) == 0)
+    CHECK(msgq_publisher_send(pub, msg, sizeof msg) == 0);
+  return payload;
+}
+
+static void test_invalidation_during_copy_is_detected(void) {
+  /* A reader peeks, the writer laps it before consume: consume reports the tear. */
+  test_queue q;
+  msgq_publisher pub;
+  msgq_subscriber sub;
+  const uint8_t *payload = peek_then_lap(&q, &pub, &sub);
   CHECK(msgq_subscriber_consume(&sub, payload) == 0);
   CHECK(sub.resets == 1);
   free_queue(&q);
 }
 
 static void test_one_damaged_reserve_copy_never_hides_a_tear(void) {
-  /* A reader peeks, the writer laps it; then a write lowers one copy of the reserve to
-   * its cycle's start (the old single reserve then said "intact"). The other copy keeps
-   * the true value, so consume still reports the tear; raising a copy only costs. */
+  /* As above, then a write lowers one copy of the reserve to the new cycle's start (a
+   * single reserve then said "intact": version 5 delivered the overwritten bytes). The
+   * other copy keeps the true value, so consume still reports the tear. */
   for (int damaged = 0; damaged < 2; damaged++) {
-    test_queue q = make_queue(256);
+    test_queue q;
     msgq_publisher pub;
     msgq_subscriber sub;
-    msgq_publisher_init(&pub, &q.ring);
-    CHECK(msgq_subscriber_init(&sub, &q.ring, false) == 0);
-    uint8_t msg[40] = {0};
-    CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == 0);
-    CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == 0);
-    const uint8_t *payload;
-    uint32_t size;
-    CHECK(receive(&sub, msg, sizeof msg) == sizeof msg);
-    CHECK(msgq_subscriber_peek(&sub, &payload, &size) == 1); /* the second, at 48 */
+    const uint8_t *payload = peek_then_lap(&q, &pub, &sub);
     msgq_header *h = q.ring.header;
-    uint64_t reserve = 0;
-    while ((reserve >> 32) == 0 || (uint32_t)reserve <= 96) { /* until 48..96 is rewritten */
-      CHECK(msgq_publisher_send(&pub, msg, sizeof msg) == 0);
-      reserve = atomic_load(&h->write_reserve);
-    }
-    CHECK((reserve >> 32) == 1);
-    uint64_t lowered = reserve & ~(uint64_t)UINT32_MAX; /* cycle 1, offset 0 */
+    uint64_t lowered = atomic_load(&h->write_reserve) & ~(uint64_t)UINT32_MAX; /* (1, 0) */
     if (damaged == 0)
       atomic_store(&h->write_reserve, lowered);
     else
