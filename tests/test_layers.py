@@ -367,13 +367,16 @@ def test_the_layout_picture_follows_the_layer_list():
                 f"docs/layout.md: the {name} row does not name {unit}"
 
 
-def test_import_msgq_loads_no_heavy_module():
+@pytest.mark.parametrize(("modules", "heavy"), [
+    ("msgq, msgq.messaging", ("asyncio", "numpy", "importlib.metadata", "pyarrow", "zmq")),
+    ("msgq.logs", ("asyncio", "tqdm", "importlib.metadata", "pyarrow", "zmq")),
+])
+def test_import_loads_no_heavy_module(modules: str, heavy: tuple[str, ...]):
     """Every process that uses msgq pays for ``import msgq`` (and a service for
-    msgq.messaging): asyncio (about 25 ms), numpy and importlib.metadata are imported
-    only by what uses them (msgq.aio.running_loop, msgq.version.installed_version)."""
-    heavy = ("asyncio", "numpy", "importlib.metadata", "pyarrow", "zmq")
-    code = ("import sys, msgq, msgq.messaging; "
-            f"print([m for m in {heavy!r} if m in sys.modules])")
+    msgq.messaging; a log tool for msgq.logs): asyncio (about 25 ms), numpy, tqdm and
+    importlib.metadata are imported only by what uses them (msgq.aio.running_loop,
+    a replay's progress bar, msgq.version.installed_version)."""
+    code = f"import sys, {modules}; print([m for m in {heavy!r} if m in sys.modules])"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -310,7 +310,8 @@ def test_replay_keeps_the_original_timing(tmp_path: Path, speed: float,
     assert result["stats"].counts == {"gyroscope": 11}
 
 
-def test_replay_fast_loops_and_filters(tmp_path: Path) -> None:
+def test_replay_fast_loops_and_filters(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
     services = ("gyroscope", "accelerometer", "controllerState")
     _write_log(tmp_path / "rec", 90, services)  # 9 s of log
     subs = {s: msgq.sub_sock(s, timeout=5000) for s in services}
@@ -325,8 +326,11 @@ def test_replay_fast_loops_and_filters(tmp_path: Path) -> None:
         assert seqs == [i for i in range(90) if services[i % 3] == service] * 3
         assert sub.receive(non_blocking=True) is None
 
-    stats = Replayer(tmp_path / "rec", fast=True, services=["accelerometer"]).run()
+    capsys.readouterr()
+    stats = Replayer(tmp_path / "rec", fast=True, services=["accelerometer"],
+                     progress=True).run()
     assert stats.counts == {"accelerometer": 30}
+    assert "replay: " in capsys.readouterr().err  # the bar (tqdm, imported for it)
     stats = Replayer(tmp_path / "rec", fast=True, exclude=["accelerometer"]).run()
     assert stats.counts == {"gyroscope": 30, "controllerState": 30}
     with pytest.raises(KeyError, match="gyroscope"):

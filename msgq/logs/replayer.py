@@ -43,8 +43,6 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from tqdm import tqdm
-
 import msgq
 from msgq.logs.index import IndexCache, read_index
 from msgq.logs.reader import LogReader, segment_paths
@@ -359,6 +357,7 @@ class Replayer:
     def _progress_bar(self, stats: ReplayStats) -> Any:
         if not self.progress:
             return None
+        from tqdm import tqdm  # start-up cost: only a replay that shows a bar needs it
 
         desc = "replay" if self.passes == 1 else f"replay, pass {stats.passes + 1}"
         total = round(stats.log_seconds, 1)
