@@ -21,7 +21,7 @@ import msgq.cli
 import msgq.cli.bench
 from msgq.cli import main
 from msgq.cli.output import human_age, human_bytes, paint, use_colour
-from msgq.queues import queue_dir, queue_path
+from msgq.queues import LAYOUT_VERSION, queue_dir, queue_path
 from msgq.version import DISTRIBUTION
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("shm")]
@@ -418,6 +418,11 @@ def test_damaged_files_are_listed_not_trusted(endpoints: Endpoints) -> None:
     pub = endpoints.start("pub", "ep_truncated")
     endpoints.kill(pub)
     os.truncate(queue_path("ep_truncated"), 100)
+    old = endpoints.start("pub", "ep_old")  # as left by the msgq before an upgrade
+    endpoints.kill(old)
+    with open(queue_path("ep_old"), "r+b") as f:
+        f.seek(8)  # layout_version, after the magic
+        f.write((LAYOUT_VERSION - 1).to_bytes(4, "little"))
     (folder / "msgq_link").symlink_to(folder / "msgq_random")
     # Not queues: other files of the namespace are not listed at all.
     (folder / "msgq-fake.0123.ep.state").write_bytes(b"x" * 64)
@@ -426,7 +431,11 @@ def test_damaged_files_are_listed_not_trusted(endpoints: Endpoints) -> None:
 
     try:
         queues = by_endpoint(queues_json())
-        assert set(queues) == {"random", "empty", "ep_truncated", "link"}
+        assert set(queues) == {"random", "empty", "ep_truncated", "ep_old", "link"}
+        assert queues["ep_old"]["state"] == "damaged"
+        assert queues["ep_old"]["error"] == (f"layout version {LAYOUT_VERSION - 1}, this "
+                                             f"msgq's is {LAYOUT_VERSION}: the next opener "
+                                             "replaces it")
         assert queues["random"]["state"] == "damaged"
         assert queues["random"]["error"] == "file is not a msgq queue (bad magic number)"
         assert queues["ep_truncated"]["state"] == "damaged"

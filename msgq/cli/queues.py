@@ -28,6 +28,7 @@ from msgq.cli.output import (
     print_table,
 )
 from msgq.queues import (
+    LAYOUT_VERSION,
     QUEUE_FILE_PREFIX,
     inspect_queue,
     namespace_prefix,
@@ -187,6 +188,10 @@ def _describe(endpoint: str, path: str) -> dict[str, Any]:
         info["error"] = "empty, or its creator died before writing the header"
     elif info["state"] == "foreign":
         info["error"] = "a queue file of upstream msgq (another format)"
+    elif info.get("layout_version") and info["layout_version"] != LAYOUT_VERSION:
+        # an older (or newer) msgq's file, e.g. one left by the version before an upgrade
+        info["error"] = (f"layout version {info['layout_version']}, this msgq's is "
+                         f"{LAYOUT_VERSION}: the next opener replaces it")
     return info
 
 
