@@ -385,8 +385,9 @@ int msgq_publisher_reserve(msgq_publisher *pub, uint32_t size, void **payload);
 int msgq_publisher_commit(msgq_publisher *pub);
 void msgq_publisher_abort(msgq_publisher *pub);
 
-/* Gives back the slots (and waiting bits) of subscribers whose process is gone. Called
- * by sends on their own schedule (I5); callable directly. Returns how many it freed. */
+/* Gives back the slots (and waiting bits) of subscribers whose process is gone, and marks
+ * the file superseded when its immutable header no longer validates (I6). Called by sends
+ * on their own schedule (I5); callable directly. Returns how many slots it freed. */
 int msgq_publisher_sweep(msgq_publisher *pub);
 
 /* 1 when every live subscriber, and at least one, has read everything sent (upstream's
