@@ -21,8 +21,9 @@ _Static_assert(MSGQ_ENDPOINT_PATH_MAX == MSGQ_MAX_PATH_LEN, "msgq.h and queue_fi
 _Static_assert(MSGQ_ENDPOINT_NAME_MAX == MSGQ_MAX_NAME_LEN, "msgq.h and queue_file.h agree");
 
 #define KNOWN_OPEN_FLAGS (MSGQ_OPEN_CONFLATE | MSGQ_OPEN_CHECKSUM | MSGQ_OPEN_NO_CHECKSUM)
-/* How often view/recv follow a replaced file in one call before reporting "none yet"
- * (only a process replacing the file in a loop gets there). */
+/* How often one call follows a replaced file before giving up: view/recv then report
+ * "none yet", send/reserve MSGQ_ESUPERSEDED (only a process replacing or damaging the
+ * file in a loop gets there; three follows were reached under the chaos test's writes). */
 #define MAX_FOLLOWS 8
 
 /* A mapping given up while its handle held its mappings (msgq_pub_hold_mappings): still
@@ -200,7 +201,7 @@ int msgq_pub_send(msgq_pub *pub, const void *data, size_t size) {
   if (size > UINT32_MAX) return MSGQ_ETOOLARGE;
   for (int attempt = 0;; attempt++) {
     int r = msgq_publisher_send(&pub->core, data, (uint32_t)size);
-    if (r != MSGQ_ESUPERSEDED || attempt == 2) return r;
+    if (r != MSGQ_ESUPERSEDED || attempt == MAX_FOLLOWS) return r;
     r = pub_follow(pub);
     if (r < 0) return r;
   }
@@ -212,7 +213,7 @@ int msgq_pub_reserve(msgq_pub *pub, size_t size, void **payload) {
   if (size > UINT32_MAX) return MSGQ_ETOOLARGE;
   for (int attempt = 0;; attempt++) {
     int r = msgq_publisher_reserve(&pub->core, (uint32_t)size, payload);
-    if (r != MSGQ_ESUPERSEDED || attempt == 2) return r;
+    if (r != MSGQ_ESUPERSEDED || attempt == MAX_FOLLOWS) return r;
     r = pub_follow(pub);
     if (r < 0) return r;
   }

@@ -50,6 +50,10 @@ def publish_hashed(endpoint: str, generation: int, largest: int, started) -> Non
             pub.send(HEADER.pack(generation, seq, zlib.crc32(body)) + body)
         except msgq.MultiplePublishersError:
             pub = msgq.pub_sock(endpoint, segment_size=SEGMENT)  # a scribbled token
+        except msgq.IpcError as e:  # each file it followed was replaced again at once
+            if "replaced under its name" not in str(e):
+                raise
+            pub = msgq.pub_sock(endpoint, segment_size=SEGMENT)
         seq += 1
 
 
