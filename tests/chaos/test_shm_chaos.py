@@ -226,7 +226,7 @@ class LiveQueueFile:
     def __init__(self, endpoint: str) -> None:
         self.path = queues.queue_path(endpoint)
         self.inode = -1
-        self.replaced = -1  # files mapped after the first
+        self.files = 0  # files mapped so far
         self.map: mmap.mmap | None = None
 
     def current(self) -> mmap.mmap:
@@ -242,7 +242,7 @@ class LiveQueueFile:
             if self.map is not None:
                 self.map.close()
             self.map, self.inode = mapped, inode
-            self.replaced += 1
+            self.files += 1
         return self.map
 
     def close(self) -> None:
@@ -283,7 +283,7 @@ def test_writes_into_a_live_queue_file(endpoint: str) -> None:
     control_out = _stop_subscribers(endpoint, subs, results)
     control_torn = sum(r[1] for r in control_out)
     control_hangs = sum(r[2] for r in control_out)
-    control_files = live.replaced + 1
+    control_files = live.files
     # now the ring bytes and the immutable header too (a damaged header is replaced by
     # the next opener; the live processes follow the new file)
     subs, results = _start_subscribers(endpoint, 2, hang_s=10.0)
@@ -307,7 +307,7 @@ def test_writes_into_a_live_queue_file(endpoint: str) -> None:
     chaos_report("writes into a live queue file", sum(writes.values()) + data_writes,
                  **{f"writes_{k.replace(' ', '_')}": v for k, v in writes.items()},
                  writes_header_and_ring=data_writes, files_written_control=control_files,
-                 files_written_in_all=live.replaced + 1,
+                 files_written_in_all=live.files,
                  torn_from_control_damage=control_torn, hangs=control_hangs + sum(
                      r[2] for r in data_out),
                  publisher_survived=alive, subscribers_survived=len(control_out) + len(data_out),
